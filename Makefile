@@ -1,0 +1,17 @@
+# The two commands of the README. Both set up .venv on first use.
+.PHONY: run test test-fast lint
+
+run:
+	./scripts/bootstrap.sh
+	.venv/bin/andante simulate
+
+test:
+	./scripts/bootstrap.sh
+	./scripts/test.sh
+
+test-fast:
+	.venv/bin/python -m pytest -m "not slow" -x
+
+lint:
+	.venv/bin/ruff check andante tests benchmarks
+	.venv/bin/mypy andante/core andante/kv andante/engine andante/policies andante/sim andante/perf andante/metrics andante/workload

@@ -1,0 +1,1 @@
+"""The `andante` command line."""

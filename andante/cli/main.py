@@ -1,0 +1,41 @@
+"""`andante` command line: one sub-command per module in this package."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# sub-command -> module with `add_parser(subparsers)` and `run(args) -> int`
+COMMANDS = ("simulate",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="andante",
+        description="LLM serving that schedules by the user's experience, and its simulator.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"andante.cli.{name.replace('-', '_')}").add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args))
+    except ValueError as exc:  # bad option values: a clear message, no traceback
+        print(f"andante {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

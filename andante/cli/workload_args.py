@@ -1,0 +1,66 @@
+"""Workload flags shared by `simulate`, `bench` and `experiment`."""
+
+from __future__ import annotations
+
+import argparse
+
+from andante.cli.options import positive_float, positive_int
+from andante.workload import KINDS, SLOConfig, WorkloadConfig
+
+
+def add_workload_args(parser: argparse.ArgumentParser, default_num: int = 2000) -> None:
+    g = parser.add_argument_group("workload")
+    g.add_argument(
+        "--workload", default="poisson",
+        help=f"arrival process: {', '.join(KINDS)}, or trace:PATH (default poisson)",
+    )
+    g.add_argument("--rate", type=positive_float, default=4.0, help="requests/s (default 4)")
+    g.add_argument("--cv", type=positive_float, default=1.0, help="gamma: inter-arrival CV")
+    g.add_argument("--burst-intensity", type=float, default=2.0, help="burst rate / mean rate")
+    g.add_argument("--burst-share", type=float, default=0.35, help="share of a cycle in burst")
+    g.add_argument("--cycle-length", type=positive_float, default=1200.0, help="burst cycle (s)")
+    g.add_argument("--num-requests", type=positive_int, default=default_num)
+    g.add_argument("--duration", type=positive_float, help="stop arrivals after this many s")
+    g.add_argument(
+        "--lengths", default="sharegpt",
+        help="sharegpt, fixed:P:O, uniform:a:b:c:d, trace, azure-conv, azure-code",
+    )
+    g.add_argument("--max-context", type=positive_int, help="drop sampled rows longer than this")
+    g.add_argument("--rate-scale", type=positive_float, default=1.0, help="multiply the rate")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--traces-dir", help="folder of the traces (default ../shared/traces)")
+    s = parser.add_argument_group("per-request objectives")
+    s.add_argument("--ttft-slo", type=positive_float, help="fixed TTFT SLO (s)")
+    s.add_argument("--tbt-slo", type=positive_float, help="TBT SLO (s)")
+    s.add_argument("--tds", type=positive_float, help="fixed reading speed (tokens/s)")
+    s.add_argument("--deadline", type=positive_float, help="end-to-end deadline (s)")
+    s.add_argument("--deadline-per-token", type=positive_float, help="deadline slope (s/token)")
+    s.add_argument("--prefill-throughput", type=positive_float, default=5000.0,
+                   help="TTFT target = max(prompt / this, 1 s) (Andes; default 5000 tok/s)")
+
+
+def workload_from_args(args: argparse.Namespace) -> WorkloadConfig:
+    slo = SLOConfig(
+        prefill_throughput=args.prefill_throughput,
+        ttft=args.ttft_slo,
+        tds=args.tds,
+        tbt=args.tbt_slo,
+        deadline=args.deadline,
+        deadline_per_token=args.deadline_per_token,
+    )
+    return WorkloadConfig(
+        kind=args.workload,
+        rate=args.rate,
+        cv=args.cv,
+        burst_intensity=args.burst_intensity,
+        burst_share=args.burst_share,
+        cycle_length=args.cycle_length,
+        num_requests=args.num_requests,
+        duration=args.duration,
+        lengths=args.lengths,
+        max_context=args.max_context,
+        rate_scale=args.rate_scale,
+        seed=args.seed,
+        slo=slo,
+        traces_dir=args.traces_dir,
+    )

@@ -1,0 +1,42 @@
+"""Time as an injected dependency (DESIGN.md rule 1).
+
+The scheduler, block manager, policies and cluster policies never read the wall clock:
+they call `Clock.now()`. The server passes `MonotonicClock`; the simulator passes its
+event loop's clock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """A source of time in seconds; must be non-decreasing."""
+
+    def now(self) -> float: ...
+
+
+class MonotonicClock:
+    """Wall time for real serving: seconds since this clock was made."""
+
+    def __init__(self) -> None:
+        self._origin = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self._origin
+
+
+class ManualClock:
+    """A clock that only moves when told to (the simulator and tests use it)."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def advance_to(self, t: float) -> None:
+        if t < self._now:
+            raise ValueError(f"clock cannot go back from {self._now} to {t}")
+        self._now = t

@@ -1,0 +1,57 @@
+"""Sampling parameters and per-request service-level objectives (validated on creation)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+def _check_positive(name: str, value: float | None) -> None:
+    if value is not None and (not math.isfinite(value) or value <= 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Per-request objectives, all optional.
+
+    ttft: seconds from arrival to the first token; tbt: seconds between tokens;
+    tds: the reader's pace in tokens/s (Andes' token delivery speed);
+    deadline: seconds from arrival to the last token.
+    """
+
+    ttft: float | None = None
+    tbt: float | None = None
+    tds: float | None = None
+    deadline: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft", "tbt", "tds", "deadline"):
+            _check_positive(name, getattr(self, name))
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    eos_token_id: int | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1

@@ -1,0 +1,99 @@
+"""The engine step loop: schedule, execute, update (DESIGN.md §3).
+
+`step()` runs one whole step (real serving). The simulator splits it: `begin_step()`
+at the step's start time, `finish_step()` once its modeled duration has elapsed on the
+simulated clock. Requests and aborts may arrive from other threads through `submit`
+and `abort`; they are applied at the next step boundary, so the scheduler itself is
+only ever touched by the thread that steps the engine.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from andante.core.clock import Clock
+from andante.core.request import Request, RequestStatus
+from andante.engine.scheduler import RequestRejected, Scheduler
+from andante.exec.base import Executor
+from andante.exec.batch import StepBatch, StepResult
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one step produced: requests with a new token, and requests that finished
+    (including ones aborted or rejected at this step boundary)."""
+
+    batch: StepBatch
+    result: StepResult
+    updated: list[Request] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.clock = clock
+        self._inbox: deque[tuple[str, Request | str]] = deque()  # thread-safe appends
+        self._ended: list[Request] = []  # aborted/rejected since the last step output
+        self.num_steps = 0
+
+    # ---- input (any thread) ---------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        self._inbox.append(("add", req))
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.append(("abort", request_id))
+
+    # ---- input (engine thread) ------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Add now; raises RequestRejected if it can never be served."""
+        self.scheduler.add_request(req)
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            kind, item = self._inbox.popleft()
+            if kind == "add":
+                assert isinstance(item, Request)
+                self._add_or_reject(item)
+            else:
+                assert isinstance(item, str)
+                req = self.scheduler.abort_request(item)
+                if req is not None:
+                    self._ended.append(req)
+
+    def _add_or_reject(self, req: Request) -> None:
+        try:
+            self.scheduler.add_request(req)
+        except RequestRejected:
+            if not req.is_finished:
+                req.finish(RequestStatus.FINISHED_REJECTED, self.clock.now())
+            self._ended.append(req)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_unfinished or bool(self._inbox)
+
+    # ---- stepping -------------------------------------------------------------------
+    def begin_step(self) -> tuple[StepBatch, StepResult]:
+        """Schedule and execute; the result's duration is modeled or measured."""
+        self._drain_inbox()
+        batch = self.scheduler.schedule()
+        if batch.is_empty:
+            return batch, StepResult(sampled_token_ids=[], duration=0.0)
+        return batch, self.executor.execute(batch)
+
+    def finish_step(self, batch: StepBatch, result: StepResult) -> StepOutput:
+        """Apply the step's result at the current clock time."""
+        updated = self.scheduler.update(batch, result) if not batch.is_empty else []
+        finished = [r for r in batch.requests if r.is_finished]
+        if self._ended:
+            finished.extend(self._ended)
+            self._ended = []
+        self.num_steps += 1
+        return StepOutput(batch, result, updated, finished)
+
+    def step(self) -> StepOutput:
+        batch, result = self.begin_step()
+        return self.finish_step(batch, result)

@@ -1,0 +1,195 @@
+"""The scheduler: owns the queues and the block manager, applies a policy's plan.
+
+One class serves the real engine and the simulator (DESIGN.md rule 1): time comes
+from the injected clock, decisions from the policy, costs from the executor.
+"""
+
+from __future__ import annotations
+
+from andante.core.clock import Clock
+from andante.core.request import PreemptionMode, Request, RequestStatus
+from andante.engine.stopping import StopChecker, stop_status
+from andante.exec.batch import StepBatch, StepResult
+from andante.kv.block_manager import KVBlockManager
+from andante.policies.base import Policy
+from andante.policies.config import SchedulerConfig
+from andante.policies.plan import StepPlan
+
+_NO_KV = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_RUNNING = RequestStatus.RUNNING
+
+
+class RequestRejected(ValueError):
+    """The request can never be served here (too long for the context or the KV cache)."""
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVBlockManager,
+        policy: Policy,
+        clock: Clock,
+        stop_checker: StopChecker | None = None,
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.policy = policy
+        self.clock = clock
+        self.stop_checker = stop_checker
+        self._init_queues()
+
+    def _init_queues(self) -> None:
+        self.waiting: list[Request] = []  # WAITING or PREEMPTED, no KV
+        self.running: list[Request] = []  # RUNNING, device KV, admission order
+        self.swapped: list[Request] = []  # SWAPPED, host KV
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self._released_ids: list[str] = []
+        self.num_preemptions = 0
+
+    # ---- figures --------------------------------------------------------------------
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_swapped(self) -> int:
+        return len(self.swapped)
+
+    # ---- admission and aborts -------------------------------------------------------
+    def check_fits(self, num_prompt_tokens: int) -> None:
+        """Raise RequestRejected if a prompt of this length could never be served."""
+        if num_prompt_tokens >= self.config.max_model_len:
+            raise RequestRejected(
+                f"prompt has {num_prompt_tokens} tokens; the model's context is "
+                f"{self.config.max_model_len} tokens (prompt + at least 1 output token)"
+            )
+        need = self.kv.num_blocks_for(num_prompt_tokens + 1)
+        if need > self.kv.num_device_blocks:
+            capacity = self.kv.num_device_blocks * self.kv.block_size
+            raise RequestRejected(
+                f"prompt has {num_prompt_tokens} tokens; the whole KV cache holds {capacity}"
+            )
+
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise RequestRejected(f"duplicate request id {req.request_id!r}")
+        if req.status != RequestStatus.WAITING:
+            raise RequestRejected(f"request {req.request_id!r} is {req.status.name}")
+        self.check_fits(req.num_prompt_tokens)
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+        self.policy.on_arrival(req)
+
+    def abort_request(self, request_id: str) -> Request | None:
+        """Finish the request as aborted and free its KV now; None if unknown."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        self._finish(req, RequestStatus.FINISHED_ABORTED, self.clock.now())
+        self._drop_finished()
+        return req
+
+    # ---- one step -------------------------------------------------------------------
+    def schedule(self) -> StepBatch:
+        now = self.clock.now()
+        plan = StepPlan(self.kv, self.config, now, self.waiting, self.running, self.swapped)
+        self.policy.schedule(plan)
+        return self._apply(plan, now)
+
+    def _apply(self, plan: StepPlan, now: float) -> StepBatch:
+        batch = StepBatch(released_ids=self._released_ids)
+        self._released_ids = []
+        if plan.preemptions:
+            self._apply_preemptions(plan, batch, now)
+        if plan.swap_ins:
+            self._apply_swap_ins(plan, batch)
+        self._apply_schedule(plan, batch, now)
+        return batch
+
+    def _apply_preemptions(self, plan: StepPlan, batch: StepBatch, now: float) -> None:
+        recomputed: list[Request] = []
+        for req, mode in plan.preemptions:
+            if mode == PreemptionMode.SWAP:
+                batch.swap_out.extend(self.kv.swap_out(req.request_id))
+                req.swap_out(now)
+                self.swapped.append(req)
+            else:
+                self.kv.free(req.request_id)
+                req.preempt_by_recompute(now)
+                batch.released_ids.append(req.request_id)
+                recomputed.append(req)
+        self.num_preemptions += len(plan.preemptions)
+        self.waiting[:0] = recomputed  # vLLM puts them at the front of the queue
+        self.running = [r for r in self.running if r.status == _RUNNING]
+
+    def _apply_swap_ins(self, plan: StepPlan, batch: StepBatch) -> None:
+        for req in plan.swap_ins:
+            batch.swap_in.extend(self.kv.swap_in(req.request_id))
+            req.swap_in()
+            self.running.append(req)
+        self.swapped = [r for r in self.swapped if r.status == RequestStatus.SWAPPED]
+
+    def _apply_schedule(self, plan: StepPlan, batch: StepBatch, now: float) -> None:
+        kv = self.kv
+        admitted = False
+        for req, n in zip(plan.scheduled, plan.num_scheduled_tokens, strict=True):
+            rid = req.request_id
+            cached = req.num_computed_tokens
+            if req.status in _NO_KV:
+                kv.allocate(rid, cached + n)
+                req.start_running(now)
+                self.running.append(req)
+                admitted = True
+            else:
+                kv.append_slots(rid, cached + n)
+            batch.requests.append(req)
+            batch.num_new_tokens.append(n)
+            batch.num_cached_tokens.append(cached)
+            batch.samples.append(cached + n == req.num_tokens)
+            batch.block_tables.append(kv.block_table(rid))
+        if admitted:
+            self.waiting = [r for r in self.waiting if r.status in _NO_KV]
+
+    def update(self, batch: StepBatch, result: StepResult) -> list[Request]:
+        """Record the step's tokens; returns the requests that got a token or finished."""
+        now = self.clock.now()
+        touched: list[Request] = []
+        any_finished = False
+        tokens = result.sampled_token_ids
+        for i, req in enumerate(batch.requests):
+            req.num_computed_tokens += batch.num_new_tokens[i]
+            token = tokens[i]
+            if token is None or not batch.samples[i] or req.is_finished:
+                continue
+            req.append_output_token(token, now)
+            touched.append(req)
+            status = stop_status(req, token, self.config.max_model_len, self.kv, self.stop_checker)
+            if status is not None:
+                self._finish(req, status, now)
+                any_finished = True
+        if any_finished:
+            self._drop_finished()
+        self.policy.on_step_end(batch, result)
+        return touched
+
+    # ---- finishing ------------------------------------------------------------------
+    def _finish(self, req: Request, status: RequestStatus, now: float) -> None:
+        req.finish(status, now)
+        if self.kv.free(req.request_id):
+            self._released_ids.append(req.request_id)
+        del self.requests[req.request_id]
+        self.policy.on_finish(req)
+
+    def _drop_finished(self) -> None:
+        self.waiting = [r for r in self.waiting if not r.is_finished]
+        self.running = [r for r in self.running if not r.is_finished]
+        self.swapped = [r for r in self.swapped if not r.is_finished]

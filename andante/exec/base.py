@@ -1,0 +1,28 @@
+"""The executor seam (DESIGN.md rule 2): one interface, a real and a modeled backend."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from andante.exec.batch import StepBatch, StepResult
+from andante.perf.cost_model import CostModel
+
+
+class Executor(Protocol):
+    """Runs one engine step.
+
+    Contract: `execute` first performs the batch's swap-outs then swap-ins (copying
+    KV between the device and host tiers), then advances every request of the batch
+    by its scheduled tokens, writing their KV into their block tables, and returns one
+    sampled token per request whose `samples` flag is set. It never changes request
+    state: the scheduler does that from the result. `cost_model` predicts step, swap
+    and recompute costs for policies (calibrated for the real backend).
+    `num_kv_blocks(block_size)` says how many device and host blocks the executor
+    has room for.
+    """
+
+    cost_model: CostModel
+
+    def execute(self, batch: StepBatch) -> StepResult: ...
+
+    def num_kv_blocks(self, block_size: int) -> tuple[int, int]: ...

@@ -1,0 +1,63 @@
+"""What the scheduler hands an executor each step, and what comes back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from andante.core.request import Request
+from andante.perf.shape import BatchShape
+
+
+@dataclass(slots=True)
+class StepBatch:
+    """One engine step.
+
+    `requests[i]` advances by `num_new_tokens[i]` tokens starting at position
+    `num_cached_tokens[i]` (its KV lives in `block_tables[i]`, device block ids);
+    it samples a next token iff `samples[i]`. Swaps happen before the forward pass:
+    `swap_out` holds (device, host) block pairs, `swap_in` (host, device) pairs.
+    `released_ids` lists requests that no longer hold KV (finished, aborted or
+    preempted by recompute) so executors can drop per-request state.
+    """
+
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_cached_tokens: list[int] = field(default_factory=list)
+    samples: list[bool] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    released_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.requests)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests and not self.swap_out and not self.swap_in
+
+    def shape(self) -> BatchShape:
+        shape = BatchShape()
+        for new, cached, samples in zip(
+            self.num_new_tokens, self.num_cached_tokens, self.samples, strict=True
+        ):
+            shape.add(new, cached, samples)
+        return shape
+
+
+@dataclass(slots=True)
+class StepResult:
+    """Tokens sampled (aligned with the batch's requests; None where not sampling).
+
+    `duration` is the step's modeled (simulator) or measured (real) wall time in
+    seconds; `swap_time` is the part spent moving KV between tiers.
+    """
+
+    sampled_token_ids: list[int | None]
+    duration: float
+    swap_time: float = 0.0

@@ -1,0 +1,48 @@
+"""SimExecutor: synthetic tokens and a step duration predicted by the cost model.
+
+Swaps cost bytes / host-link bandwidth. By default they are on the step's critical
+path (as in vLLM, which swaps synchronously before the forward pass); with
+`overlap_swaps=True` they run on a separate copy engine and only the part longer than
+the forward pass delays the step (FastServe §4.2's overlapped swapping).
+"""
+
+from __future__ import annotations
+
+from andante.exec.batch import StepBatch, StepResult
+from andante.perf.cost_model import CostModel
+
+GIB = 1 << 30
+
+
+class SimExecutor:
+    def __init__(
+        self,
+        cost_model: CostModel,
+        block_size: int = 16,
+        host_kv_bytes: int = 4 * GIB,
+        gpu_memory_utilization: float = 0.9,
+        overlap_swaps: bool = False,
+        token_id: int = 0,
+    ) -> None:
+        self.cost_model = cost_model
+        self.block_size = block_size
+        self.host_kv_bytes = host_kv_bytes
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.overlap_swaps = overlap_swaps
+        self.token_id = token_id
+
+    def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
+        if block_size != self.block_size:
+            raise ValueError(f"executor block size {self.block_size} != scheduler {block_size}")
+        device_tokens = self.cost_model.kv_capacity_tokens(self.gpu_memory_utilization)
+        host_tokens = self.host_kv_bytes // self.cost_model.model.kv_bytes_per_token
+        return device_tokens // block_size, host_tokens // block_size
+
+    def execute(self, batch: StepBatch) -> StepResult:
+        forward = self.cost_model.step_time(batch.shape()) if batch.requests else 0.0
+        num_swapped = len(batch.swap_out) + len(batch.swap_in)
+        swap = self.cost_model.swap_time(num_swapped * self.block_size) if num_swapped else 0.0
+        duration = max(forward, swap) if self.overlap_swaps else forward + swap
+        token = self.token_id
+        sampled: list[int | None] = [token if s else None for s in batch.samples]
+        return StepResult(sampled_token_ids=sampled, duration=duration, swap_time=swap)

@@ -1,0 +1,190 @@
+"""Paged KV-cache block manager with a device tier and a host tier.
+
+Each request owns a block table (list of block ids) on exactly one tier at a time:
+the device tier while it runs or pauses, the host tier while swapped out. A request
+with no table holds no KV (waiting, or preempted by recompute). The manager is pure
+bookkeeping; moving the bytes is the executor's job, driven by the (src, dst) block
+pairs that `swap_out` / `swap_in` return.
+"""
+
+from __future__ import annotations
+
+from andante.kv.block_pool import BlockPool, OutOfBlocksError
+
+
+class KVBlockManager:
+    def __init__(
+        self,
+        block_size: int,
+        num_device_blocks: int,
+        num_host_blocks: int = 0,
+        watermark: float = 0.01,
+    ) -> None:
+        self._init_config(block_size, watermark)
+        self._init_tiers(num_device_blocks, num_host_blocks)
+
+    def _init_config(self, block_size: int, watermark: float) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if not 0 <= watermark < 1:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark}")
+        self.block_size = block_size
+        self.watermark = watermark
+
+    def _init_tiers(self, num_device_blocks: int, num_host_blocks: int) -> None:
+        self.device = BlockPool("device", num_device_blocks)
+        self.host = BlockPool("host", num_host_blocks)
+        self._device_tables: dict[str, list[int]] = {}
+        self._host_tables: dict[str, list[int]] = {}
+
+    # ---- figures --------------------------------------------------------------------
+    @property
+    def num_device_blocks(self) -> int:
+        return self.device.num_blocks
+
+    @property
+    def num_free_device_blocks(self) -> int:
+        return self.device.num_free
+
+    @property
+    def num_free_host_blocks(self) -> int:
+        return self.host.num_free
+
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.watermark * self.device.num_blocks)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of device blocks in use (vLLM's kv_cache_usage_perc / 100)."""
+        total = self.device.num_blocks
+        return self.device.num_used / total if total else 0.0
+
+    @property
+    def host_usage(self) -> float:
+        total = self.host.num_blocks
+        return self.host.num_used / total if total else 0.0
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def block_table(self, request_id: str) -> list[int]:
+        """The request's device block table (empty if it holds no device KV)."""
+        return self._device_tables.get(request_id, [])
+
+    def host_block_table(self, request_id: str) -> list[int]:
+        return self._host_tables.get(request_id, [])
+
+    def holds_device_blocks(self, request_id: str) -> bool:
+        return request_id in self._device_tables
+
+    def holds_host_blocks(self, request_id: str) -> bool:
+        return request_id in self._host_tables
+
+    def num_device_blocks_of(self, request_id: str) -> int:
+        return len(self._device_tables.get(request_id, ()))
+
+    def num_host_blocks_of(self, request_id: str) -> int:
+        return len(self._host_tables.get(request_id, ()))
+
+    def owner_ids(self) -> list[str]:
+        return [*self._device_tables, *self._host_tables]
+
+    # ---- allocation -----------------------------------------------------------------
+    def num_new_blocks_needed(self, request_id: str, num_total_tokens: int) -> int:
+        """Blocks to add so the request's device table covers `num_total_tokens`."""
+        have = len(self._device_tables.get(request_id, ()))
+        return max(0, -(-num_total_tokens // self.block_size) - have)
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        """Admission check: leaves the watermark free (as vLLM does)."""
+        return self.device.num_free - num_blocks >= self.watermark_blocks
+
+    def allocate(self, request_id: str, num_tokens: int) -> list[int]:
+        """Give a request with no KV a device table covering `num_tokens`."""
+        if request_id in self._device_tables or request_id in self._host_tables:
+            raise ValueError(f"request {request_id!r} already holds KV blocks")
+        table = self.device.allocate(self.num_blocks_for(num_tokens))
+        self._device_tables[request_id] = table
+        return table
+
+    def append_slots(self, request_id: str, num_total_tokens: int) -> list[int]:
+        """Grow the device table to cover `num_total_tokens`; returns the new block ids."""
+        table = self._device_tables.get(request_id)
+        if table is None:
+            raise KeyError(f"request {request_id!r} holds no device blocks")
+        missing = -(-num_total_tokens // self.block_size) - len(table)
+        if missing <= 0:
+            return []
+        new = self.device.allocate(missing)
+        table.extend(new)
+        return new
+
+    def free(self, request_id: str) -> int:
+        """Release every block the request holds on either tier; returns how many."""
+        freed = 0
+        table = self._device_tables.pop(request_id, None)
+        if table is not None:
+            self.device.free(table)
+            freed += len(table)
+        host_table = self._host_tables.pop(request_id, None)
+        if host_table is not None:
+            self.host.free(host_table)
+            freed += len(host_table)
+        return freed
+
+    # ---- swapping -------------------------------------------------------------------
+    def can_swap_out(self, request_id: str) -> bool:
+        return len(self._device_tables.get(request_id, ())) <= self.host.num_free
+
+    def swap_out(self, request_id: str) -> list[tuple[int, int]]:
+        """Move the request's blocks to the host tier; returns (device, host) pairs."""
+        table = self._device_tables.pop(request_id)
+        try:
+            host_table = self.host.allocate(len(table))
+        except OutOfBlocksError:
+            self._device_tables[request_id] = table
+            raise
+        self.device.free(table)
+        self._host_tables[request_id] = host_table
+        return list(zip(table, host_table, strict=True))
+
+    def can_swap_in(self, request_id: str, num_extra_blocks: int = 0) -> bool:
+        need = len(self._host_tables.get(request_id, ())) + num_extra_blocks
+        return need <= self.device.num_free
+
+    def swap_in(self, request_id: str) -> list[tuple[int, int]]:
+        """Move the request's blocks back to the device; returns (host, device) pairs."""
+        host_table = self._host_tables.pop(request_id)
+        try:
+            table = self.device.allocate(len(host_table))
+        except OutOfBlocksError:
+            self._host_tables[request_id] = host_table
+            raise
+        self.host.free(host_table)
+        self._device_tables[request_id] = table
+        return list(zip(host_table, table, strict=True))
+
+    def resize_device(self, num_blocks: int) -> None:
+        """Change the device tier's size (KunServe drop/restore of replicated layers)."""
+        self.device.resize(num_blocks)
+
+    # ---- invariants -----------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Conservation per tier and single ownership; raises AssertionError if broken."""
+        for pool, tables in ((self.device, self._device_tables), (self.host, self._host_tables)):
+            owned = [b for table in tables.values() for b in table]
+            free = pool.free_ids()
+            if len(owned) != len(set(owned)):
+                raise AssertionError(f"{pool.name}: a block is owned twice")
+            if set(owned) & set(free):
+                raise AssertionError(f"{pool.name}: a block is both owned and free")
+            if len(owned) + len(free) != pool.num_blocks:
+                raise AssertionError(
+                    f"{pool.name}: used {len(owned)} + free {len(free)} != {pool.num_blocks}"
+                )
+            if any(not 0 <= b < pool.num_blocks for b in owned + free):
+                raise AssertionError(f"{pool.name}: block id out of range")
+        both = set(self._device_tables) & set(self._host_tables)
+        if both:
+            raise AssertionError(f"requests hold blocks on both tiers: {sorted(both)}")

@@ -1,0 +1,65 @@
+"""One tier of fixed-size KV blocks: a free list with O(1) allocate and free."""
+
+from __future__ import annotations
+
+
+class OutOfBlocksError(RuntimeError):
+    """Raised when a tier is asked for more blocks than it has free (a caller bug)."""
+
+
+class BlockPool:
+    """Block ids 0..num_blocks-1 of one tier (device or host)."""
+
+    def __init__(self, name: str, num_blocks: int) -> None:
+        if num_blocks < 0:
+            raise ValueError(f"{name}: num_blocks must be >= 0, got {num_blocks}")
+        self.name = name
+        self.num_blocks = num_blocks
+        # Reversed so that low ids come out first: deterministic, cache-friendly.
+        self._free_ids: list[int] = list(range(num_blocks - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_ids)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free_ids)
+
+    def allocate(self, num: int) -> list[int]:
+        if num > len(self._free_ids):
+            raise OutOfBlocksError(f"{self.name}: asked for {num} blocks, {self.num_free} free")
+        if num <= 0:
+            return []
+        taken = self._free_ids[-num:]
+        del self._free_ids[-num:]
+        taken.reverse()
+        return taken
+
+    def allocate_one(self) -> int:
+        if not self._free_ids:
+            raise OutOfBlocksError(f"{self.name}: no free block")
+        return self._free_ids.pop()
+
+    def free(self, block_ids: list[int]) -> None:
+        self._free_ids.extend(reversed(block_ids))
+
+    def free_ids(self) -> list[int]:
+        """A copy of the free list (for invariant checks)."""
+        return list(self._free_ids)
+
+    def resize(self, num_blocks: int) -> None:
+        """Grow the tier (KunServe gives dropped-parameter memory to the KV cache).
+
+        Shrinking only removes free blocks with the highest ids; it raises if any of
+        them is in use, so callers must evict first.
+        """
+        if num_blocks >= self.num_blocks:
+            self._free_ids[:0] = range(num_blocks - 1, self.num_blocks - 1, -1)
+        else:
+            doomed = set(range(num_blocks, self.num_blocks))
+            remaining = [b for b in self._free_ids if b not in doomed]
+            if len(self._free_ids) - len(remaining) != len(doomed):
+                raise OutOfBlocksError(f"{self.name}: cannot shrink below blocks in use")
+            self._free_ids = remaining
+        self.num_blocks = num_blocks

@@ -1,0 +1,203 @@
+"""Step-time cost model: roofline terms combined by Ascendra's fitted regression.
+
+Design note. Ascendra §5.1 models a batch's latency from its memory traffic M and its
+FLOPs F: with tM = M / bandwidth and tF = F / peak FLOP/s,
+    t = C1·(tM + tF) + C2·max(tM, tF) + C3·tM + C4·tF + C5,
+the sum standing for no overlap of transfer and compute, the max for full overlap.
+M and F come from the model's shape: the weights are streamed once per step, attention
+reads each sequence's KV cache, and the attention FLOPs follow KunServe eq. (1) (a chunk
+of c new tokens after p cached ones has p·c + (c² + c)/2 query-key pairs; see
+`BatchShape`). Tensor parallelism divides M and F by tp and adds two ring all-reduces
+of the hidden states per layer (Megatron-LM), which are not part of the regression.
+
+Everything per step is plain float arithmetic on constants precomputed in __init__:
+the simulator calls `step_time` once per simulated step.
+"""
+
+from __future__ import annotations
+
+from andante.perf.shape import BatchShape
+from andante.perf.specs import CostCoefficients, HardwareSpec, ModelSpec
+
+GiB = 1 << 30
+# Per-GPU memory kept out of the KV cache for activations, CUDA graphs and the
+# allocator's slack (vLLM profiles this at start-up; ~1-3 GiB for 7-70B models).
+DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GiB
+LOGIT_BYTES = 4  # logits are produced in FP32
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+class CostModel:
+    """Predicts the duration of engine steps and KV operations for one instance."""
+
+    __slots__ = (
+        "model", "hardware", "tp", "coefficients", "kv_bytes_per_token_per_gpu",
+        "_body_bytes", "_lm_head_bytes", "_bytes_per_token", "_bytes_per_kv_read",
+        "_bytes_per_sample", "_flops_per_token", "_flops_per_pair", "_flops_per_sample",
+        "_inv_bandwidth", "_inv_peak", "_c_sum", "_c_max", "_c_mem", "_c_flop", "_c_fixed",
+        "_comm_fixed", "_comm_per_token",
+    )
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
+                 coefficients: CostCoefficients | None = None) -> None:
+        self._init_config(model, hardware, tp, coefficients)
+        self._init_memory_terms()
+        self._init_flop_terms()
+        self._init_comm_terms()
+
+    def _init_config(self, model: ModelSpec, hardware: HardwareSpec, tp: int,
+                     coefficients: CostCoefficients | None) -> None:
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tp must be a positive integer, got {tp!r}")
+        if model.num_heads % tp:
+            raise ValueError(f"tp={tp} must divide num_heads={model.num_heads} of {model.name}")
+        if model.num_kv_heads % tp and tp % model.num_kv_heads:
+            raise ValueError(f"tp={tp} and num_kv_heads={model.num_kv_heads} of {model.name} "
+                             "must divide one another")
+        self.model = model
+        self.hardware = hardware
+        self.tp = tp
+        self.coefficients = coefficients if coefficients is not None else hardware.coefficients
+        c = self.coefficients
+        self._c_sum, self._c_max, self._c_mem, self._c_flop, self._c_fixed = c.as_tuple()
+
+    def _init_memory_terms(self) -> None:
+        m, tp = self.model, self.tp
+        dtype = m.dtype_bytes
+        # With tp > num_kv_heads each GPU keeps one KV head (replicated), as in vLLM.
+        kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
+        self.kv_bytes_per_token_per_gpu = 2 * m.num_layers * kv_heads_per_gpu * m.head_dim * dtype
+        lm_head = m.embedding_params * dtype
+        self._lm_head_bytes = lm_head / tp
+        self._body_bytes = (m.streamed_weight_bytes - lm_head) / tp
+        # Each GEMM reads its input and writes its output once; norms, residuals fused.
+        gemm_io = (6 * m.hidden_size
+                   + (2 * m.q_size + 2 * m.kv_size) / tp
+                   + (3 if m.mlp_kind == "gated" else 2) * m.intermediate_size / tp)
+        activations = m.num_layers * gemm_io * dtype
+        self._bytes_per_token = activations + self.kv_bytes_per_token_per_gpu  # + KV write
+        self._bytes_per_kv_read = float(self.kv_bytes_per_token_per_gpu)
+        self._bytes_per_sample = m.hidden_size * dtype + m.vocab_size * LOGIT_BYTES / tp
+        self._inv_bandwidth = 1.0 / self.hardware.mem_bandwidth
+
+    def _init_flop_terms(self) -> None:
+        m, tp = self.model, self.tp
+        self._flops_per_token = m.dense_flops_per_token / tp
+        self._flops_per_pair = m.attn_flops_per_pair / tp
+        self._flops_per_sample = m.lm_head_flops_per_token / tp
+        self._inv_peak = 1.0 / self.hardware.peak_flops
+
+    def _init_comm_terms(self) -> None:
+        tp, hw, m = self.tp, self.hardware, self.model
+        if tp == 1:
+            self._comm_fixed = 0.0
+            self._comm_per_token = 0.0
+            return
+        num_allreduces = 2 * m.num_layers  # after attention and after the MLP
+        ring_factor = 2.0 * (tp - 1) / tp
+        self._comm_fixed = num_allreduces * hw.collective_latency
+        self._comm_per_token = (num_allreduces * ring_factor * m.hidden_size * m.dtype_bytes
+                                / hw.interconnect_bandwidth)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes of one token across the instance (all tp GPUs)."""
+        return self.kv_bytes_per_token_per_gpu * self.tp
+
+    def with_coefficients(self, coefficients: CostCoefficients) -> CostModel:
+        return CostModel(self.model, self.hardware, self.tp, coefficients)
+
+    def terms(self, shape: BatchShape) -> tuple[float, float]:
+        """(tM, tF) of one step in seconds, per GPU; (0, 0) for an empty step."""
+        n = shape.num_tokens
+        if n <= 0:
+            return (0.0, 0.0)
+        mem = (self._body_bytes + self._bytes_per_token * n
+               + self._bytes_per_kv_read * shape.kv_tokens_read)
+        flops = self._flops_per_token * n + self._flops_per_pair * shape.attn_pairs
+        s = shape.num_sampled
+        if s:
+            mem += self._lm_head_bytes + self._bytes_per_sample * s
+            flops += self._flops_per_sample * s
+        return (mem * self._inv_bandwidth, flops * self._inv_peak)
+
+    def comm_time(self, num_tokens: int) -> float:
+        """Tensor-parallel all-reduce time of a step that advances `num_tokens` tokens."""
+        if num_tokens <= 0:
+            return 0.0
+        return self._comm_fixed + self._comm_per_token * num_tokens
+
+    def step_time(self, shape: BatchShape) -> float:
+        """Predicted duration in seconds of one engine step; 0.0 for an empty step."""
+        n = shape.num_tokens
+        if n <= 0:
+            return 0.0
+        t_m, t_f = self.terms(shape)
+        t_max = t_m if t_m > t_f else t_f
+        return (self._c_sum * (t_m + t_f) + self._c_max * t_max + self._c_mem * t_m
+                + self._c_flop * t_f + self._c_fixed
+                + self._comm_fixed + self._comm_per_token * n)
+
+    def prefill_time(self, num_tokens: int, num_cached: int = 0) -> float:
+        """One step prefilling `num_tokens` new tokens after `num_cached` cached ones."""
+        _check_count("num_tokens", num_tokens)
+        _check_count("num_cached", num_cached)
+        if num_tokens == 0:
+            return 0.0
+        shape = BatchShape(
+            num_seqs=1, num_tokens=num_tokens, num_sampled=1,
+            num_decode_seqs=1 if num_tokens == 1 and num_cached > 0 else 0,
+            attn_pairs=num_cached * num_tokens + (num_tokens * num_tokens + num_tokens) * 0.5,
+            kv_tokens_read=num_cached + num_tokens,
+        )
+        return self.step_time(shape)
+
+    def decode_time(self, batch_size: int, context_len: int) -> float:
+        """One step decoding one token for each of `batch_size` sequences of `context_len`."""
+        _check_count("batch_size", batch_size)
+        _check_count("context_len", context_len)
+        if batch_size == 0:
+            return 0.0
+        shape = BatchShape(
+            num_seqs=batch_size, num_tokens=batch_size, num_sampled=batch_size,
+            num_decode_seqs=batch_size if context_len > 0 else 0,
+            attn_pairs=float(batch_size * (context_len + 1)),
+            kv_tokens_read=batch_size * (context_len + 1),
+        )
+        return self.step_time(shape)
+
+    def swap_time(self, num_tokens: int) -> float:
+        """Copying `num_tokens` tokens of KV cache one way between device and host.
+
+        Every GPU of the instance moves its own shard over its own host link, in parallel.
+        """
+        _check_count("num_tokens", num_tokens)
+        return num_tokens * self.kv_bytes_per_token_per_gpu / self.hardware.host_link_bandwidth
+
+    def recompute_time(self, num_tokens: int) -> float:
+        """Rebuilding `num_tokens` tokens of KV cache: a prefill of that many tokens."""
+        return self.prefill_time(num_tokens)
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9,
+                           activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES
+                           ) -> int:
+        """Tokens of KV cache that fit in the instance (tp GPUs, weights sharded)."""
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], "
+                             f"got {gpu_memory_utilization!r}")
+        if activation_reserve_bytes < 0:
+            raise ValueError(f"activation_reserve_bytes must be >= 0, "
+                             f"got {activation_reserve_bytes!r}")
+        usable = self.hardware.mem_capacity * gpu_memory_utilization - activation_reserve_bytes
+        free = usable - self.model.weight_bytes / self.tp
+        if free <= 0:
+            raise ValueError(
+                f"{self.model.name} ({self.model.weight_bytes / GiB:.1f} GiB of weights) does "
+                f"not fit on {self.tp} x {self.hardware.name} at gpu_memory_utilization="
+                f"{gpu_memory_utilization} with {activation_reserve_bytes / GiB:.1f} GiB "
+                "reserved per GPU")
+        return int(free // self.kv_bytes_per_token_per_gpu)

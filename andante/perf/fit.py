@@ -1,0 +1,97 @@
+"""Fit the step-time regression to measured steps (Ascendra §5.1, refitted online).
+
+Design note. Ascendra regresses a step's latency on the features
+[tM + tF, max(tM, tF), tM, tF, 1]. The first is the sum of the third and fourth, so C1
+cannot be told apart from C3 and C4: any fit with C1 > 0 predicts exactly what the fit
+with C1 = 0, C3 + C1, C4 + C1 predicts. We therefore solve the non-negative least-squares
+problem on the four identifiable features and return C1 = 0 (the same minimum as NNLS
+over all five). NNLS is exact by enumerating the 2^4 supports: the optimum is the
+unconstrained least-squares solution on its own support. numpy only.
+
+Tensor-parallel all-reduce time is modelled analytically by `CostModel`, so it is
+subtracted from each measured duration before fitting.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from andante.perf.cost_model import CostModel
+from andante.perf.shape import BatchShape
+from andante.perf.specs import CostCoefficients
+
+Sample = tuple[BatchShape, float]
+
+
+def features(model: CostModel, shape: BatchShape) -> tuple[float, float, float, float, float]:
+    """Ascendra's regression features of one step: [tM+tF, max(tM,tF), tM, tF, 1]."""
+    t_m, t_f = model.terms(shape)
+    return (t_m + t_f, max(t_m, t_f), t_m, t_f, 1.0)
+
+
+def _check_samples(samples: Sequence[Sample]) -> None:
+    if len(samples) == 0:
+        raise ValueError("need at least one (BatchShape, duration) sample, got none")
+    for index, (shape, duration) in enumerate(samples):
+        if shape.num_tokens <= 0:
+            raise ValueError(f"sample {index} is an empty step (num_tokens={shape.num_tokens})")
+        if not (isinstance(duration, (int, float)) and math.isfinite(duration)
+                and duration > 0):
+            raise ValueError(f"sample {index} has an invalid duration {duration!r}")
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a·x - b|| subject to x >= 0, for a handful of columns."""
+    num_cols = a.shape[1]
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0.0] = 1.0
+    a_scaled = a / scale
+    best_x = np.zeros(num_cols)
+    best_residual = float(np.dot(b, b))
+    for size in range(1, num_cols + 1):
+        for support in itertools.combinations(range(num_cols), size):
+            cols = list(support)
+            sub = a_scaled[:, cols]
+            if np.linalg.matrix_rank(sub) < size:
+                continue  # its optimum is reached on a smaller support
+            solution, *_ = np.linalg.lstsq(sub, b, rcond=None)
+            if np.any(solution < -1e-12 * max(1.0, float(np.abs(solution).max()))):
+                continue
+            x = np.zeros(num_cols)
+            x[cols] = np.clip(solution, 0.0, None)
+            residual = float(np.sum((a_scaled @ x - b) ** 2))
+            if residual < best_residual * (1.0 - 1e-12):
+                best_x, best_residual = x, residual
+    return best_x / scale
+
+
+def fit_coefficients(model: CostModel, samples: Sequence[Sample],
+                     relative: bool = True) -> CostCoefficients:
+    """Non-negative least-squares coefficients for `model` from measured steps.
+
+    With `relative` (the default) each step is weighted by 1 / duration, minimising the
+    squared relative error, so short decode steps count as much as long prefills.
+    """
+    _check_samples(samples)
+    rows = np.array([features(model, shape)[1:] for shape, _ in samples], dtype=float)
+    durations = np.array([d for _, d in samples], dtype=float)
+    comm = np.array([model.comm_time(shape.num_tokens) for shape, _ in samples])
+    targets = durations - comm
+    if relative:
+        rows = rows / durations[:, None]
+        targets = targets / durations
+    c2, c3, c4, c5 = (float(v) for v in _nnls(rows, targets))
+    return CostCoefficients(c1=0.0, c2=c2, c3=c3, c4=c4, c5=c5)
+
+
+def prediction_error(model: CostModel, samples: Sequence[Sample]) -> float:
+    """Mean absolute relative error of `model.step_time` over measured steps."""
+    _check_samples(samples)
+    total = 0.0
+    for shape, duration in samples:
+        total += abs(model.step_time(shape) - duration) / duration
+    return total / len(samples)

@@ -1,0 +1,226 @@
+"""Model and hardware specifications: the static inputs of the cost model.
+
+A `ModelSpec` is a dense decoder-only transformer described by the fields of its public
+`config.json`; its derived properties count parameters, bytes and FLOPs. A
+`HardwareSpec` is one accelerator (one GPU of a tensor-parallel instance) with the
+regression coefficients of Ascendra §5.1 that turn roofline terms into a step time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Literal
+
+MlpKind = Literal["gated", "plain"]
+MLP_KINDS: tuple[str, ...] = ("gated", "plain")
+
+HARDWARE_JSON_VERSION = 1
+
+
+def _require_positive_int(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
+
+
+def _require_rate(owner: str, name: str, value: object, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        ok = False
+    else:
+        ok = math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        bound = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"{owner}.{name} must be a finite {bound} number, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A dense decoder-only transformer (Llama/Mistral/Qwen/Phi-3 or OPT family)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    mlp_kind: MlpKind = "gated"  # "gated": SwiGLU, 3 matrices; "plain": 2 matrices (OPT)
+    tie_word_embeddings: bool = False
+    dtype_bytes: int = 2
+    max_model_len: int = 4096
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("ModelSpec.name must be a non-empty string, got ''")
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "vocab_size", "dtype_bytes", "max_model_len"):
+            _require_positive_int("ModelSpec", name, getattr(self, name))
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"ModelSpec.num_kv_heads={self.num_kv_heads} must divide "
+                             f"num_heads={self.num_heads}")
+        if self.mlp_kind not in MLP_KINDS:
+            raise ValueError(f"ModelSpec.mlp_kind must be one of {MLP_KINDS}, "
+                             f"got {self.mlp_kind!r}")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        """Q, K, V and output projections (biases ignored)."""
+        return self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        num_matrices = 3 if self.mlp_kind == "gated" else 2
+        return num_matrices * self.hidden_size * self.intermediate_size
+
+    @property
+    def dense_params_per_layer(self) -> int:
+        """Parameters of the GEMMs of one transformer block."""
+        return self.attn_params_per_layer + self.mlp_params_per_layer
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """All parameters: blocks, two norms per block, final norm, embedding, LM head."""
+        per_layer = self.dense_params_per_layer + 2 * self.hidden_size
+        lm_head = 0 if self.tie_word_embeddings else self.embedding_params
+        return self.num_layers * per_layer + self.hidden_size + self.embedding_params + lm_head
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def streamed_weight_bytes(self) -> int:
+        """Weight bytes one forward pass reads: every block, the final norm, the LM head.
+
+        The input embedding is a gather of a few rows, so an untied embedding table is
+        not streamed; a tied one is, as the LM head.
+        """
+        per_layer = self.dense_params_per_layer + 2 * self.hidden_size
+        params = self.num_layers * per_layer + self.hidden_size + self.embedding_params
+        return params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes of one token: K and V, every layer, every KV head."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def dense_flops_per_token(self) -> int:
+        """FLOPs of the transformer blocks' dense GEMMs for one token (2 per MAC)."""
+        return 2 * self.num_layers * self.dense_params_per_layer
+
+    @property
+    def lm_head_flops_per_token(self) -> int:
+        """FLOPs of the LM head for one sampled row."""
+        return 2 * self.hidden_size * self.vocab_size
+
+    @property
+    def attn_flops_per_pair(self) -> int:
+        """FLOPs of one query-key pair over all heads and layers: QK^T and PV, 2 each."""
+        return 4 * self.num_heads * self.head_dim * self.num_layers
+
+
+@dataclass(frozen=True, slots=True)
+class CostCoefficients:
+    """Ascendra §5.1: t = c1·(tM+tF) + c2·max(tM,tF) + c3·tM + c4·tF + c5 (seconds)."""
+
+    c1: float = 0.0
+    c2: float = 1.0
+    c3: float = 0.0
+    c4: float = 0.0
+    c5: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("c1", "c2", "c3", "c4", "c5"):
+            _require_rate("CostCoefficients", name, getattr(self, name), allow_zero=True)
+
+    def as_tuple(self) -> tuple[float, float, float, float, float]:
+        return (self.c1, self.c2, self.c3, self.c4, self.c5)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CostCoefficients:
+        if not isinstance(data, dict):
+            raise ValueError(f"coefficients must be an object, got {data!r}")
+        unknown = sorted(set(data) - {"c1", "c2", "c3", "c4", "c5"})
+        if unknown:
+            raise ValueError(f"unknown coefficient keys {unknown}")
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareSpec:
+    """One accelerator of an instance; rates in B/s and FLOP/s, sizes in bytes."""
+
+    name: str
+    peak_flops: float  # dense BF16/FP16 tensor FLOP/s
+    mem_bandwidth: float  # device memory bandwidth, B/s
+    mem_capacity: int  # device memory, bytes
+    host_link_bandwidth: float  # effective host<->device copy bandwidth, one direction, B/s
+    interconnect_bandwidth: float  # effective all-reduce bus bandwidth between GPUs, B/s
+    coefficients: CostCoefficients = CostCoefficients()
+    collective_latency: float = 10e-6  # fixed cost of one small all-reduce, s
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("HardwareSpec.name must be a non-empty string, got ''")
+        for name in ("peak_flops", "mem_bandwidth", "host_link_bandwidth",
+                     "interconnect_bandwidth"):
+            _require_rate("HardwareSpec", name, getattr(self, name))
+        _require_positive_int("HardwareSpec", "mem_capacity", self.mem_capacity)
+        _require_rate("HardwareSpec", "collective_latency", self.collective_latency,
+                      allow_zero=True)
+        if not isinstance(self.coefficients, CostCoefficients):
+            raise ValueError(f"HardwareSpec.coefficients must be CostCoefficients, "
+                             f"got {self.coefficients!r}")
+
+    def with_coefficients(self, coefficients: CostCoefficients) -> HardwareSpec:
+        return replace(self, coefficients=coefficients)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["version"] = HARDWARE_JSON_VERSION
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> HardwareSpec:
+        if not isinstance(data, dict):
+            raise ValueError(f"a hardware profile must be a JSON object, got {data!r}")
+        data = dict(data)
+        version = data.pop("version", HARDWARE_JSON_VERSION)
+        if version != HARDWARE_JSON_VERSION:
+            raise ValueError(f"unsupported hardware profile version {version!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown hardware profile keys {unknown}")
+        missing = sorted(known - set(data) - {"coefficients", "collective_latency"})
+        if missing:
+            raise ValueError(f"hardware profile lacks keys {missing}")
+        if "coefficients" in data:
+            data["coefficients"] = CostCoefficients.from_dict(data["coefficients"])
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> HardwareSpec:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"hardware profile is not valid JSON: {exc}") from exc
+        return cls.from_dict(data)

@@ -1,0 +1,44 @@
+"""Policies by name. Adding a policy = one module plus one line here.
+
+Names map to "module:Class" strings and are imported on demand, so the registry is an
+immutable table rather than mutable state filled by import side effects. A name of the
+form "package.module:Class" loads a policy from outside andante.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import MappingProxyType
+
+from andante.policies.base import Policy, PolicyContext
+
+POLICIES = MappingProxyType(
+    {
+        "vllm": "andante.policies.fcfs:VLLMPolicy",
+        "sarathi": "andante.policies.sarathi:SarathiPolicy",
+        "priority": "andante.policies.priority:PriorityPolicy",
+        "edf": "andante.policies.edf:EDFPolicy",
+        "sjf": "andante.policies.sjf:SJFPolicy",
+    }
+)
+
+
+def policy_names() -> list[str]:
+    return sorted(POLICIES)
+
+
+def _load(target: str) -> type:
+    module_name, _, class_name = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, class_name)  # type: ignore[no-any-return]
+
+
+def make_policy(name: str, ctx: PolicyContext) -> Policy:
+    """Instantiate the policy registered as `name` (or a "module:Class" path)."""
+    target = POLICIES.get(name)
+    if target is None and ":" in name:
+        target = name
+    if target is None:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(policy_names())}")
+    policy: Policy = _load(target)(ctx)
+    return policy

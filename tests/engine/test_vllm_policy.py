@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import pytest
+
+from andante.core import PreemptionMode, RequestStatus
+from andante.engine import RequestRejected
+from tests.engine.helpers import make_engine, make_request, run_to_completion
+
+
+def test_prefill_first_then_decode_all_finish() -> None:
+    engine, executor, clock = make_engine("vllm", num_device_blocks=64)
+    for i in range(3):
+        engine.add_request(make_request(f"r{i}", prompt_len=6, max_tokens=4))
+    run_to_completion(engine, clock)
+    first = executor.batches[0]
+    assert first.num_new_tokens == [6, 6, 6] and all(first.samples)
+    assert all(b.num_new_tokens == [1, 1, 1] for b in executor.batches[1:])
+    assert len(executor.batches) == 4  # one prefill + three decodes
+    assert engine.scheduler.kv.num_free_device_blocks == 64
+
+
+def test_prefill_first_pauses_decodes_while_admitting() -> None:
+    engine, executor, clock = make_engine("vllm", num_device_blocks=64)
+    engine.add_request(make_request("a", 4, 10))
+    engine.step()
+    engine.add_request(make_request("b", 4, 10, arrival=0.01))
+    out = engine.step()
+    assert [r.request_id for r in out.batch.requests] == ["b"]
+    out = engine.step()
+    assert [r.request_id for r in out.batch.requests] == ["a", "b"]
+
+
+def test_block_shortage_recomputes_newest_and_output_continues() -> None:
+    # 2 requests of 4-token prompts, blocks of 4, 4 blocks: they collide while decoding.
+    engine, executor, clock = make_engine("vllm", num_device_blocks=4)
+    a, b = make_request("a", 4, 8), make_request("b", 4, 8, arrival=0.001)
+    engine.add_request(a)
+    engine.add_request(b)
+    run_to_completion(engine, clock)
+    assert b.timeline.num_recomputes >= 1 and a.timeline.num_recomputes == 0
+    assert a.num_output_tokens == 8 and b.num_output_tokens == 8
+    # the fake sampler emits 1000 + position: a re-prefill continues the same sequence
+    assert b.output_token_ids == [1000 + 4 + i for i in range(8)]
+    assert engine.scheduler.num_preemptions >= 1
+
+
+def test_swap_mode_moves_kv_to_host_and_back() -> None:
+    engine, executor, clock = make_engine(
+        "vllm", num_device_blocks=4, num_host_blocks=8, preemption_mode=PreemptionMode.SWAP
+    )
+    a, b = make_request("a", 4, 8), make_request("b", 4, 8, arrival=0.001)
+    engine.add_request(a)
+    engine.add_request(b)
+    run_to_completion(engine, clock)
+    assert b.timeline.num_swaps_out >= 1 and b.timeline.num_recomputes == 0
+    assert any(batch.swap_out for batch in executor.batches)
+    assert any(batch.swap_in for batch in executor.batches)
+    assert b.output_token_ids == [1000 + 4 + i for i in range(8)]
+
+
+def test_prompt_that_can_never_fit_is_rejected() -> None:
+    engine, _, _ = make_engine("vllm", num_device_blocks=4, max_model_len=64)
+    with pytest.raises(RequestRejected, match="KV cache"):
+        engine.add_request(make_request("big", 40, 1))
+    with pytest.raises(RequestRejected, match="context"):
+        engine.add_request(make_request("long", 64, 1))
+
+
+def test_request_growing_past_the_cache_is_capped_not_stuck() -> None:
+    engine, _, clock = make_engine("vllm", num_device_blocks=2)
+    req = make_request("a", 4, 100)
+    engine.add_request(req)
+    run_to_completion(engine, clock)
+    assert req.status == RequestStatus.FINISHED_LENGTH
+    assert req.num_tokens == 8  # 2 blocks of 4 tokens
+
+
+def test_abort_frees_blocks_on_next_step() -> None:
+    engine, _, clock = make_engine("vllm", num_device_blocks=16)
+    engine.add_request(make_request("a", 8, 50))
+    engine.step()
+    assert engine.scheduler.kv.num_free_device_blocks < 16
+    engine.abort("a")
+    out = engine.step()
+    assert [r.request_id for r in out.finished] == ["a"]
+    assert out.finished[0].status == RequestStatus.FINISHED_ABORTED
+    assert engine.scheduler.kv.num_free_device_blocks == 16
+    assert not engine.has_work
+
+
+def test_submit_rejects_through_the_step_output() -> None:
+    engine, _, _ = make_engine("vllm", num_device_blocks=2)
+    engine.submit(make_request("big", 40, 1))
+    out = engine.step()
+    assert out.finished[0].status == RequestStatus.FINISHED_REJECTED

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import pytest
+
+from andante.core import RequestStatus
+from andante.engine.scheduler import Scheduler
+from andante.sim import ClusterSpec, build_simulator, simulate
+from andante.workload import WorkloadConfig, build_workload
+
+
+def _workload(n: int = 60, rate: float = 20.0, seed: int = 1) -> list:
+    return build_workload(
+        WorkloadConfig(kind="poisson", rate=rate, num_requests=n, lengths="uniform:16:256:8:64",
+                       seed=seed)
+    )
+
+
+def test_simulator_builds_the_engines_own_scheduler() -> None:
+    """Structural: no simulator-only scheduler exists; instances run engine.Scheduler."""
+    sim = build_simulator(ClusterSpec(num_instances=2))
+    for inst in sim.instances:
+        assert type(inst.engine.scheduler) is Scheduler
+        assert type(inst.engine.scheduler).__module__ == "andante.engine.scheduler"
+
+
+def test_all_requests_finish_with_consistent_timelines() -> None:
+    run = simulate(ClusterSpec(num_instances=2), _workload())
+    assert not run.report.unfinished and len(run.report.finished) == 60
+    for req in run.report.finished:
+        assert req.status == RequestStatus.FINISHED_LENGTH
+        times = req.timeline.token_times
+        assert len(times) == req.sampling.max_tokens
+        assert times == sorted(times) and times[0] > req.arrival_time
+    assert run.summary.num_finished == 60
+
+
+def test_same_seed_same_result_and_round_robin_spreads_load() -> None:
+    a = simulate(ClusterSpec(num_instances=3), _workload(seed=7))
+    b = simulate(ClusterSpec(num_instances=3), _workload(seed=7))
+    assert a.summary.to_dict() == b.summary.to_dict()
+    steps = [s.num_steps for s in a.report.instance_stats]
+    assert all(n > 0 for n in steps)
+
+
+def test_more_load_means_longer_ttft() -> None:
+    light = simulate(ClusterSpec(), _workload(rate=1.0))
+    heavy = simulate(ClusterSpec(), _workload(rate=1000.0))
+    assert heavy.summary.ttft.mean > light.summary.ttft.mean
+
+
+def test_until_stops_early_and_reports_unfinished() -> None:
+    run = simulate(ClusterSpec(), _workload(rate=1000.0), until=0.05)
+    assert run.report.unfinished
+    assert run.report.end_time <= 0.05
+
+
+def test_bad_cluster_spec_is_refused() -> None:
+    with pytest.raises(ValueError, match="num_instances"):
+        ClusterSpec(num_instances=0)
