@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 # sub-command -> module with `add_parser(subparsers)` and `run(args) -> int`
-COMMANDS = ("simulate",)
+COMMANDS = ("simulate", "experiment")
 
 
 def build_parser() -> argparse.ArgumentParser:

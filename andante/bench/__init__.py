@@ -1,0 +1,1 @@
+"""Load generation, experiments, reports and plots."""
