@@ -46,6 +46,9 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every unfinished request
         self._released_ids: list[str] = []
         self.num_preemptions = 0
+        self._last_step_preempted = False
+        self._num_added = 0  # requests ever added
+        self._num_added_at_schedule = 0
 
     # ---- figures --------------------------------------------------------------------
     @property
@@ -63,6 +66,15 @@ class Scheduler:
     @property
     def num_swapped(self) -> int:
         return len(self.swapped)
+
+    @property
+    def last_step_preempted(self) -> bool:
+        return self._last_step_preempted
+
+    @property
+    def added_since_schedule(self) -> bool:
+        """Did a request arrive after the last `schedule()`?"""
+        return self._num_added != self._num_added_at_schedule
 
     # ---- admission and aborts -------------------------------------------------------
     def check_fits(self, num_prompt_tokens: int) -> None:
@@ -87,6 +99,7 @@ class Scheduler:
         self.check_fits(req.num_prompt_tokens)
         self.requests[req.request_id] = req
         self.waiting.append(req)
+        self._num_added += 1
         self.policy.on_arrival(req)
 
     def abort_request(self, request_id: str) -> Request | None:
@@ -101,6 +114,7 @@ class Scheduler:
     # ---- one step -------------------------------------------------------------------
     def schedule(self) -> StepBatch:
         now = self.clock.now()
+        self._num_added_at_schedule = self._num_added
         plan = StepPlan(self.kv, self.config, now, self.waiting, self.running, self.swapped)
         self.policy.schedule(plan)
         return self._apply(plan, now)
@@ -108,6 +122,7 @@ class Scheduler:
     def _apply(self, plan: StepPlan, now: float) -> StepBatch:
         batch = StepBatch(released_ids=self._released_ids)
         self._released_ids = []
+        self._last_step_preempted = bool(plan.preemptions)
         if plan.preemptions:
             self._apply_preemptions(plan, batch, now)
         if plan.swap_ins:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.cost_model import CostModel
+from andante.perf.shape import BatchShape
 
 GIB = 1 << 30
 
@@ -46,3 +47,23 @@ class SimExecutor:
         token = self.token_id
         sampled: list[int | None] = [token if s else None for s in batch.samples]
         return StepResult(sampled_token_ids=sampled, duration=duration, swap_time=swap)
+
+    def decode_run_durations(
+        self, batch: StepBatch, max_steps: int, time_budget: float
+    ) -> list[float]:
+        """Durations of up to `max_steps` more all-decode steps of the requests of
+        `batch` (just applied), stopping once their sum reaches `time_budget`."""
+        shape = BatchShape()
+        for req in batch.requests:
+            shape.add(1, req.num_computed_tokens, True)
+        step_time = self.cost_model.step_time
+        durations: list[float] = []
+        total = 0.0
+        num_seqs = shape.num_seqs
+        while len(durations) < max_steps and total < time_budget:
+            duration = step_time(shape)
+            durations.append(duration)
+            total += duration
+            shape.attn_pairs += num_seqs
+            shape.kv_tokens_read += num_seqs
+        return durations

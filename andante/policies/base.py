@@ -62,6 +62,10 @@ class BasePolicy:
 
     name = "base"
     Options: ClassVar[type] = NoOptions
+    # True if decisions depend only on queue contents and free blocks (not on time) and
+    # the policy needs no on_step_end calls for all-decode steps: the simulator may then
+    # apply runs of identical decode steps at once (andante.engine.decode_run).
+    stationary: ClassVar[bool] = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx

@@ -28,6 +28,7 @@ class OrderedPolicy(BasePolicy):
     name = "ordered"
     preempts_for_waiting: ClassVar[bool] = False  # may arrivals preempt worse running ones?
     sorts_running: ClassVar[bool] = False  # else admission order: the newest is the victim
+    stationary = True  # static keys: same queues and blocks, same decision
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)

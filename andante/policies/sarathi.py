@@ -34,6 +34,7 @@ def _decode_tokens(req: Request) -> int:
 class SarathiPolicy(BasePolicy):
     name = "sarathi"
     Options = SarathiOptions
+    stationary = True
 
     def schedule(self, plan: StepPlan) -> None:
         plan.restrict_token_budget(self.options.token_budget)

@@ -35,10 +35,11 @@ def simulate(
     router: Router | None = None,
     on_finish: Callable[[Request], None] | None = None,
     goodput_thresholds: Mapping[str, float] | None = None,
+    decode_runs: bool = True,
 ) -> SimRun:
     """Run `workload` (fresh requests each call) on `spec` and summarize the outcome."""
     requests = to_requests(workload)
-    simulator = build_simulator(spec, router)
+    simulator = build_simulator(spec, router, decode_runs)
     started = time.perf_counter()
     report = simulator.run(requests, until=until, on_finish=on_finish)
     wall = time.perf_counter() - started

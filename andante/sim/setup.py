@@ -53,7 +53,9 @@ def build_instance(spec: ClusterSpec, index: int, clock: ManualClock) -> SimInst
     return SimInstance(index, engine)
 
 
-def build_simulator(spec: ClusterSpec, router: Router | None = None) -> Simulator:
+def build_simulator(
+    spec: ClusterSpec, router: Router | None = None, decode_runs: bool = True
+) -> Simulator:
     clock = ManualClock()
     instances = [build_instance(spec, i, clock) for i in range(spec.num_instances)]
-    return Simulator(instances, router or RoundRobinRouter(), clock)
+    return Simulator(instances, router or RoundRobinRouter(), clock, decode_runs)

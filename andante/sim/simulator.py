@@ -9,12 +9,14 @@ before an idle instance starts its next step (KICK sorts after ARRIVAL).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from andante.cluster.router import LoadReport, Router
 from andante.core.clock import ManualClock
 from andante.core.request import Request, RequestStatus
+from andante.engine.decode_run import apply_decode_run, decode_run_limit
 from andante.engine.engine import Engine
 from andante.engine.scheduler import RequestRejected
 from andante.exec.batch import StepBatch, StepResult
@@ -34,11 +36,12 @@ class SimInstance:
         self.engine = engine
         self.stats = InstanceStats()
         self.in_flight: tuple[StepBatch, StepResult] | None = None
+        self.in_decode_run = False  # applying a run of identical decode steps
         self.kick_pending = False
 
     @property
     def busy(self) -> bool:
-        return self.in_flight is not None
+        return self.in_flight is not None or self.in_decode_run
 
     def load_report(self) -> LoadReport:
         s = self.engine.scheduler
@@ -55,15 +58,27 @@ class SimReport:
 
 
 class Simulator:
-    def __init__(self, instances: list[SimInstance], router: Router, clock: ManualClock) -> None:
+    """`decode_runs=True` applies runs of identical all-decode steps at once where that is
+    provably the same as stepping (see andante.engine.decode_run); False steps always."""
+
+    def __init__(
+        self,
+        instances: list[SimInstance],
+        router: Router,
+        clock: ManualClock,
+        decode_runs: bool = True,
+    ) -> None:
         if not instances:
             raise ValueError("a simulation needs at least one instance")
         self.instances = instances
         self.router = router
         self.clock = clock
+        self.decode_runs = decode_runs
         self._events = EventQueue()
         self._report = SimReport()
         self._on_finish: Callable[[Request], None] | None = None
+        self._next_arrival = math.inf
+        self._until = math.inf
 
     def run(
         self,
@@ -74,6 +89,7 @@ class Simulator:
         """Simulate until every request finished (or `until` seconds); requests must be
         sorted by arrival time."""
         self._on_finish = on_finish
+        self._until = math.inf if until is None else until
         arrivals = iter(requests)
         self._push_next_arrival(arrivals)
         while self._events:
@@ -94,8 +110,10 @@ class Simulator:
 
     def _push_next_arrival(self, arrivals: Iterator[Request]) -> None:
         req = next(arrivals, None)
+        self._next_arrival = math.inf
         if req is not None:
-            self._events.push(max(req.arrival_time, self.clock.now()), EventKind.ARRIVAL, req)
+            self._next_arrival = max(req.arrival_time, self.clock.now())
+            self._events.push(self._next_arrival, EventKind.ARRIVAL, req)
 
     def _on_arrival(self, req: Request) -> None:
         loads = [inst.load_report() for inst in self.instances]
@@ -122,6 +140,10 @@ class Simulator:
         self._events.push(self.clock.now() + result.duration, EventKind.STEP_DONE, inst)
 
     def _on_step_done(self, inst: SimInstance) -> None:
+        if inst.in_decode_run:  # its tokens were recorded when the run was planned
+            inst.in_decode_run = False
+            self._start_step(inst)
+            return
         assert inst.in_flight is not None
         batch, result = inst.in_flight
         inst.in_flight = None
@@ -129,7 +151,37 @@ class Simulator:
         inst.stats.num_steps += 1
         for req in output.finished:
             self._record_finished(req)
-        self._start_step(inst)
+        if not (self.decode_runs and not output.finished and self._decode_run(inst, batch)):
+            self._start_step(inst)
+
+    def _decode_run(self, inst: SimInstance, batch: StepBatch) -> bool:
+        """Apply the identical decode steps that certainly follow `batch` before the next
+        arrival; True if any were applied (the instance is then busy until they end)."""
+        executor = inst.engine.executor
+        durations_of = getattr(executor, "decode_run_durations", None)
+        if durations_of is None:
+            return False
+        token_id: int = executor.token_id  # type: ignore[attr-defined]
+        max_steps = decode_run_limit(inst.engine.scheduler, batch, token_id)
+        if max_steps == 0:
+            return False
+        now = self.clock.now()
+        horizon = min(self._next_arrival, self._until)
+        times: list[float] = []
+        t = now
+        for duration in durations_of(batch, max_steps, horizon - now):
+            t += duration
+            if t >= self._next_arrival or t > self._until:
+                break
+            times.append(t)
+        if not times:
+            return False
+        apply_decode_run(inst.engine.scheduler, batch, times, token_id)
+        inst.stats.num_steps += len(times)
+        inst.stats.busy_time += times[-1] - now
+        inst.in_decode_run = True
+        self._events.push(times[-1], EventKind.STEP_DONE, inst)
+        return True
 
     def _record_finished(self, req: Request) -> None:
         self._report.finished.append(req)
