@@ -17,7 +17,7 @@ from andante.workload import WorkloadConfig, build_workload
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--num-requests", type=int, default=10_000)
-    parser.add_argument("--rate", type=float, default=2.0)
+    parser.add_argument("--rate", type=float, default=1.5)
     parser.add_argument("--lengths", default="sharegpt")
     parser.add_argument("--model", default="llama-3.1-8b")
     parser.add_argument("--hardware", default="a100-80g")
@@ -29,9 +29,9 @@ def main() -> None:
         lengths=args.lengths, max_context=8192, seed=args.seed,
     ))
     spec = ClusterSpec(model=args.model, hardware=args.hardware, policy=args.policy)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     run = simulate(spec, workload)
-    total = time.perf_counter() - started
+    total, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     steps = sum(s.num_steps for s in run.report.instance_stats)
     print(json.dumps({
         "benchmark": "sim_speed", "num_requests": len(workload), "rate": args.rate,
@@ -41,6 +41,7 @@ def main() -> None:
         "sim_wall_s": round(run.wall_seconds, 3), "total_wall_s": round(total, 3),
         "requests_per_wall_s": round(len(workload) / run.wall_seconds, 1),
         "requests_per_wall_s_with_metrics": round(len(workload) / total, 1),
+        "requests_per_cpu_s_with_metrics": round(len(workload) / cpu, 1),
     }))
 
 

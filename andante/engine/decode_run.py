@@ -3,10 +3,11 @@
 Design note: between two events that change a vLLM-style decision (an arrival, a
 finish, a block shortage), a stationary policy schedules the same all-decode batch
 step after step. The simulator asks `decode_run_limit` how many more such steps are
-certain (nobody reaches a stop condition, the blocks they need are free, the policy
-declares itself stationary), models their durations, and `apply_decode_run` records
-their tokens with the exact times step-by-step simulation would give. A test checks
-the two modes produce identical timelines.
+certain (nobody reaches a stop condition before the last of them, the blocks they
+need are free, the policy declares itself stationary), models their durations, and
+`apply_decode_run` records their tokens with the exact times step-by-step simulation
+would give; when the run ends, `Scheduler.check_stops` finishes whoever stopped on its
+last step. A test checks the two modes produce identical timelines.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def _fits(scheduler: Scheduler, batch: StepBatch, k: int) -> bool:
 
 
 def decode_run_limit(scheduler: Scheduler, batch: StepBatch, token_id: int) -> int:
-    """How many more all-decode steps like `batch` (just applied) are certain to follow."""
+    """How many more all-decode steps like `batch` (just applied) are certain to follow,
+    as far as stop conditions go: the last of them may finish requests, no earlier one
+    does (see `fit_blocks` for the KV blocks they need)."""
     if not getattr(scheduler.policy, "stationary", False) or scheduler.stop_checker is not None:
         return 0
     if not _is_all_decode(scheduler, batch):
@@ -52,12 +55,17 @@ def decode_run_limit(scheduler: Scheduler, batch: StepBatch, token_id: int) -> i
             not sampling.ignore_eos and token_id == sampling.eos_token_id
         ):
             return 0
-        n = req.num_tokens
-        limit = min(limit, sampling.max_tokens - len(req.output_token_ids) - 1,
-                    max_len - n - 1, cache_tokens - n - 1)
-    if limit <= 0:
-        return 0
-    lo, hi = 0, limit  # largest k whose blocks are free (monotone in k)
+        n = req.num_tokens  # the j-th step stops it once n + j or its output reaches a limit
+        limit = min(limit, sampling.max_tokens - len(req.output_token_ids),
+                    max_len - n, cache_tokens - n)
+    return max(0, limit)
+
+
+def fit_blocks(scheduler: Scheduler, batch: StepBatch, num_steps: int) -> int:
+    """The largest k <= num_steps whose k decode steps find all their blocks free."""
+    if num_steps <= 0 or _fits(scheduler, batch, num_steps):
+        return max(0, num_steps)
+    lo, hi = 0, num_steps - 1  # need(k) grows with k: bisect
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if _fits(scheduler, batch, mid):

@@ -2,13 +2,16 @@
 
 One class serves the real engine and the simulator (DESIGN.md rule 1): time comes
 from the injected clock, decisions from the policy, costs from the executor.
+A scheduled request stays "in flight" until `update` applies its batch; with pipeline
+parallelism (several batches in flight) the next `schedule` neither schedules nor
+preempts it (the plan's `running` leaves it out). One batch at a time: nothing changes.
 """
 
 from __future__ import annotations
 
 from andante.core.clock import Clock
 from andante.core.request import PreemptionMode, Request, RequestStatus
-from andante.engine.stopping import StopChecker, stop_status
+from andante.engine.stopping import StopChecker, StopLimits, stop_status
 from andante.exec.batch import StepBatch, StepResult
 from andante.kv.block_manager import KVBlockManager
 from andante.policies.base import Policy
@@ -17,6 +20,7 @@ from andante.policies.plan import StepPlan
 
 _NO_KV = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _RUNNING = RequestStatus.RUNNING
+_FINISHED = RequestStatus.FINISHED_STOPPED  # this and above are terminal
 
 
 class RequestRejected(ValueError):
@@ -45,6 +49,7 @@ class Scheduler:
         self.swapped: list[Request] = []  # SWAPPED, host KV
         self.requests: dict[str, Request] = {}  # every unfinished request
         self._released_ids: list[str] = []
+        self._in_flight_ids: set[str] = set()  # scheduled, batch not applied yet
         self.num_preemptions = 0
         self._last_step_preempted = False
         self._num_added = 0  # requests ever added
@@ -115,7 +120,12 @@ class Scheduler:
     def schedule(self) -> StepBatch:
         now = self.clock.now()
         self._num_added_at_schedule = self._num_added
-        plan = StepPlan(self.kv, self.config, now, self.waiting, self.running, self.swapped)
+        running, in_flight = self.running, frozenset(self._in_flight_ids)
+        if in_flight:  # pipeline parallelism: other batches are still being computed
+            running = [r for r in self.running if r.request_id not in in_flight]
+        plan = StepPlan(
+            self.kv, self.config, now, self.waiting, running, self.swapped, in_flight
+        )
         self.policy.schedule(plan)
         return self._apply(plan, now)
 
@@ -155,22 +165,24 @@ class Scheduler:
 
     def _apply_schedule(self, plan: StepPlan, batch: StepBatch, now: float) -> None:
         kv = self.kv
+        block_size = kv.block_size
         admitted = False
+        mark_in_flight = self._in_flight_ids.add
         for req, n in zip(plan.scheduled, plan.num_scheduled_tokens, strict=True):
             rid = req.request_id
             cached = req.num_computed_tokens
+            total = cached + n
             if req.status in _NO_KV:
-                kv.allocate(rid, cached + n)
+                table = kv.allocate(rid, total)
                 req.start_running(now)
                 self.running.append(req)
                 admitted = True
             else:
-                kv.append_slots(rid, cached + n)
-            batch.requests.append(req)
-            batch.num_new_tokens.append(n)
-            batch.num_cached_tokens.append(cached)
-            batch.samples.append(cached + n == req.num_tokens)
-            batch.block_tables.append(kv.block_table(rid))
+                table = kv.block_table(rid)
+                if len(table) * block_size < total:
+                    kv.append_slots(rid, total)
+            mark_in_flight(rid)
+            batch.add(req, n, cached, total == req.num_tokens, table)
         if admitted:
             self.waiting = [r for r in self.waiting if r.status in _NO_KV]
 
@@ -179,26 +191,52 @@ class Scheduler:
         now = self.clock.now()
         touched: list[Request] = []
         any_finished = False
-        tokens = result.sampled_token_ids
-        for i, req in enumerate(batch.requests):
-            req.num_computed_tokens += batch.num_new_tokens[i]
-            token = tokens[i]
-            if token is None or not batch.samples[i] or req.is_finished:
+        discard_in_flight = self._in_flight_ids.discard
+        limits = self._stop_limits()
+        for req, n, samples, token in zip(
+            batch.requests, batch.num_new_tokens, batch.samples, result.sampled_token_ids,
+            strict=True,
+        ):
+            discard_in_flight(req.request_id)
+            req.num_computed_tokens += n
+            if token is None or not samples or req.status >= _FINISHED:
                 continue
-            req.append_output_token(token, now)
+            req.output_token_ids.append(token)
+            req.timeline.token_times.append(now)
             touched.append(req)
-            status = stop_status(req, token, self.config.max_model_len, self.kv, self.stop_checker)
-            if status is not None:
-                self._finish(req, status, now)
-                any_finished = True
+            any_finished |= self._stop_if_done(req, token, limits, now)
         if any_finished:
             self._drop_finished()
         self.policy.on_step_end(batch, result)
         return touched
 
+    def check_stops(self, requests: list[Request]) -> list[Request]:
+        """Apply stop conditions to each request's newest token now (after a decode run
+        recorded several steps at once); returns the requests that finished."""
+        now, limits = self.clock.now(), self._stop_limits()
+        finished = [
+            r for r in requests
+            if not r.is_finished and self._stop_if_done(r, r.output_token_ids[-1], limits, now)
+        ]
+        if finished:
+            self._drop_finished()
+        return finished
+
+    def _stop_limits(self) -> StopLimits:
+        kv = self.kv
+        return StopLimits(self.config.max_model_len, kv.num_device_blocks * kv.block_size)
+
+    def _stop_if_done(self, req: Request, token: int, limits: StopLimits, now: float) -> bool:
+        status = stop_status(req, token, limits, self.stop_checker)
+        if status is None:
+            return False
+        self._finish(req, status, now)
+        return True
+
     # ---- finishing ------------------------------------------------------------------
     def _finish(self, req: Request, status: RequestStatus, now: float) -> None:
         req.finish(status, now)
+        self._in_flight_ids.discard(req.request_id)
         if self.kv.free(req.request_id):
             self._released_ids.append(req.request_id)
         del self.requests[req.request_id]

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from andante.core.request import Request, RequestStatus
-from andante.kv.block_manager import KVBlockManager
 
 
 class StopChecker(Protocol):
@@ -15,11 +14,15 @@ class StopChecker(Protocol):
     def __call__(self, req: Request) -> bool: ...
 
 
+class StopLimits(NamedTuple):
+    max_model_len: int  # prompt + output tokens
+    cache_tokens: int  # tokens the whole device KV cache holds
+
+
 def stop_status(
     req: Request,
     token: int,
-    max_model_len: int,
-    kv: KVBlockManager,
+    limits: StopLimits,
     stop_checker: StopChecker | None,
 ) -> RequestStatus | None:
     """The finished status `req` reaches with its newest `token`, or None to go on."""
@@ -31,8 +34,8 @@ def stop_status(
     if stop_checker is not None and stop_checker(req):
         return RequestStatus.FINISHED_STOPPED
     num_tokens = req.num_tokens
-    if len(req.output_token_ids) >= sampling.max_tokens or num_tokens >= max_model_len:
+    if len(req.output_token_ids) >= sampling.max_tokens or num_tokens >= limits.max_model_len:
         return RequestStatus.FINISHED_LENGTH
-    if kv.num_blocks_for(num_tokens + 1) > kv.num_device_blocks:
+    if num_tokens + 1 > limits.cache_tokens:
         return RequestStatus.FINISHED_LENGTH  # the next token could never fit the cache
     return None

@@ -28,6 +28,18 @@ class StepBatch:
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     released_ids: list[str] = field(default_factory=list)
+    _shape: BatchShape = field(default_factory=BatchShape)  # kept up to date by `add`
+
+    def add(
+        self, req: Request, num_new: int, num_cached: int, samples: bool, block_table: list[int]
+    ) -> None:
+        """Append one request's share of the step."""
+        self.requests.append(req)
+        self.num_new_tokens.append(num_new)
+        self.num_cached_tokens.append(num_cached)
+        self.samples.append(samples)
+        self.block_tables.append(block_table)
+        self._shape.add(num_new, num_cached, samples)
 
     @property
     def num_seqs(self) -> int:
@@ -42,6 +54,9 @@ class StepBatch:
         return not self.requests and not self.swap_out and not self.swap_in
 
     def shape(self) -> BatchShape:
+        """The step's composition for a cost model."""
+        if self._shape.num_seqs == len(self.requests):
+            return self._shape
         shape = BatchShape()
         for new, cached, samples in zip(
             self.num_new_tokens, self.num_cached_tokens, self.samples, strict=True

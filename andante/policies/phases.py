@@ -52,10 +52,14 @@ def advance_with_preemption(
 
     Stops when the sequence or token budget is spent.
     """
-    for req in order:
+    index = 0
+    while index < len(order):
+        index = plan.schedule_decodes(order, index)  # the common case, kept cheap
+        if index == len(order):
+            return
+        req = order[index]
+        index += 1
         n = num_tokens(req)
-        if n == 1 and plan.schedule_decode(req):
-            continue  # the common case, kept cheap
         if n <= 0 or plan.is_preempted(req) or plan.is_scheduled(req):
             continue
         while not plan.can_schedule(req, n):

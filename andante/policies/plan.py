@@ -6,9 +6,14 @@ A policy never touches the block manager. It asks the plan what fits (`can_sched
 the step's token and sequence budgets, so every decision it accepts is feasible when
 the scheduler applies it (preemptions first, then swap-ins, then allocations).
 Running requests the plan does not schedule simply pause with their KV in place.
+With pipeline parallelism several batches are in flight at once: requests of a batch
+that has not completed yet (`in_flight_ids`) are left out of `running` by the
+scheduler and can be neither scheduled nor preempted until their batch completes.
 """
 
 from __future__ import annotations
+
+from collections.abc import Set
 
 from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.kv.block_manager import KVBlockManager
@@ -28,8 +33,10 @@ class StepPlan:
         waiting: list[Request],
         running: list[Request],
         swapped: list[Request],
+        in_flight_ids: Set[str] = frozenset(),
     ) -> None:
         self.now = now
+        self.in_flight_ids = in_flight_ids  # requests of batches still in the pipeline
         self.config = config
         self.waiting = waiting  # policies may reorder these three lists in place
         self.running = running
@@ -82,6 +89,10 @@ class StepPlan:
     def is_preempted(self, req: Request) -> bool:
         return req.request_id in self._preempted_ids
 
+    def is_in_flight(self, req: Request) -> bool:
+        """Is the request part of a batch still in the pipeline (not schedulable)?"""
+        return req.request_id in self.in_flight_ids
+
     @property
     def has_seq_room(self) -> bool:
         """Can one more request join the running set under max_num_seqs?"""
@@ -94,6 +105,8 @@ class StepPlan:
     def _is_schedulable(self, req: Request) -> bool:
         rid = req.request_id
         if rid in self._scheduled_ids or rid in self._preempted_ids:
+            return False
+        if rid in self.in_flight_ids:
             return False
         return req.status != _SWAPPED or rid in self._swapped_in_ids
 
@@ -119,6 +132,8 @@ class StepPlan:
     def can_preempt(self, req: Request, mode: PreemptionMode) -> bool:
         rid = req.request_id
         if req.status != _RUNNING or rid in self._scheduled_ids or rid in self._preempted_ids:
+            return False
+        if rid in self.in_flight_ids:
             return False
         if mode == PreemptionMode.SWAP:
             return self.num_blocks_of(req) <= self.num_free_host_blocks
@@ -153,23 +168,37 @@ class StepPlan:
 
     def schedule_decode(self, req: Request) -> bool:
         """Fast path: one token for a running request if it fits; True if scheduled."""
-        rid = req.request_id
-        if self.seq_budget < 1 or self.token_budget < 1 or req.status != _RUNNING:
-            return False
-        if rid in self._scheduled_ids or rid in self._preempted_ids:
-            return False
-        need = -(-(req.num_computed_tokens + 1) // self._block_size)
-        need -= self._kv.num_device_blocks_of(rid)
-        if need > self.num_free_blocks:
-            return False
-        if need > 0:
-            self.num_free_blocks -= need
-        self.token_budget -= 1
-        self.seq_budget -= 1
-        self._scheduled_ids.add(rid)
-        self.scheduled.append(req)
-        self.num_scheduled_tokens.append(1)
-        return True
+        return self.schedule_decodes([req], 0) == 1
+
+    def schedule_decodes(self, order: list[Request], start: int = 0) -> int:
+        """Fast path: one token for each running, decoding request of `order[start:]`, in
+        order; returns the index of the first one it did not schedule (len if none)."""
+        scheduled_ids, preempted_ids, in_flight = (
+            self._scheduled_ids, self._preempted_ids, self.in_flight_ids
+        )
+        block_size, blocks_of = self._block_size, self._kv.num_device_blocks_of
+        append_req, append_n = self.scheduled.append, self.num_scheduled_tokens.append
+        for index in range(start, len(order)):
+            req = order[index]
+            rid = req.request_id
+            if self.seq_budget < 1 or self.token_budget < 1 or req.status != _RUNNING:
+                return index
+            if rid in scheduled_ids or rid in preempted_ids or rid in in_flight:
+                return index
+            computed = req.num_computed_tokens
+            if req.num_tokens - computed != 1:
+                return index
+            need = -(-(computed + 1) // block_size) - blocks_of(rid)
+            if need > self.num_free_blocks:
+                return index
+            if need > 0:
+                self.num_free_blocks -= need
+            self.token_budget -= 1
+            self.seq_budget -= 1
+            scheduled_ids.add(rid)
+            append_req(req)
+            append_n(1)
+        return len(order)
 
     def preempt(self, req: Request, mode: PreemptionMode) -> None:
         if not self.can_preempt(req, mode):
