@@ -8,11 +8,22 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV=.venv
 STAMP="$VENV/.andante-installed"
-EXTRAS="${ANDANTE_EXTRAS:-all,dev}"
+EXTRAS="${ANDANTE_EXTRAS:-all,dev,ray}"  # ray: the multi-node backend and its CI failure test
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "andante needs Python >= 3.11"'
   "$PYTHON" -m venv "$VENV"
+fi
+
+# Headless Chromium + its WebDriver (Debian packages) for the live-page browser test.
+# CI runs as root on a fresh machine; elsewhere a missing browser only skips that test.
+if ! [ -x /usr/bin/chromium ] || ! [ -x /usr/bin/chromedriver ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "bootstrap: chromium/chromium-driver missing; the browser test will be skipped" >&2
+  fi
 fi
 
 want="$(sha256sum pyproject.toml | cut -c1-16)-$EXTRAS"

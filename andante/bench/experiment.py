@@ -13,7 +13,11 @@ from types import MappingProxyType
 
 from andante.bench.report import Report
 
-EXPERIMENTS: MappingProxyType[str, str] = MappingProxyType({})
+EXPERIMENTS: MappingProxyType[str, str] = MappingProxyType({
+    "fastserve": "andante.bench.experiments.fastserve:run",
+    "andes": "andante.bench.experiments.andes:run",
+    "ascendra": "andante.bench.experiments.ascendra:run",
+})
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from andante.metrics import format_table
 from andante.perf.catalog import hardware_names, model_names
 from andante.policies import SchedulerConfig, policy_names
 from andante.sim import ClusterSpec, SimRun, simulate
+from andante.sim.setup import with_router
 from andante.workload import build_workload
 
 
@@ -27,8 +28,12 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--hardware", default="a100-80g", help=f"one of {', '.join(hardware_names())}")
     p.add_argument("--model", default="llama-3.1-8b", help=f"one of {', '.join(model_names())}")
-    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs/instance")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs/stage")
+    p.add_argument("--pp", type=positive_int, default=1, help="pipeline stages per instance")
     p.add_argument("--instances", type=positive_int, default=1)
+    p.add_argument("--router", default="round-robin",
+                   help="round-robin, least-loaded, power-of-two, ascendra (LP/HP pools)")
+    p.add_argument("--hp-instances", type=positive_int, default=1, help="router ascendra")
     p.add_argument("--policy", default="vllm", help=f"one of {', '.join(policy_names())}")
     p.add_argument("--compare", help="comma-separated policies to run on the same workload")
     p.add_argument("--policy-option", action="append", metavar="KEY=VALUE")
@@ -61,10 +66,11 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
         max_model_len=args.max_model_len,
         preemption_mode=PreemptionMode[args.preemption_mode.upper()],
     )
-    return ClusterSpec(
+    spec = ClusterSpec(
         model=args.model,
         hardware=args.hardware,
         tp=args.tp,
+        pp=args.pp,
         num_instances=args.instances,
         policy=policy,
         policy_options=parse_key_values(args.policy_option),
@@ -72,6 +78,7 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
         swap_space_gib=args.swap_space,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
+    return with_router(spec, args.router, args.hp_instances)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,5 +1,31 @@
-"""Cluster layer: routers and (later) the controller over many instances."""
+"""Cluster layer: the controller, routers, load reports and the instance seam.
 
-from andante.cluster.router import LoadReport, RoundRobinRouter, Router
+The same `Controller` drives simulated instances (andante.sim), in-process engine threads
+(andante.cluster.local) and Ray actors (andante.cluster.ray_backend, optional extra).
+"""
 
-__all__ = ["LoadReport", "RoundRobinRouter", "Router"]
+from andante.cluster.controller import Controller, FailureOutcome, InstanceSlot
+from andante.cluster.instance import Instance, UnsupportedOperation
+from andante.cluster.load import LoadReport
+from andante.cluster.registry import make_router, router_names
+from andante.cluster.router import (
+    LeastLoadedRouter,
+    PowerOfTwoRouter,
+    RoundRobinRouter,
+    Router,
+)
+
+__all__ = [
+    "Controller",
+    "FailureOutcome",
+    "Instance",
+    "InstanceSlot",
+    "LeastLoadedRouter",
+    "LoadReport",
+    "PowerOfTwoRouter",
+    "RoundRobinRouter",
+    "Router",
+    "UnsupportedOperation",
+    "make_router",
+    "router_names",
+]

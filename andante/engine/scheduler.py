@@ -107,6 +107,21 @@ class Scheduler:
         self._num_added += 1
         self.policy.on_arrival(req)
 
+    def withdraw(self, request_id: str) -> Request | None:
+        """Take back a request that never ran (WAITING, no KV, no output) so another
+        instance can serve it (cluster migration and offload); None if it is unknown or
+        has started. The policy forgets it through `on_finish` (it left this scheduler);
+        the request itself is untouched and can be added elsewhere."""
+        req = self.requests.get(request_id)
+        if req is None or req.status != RequestStatus.WAITING or req.output_token_ids:
+            return None
+        if req.num_computed_tokens or request_id in self._in_flight_ids:
+            return None
+        del self.requests[request_id]
+        self.waiting = [r for r in self.waiting if r is not req]
+        self.policy.on_finish(req)
+        return req
+
     def abort_request(self, request_id: str) -> Request | None:
         """Finish the request as aborted and free its KV now; None if unknown."""
         req = self.requests.get(request_id)

@@ -2,8 +2,10 @@
 
 Swaps cost bytes / host-link bandwidth. By default they are on the step's critical
 path (as in vLLM, which swaps synchronously before the forward pass); with
-`overlap_swaps=True` they run on a separate copy engine and only the part longer than
-the forward pass delays the step (FastServe §4.2's overlapped swapping).
+`overlap_swaps=True` they run on a separate copy engine (FastServe §4.2's overlapped
+swapping): copies whose blocks the step's forward pass uses (a swap-in of a request it
+runs, a swapped-out block it reuses) must finish first; the others overlap the forward
+pass and only the part longer than it delays the step.
 """
 
 from __future__ import annotations
@@ -43,10 +45,25 @@ class SimExecutor:
         forward = self.cost_model.step_time(batch.shape()) if batch.requests else 0.0
         num_swapped = len(batch.swap_out) + len(batch.swap_in)
         swap = self.cost_model.swap_time(num_swapped * self.block_size) if num_swapped else 0.0
-        duration = max(forward, swap) if self.overlap_swaps else forward + swap
+        if not self.overlap_swaps:
+            duration = forward + swap
+        elif not num_swapped:
+            duration = forward
+        else:
+            needed = self.cost_model.swap_time(self._num_needed_blocks(batch) * self.block_size)
+            duration = needed + max(forward, swap - needed)
         token = self.token_id
         sampled: list[int | None] = [token if s else None for s in batch.samples]
         return StepResult(sampled_token_ids=sampled, duration=duration, swap_time=swap)
+
+    @staticmethod
+    def _num_needed_blocks(batch: StepBatch) -> int:
+        """Swapped blocks the forward pass touches: they are copied before it starts."""
+        touched = {b for table in batch.block_tables for b in table}
+        if not touched:
+            return 0
+        num_in = sum(1 for _, dst in batch.swap_in if dst in touched)
+        return num_in + sum(1 for src, _ in batch.swap_out if src in touched)
 
     def decode_run_durations(
         self, batch: StepBatch, max_steps: int, time_budget: float

@@ -145,7 +145,9 @@ class KVBlockManager:
         except OutOfBlocksError:
             self._device_tables[request_id] = table
             raise
-        self.device.free(table)
+        # Reused last: a copy overlapped with the next forward pass (FastServe §4.2)
+        # need not finish first unless that pass really needs these blocks.
+        self.device.free_reuse_last(table)
         self._host_tables[request_id] = host_table
         return list(zip(table, host_table, strict=True))
 

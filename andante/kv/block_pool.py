@@ -44,6 +44,11 @@ class BlockPool:
     def free(self, block_ids: list[int]) -> None:
         self._free_ids.extend(reversed(block_ids))
 
+    def free_reuse_last(self, block_ids: list[int]) -> None:
+        """Free blocks that later allocations should take only when nothing else is free
+        (blocks still being copied to the other tier by an asynchronous swap)."""
+        self._free_ids[:0] = reversed(block_ids)
+
     def free_ids(self) -> list[int]:
         """A copy of the free list (for invariant checks)."""
         return list(self._free_ids)

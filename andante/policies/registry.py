@@ -19,6 +19,12 @@ POLICIES = MappingProxyType(
         "priority": "andante.policies.priority:PriorityPolicy",
         "edf": "andante.policies.edf:EDFPolicy",
         "sjf": "andante.policies.sjf:SJFPolicy",
+        "andes": "andante.policies.andes:AndesPolicy",
+        "lqsf": "andante.policies.lqsf:LQSFPolicy",
+        "fastserve": "andante.policies.fastserve:FastServePolicy",
+        "fastserve-fcfs": "andante.policies.fastserve:FastServeFCFSPolicy",
+        "ascendra-lp": "andante.policies.ascendra:AscendraLPPolicy",
+        "ascendra-hp": "andante.policies.ascendra:AscendraHPPolicy",
     }
 )
 

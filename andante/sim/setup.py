@@ -1,23 +1,45 @@
-"""Build a simulated cluster: N instances of the real engine over `SimExecutor`s."""
+"""Build a simulated cluster: N instances of the real engine over `SimExecutor`s, behind
+the real cluster controller and a router chosen by name."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from andante.cluster.router import RoundRobinRouter, Router
+from andante.cluster.controller import Controller
+from andante.cluster.registry import make_router
+from andante.cluster.router import Router
 from andante.core.clock import ManualClock
 from andante.engine.factory import build_engine
 from andante.exec.sim_executor import GIB, SimExecutor
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.policies.config import SchedulerConfig
+from andante.sim.pipeline import build_pipeline_instance
 from andante.sim.simulator import SimInstance, Simulator
 
 
 @dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """One instance that differs from the cluster's defaults (None: the default).
+
+    role: what the router calls it (Ascendra: "lp" or "hp")."""
+
+    role: str = ""
+    policy: str | None = None
+    policy_options: dict[str, Any] | None = None
+    scheduler: SchedulerConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSpec:
-    """What to simulate: a model on some hardware, N identical instances, a policy."""
+    """What to simulate: a model on some hardware, N instances, policies and a router.
+
+    The instances are identical unless `instances` gives one `InstanceSpec` each (then
+    `num_instances` may be left at 1: it becomes len(instances)). `drop_late`: every
+    instance drops requests still waiting past their TTFT SLO (Ascendra §6.3).
+    """
 
     model: str = "llama-3.1-8b"
     hardware: str = "a100-80g"
@@ -29,12 +51,55 @@ class ClusterSpec:
     swap_space_gib: float = 4.0  # host KV per GPU (vLLM's --swap-space default)
     gpu_memory_utilization: float = 0.9
     overlap_swaps: bool = False
+    pp: int = 1  # pipeline stages per instance, `tp` GPUs each (andante.sim.pipeline)
+    router: str = "round-robin"
+    router_options: dict[str, Any] = field(default_factory=dict)
+    instances: tuple[InstanceSpec, ...] = ()
+    drop_late: bool = False
 
     def __post_init__(self) -> None:
+        if self.instances and self.num_instances not in (1, len(self.instances)):
+            raise ValueError(f"num_instances={self.num_instances} but {len(self.instances)} "
+                             "instance specs were given")
+        if self.instances:
+            object.__setattr__(self, "num_instances", len(self.instances))
         if self.num_instances < 1:
             raise ValueError(f"num_instances must be >= 1, got {self.num_instances}")
         if self.tp < 1:
             raise ValueError(f"tp must be >= 1, got {self.tp}")
+        if self.pp < 1:
+            raise ValueError(f"pp must be >= 1, got {self.pp}")
+
+    def instance_spec(self, index: int) -> ClusterSpec:
+        """The spec of instance `index` alone (its overrides applied)."""
+        if not self.instances:
+            return self
+        own = self.instances[index]
+        return dataclasses.replace(
+            self, num_instances=1, instances=(),
+            policy=own.policy or self.policy,
+            policy_options=self.policy_options if own.policy_options is None
+            else own.policy_options,
+            scheduler=own.scheduler or self.scheduler,
+        )
+
+    def role_of(self, index: int) -> str:
+        return self.instances[index].role if self.instances else ""
+
+
+def with_router(spec: ClusterSpec, router: str, num_hp: int = 1) -> ClusterSpec:
+    """`spec` behind `router`; "ascendra" splits its instances into LP and HP pools
+    (the last `num_hp` are HP, with a 4x batch cap for the elastic batch)."""
+    if router != "ascendra":
+        return dataclasses.replace(spec, router=router)
+    n = spec.num_instances
+    if not 1 <= num_hp < n:
+        raise ValueError(f"router 'ascendra' needs 1 <= hp instances < {n}, got {num_hp}")
+    lp = InstanceSpec("lp", "ascendra-lp", {}, spec.scheduler)
+    hp = InstanceSpec("hp", "ascendra-hp", {}, dataclasses.replace(
+        spec.scheduler, max_num_seqs=4 * spec.scheduler.max_num_seqs))
+    return dataclasses.replace(spec, router=router, num_instances=1,
+                               instances=(lp,) * (n - num_hp) + (hp,) * num_hp)
 
 
 def build_cost_model(spec: ClusterSpec) -> CostModel:
@@ -42,20 +107,28 @@ def build_cost_model(spec: ClusterSpec) -> CostModel:
 
 
 def build_instance(spec: ClusterSpec, index: int, clock: ManualClock) -> SimInstance:
-    executor = SimExecutor(
-        build_cost_model(spec),
-        block_size=spec.scheduler.block_size,
-        host_kv_bytes=int(spec.swap_space_gib * GIB * spec.tp),
-        gpu_memory_utilization=spec.gpu_memory_utilization,
-        overlap_swaps=spec.overlap_swaps,
-    )
-    engine = build_engine(executor, clock, spec.policy, spec.scheduler, spec.policy_options)
-    return SimInstance(index, engine)
+    own = spec.instance_spec(index)
+    if own.pp > 1:
+        inst = build_pipeline_instance(own, index, clock)
+    else:
+        executor = SimExecutor(
+            build_cost_model(own),
+            block_size=own.scheduler.block_size,
+            host_kv_bytes=int(own.swap_space_gib * GIB * own.tp),
+            gpu_memory_utilization=own.gpu_memory_utilization,
+            overlap_swaps=own.overlap_swaps,
+        )
+        engine = build_engine(executor, clock, own.policy, own.scheduler, own.policy_options)
+        inst = SimInstance(index, engine)
+    inst.configure(spec.role_of(index), spec.drop_late)
+    return inst
 
 
 def build_simulator(
     spec: ClusterSpec, router: Router | None = None, decode_runs: bool = True
 ) -> Simulator:
+    """The cluster `spec` describes; `router` replaces the one `spec.router` names."""
     clock = ManualClock()
     instances = [build_instance(spec, i, clock) for i in range(spec.num_instances)]
-    return Simulator(instances, router or RoundRobinRouter(), clock, decode_runs)
+    chosen = router or make_router(spec.router, spec.router_options)
+    return Simulator(instances, Controller(instances, chosen), clock, decode_runs)

@@ -1,24 +1,29 @@
-"""Discrete-event simulation of N engine instances behind a router.
+"""Discrete-event simulation of N engine instances behind the cluster controller.
 
 Each instance is the real `Engine` (the engine's own `Scheduler`, block manager and
-policy) over a `SimExecutor`; only time is simulated. An instance's step begins at
-event time t (schedule + modeled execution) and its tokens land at t + duration,
-when the STEP_DONE event applies them. Arrivals at one instant are all delivered
-before an idle instance starts its next step (KICK sorts after ARRIVAL).
+policy) over a `SimExecutor`; the requests reach them through the real
+`andante.cluster.Controller` and router; only time is simulated. An instance's step
+begins at event time t (schedule + modeled execution) and its tokens land at
+t + duration, when the STEP_DONE event applies them. Arrivals at one instant are all
+delivered before an idle instance starts its next step (KICK sorts after ARRIVAL).
+Requests an instance hands back (Ascendra's offloads) go to the controller at the start
+of the step that picked them; late requests are dropped (if enabled) at step starts.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from andante.cluster.router import LoadReport, Router
+from andante.cluster.controller import Controller
+from andante.cluster.host import EngineHost
+from andante.cluster.instance import BASIC_CAPABILITIES, LaterOperations
+from andante.cluster.load import LoadReport
 from andante.core.clock import ManualClock
-from andante.core.request import Request, RequestStatus
-from andante.engine.decode_run import apply_decode_run, decode_run_limit
-from andante.engine.engine import Engine
-from andante.engine.scheduler import RequestRejected
+from andante.core.request import Request
+from andante.engine.decode_run import apply_decode_run, decode_run_limit, fit_blocks
+from andante.engine.engine import Engine, StepOutput
 from andante.exec.batch import StepBatch, StepResult
 from andante.sim.events import EventKind, EventQueue
 
@@ -30,22 +35,96 @@ class InstanceStats:
     num_stalls: int = 0  # times it had work but the policy scheduled nothing
 
 
-class SimInstance:
-    def __init__(self, index: int, engine: Engine) -> None:
+class SimHooks:
+    """What a `SimInstance` tells the simulator (set by `Simulator.__init__`)."""
+
+    def wake(self, inst: SimInstance) -> None: ...
+
+    def finished(self, inst: SimInstance, reqs: Sequence[Request]) -> None: ...
+
+    def handoff(self, inst: SimInstance, reqs: Sequence[Request]) -> None: ...
+
+
+class SimInstance(LaterOperations):
+    """An `andante.cluster.Instance` on the simulated clock."""
+
+    capabilities = BASIC_CAPABILITIES
+
+    def __init__(self, index: int, engine: Engine, role: str = "",
+                 drop_late: bool = False) -> None:
         self.index = index
         self.engine = engine
+        self.role = role
+        self.host = EngineHost(engine, drop_late)
         self.stats = InstanceStats()
         self.in_flight: tuple[StepBatch, StepResult] | None = None
-        self.in_decode_run = False  # applying a run of identical decode steps
+        self.decode_run: StepBatch | None = None  # the batch a decode run repeats
         self.kick_pending = False
+        self.hooks = SimHooks()
+        self._report: tuple[tuple[float, int, int, int], LoadReport] | None = None
 
+    def configure(self, role: str, drop_late: bool) -> None:
+        self.role = role
+        self.host = EngineHost(self.engine, drop_late)
+
+    # ---- the Instance seam ----------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return True
+
+    def submit(self, req: Request) -> None:
+        if self.host.add(req):
+            self.hooks.wake(self)
+        else:
+            self.hooks.finished(self, [req])
+
+    def abort(self, request_id: str) -> None:
+        req = self.engine.scheduler.abort_request(request_id)  # at once: one thread here
+        if req is not None:
+            self.hooks.finished(self, [req])
+
+    def withdraw(self, request_ids: Sequence[str]) -> None:
+        reqs = self.host.withdraw(request_ids)
+        if reqs:
+            self.hooks.handoff(self, reqs)
+
+    def load(self) -> LoadReport:
+        """Computed on demand (and cached until the instance's state changes)."""
+        now = self.engine.clock.now()
+        key = (now, self.stats.num_steps, self.host.num_received,
+               len(self.engine.scheduler.requests))
+        if self._report is None or self._report[0] != key:
+            self._report = (key, self.host.report(now))
+        return self._report[1]
+
+    # ---- stepping -------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return self.in_flight is not None or self.in_decode_run
+        return self.in_flight is not None or self.decode_run is not None
 
-    def load_report(self) -> LoadReport:
-        s = self.engine.scheduler
-        return LoadReport(s.num_running, s.num_waiting, s.num_swapped, s.kv.usage)
+    def begin_step(self, now: float) -> float | None:
+        """Schedule and start a step; returns when it completes (None if nothing ran)."""
+        batch, result = self.engine.begin_step()
+        if batch.is_empty:
+            self.stats.num_stalls += 1
+            return None
+        self.in_flight = (batch, result)
+        self.stats.busy_time += result.duration
+        return now + result.duration
+
+    def finish_step(self) -> tuple[StepBatch, StepOutput]:
+        """Apply the step in flight that completes now (the earliest one started)."""
+        assert self.in_flight is not None
+        batch, result = self.in_flight
+        self.in_flight = None
+        output = self.engine.finish_step(batch, result)
+        self.stats.num_steps += 1
+        return batch, output
+
+    def next_start_time(self) -> float | None:
+        """When another step may start before the ones in flight complete (pipeline
+        parallelism, see andante.sim.pipeline); None: only once they complete."""
+        return None
 
 
 @dataclass(slots=True)
@@ -57,21 +136,23 @@ class SimReport:
     num_events: int = 0
 
 
-class Simulator:
+class Simulator(SimHooks):
     """`decode_runs=True` applies runs of identical all-decode steps at once where that is
     provably the same as stepping (see andante.engine.decode_run); False steps always."""
 
     def __init__(
         self,
         instances: list[SimInstance],
-        router: Router,
+        controller: Controller,
         clock: ManualClock,
         decode_runs: bool = True,
     ) -> None:
         if not instances:
             raise ValueError("a simulation needs at least one instance")
+        if [s.instance for s in controller.slots] != instances:
+            raise ValueError("the controller must drive exactly the simulated instances")
         self.instances = instances
-        self.router = router
+        self.controller = controller
         self.clock = clock
         self.decode_runs = decode_runs
         self._events = EventQueue()
@@ -79,6 +160,12 @@ class Simulator:
         self._on_finish: Callable[[Request], None] | None = None
         self._next_arrival = math.inf
         self._until = math.inf
+        for inst in instances:
+            inst.hooks = self
+
+    @property
+    def router(self) -> object:  # the controller's (older callers read it here)
+        return self.controller.router
 
     def run(
         self,
@@ -99,7 +186,7 @@ class Simulator:
             self.clock.advance_to(event.time)
             self._report.num_events += 1
             if event.kind == EventKind.ARRIVAL:
-                self._on_arrival(event.payload)
+                self.controller.submit(event.payload)
                 self._push_next_arrival(arrivals)
             elif event.kind == EventKind.STEP_DONE:
                 self._on_step_done(event.payload)
@@ -115,48 +202,63 @@ class Simulator:
             self._next_arrival = max(req.arrival_time, self.clock.now())
             self._events.push(self._next_arrival, EventKind.ARRIVAL, req)
 
-    def _on_arrival(self, req: Request) -> None:
-        loads = [inst.load_report() for inst in self.instances]
-        inst = self.instances[self.router.route(req, loads)]
-        try:
-            inst.engine.add_request(req)
-        except RequestRejected:
-            req.finish(RequestStatus.FINISHED_REJECTED, self.clock.now())
-            self._record_finished(req)
-            return
+    # ---- hooks (SimHooks) -------------------------------------------------------------
+    def wake(self, inst: SimInstance) -> None:
         if not inst.busy and not inst.kick_pending:
             inst.kick_pending = True
             self._events.push(self.clock.now(), EventKind.KICK, inst)
 
+    def finished(self, inst: SimInstance, reqs: Sequence[Request]) -> None:
+        controller = self.controller
+        for req in reqs:
+            self._report.finished.append(req)
+            controller.on_finished(req.request_id)
+            if self._on_finish is not None:
+                self._on_finish(req)
+        inst.host.observe_finished(reqs)
+
+    def handoff(self, inst: SimInstance, reqs: Sequence[Request]) -> None:
+        self.controller.on_handoff(inst.index, reqs)
+
+    # ---- stepping ---------------------------------------------------------------------
     def _start_step(self, inst: SimInstance) -> None:
-        if inst.busy or not inst.engine.has_work:
+        if inst.busy:
             return
-        batch, result = inst.engine.begin_step()
-        if batch.is_empty:
-            inst.stats.num_stalls += 1
+        now = self.clock.now()
+        if inst.host.dropper is not None:
+            dropped = inst.host.drop_late(now)
+            if dropped:
+                self.finished(inst, dropped)
+        if not inst.engine.has_work:
             return
-        inst.in_flight = (batch, result)
-        inst.stats.busy_time += result.duration
-        self._events.push(self.clock.now() + result.duration, EventKind.STEP_DONE, inst)
+        done = inst.begin_step(now)
+        handoffs = inst.host.take_handoffs()
+        if handoffs:
+            self.handoff(inst, handoffs)
+        if done is None:
+            return
+        self._events.push(done, EventKind.STEP_DONE, inst)
+        wake = inst.next_start_time()
+        if wake is not None and not inst.kick_pending:
+            inst.kick_pending = True
+            self._events.push(wake, EventKind.KICK, inst)
 
     def _on_step_done(self, inst: SimInstance) -> None:
-        if inst.in_decode_run:  # its tokens were recorded when the run was planned
-            inst.in_decode_run = False
-            self._start_step(inst)
+        if inst.decode_run is not None:  # its tokens were recorded when it was planned
+            self._end_decode_run(inst, inst.decode_run)
             return
-        assert inst.in_flight is not None
-        batch, result = inst.in_flight
-        inst.in_flight = None
-        output = inst.engine.finish_step(batch, result)
-        inst.stats.num_steps += 1
-        for req in output.finished:
-            self._record_finished(req)
+        batch, output = inst.finish_step()
+        if output.finished:
+            self.finished(inst, output.finished)
+        if self.controller.queue:
+            self.controller.dispatch_queue()
         if not (self.decode_runs and not output.finished and self._decode_run(inst, batch)):
             self._start_step(inst)
 
     def _decode_run(self, inst: SimInstance, batch: StepBatch) -> bool:
         """Apply the identical decode steps that certainly follow `batch` before the next
-        arrival; True if any were applied (the instance is then busy until they end)."""
+        arrival (or late drop); True if any were applied (the instance is then busy until
+        they end)."""
         executor = inst.engine.executor
         durations_of = getattr(executor, "decode_run_durations", None)
         if durations_of is None:
@@ -166,27 +268,33 @@ class Simulator:
         if max_steps == 0:
             return False
         now = self.clock.now()
-        horizon = min(self._next_arrival, self._until)
+        stop_at = self._next_arrival
+        if inst.host.dropper is not None:
+            stop_at = min(stop_at, inst.host.drop_horizon())
         times: list[float] = []
         t = now
-        for duration in durations_of(batch, max_steps, horizon - now):
+        for duration in durations_of(batch, max_steps, min(stop_at, self._until) - now):
             t += duration
-            if t >= self._next_arrival or t > self._until:
+            if t >= stop_at or t > self._until:
                 break
             times.append(t)
+        del times[fit_blocks(inst.engine.scheduler, batch, len(times)):]
         if not times:
             return False
         apply_decode_run(inst.engine.scheduler, batch, times, token_id)
         inst.stats.num_steps += len(times)
         inst.stats.busy_time += times[-1] - now
-        inst.in_decode_run = True
+        inst.decode_run = batch
         self._events.push(times[-1], EventKind.STEP_DONE, inst)
         return True
 
-    def _record_finished(self, req: Request) -> None:
-        self._report.finished.append(req)
-        if self._on_finish is not None:
-            self._on_finish(req)
+    def _end_decode_run(self, inst: SimInstance, batch: StepBatch) -> None:
+        inst.decode_run = None
+        finished = inst.engine.scheduler.check_stops(batch.requests)
+        if finished:
+            self.finished(inst, finished)
+        if not (self.decode_runs and not finished and self._decode_run(inst, batch)):
+            self._start_step(inst)
 
     def _close(self) -> SimReport:
         report = self._report
@@ -194,4 +302,5 @@ class Simulator:
         for inst in self.instances:
             report.unfinished.extend(inst.engine.scheduler.requests.values())
             report.instance_stats.append(inst.stats)
+        report.unfinished.extend(self.controller.queue)
         return report

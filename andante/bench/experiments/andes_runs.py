@@ -1,0 +1,160 @@
+"""Simulation runs of the Andes experiment: setups, jobs, probes, a process pool.
+
+A `Job` is plain data (a cluster spec and a workload config), so jobs run in worker
+processes; each returns an `Outcome` with the summary figures and, on request, the
+per-request QoE/TTFT arrays and queue lengths over time. The probe wraps the policy's
+`schedule` (the policy itself never reads a clock): it samples the queues and times the
+decisions in which Andes' knapsack ran.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from andante.metrics.latency import ttft
+from andante.metrics.qoe import qoe_all
+from andante.metrics.record import records_from_requests
+from andante.metrics.summary import summarize
+from andante.policies.config import SchedulerConfig
+from andante.policies.plan import StepPlan
+from andante.sim import ClusterSpec, build_simulator
+from andante.workload import WorkloadConfig, build_workload, to_requests
+
+HARDWARE = "a100-40g"  # Andes §6.1: A100 SXM4 40GB in one p4d.24xlarge
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    key: str
+    title: str
+    model: str
+    tp: int
+    max_model_len: int
+    cycle: float  # seconds of one burst cycle (the paper: 20 minutes)
+
+    def spec(self, policy: str, options: dict[str, Any] | None = None) -> ClusterSpec:
+        config = SchedulerConfig(max_model_len=self.max_model_len,
+                                 max_num_batched_tokens=max(8192, self.max_model_len))
+        return ClusterSpec(model=self.model, hardware=HARDWARE, tp=self.tp, policy=policy,
+                           policy_options=dict(options or {}), scheduler=config)
+
+    def workload(self, **kw: Any) -> WorkloadConfig:
+        """ShareGPT lengths that fit the model's context, Andes' QoE parameters."""
+        base = WorkloadConfig(kind="burst", num_requests=None, duration=self.cycle,
+                              cycle_length=self.cycle, max_context=self.max_model_len)
+        return replace(base, **kw)
+
+
+PHI = Setup("phi3", "Phi-3-mini, 4xA100 (tp=4)", "phi-3-mini", 4, 4096, 600.0)
+LLAMA = Setup("llama70b", "Llama-3.1-70B, 8xA100 (tp=8)", "llama-3.1-70b", 8, 8192, 1200.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    key: str
+    spec: ClusterSpec
+    workload: WorkloadConfig
+    until: float | None = None  # stop a thrashing run (in-flight QoE is then judged)
+    detail: bool = False  # keep per-request arrays and queue samples
+
+
+@dataclass(slots=True)
+class Outcome:
+    key: str
+    summary: dict[str, Any]
+    num_requests: int
+    solve_seconds: list[float] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    qoe: np.ndarray | None = None
+    ttft: np.ndarray | None = None
+    queue: np.ndarray | None = None  # rows: time, waiting, running, swapped, kv usage
+
+    @property
+    def mean_qoe(self) -> float:
+        return float(self.summary["mean_qoe"])
+
+
+class Probe:
+    """Wraps a policy's `schedule`: queue samples and the time of knapsack decisions."""
+
+    def __init__(self, policy: Any, sample_every: float) -> None:
+        self.policy = policy
+        self.inner: Callable[[StepPlan], None] = policy.schedule
+        self.sample_every = sample_every
+        self.next_sample = 0.0
+        self.samples: list[tuple[float, int, int, int, float]] = []
+        self.solve_seconds: list[float] = []
+        policy.schedule = self.schedule  # an instance attribute shadows the method
+
+    def schedule(self, plan: StepPlan) -> None:
+        stats = getattr(self.policy, "stats", None)
+        solves = stats.num_solves if stats is not None else 0
+        started = time.perf_counter()
+        self.inner(plan)
+        if stats is not None and stats.num_solves != solves:
+            self.solve_seconds.append(time.perf_counter() - started)
+        if self.sample_every > 0 and plan.now >= self.next_sample:
+            self.next_sample = plan.now + self.sample_every
+            used = 1.0 - plan.num_free_blocks / max(1, plan.num_total_blocks)
+            self.samples.append((plan.now, len(plan.waiting), len(plan.running),
+                                 len(plan.swapped), used))
+
+
+def run_job(job: Job) -> Outcome:
+    requests = to_requests(build_workload(job.workload))
+    sim = build_simulator(job.spec)
+    probes = [Probe(inst.engine.scheduler.policy, 5.0 if job.detail else 0.0)
+              for inst in sim.instances]
+    started = time.perf_counter()
+    report = sim.run(requests, until=job.until)
+    wall = time.perf_counter() - started
+    records = records_from_requests(requests)
+    first = min((r.arrival_time for r in requests), default=0.0)
+    duration = max(report.end_time - first, 1e-9)
+    summary = summarize(records, duration=duration, now=report.end_time).to_dict()
+    out = Outcome(job.key, summary, len(requests), probes[0].solve_seconds, wall)
+    if job.detail:
+        out.qoe = np.array(qoe_all(records, report.end_time))
+        out.ttft = np.array([v if (v := ttft(r)) is not None else np.nan for r in records])
+        out.queue = np.array(probes[0].samples)
+    return out
+
+
+def run_jobs(jobs: Sequence[Job], workers: int | None = None) -> dict[str, Outcome]:
+    """Run jobs (in parallel when there is more than one CPU); keyed by job key."""
+    workers = workers or min(4, os.cpu_count() or 1)
+    if workers <= 1 or len(jobs) <= 1:
+        return {job.key: run_job(job) for job in jobs}
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return {out.key: out for out in pool.map(run_job, jobs)}
+
+
+def saturated_throughput(setup: Setup, seed: int, num_requests: int = 2000) -> float:
+    """Requests/s vLLM completes when every request is already queued (flood)."""
+    workload = setup.workload(kind="poisson", rate=1e4, num_requests=num_requests,
+                              duration=None, seed=seed)
+    out = run_job(Job("flood", setup.spec("vllm"), workload))
+    return float(out.summary["request_throughput"])
+
+
+def sustainable_rate(setup: Setup, seed: int, target: float = 0.95,
+                     iterations: int = 5) -> tuple[float, float]:
+    """(rate, saturated throughput): the highest Poisson rate at which vLLM keeps mean
+    QoE >= target over one cycle, by bisection below the saturated throughput."""
+    top = saturated_throughput(setup, seed)
+    lo, hi = 0.2 * top, top
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        workload = setup.workload(kind="poisson", rate=mid, seed=seed)
+        if run_job(Job("calibrate", setup.spec("vllm"), workload)).mean_qoe >= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo, top

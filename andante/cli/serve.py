@@ -1,0 +1,117 @@
+"""`andante serve`: the OpenAI-compatible server on the embedded model (or another)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from andante.cli.options import parse_key_values, positive_float, positive_int
+from andante.core.request import PreemptionMode
+from andante.policies import policy_names
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve the embedded default model (SmolLM2-135M-Instruct, CPU) or "
+        "--model PATH over /v1/completions and /v1/chat/completions, with SSE streaming, "
+        "per-request SLOs, /metrics and a live page at /.",
+    )
+    p.add_argument("--model", help="model path; default: the embedded model; 'toy': a "
+                   "byte-level fake model without weights (tests, demos)")
+    p.add_argument("--served-model-name", help="name in /v1/models (default: from the model)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 "
+                   "(default: $ANDANTE_API_KEY)")
+    p.add_argument("--policy", default="vllm", help=f"one of {', '.join(policy_names())}")
+    p.add_argument("--policy-option", action="append", metavar="KEY=VALUE")
+    p.add_argument("--max-queued", type=positive_int, default=256,
+                   help="requests waiting for their first token beyond which new ones get "
+                   "429 (default 256)")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    _add_engine_args(p)
+    _add_cluster_args(p)
+    p.set_defaults(run=run)
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster (several instances behind the controller)")
+    g.add_argument("--instances", type=positive_int, default=1,
+                   help="engine instances (default 1: no controller)")
+    g.add_argument("--backend", choices=["inprocess", "ray"], default="inprocess",
+                   help="instances as threads of this process, or Ray actors")
+    g.add_argument("--router", default="round-robin",
+                   help="round-robin, least-loaded, power-of-two or ascendra (LP and HP "
+                   "pools; --policy-option lp.KEY=V / hp.KEY=V)")
+    g.add_argument("--router-option", action="append", metavar="KEY=VALUE")
+    g.add_argument("--hp-instances", type=positive_int, default=1,
+                   help="router ascendra: instances in the HP pool (default 1)")
+    g.add_argument("--ray-address", default="local",
+                   help="'local' (embedded Ray), 'auto' or ray://HOST:PORT to join a cluster")
+    g.add_argument("--max-restarts", type=int, default=3,
+                   help="Ray actor restarts per instance (default 3)")
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--max-num-seqs", type=positive_int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=positive_int)
+    g.add_argument("--max-model-len", type=positive_int, help="default: the model's context")
+    g.add_argument("--block-size", type=positive_int, default=16)
+    g.add_argument("--num-kv-blocks", type=positive_int, help="KV-cache size in blocks "
+                   "(overrides --kv-cache-gib)")
+    g.add_argument("--kv-cache-gib", type=positive_float, default=1.0,
+                   help="KV-cache memory (default 1 GiB)")
+    g.add_argument("--swap-space", type=float, default=1.0, help="host KV GiB for swapping")
+    g.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    g.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
+    g.add_argument("--threads", type=positive_int, help="torch threads (default: all cores)")
+    g.add_argument("--toy-step-ms", type=positive_float, default=5.0,
+                   help="step time of the toy model (ms)")
+
+
+def options_from_args(args: argparse.Namespace) -> Any:
+    from andante.server.config import EngineOptions, ServeOptions, env_defaults
+
+    engine = EngineOptions(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        preemption_mode=PreemptionMode[args.preemption_mode.upper()],
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_gib=args.kv_cache_gib,
+        swap_space_gib=args.swap_space,
+        dtype=args.dtype,
+        num_threads=args.threads,
+        toy_step_time=args.toy_step_ms / 1000.0,
+    )
+    return ServeOptions(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or env_defaults()["api_key"],
+        policy=args.policy,
+        policy_options=parse_key_values(args.policy_option),
+        max_queued=args.max_queued,
+        engine=engine,
+        log_level=args.log_level,
+        instances=args.instances,
+        backend=args.backend,
+        router=args.router,
+        router_options=parse_key_values(args.router_option),
+        hp_instances=args.hp_instances,
+        ray_address=args.ray_address,
+        max_restarts=args.max_restarts,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from andante.server import serve  # the web stack is an optional extra
+
+    serve(options_from_args(args))
+    return 0

@@ -1,0 +1,97 @@
+"""The Instance seam: one serving instance as the controller sees it.
+
+Three implementations: `andante.sim.SimInstance` (an engine over a `SimExecutor` on the
+simulated clock), `LocalInstance` (an engine stepped by its own thread in this process)
+and `RayInstance` (an engine in a Ray actor). The controller drives all of them the
+same way, so one `Controller` class runs in the simulator and in the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from andante.cluster.load import LoadReport
+from andante.core.request import Request
+
+# Operations an instance may support (its `capabilities`); the controller checks before
+# asking. Only the first three exist today; the others are the seams QLM and KunServe use.
+SUBMIT, ABORT, WITHDRAW = "submit", "abort", "withdraw"
+SWAP_MODEL = "swap_model"  # QLM: serve another model (warm from host memory or cold)
+DROP_LAYERS = "drop_layers"  # KunServe: free replicated layers for KV, join a pipeline
+RESTORE_LAYERS = "restore_layers"  # KunServe: reload them, leave the pipeline group
+EXCHANGE_KV = "exchange_kv"  # KunServe: move running requests' KV between group members
+BASIC_CAPABILITIES = frozenset({SUBMIT, ABORT, WITHDRAW})
+
+
+class UnsupportedOperation(NotImplementedError):
+    """The instance does not implement this cluster operation."""
+
+
+class Instance(Protocol):
+    """Contract: every method is called from the controller's thread and returns at
+    once; the effect happens at the instance's next step boundary.
+
+    `submit(req)`: the instance takes the request; one that can never fit comes back
+    finished as rejected. `abort(id)`: finish it as aborted and free its KV.
+    `withdraw(ids)`: give back requests that have not started (no KV, no output): they
+    reach the controller through `Controller.on_handoff` (at once in the simulator, with
+    the next step message in a server); ids that cannot be withdrawn are ignored.
+    `load()`: the latest `LoadReport` (the simulator computes it on demand). `alive` is
+    False while the instance is down (then restarting, or dead for good).
+    `swap_model`, `drop_layers`, `restore_layers`: later cluster operations, offered
+    only when named in `capabilities`; otherwise they raise `UnsupportedOperation`.
+    """
+
+    index: int
+    role: str
+    capabilities: frozenset[str]
+
+    @property
+    def alive(self) -> bool: ...
+
+    def submit(self, req: Request) -> None: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def withdraw(self, request_ids: Sequence[str]) -> None: ...
+
+    def load(self) -> LoadReport: ...
+
+    def swap_model(self, model: str) -> None: ...
+
+    def drop_layers(self, layers: Sequence[int]) -> None: ...
+
+    def restore_layers(self) -> None: ...
+
+
+class LaterOperations:
+    """Mixin: the cluster operations no instance implements yet."""
+
+    def swap_model(self, model: str) -> None:
+        raise UnsupportedOperation(f"{type(self).__name__} cannot swap its model yet")
+
+    def drop_layers(self, layers: Sequence[int]) -> None:
+        raise UnsupportedOperation(f"{type(self).__name__} cannot drop layers yet")
+
+    def restore_layers(self) -> None:
+        raise UnsupportedOperation(f"{type(self).__name__} cannot restore layers yet")
+
+
+@runtime_checkable
+class HandsOff(Protocol):
+    """A policy that picks requests to hand back to the controller (Ascendra's LP
+    offload). `take_handoffs()` returns (and forgets) the ids picked since last asked;
+    the instance withdraws them after the step that picked them."""
+
+    def take_handoffs(self) -> list[str]: ...
+
+
+def fresh_copy(req: Request) -> Request:
+    """The request as it arrived (no output, no KV): for re-queueing it elsewhere after
+    its instance died. Its identity, prompt, sampling, arrival and objectives are kept."""
+    return Request(
+        request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
+        sampling=req.sampling, arrival_time=req.arrival_time, priority=req.priority,
+        model=req.model, slo=req.slo,
+    )

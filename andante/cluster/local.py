@@ -1,0 +1,84 @@
+"""In-process instances: each engine stepped by its own thread (the embedded default).
+
+A `LocalInstance` owns an `InstanceWorker` and the thread that steps it. After every
+step the thread hands the step's `StepMessage` to `post` (the server schedules it on
+its event loop, where the controller lives); when there is no work the thread sleeps on
+the worker's wake-up event. If the engine raises, the instance is down for good: `on_down`
+tells the controller, which re-queues or fails its requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from andante.cluster.instance import BASIC_CAPABILITIES, LaterOperations
+from andante.cluster.load import LoadReport
+from andante.cluster.worker import InstanceWorker, StepMessage
+from andante.core.request import Request
+
+log = logging.getLogger("andante.cluster")
+
+Post = Callable[[StepMessage], None]
+OnDown = Callable[[int, BaseException | None], None]
+IDLE_WAIT_S = 0.5
+
+
+class LocalInstance(LaterOperations):
+    capabilities = BASIC_CAPABILITIES
+
+    def __init__(self, worker: InstanceWorker, role: str = "") -> None:
+        self.index = worker.index
+        self.role = role
+        self.worker = worker
+        self._report = worker.load()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # ---- the Instance seam (controller thread) ------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def submit(self, req: Request) -> None:
+        self.worker.submit(req)
+
+    def abort(self, request_id: str) -> None:
+        self.worker.abort(request_id)
+
+    def withdraw(self, request_ids: Sequence[str]) -> None:
+        self.worker.withdraw(request_ids)
+
+    def load(self) -> LoadReport:
+        return self._report
+
+    def observe(self, message: StepMessage) -> None:
+        """Keep the latest report (called with each message, on the controller side)."""
+        self._report = message.load
+
+    # ---- lifecycle ----------------------------------------------------------------
+    def start(self, post: Post, on_down: OnDown) -> None:
+        if self._thread is not None:
+            raise RuntimeError(f"instance {self.index} is already started")
+        self._thread = threading.Thread(target=self._run, args=(post, on_down),
+                                        name=f"andante-instance-{self.index}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self.worker.wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self, post: Post, on_down: OnDown) -> None:
+        try:
+            while not self._stopping.is_set():
+                message = self.worker.step(IDLE_WAIT_S)
+                if message is not None:
+                    post(message)
+        except BaseException as exc:  # the engine is broken: this instance stays down
+            log.exception("instance %d failed", self.index)
+            self.error = exc
+            on_down(self.index, exc)

@@ -1,0 +1,157 @@
+"""The instance worker: one engine stepped by one thread, talking in step messages.
+
+Design note (DESIGN.md §4, issue 7): the in-process backend (`LocalInstance`) and the
+Ray backend (`RayInstance`) run the same worker; only the transport differs. Requests,
+aborts and withdrawals arrive from the controller's thread through a thread-safe inbox
+and are applied at the next step boundary, in order, by the thread that steps the
+engine. Each `step()` returns one `StepMessage` carrying everything that step produced:
+the per-request outputs (the server's detokenized deltas: all of the step's tokens), the
+requests that finished, the requests handed back (withdrawn, or picked by a `HandsOff`
+policy such as Ascendra's LP offload) and the instance's load report. A Ray actor sends
+it back as one reply, so there is one message per engine step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from andante.cluster.host import EngineHost
+from andante.cluster.load import LoadReport
+from andante.core.request import Request
+from andante.engine.engine import Engine, StepOutput
+from andante.exec.batch import StepBatch, StepResult
+
+
+class OutputAdapter(Protocol):
+    """Turns a step's output into what the front end streams (the server: `Delta`s).
+
+    `register(req)` is called before the request is added (from the stepping thread);
+    `outputs(step)` once per step; `discard(id)` when a request leaves the instance
+    without finishing (handed back)."""
+
+    def register(self, req: Request) -> None: ...
+
+    def outputs(self, step: StepOutput) -> list[Any]: ...
+
+    def discard(self, request_id: str) -> None: ...
+
+
+class NoOutputs:
+    """An adapter that streams nothing (tests, headless workers)."""
+
+    def register(self, req: Request) -> None:
+        return None
+
+    def outputs(self, step: StepOutput) -> list[Any]:
+        return []
+
+    def discard(self, request_id: str) -> None:
+        return None
+
+
+@dataclass(slots=True)
+class StepMessage:
+    """What instance `index` reports after one step (or an idle wake-up)."""
+
+    index: int
+    outputs: list[Any] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)
+    handoffs: list[Request] = field(default_factory=list)
+    load: LoadReport = field(default_factory=LoadReport)
+    stepped: bool = False
+
+
+class InstanceWorker:
+    def __init__(self, index: int, engine: Engine, adapter: OutputAdapter | None = None,
+                 drop_late: bool = False, model_name: str = "") -> None:
+        self.index = index
+        self.model_name = model_name
+        self.engine = engine
+        self.adapter = adapter or NoOutputs()
+        self.host = EngineHost(engine, drop_late)
+        self._inbox: deque[tuple[str, Any]] = deque()  # appends are thread-safe
+        self._wake = threading.Event()
+        self._refused: list[Request] = []
+        self._withdrawn: list[Request] = []
+
+    # ---- any thread ---------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        self._post("add", req)
+
+    def abort(self, request_id: str) -> None:
+        self._post("abort", request_id)
+
+    def withdraw(self, request_ids: Sequence[str]) -> None:
+        self._post("withdraw", list(request_ids))
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _post(self, kind: str, item: Any) -> None:
+        self._inbox.append((kind, item))
+        self._wake.set()
+
+    # ---- the stepping thread ------------------------------------------------------
+    def step(self, timeout: float | None = None) -> StepMessage | None:
+        """Apply the inbox, then run one engine step; with no work, wait up to `timeout`
+        for some. Returns the step's message, or None when nothing happened."""
+        self._wake.clear()
+        self._apply_inbox()
+        if not self.engine.has_work:
+            if timeout is not None and timeout > 0:
+                self._wake.wait(timeout)
+            self._apply_inbox()
+        if self.engine.has_work:
+            return self._message(self.engine.step(), stepped=True)
+        if self._refused or self._withdrawn:
+            return self._message(None, stepped=False)
+        return None
+
+    def _apply_inbox(self) -> None:
+        inbox = self._inbox
+        while inbox:
+            kind, item = inbox.popleft()
+            if kind == "add":
+                self.adapter.register(item)
+                if not self.host.add(item):
+                    self._refused.append(item)
+            elif kind == "abort":
+                self.engine.abort(item)
+            else:
+                self._withdrawn.extend(self.host.withdraw(item))
+
+    def _message(self, out: StepOutput | None, stepped: bool) -> StepMessage:
+        finished = [] if out is None else out.finished
+        if self._refused:
+            finished.extend(self._refused)
+            self._refused = []
+        handoffs, self._withdrawn = self._withdrawn, []
+        handoffs.extend(self.host.take_handoffs())
+        for req in handoffs:
+            self.adapter.discard(req.request_id)
+        self.host.observe_finished(finished)
+        outputs: list[Any] = []
+        if out is not None:
+            outputs = self.adapter.outputs(out)
+        elif finished:
+            outputs = self.adapter.outputs(_only_finished(finished))
+        return StepMessage(self.index, outputs, [r.request_id for r in finished], handoffs,
+                           self.host.report(self.engine.clock.now()), stepped)
+
+    def load(self) -> LoadReport:
+        """A report taken now (stepping thread, or while the worker is stopped)."""
+        return self.host.report(self.engine.clock.now())
+
+    def describe(self) -> tuple[int, int, Any, str]:
+        """(device KV blocks, host KV blocks, scheduler config, model name)."""
+        scheduler = self.engine.scheduler
+        kv = scheduler.kv
+        return kv.num_device_blocks, kv.host.num_blocks, scheduler.config, self.model_name
+
+
+def _only_finished(finished: list[Request]) -> StepOutput:
+    return StepOutput(StepBatch(), StepResult([], 0.0), [], finished)

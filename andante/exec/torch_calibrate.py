@@ -1,0 +1,171 @@
+"""Calibrate the cost model on this machine: time real steps, fit, save a profile.
+
+Design note. Ascendra §5.1 predicts a step's latency from its roofline terms
+tM = bytes / bandwidth and tF = FLOPs / peak with coefficients fitted by least squares
+on measured steps (andante.perf.fit, non-negative, relative error). The sweep runs the
+real TorchExecutor on synthetic batches of every kind the scheduler produces: whole
+prefills, decode batches at several contexts, and mixed prefill + decode steps. The
+roofline rates themselves are measured too (a large bf16 GEMM for peak FLOP/s, a large
+copy for memory bandwidth, a KV swap for the host-link rate), so the fitted
+coefficients stay near 1 and the profile remains interpretable.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from andante.core.request import Request, SyntheticTokens
+from andante.core.sampling import SamplingParams
+from andante.exec.batch import StepBatch
+from andante.exec.torch_cost import CPU_PROFILE
+from andante.exec.torch_executor import TorchExecutor
+from andante.kv.block_manager import KVBlockManager
+from andante.perf.cost_model import CostModel
+from andante.perf.fit import Sample, fit_coefficients, prediction_error
+from andante.perf.shape import BatchShape
+from andante.perf.specs import HardwareSpec
+
+Chunks = tuple[tuple[int, int], ...]  # (new tokens, cached tokens) per request
+
+
+@dataclass(frozen=True, slots=True)
+class SweepConfig:
+    prefill_lens: tuple[int, ...] = (16, 64, 128, 256, 512, 1024)
+    decode_batches: tuple[int, ...] = (1, 4, 8, 16, 32)
+    decode_contexts: tuple[int, ...] = (64, 256, 1024)
+    mixed: tuple[tuple[int, int, int], ...] = ((64, 4, 128), (256, 8, 256), (128, 16, 512))
+    repeats: int = 3
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+
+    def shapes(self) -> list[Chunks]:
+        out: list[Chunks] = [((n, 0),) for n in self.prefill_lens]
+        out += [((1, ctx),) * b for b in self.decode_batches for ctx in self.decode_contexts]
+        out += [((p, 0),) + ((1, ctx),) * b for p, b, ctx in self.mixed]
+        return out
+
+
+QUICK_SWEEP = SweepConfig(prefill_lens=(32, 128), decode_batches=(1, 4),
+                          decode_contexts=(32, 128), mixed=((32, 2, 64),), repeats=1)
+
+
+@dataclass(slots=True)
+class Calibration:
+    hardware: HardwareSpec
+    samples: list[Sample] = field(default_factory=list)
+    error: float = 0.0  # mean absolute relative error of the fitted model
+
+
+def synthetic_batch(kv: KVBlockManager, chunks: Chunks, tag: str,
+                    token_id: int = 1000) -> StepBatch:
+    """A step of synthetic requests (prompt = `token_id` repeated), KV allocated in `kv`."""
+    batch = StepBatch()
+    params = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True)
+    for i, (new, cached) in enumerate(chunks):
+        rid = f"{tag}-{i}"
+        req = Request(rid, SyntheticTokens(new + cached, token_id), params, 0.0)
+        kv.allocate(rid, new + cached)
+        batch.requests.append(req)
+        batch.num_new_tokens.append(new)
+        batch.num_cached_tokens.append(cached)
+        batch.samples.append(True)
+        batch.block_tables.append(kv.block_table(rid))
+    return batch
+
+
+def _median_time(run: Callable[[], float], repeats: int) -> float:
+    run()  # warm-up
+    return float(statistics.median(run() for _ in range(repeats)))
+
+
+def measure_steps(executor: TorchExecutor, shapes: Sequence[Chunks], repeats: int,
+                  progress: Callable[[int, int], None] | None = None) -> list[Sample]:
+    """(shape, median seconds) of each synthetic step; skips shapes that do not fit."""
+    block_size = executor.options.block_size
+    kv = KVBlockManager(block_size, *executor.num_kv_blocks(block_size), watermark=0.0)
+    token_id = min(1000, executor.model.config.vocab_size - 1)
+    samples: list[Sample] = []
+    for index, chunks in enumerate(shapes):
+        need = sum(kv.num_blocks_for(n + c) for n, c in chunks)
+        if need > kv.num_device_blocks or max(n + c for n, c in chunks) > executor.max_model_len:
+            continue
+        batch = synthetic_batch(kv, chunks, f"cal{index}", token_id)
+        def step(b: StepBatch = batch) -> float:
+            return executor.execute(b).duration
+
+        seconds = _median_time(step, repeats)
+        samples.append((batch.shape(), seconds))
+        for req in batch.requests:
+            kv.free(req.request_id)
+        if progress is not None:
+            progress(index + 1, len(shapes))
+    return samples
+
+
+def _best_of(run: Callable[[], object], repeats: int = 3) -> float:
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def measure_rates(executor: TorchExecutor) -> tuple[float, float, float]:
+    """(peak FLOP/s of a bf16 GEMM, memory bytes/s of a copy, KV swap bytes/s)."""
+    with torch.inference_mode():
+        a = torch.randn(1024, 2048).to(executor.dtype)
+        b = torch.randn(2048, 2048).to(executor.dtype)
+        flops = 2 * 1024 * 2048 * 2048 / _best_of(lambda: torch.mm(a, b))
+        src = torch.empty(64 << 20, dtype=torch.uint8).fill_(1)
+        dst = torch.empty_like(src)
+        bandwidth = 2 * src.numel() / _best_of(lambda: dst.copy_(src))
+    pools = executor.kv
+    n = min(64, pools.num_device_blocks, pools.num_host_blocks)
+    if n == 0:
+        return flops, bandwidth, bandwidth / 2
+    pairs = [(i, i) for i in range(n)]
+
+    def swap_out() -> None:
+        pools.swap(pairs, [])
+
+    seconds = _best_of(swap_out)
+    block_bytes = pools.device[:, :, 0].numel() * pools.device.element_size()
+    return flops, bandwidth, n * block_bytes / seconds
+
+
+def total_memory_bytes() -> int:
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def calibrate(executor: TorchExecutor, sweep: SweepConfig | None = None,
+              name: str = CPU_PROFILE,
+              progress: Callable[[int, int], None] | None = None) -> Calibration:
+    """Measure, fit and return a hardware profile named `name` (not saved)."""
+    sweep = sweep or SweepConfig()
+    flops, bandwidth, link = measure_rates(executor)
+    base = HardwareSpec(name=name, peak_flops=flops, mem_bandwidth=bandwidth,
+                        mem_capacity=total_memory_bytes(), host_link_bandwidth=link,
+                        interconnect_bandwidth=link, collective_latency=0.0)
+    samples = measure_steps(executor, sweep.shapes(), sweep.repeats, progress)
+    if not samples:
+        raise ValueError("no calibration step fits this executor's KV cache")
+    model = CostModel(executor.spec, base)
+    coefficients = fit_coefficients(model, samples)
+    fitted = base.with_coefficients(coefficients)
+    error = prediction_error(CostModel(executor.spec, fitted), samples)
+    return Calibration(fitted, samples, error)
+
+
+def describe(shape: BatchShape) -> str:
+    return (f"{shape.num_seqs} seqs, {shape.num_tokens} tokens, "
+            f"{shape.kv_tokens_read} KV read")

@@ -1,0 +1,133 @@
+"""TorchExecutor: the real backend of the Executor protocol (DESIGN.md rule 2).
+
+One `execute` call is one engine step: swaps (timed), then one fused forward pass over
+every scheduled token of the batch (andante.exec.torch_inputs / torch_model), then
+sampling of the rows whose request produces a token. KV lives in preallocated pools
+sized from `kv_cache_gib` (device tier) and `swap_space_gib` (host tier). Steps with
+fewer than `parallel_min_tokens` tokens run on one thread: measured on this shared
+2-core machine, a second OpenMP thread (OMP_WAIT_POLICY=PASSIVE, so it sleeps between
+parallel regions) costs a wake-up per GEMV and made decode steps slower, while
+prefill GEMMs still gain from it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from andante.exec.batch import StepBatch, StepResult
+from andante.exec.torch_cost import CPU_PROFILE, engine_cost_model
+from andante.exec.torch_inputs import InputBuilder
+from andante.exec.torch_kv import KVPools
+from andante.exec.torch_model import TransformerRunner
+from andante.exec.torch_sampler import Sampler
+from andante.models.loader import LoadedModel, parse_dtype
+from andante.perf.cost_model import CostModel
+from andante.perf.specs import ModelSpec
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class TorchExecutorOptions:
+    """dtype: "bfloat16" / "float32" (weights are cast if loaded otherwise);
+    num_threads: torch intra-op threads (None leaves torch's setting alone);
+    kv_cache_gib / swap_space_gib: device / host KV pool sizes; block_size must equal
+    the scheduler's; max_model_len caps positions (None: the model's context);
+    parallel_min_tokens: steps with fewer tokens (decode steps) run on one thread, since
+    on a shared 2-core machine a second thread costs a wake-up per GEMM and gains
+    little on small GEMVs; larger steps use all `num_threads` (None: always all);
+    seed: the generator of unseeded sampling; hardware: cost-model profile name."""
+
+    dtype: str = "bfloat16"
+    num_threads: int | None = None
+    kv_cache_gib: float = 1.0
+    swap_space_gib: float = 1.0
+    block_size: int = 16
+    max_model_len: int | None = None
+    parallel_min_tokens: int | None = 64
+    seed: int = 0
+    hardware: str = CPU_PROFILE
+
+    def __post_init__(self) -> None:
+        parse_dtype(self.dtype)
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if not self.kv_cache_gib > 0:
+            raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if not self.swap_space_gib >= 0:
+            raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.parallel_min_tokens is not None and self.parallel_min_tokens < 1:
+            raise ValueError(f"parallel_min_tokens must be >= 1, got {self.parallel_min_tokens}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+
+class TorchExecutor:
+    """Runs a `LoadedModel` on the CPU with torch; see the Executor protocol."""
+
+    def __init__(self, model: LoadedModel, options: TorchExecutorOptions | None = None,
+                 cost_model: CostModel | None = None) -> None:
+        self.options = options or TorchExecutorOptions()
+        self.model = model
+        self._init_threads()
+        self._init_runner()
+        self.cost_model = cost_model or engine_cost_model(self.spec, self.options.hardware)
+
+    def _init_threads(self) -> None:
+        if self.options.num_threads is not None:
+            torch.set_num_threads(self.options.num_threads)
+        self.num_threads = torch.get_num_threads()
+
+    def _set_threads(self, num_tokens: int) -> None:
+        threshold = self.options.parallel_min_tokens
+        wanted = 1 if threshold is not None and num_tokens < threshold else self.num_threads
+        if torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
+
+    def _init_runner(self) -> None:
+        opts, config = self.options, self.model.config
+        self.dtype = parse_dtype(opts.dtype)
+        weights = self.model.weights.to(self.dtype)
+        self.max_model_len = min(opts.max_model_len or config.max_model_len,
+                                 config.max_model_len)
+        token_bytes = config.kv_bytes_per_token(self.dtype.itemsize)
+        block_bytes = token_bytes * opts.block_size
+        self.kv = KVPools(config.num_layers, config.num_kv_heads, config.head_dim,
+                          opts.block_size, int(opts.kv_cache_gib * GIB // block_bytes),
+                          int(opts.swap_space_gib * GIB // block_bytes), self.dtype)
+        self.runner = TransformerRunner(config, weights, self.kv, self.max_model_len)
+        self.inputs = InputBuilder(opts.block_size, self.max_model_len, config.num_kv_heads,
+                                   config.num_heads // config.num_kv_heads, self.dtype)
+        self.sampler = Sampler(opts.seed)
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The cost model's ModelSpec of the served model in the executor's dtype."""
+        return self.model.config.to_model_spec(self.dtype.itemsize, self.model.name)
+
+    def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
+        if block_size != self.options.block_size:
+            raise ValueError(f"executor block size {self.options.block_size} != "
+                             f"scheduler block size {block_size}")
+        return self.kv.num_device_blocks, self.kv.num_host_blocks
+
+    def execute(self, batch: StepBatch) -> StepResult:
+        started = time.perf_counter()
+        swap_time = self.kv.swap(batch.swap_out, batch.swap_in)
+        sampled: list[int | None] = [None] * len(batch.requests)
+        if batch.requests:
+            self._set_threads(batch.num_tokens)
+            with torch.inference_mode():
+                inputs = self.inputs.build(batch)
+                logits = self.runner.forward(inputs)
+                if inputs.sample_index:
+                    owners = [batch.requests[i] for i in inputs.sample_index]
+                    tokens = self.sampler.sample(logits, owners)
+                    for i, token in zip(inputs.sample_index, tokens, strict=True):
+                        sampled[i] = token
+        return StepResult(sampled, time.perf_counter() - started, swap_time)

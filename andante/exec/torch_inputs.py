@@ -1,0 +1,181 @@
+"""Flatten one `StepBatch` into the tensors a fused forward pass needs.
+
+Design note. Every scheduled token of the step becomes one row of a single [T, hidden]
+activation (Orca's iteration-level batching, Yu et al. OSDI'22; Sarathi-Serve's mixed
+prefill/decode batches, Agrawal et al. OSDI'24), so each weight matrix is streamed once
+per step whatever the mix. Rows are ordered decode rows first (every request advancing
+by one token), then prefill segments sorted so that fresh prompts of equal length are
+adjacent: attention then needs one call for all decodes, one per group of equal fresh
+prompts, and one per chunk that continues a cached prefix. Block tables, the slot each
+new token's KV goes to, and the decode padding mask are built here once per step and
+shared by all layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from andante.core.request import Request
+from andante.exec.batch import StepBatch
+
+
+@dataclass(slots=True)
+class QueryChunk:
+    """Queries [start, end) of a prefill segment attend to its first `num_keys` keys,
+    of which the last end - start are the chunk's own (the causal diagonal block).
+    `mask` [(end - start) * G, end - start] (rows token-major, then the G query heads of
+    a KV head) is that block's mask: 0 where visible, -inf above the diagonal."""
+
+    start: int
+    end: int
+    num_keys: int
+    mask: torch.Tensor
+
+
+@dataclass(slots=True)
+class PrefillGroup:
+    """Rows [start, start + num_seqs * num_tokens) of the step: `num_seqs` sequences of
+    `num_tokens` new tokens each, after `num_cached` cached ones. Fresh prompts
+    (`blocks is None`, num_cached 0) attend to their own new K/V; a chunk after a cached
+    prefix (one sequence) reads its `blocks` from the cache. Queries are processed in
+    `chunks`, each reading only the keys up to its own causal horizon."""
+
+    start: int
+    num_seqs: int
+    num_tokens: int
+    num_cached: int = 0
+    blocks: torch.Tensor | None = None
+    chunks: list[QueryChunk] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slots: torch.Tensor  # [T] flat KV slot of each new token
+    num_decode: int
+    decode_blocks: torch.Tensor | None  # [num_decode * max_blocks]
+    decode_mask: torch.Tensor | None  # [kv_heads * num_decode, 1, max_blocks * block_size]
+    # in the model dtype: 0 where visible, -inf on padding (added to the scores)
+    prefill_groups: list[PrefillGroup]
+    sample_rows: torch.Tensor  # rows whose logits are sampled
+    sample_index: list[int]  # batch index of each sampled row
+
+
+def token_slice(req: Request, start: int, end: int) -> list[int]:
+    """Token ids at positions [start, end) of prompt + output."""
+    num_prompt = req.num_prompt_tokens
+    if end <= num_prompt:
+        return list(req.prompt_token_ids[start:end])
+    out = req.output_token_ids
+    if start >= num_prompt:
+        return out[start - num_prompt:end - num_prompt]
+    return [*req.prompt_token_ids[start:], *out[:end - num_prompt]]
+
+
+def _slots(table: Sequence[int], start: int, end: int, block_size: int) -> list[int]:
+    return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+# Query rows per attention chunk of a prefill: smaller chunks skip more of the masked
+# upper triangle but cost more kernel launches.
+QUERY_CHUNK = 128
+
+
+class InputBuilder:
+    def __init__(self, block_size: int, max_len: int, num_kv_heads: int, group_size: int,
+                 dtype: torch.dtype) -> None:
+        self.block_size = block_size
+        self.max_len = max_len
+        self.num_kv_heads = num_kv_heads
+        self.group_size = group_size
+        self.dtype = dtype
+        self._masks: dict[int, torch.Tensor] = {}  # causal masks by width (<= QUERY_CHUNK)
+
+    def build(self, batch: StepBatch) -> StepInputs:
+        n_new, n_cached = batch.num_new_tokens, batch.num_cached_tokens
+        for i, req in enumerate(batch.requests):
+            if n_cached[i] + n_new[i] > self.max_len:
+                raise ValueError(f"request {req.request_id!r} reaches position "
+                                 f"{n_cached[i] + n_new[i]}; the executor's limit is "
+                                 f"{self.max_len}")
+        decodes = [i for i, n in enumerate(n_new) if n == 1]
+        prefills = sorted((i for i, n in enumerate(n_new) if n > 1),
+                          key=lambda i: (n_cached[i] > 0, n_new[i]))
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        rows = [0] * len(n_new)  # last row of each request
+        for i in (*decodes, *prefills):
+            start, end = n_cached[i], n_cached[i] + n_new[i]
+            ids += token_slice(batch.requests[i], start, end)
+            positions += range(start, end)
+            slots += _slots(batch.block_tables[i], start, end, self.block_size)
+            rows[i] = len(ids) - 1
+        sampled = [i for i, s in enumerate(batch.samples) if s]
+        decode_blocks, decode_mask = self._decode_tables(batch, decodes)
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.long),
+            slots=torch.tensor(slots, dtype=torch.long),
+            num_decode=len(decodes), decode_blocks=decode_blocks, decode_mask=decode_mask,
+            prefill_groups=self._prefill_groups(batch, prefills, len(decodes)),
+            sample_rows=torch.tensor([rows[i] for i in sampled], dtype=torch.long),
+            sample_index=sampled,
+        )
+
+    def _decode_tables(self, batch: StepBatch, decodes: list[int]
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if not decodes:
+            return None, None
+        bs = self.block_size
+        lengths = [batch.num_cached_tokens[i] + 1 for i in decodes]
+        max_blocks = -(-max(lengths) // bs)
+        flat: list[int] = []
+        for i, length in zip(decodes, lengths, strict=True):
+            table = batch.block_tables[i]
+            used = -(-length // bs)
+            flat += table[:used]
+            flat += [table[0]] * (max_blocks - used)  # padding, masked out
+        context = torch.arange(max_blocks * bs)
+        visible = context[None, :] < torch.tensor(lengths)[:, None]
+        mask = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
+        mask = mask.expand(self.num_kv_heads, *mask.shape).reshape(-1, 1, mask.shape[-1])
+        return torch.tensor(flat, dtype=torch.long), mask
+
+    def _prefill_groups(self, batch: StepBatch, prefills: list[int],
+                        first_row: int) -> list[PrefillGroup]:
+        groups: list[PrefillGroup] = []
+        row = first_row
+        for i in prefills:
+            n, cached = batch.num_new_tokens[i], batch.num_cached_tokens[i]
+            last = groups[-1] if groups else None
+            if (cached == 0 and last is not None and last.blocks is None
+                    and last.num_tokens == n):
+                last.num_seqs += 1
+            else:
+                groups.append(self._group(batch.block_tables[i], row, n, cached))
+            row += n
+        return groups
+
+    def _group(self, table: list[int], row: int, n: int, cached: int) -> PrefillGroup:
+        blocks = None
+        if cached:
+            used = -(-(cached + n) // self.block_size)
+            blocks = torch.tensor(table[:used], dtype=torch.long)
+        chunks = []
+        for start in range(0, n, QUERY_CHUNK):
+            end = min(n, start + QUERY_CHUNK)
+            chunks.append(QueryChunk(start, end, cached + end, self._causal_mask(end - start)))
+        return PrefillGroup(row, 1, n, cached, blocks, chunks)
+
+    def _causal_mask(self, width: int) -> torch.Tensor:
+        """[width * G, width]: -inf above the diagonal; one tensor per width, reused."""
+        mask = self._masks.get(width)
+        if mask is None:
+            mask = torch.full((width, width), float("-inf"), dtype=self.dtype).triu_(1)
+            mask = self._masks[width] = mask.repeat_interleave(self.group_size, dim=0)
+        return mask

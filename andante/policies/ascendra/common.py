@@ -1,0 +1,60 @@
+"""What both Ascendra instance policies share: the online performance model and SLOs."""
+
+from __future__ import annotations
+
+from andante.core.request import Request
+from andante.exec.batch import StepBatch, StepResult
+from andante.perf.shape import BatchShape
+from andante.policies.ascendra.options import PerfOptions
+from andante.policies.ascendra.perf import OnlinePerfModel
+from andante.policies.base import BasePolicy, PolicyContext
+
+
+def shape_with(shape: BatchShape, num_new: int, num_cached: int, samples: bool) -> BatchShape:
+    """A copy of `shape` with one more request's chunk."""
+    out = BatchShape(shape.num_seqs, shape.num_tokens, shape.num_sampled,
+                     shape.num_decode_seqs, shape.attn_pairs, shape.kv_tokens_read)
+    out.add(num_new, num_cached, samples)
+    return out
+
+
+class MeanMeter:
+    """Running mean of observed values (`default` before the first)."""
+
+    __slots__ = ("_count", "_default", "_total")
+
+    def __init__(self, default: float) -> None:
+        self._default = default
+        self._count = 0
+        self._total = 0.0
+
+    def observe(self, value: float) -> None:
+        self._count += 1
+        self._total += value
+
+    @property
+    def mean(self) -> float:
+        return self._total / self._count if self._count else self._default
+
+
+class AscendraBase(BasePolicy):
+    """Keeps `perf_model` (read by the cluster's load reports) fed with every step."""
+
+    name = "ascendra"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        if ctx.cost_model is None:
+            raise ValueError(f"policy {self.name!r} needs the executor's cost model")
+        perf: PerfOptions = self.options.perf
+        self.perf_model = OnlinePerfModel(ctx.cost_model, window=perf.window,
+                                          refit_every=perf.refit_every,
+                                          tolerance=perf.tolerance)
+
+    def on_step_end(self, batch: StepBatch, result: StepResult) -> None:
+        if batch.requests:
+            self.perf_model.observe(batch.shape(), result.duration - result.swap_time)
+
+    def ttft_of(self, req: Request) -> float:
+        ttft = req.slo.ttft
+        return ttft if ttft is not None else float(self.options.ttft_slo)

@@ -1,0 +1,96 @@
+"""`ascendra-hp`: Ascendra's high-priority (latency) instance.
+
+Design note (Ascendra §6). The HP instance serves requests offloaded by LP instances
+(already close to their TTFT deadline) and, when idle, the ones its ticket attracts
+(§6.1; the ticket itself is the router's, `andante.cluster.ascendra`). It is
+prefill-first and first-come-first-served: every step admits waiting prompts in arrival
+order, up to `token_budget` prompt tokens (one longer prompt runs alone). Decodes ride
+along in the same step (`mixed`, the default: measured better in both of the paper's
+setups) or, as in vLLM v0 that the paper built on, only run in steps that admit
+nothing. Elastic batch size (§6.2): instead of a fixed batch size it keeps admitting
+beyond `base_batch` as long as GPU memory allows — more than `free_kv_share` of the KV
+cache must stay free after reserving the expected decode growth of every running (and
+just admitted) request, the expectation coming from the history of decode lengths (the
+mean output of the requests it finished). The engine's own
+max_num_seqs is the hard cap, so give HP instances a large one.
+"""
+
+from __future__ import annotations
+
+from andante.core.request import Request
+from andante.policies.ascendra.common import AscendraBase, MeanMeter
+from andante.policies.ascendra.options import HPOptions
+from andante.policies.base import PolicyContext
+from andante.policies.phases import (
+    advance_with_preemption,
+    by_arrival,
+    remaining_tokens,
+    swap_in_in_order,
+)
+from andante.policies.plan import StepPlan
+
+
+class AscendraHPPolicy(AscendraBase):
+    name = "ascendra-hp"
+    Options = HPOptions
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        self.options: HPOptions
+        self.decode_lengths = MeanMeter(default=256.0)
+        self._sorted = True
+
+    def on_arrival(self, req: Request) -> None:
+        self._sorted = False
+
+    def on_finish(self, req: Request) -> None:
+        if req.is_finished and req.num_output_tokens:
+            self.decode_lengths.observe(req.num_output_tokens)
+
+    def schedule(self, plan: StepPlan) -> None:
+        if not self._sorted:
+            plan.waiting.sort(key=by_arrival)
+            self._sorted = True
+        if not plan.swapped:
+            self._admit(plan)
+        if not plan.scheduled or self.options.mixed:  # else prefill-first: decodes wait
+            advance_with_preemption(plan, plan.running, remaining_tokens)
+            if not plan.preemptions:
+                swap_in_in_order(plan, plan.swapped)
+        if plan.preemptions:
+            self._sorted = False  # recomputed requests went to the front
+
+    def decode_reserve_blocks(self, plan: StepPlan) -> int:
+        """Blocks the running requests, and those admitted so far this step, are expected
+        to need to finish decoding."""
+        expected = self.decode_lengths.mean
+        block_size = plan.block_size
+        total = 0
+        for req in [*plan.running, *plan.scheduled]:
+            left = expected - req.num_output_tokens
+            if left > 0:
+                total += -(-int(left) // block_size)
+        return total
+
+    def _admit(self, plan: StepPlan) -> None:
+        opts = self.options
+        tokens = 0
+        reserve: int | None = None  # expected decode growth of running + admitted
+        floor = opts.free_kv_share * plan.num_total_blocks
+        per_request = -(-int(self.decode_lengths.mean) // plan.block_size)
+        for req in plan.waiting:
+            n = req.num_uncomputed_tokens
+            if tokens and tokens + n > opts.token_budget:
+                return
+            if not plan.has_seq_room or not plan.can_schedule(req, n):
+                return
+            if plan.num_active_seqs >= opts.base_batch:
+                if not opts.elastic:
+                    return
+                if reserve is None:
+                    reserve = self.decode_reserve_blocks(plan)
+                reserve += per_request
+                if plan.num_free_blocks - plan.blocks_needed(req, n) - reserve < floor:
+                    return
+            plan.schedule(req, n)
+            tokens += n

@@ -1,0 +1,168 @@
+"""`ascendra-lp`: Ascendra's low-priority (throughput) instance.
+
+Design note (Ascendra §5, Algorithm 1 and §5.3-5.4). Each step first advances every
+decoding request by one token (piggybacked decodes keep generation from stalling), then
+continues chunked prefills already under way, then re-admits preempted requests, then
+packs new prefills out of order: the waiting requests are sorted by a value function
+(EDF by default, `values`) and taken in that order while they fit three budgets — C,
+predicted step time from the performance model (only while the step also decodes: it is
+what the decodes' TBT pays), M, free KV blocks, and N, tokens — stopping at the first
+that does not fit (whose prefix may run as a chunk). Requests that have not started and
+would miss their TTFT SLO even if started now on an HP instance busy with a full batch
+(wait + predicted prefill + full-batch time > SLO) are handed back to the controller,
+prompt only, to be offloaded to an HP instance; each request is offloaded at most once.
+The batch size stays small (the engine's max_num_seqs, 128 in the paper) to keep room
+for decodes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from andante.core.request import Request, RequestStatus
+from andante.perf.shape import BatchShape
+from andante.policies.ascendra.common import AscendraBase, shape_with
+from andante.policies.ascendra.options import LPOptions
+from andante.policies.ascendra.values import value_function
+from andante.policies.base import PolicyContext
+from andante.policies.phases import advance_with_preemption
+from andante.policies.plan import StepPlan
+
+
+def _decode_tokens(req: Request) -> int:
+    return 1 if req.num_uncomputed_tokens == 1 else 0
+
+
+class AscendraLPPolicy(AscendraBase):
+    name = "ascendra-lp"
+    Options = LPOptions
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        self.options: LPOptions
+        self._value = value_function(self.options.value)
+        self._prefill: dict[str, tuple[int, float]] = {}  # id -> (model version, seconds)
+        self._full_batch = (-1, 0.0)
+        self._handoffs: list[str] = []
+        self._handed: set[str] = set()  # offloaded once: never again
+        self.num_offloaded = 0
+
+    # ---- hooks --------------------------------------------------------------------
+    def take_handoffs(self) -> list[str]:
+        out, self._handoffs = self._handoffs, []
+        return out
+
+    def on_finish(self, req: Request) -> None:
+        self._prefill.pop(req.request_id, None)
+
+    # ---- predictions --------------------------------------------------------------
+    def prefill_time(self, req: Request) -> float:
+        version = self.perf_model.version
+        cached = self._prefill.get(req.request_id)
+        if cached is None or cached[0] != version:
+            cached = (version, self.perf_model.prefill_time(req.num_prompt_tokens))
+            self._prefill[req.request_id] = cached
+        return cached[1]
+
+    def full_batch_time(self) -> float:
+        """A worst-case HP step: `hp_batch_tokens` prompt tokens."""
+        version = self.perf_model.version
+        if self._full_batch[0] != version:
+            time = self.perf_model.prefill_time(self.options.hp_batch_tokens)
+            self._full_batch = (version, time)
+        return self._full_batch[1]
+
+    def at_risk(self, req: Request, now: float) -> bool:
+        """§5.3: would it miss its TTFT SLO even if an HP instance started it now?"""
+        wait = now - req.arrival_time
+        return wait + self.prefill_time(req) + self.full_batch_time() > self.ttft_of(req)
+
+    # ---- one step -----------------------------------------------------------------
+    def schedule(self, plan: StepPlan) -> None:
+        opts = self.options
+        plan.restrict_token_budget(opts.token_budget)
+        advance_with_preemption(plan, plan.running, _decode_tokens)
+        shape = BatchShape()
+        for req, n in zip(plan.scheduled, plan.num_scheduled_tokens, strict=True):
+            shape.add(n, req.num_computed_tokens, True)
+        budget = self._step_budget(plan.scheduled) if shape.num_tokens else math.inf
+        for req in plan.running:
+            if req.num_uncomputed_tokens > 1 and not plan.is_preempted(req):
+                self._pack(plan, req, shape, budget, chunk=True)
+        fresh = [r for r in plan.waiting if not r.output_token_ids]
+        resumed = [r for r in plan.waiting if r.output_token_ids]
+        for req in [*resumed, *self._by_value(fresh, plan.now)]:
+            if not self._pack(plan, req, shape, budget, chunk=opts.chunk):
+                break
+        if opts.offload:
+            self._pick_offloads(plan, fresh)
+
+    def _step_budget(self, decodes: list[Request]) -> float:
+        """C: what the decodes' TBT allows (an explicit `step_budget` wins)."""
+        opts = self.options
+        if opts.step_budget is not None:
+            return opts.step_budget
+        default = opts.tbt_slo
+        tightest = min((r.slo.tbt if r.slo.tbt is not None else default) for r in decodes)
+        return opts.tbt_share * tightest
+
+    def _by_value(self, reqs: list[Request], now: float) -> list[Request]:
+        value = self._value
+        keyed = [(-value(r, now, self.prefill_time(r), self.ttft_of(r)), i, r)
+                 for i, r in enumerate(reqs)]
+        keyed.sort(key=lambda item: (item[0], item[1]))
+        return [item[2] for item in keyed]
+
+    def _pack(self, plan: StepPlan, req: Request, shape: BatchShape, budget: float,
+              chunk: bool) -> bool:
+        """Algorithm 1's test: schedule all of `req` if it fits C, M and N (True), else
+        possibly a chunk of it (False: stop packing)."""
+        if req.status != RequestStatus.RUNNING and (
+            not plan.has_seq_room or not plan.can_reserve_prefill(req)
+        ):
+            return False
+        whole = req.num_uncomputed_tokens
+        n = self._fit_time(shape, req, plan.max_schedulable_tokens(req), budget)
+        if n == whole:
+            self._add(plan, req, n, shape)
+            return True
+        if chunk and n >= min(self.options.min_chunk, whole):
+            self._add(plan, req, n, shape)
+        return False
+
+    def _fit_time(self, shape: BatchShape, req: Request, limit: int, budget: float) -> int:
+        """The largest n <= limit whose step stays within `budget` (predicted)."""
+        if limit <= 0 or budget == math.inf:
+            return max(0, limit)
+        cached, whole = req.num_computed_tokens, req.num_uncomputed_tokens
+        predict = self.perf_model.predict
+
+        def fits(n: int) -> bool:
+            return predict(shape_with(shape, n, cached, n == whole)) <= budget
+
+        if fits(limit):
+            return limit
+        lo, hi = 0, limit - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    @staticmethod
+    def _add(plan: StepPlan, req: Request, n: int, shape: BatchShape) -> None:
+        shape.add(n, req.num_computed_tokens, n == req.num_uncomputed_tokens)
+        plan.schedule(req, n)
+
+    def _pick_offloads(self, plan: StepPlan, fresh: list[Request]) -> None:
+        now = plan.now
+        for req in fresh:
+            rid = req.request_id
+            if plan.is_scheduled(req) or rid in self._handed or req.num_computed_tokens:
+                continue
+            if self.at_risk(req, now):
+                self._handed.add(rid)
+                self._handoffs.append(rid)
+                self.num_offloaded += 1

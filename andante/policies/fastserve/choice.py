@@ -1,0 +1,137 @@
+"""Which jobs run this step and which deserve a place on the device.
+
+Design note: FastServe §4.1 (Algorithm 1, lines 23-25: the batch is the highest-
+priority *ready* jobs, up to the batch size) and §4.2 (the device keeps the KV of the
+jobs likely to run next). Walking the job order, highest priority first:
+- a job gets a *place* if its KV after its next iteration fits beside the places given
+  before it. Jobs that hold KV may not use the reserve of idle slots kept for arriving
+  jobs (§4.2 "handling a burst"); jobs without KV may, unless a job ahead of them in the
+  order was denied a place (the reserve does not let a job overtake a better one);
+- a job without KV is only started while the device and host tiers together can hold
+  its KV (a bound on started jobs, which MLFQ multiplies, §4.2 and Fig. 8: beyond it
+  every admission would cost a recompute);
+- a placed job is in the batch if it is ready (its KV is on the device, or it has none
+  yet; a swapped one only where the step may wait for its swap-in) and fits the step's
+  token and sequence budgets;
+- paused jobs on the device without a place are the eviction candidates; those not
+  evicted still run if the budgets allow (work conservation: their KV is there).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from andante.core.request import Request, RequestStatus
+from andante.policies.plan import StepPlan
+
+_NO_KV = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_RUNNING = RequestStatus.RUNNING
+_SWAPPED = RequestStatus.SWAPPED
+
+
+@dataclass(slots=True)
+class StepChoice:
+    """One step's decision before it is recorded on the plan (lists in priority order)."""
+
+    requests: list[Request] = field(default_factory=list)  # the batch
+    num_tokens: list[int] = field(default_factory=list)
+    batch_ids: set[str] = field(default_factory=set)
+    placed_ids: set[str] = field(default_factory=set)  # jobs with a place on the device
+    to_fetch: list[Request] = field(default_factory=list)  # swapped jobs with a place
+    unplaced: list[Request] = field(default_factory=list)  # paused on the device, no place
+    any_new: bool = False  # does the batch admit a job that holds no KV?
+    token_budget: int = 0  # what the batch leaves of the step's budgets
+    seq_budget: int = 0
+
+    def add(self, req: Request, num_tokens: int) -> None:
+        self.requests.append(req)
+        self.num_tokens.append(num_tokens)
+        self.batch_ids.add(req.request_id)
+        self.any_new |= req.status in _NO_KV
+        self.token_budget -= num_tokens
+        self.seq_budget -= 1
+
+    def fits(self, num_tokens: int) -> bool:
+        return self.seq_budget >= 1 and num_tokens <= self.token_budget
+
+
+def watermark_blocks(plan: StepPlan) -> int:
+    return int(plan.config.watermark * plan.num_total_blocks)
+
+
+def device_capacity(plan: StepPlan, order: Sequence[Request]) -> int:
+    """Device blocks the places may use (batches in a pipeline keep theirs)."""
+    capacity = plan.num_total_blocks - watermark_blocks(plan)
+    if plan.in_flight_ids:
+        capacity -= sum(plan.num_blocks_of(r) for r in order if plan.is_in_flight(r))
+    return capacity
+
+
+def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: bool,
+           bound_by_host: bool = True) -> StepChoice:
+    """Places and the batch of placed jobs, from the top of `order`."""
+    choice = StepChoice(token_budget=plan.token_budget, seq_budget=plan.seq_budget)
+    bs = plan.block_size
+    capacity = device_capacity(plan, order)
+    held_capacity = capacity - reserve
+    in_flight = plan.in_flight_ids
+    used = 0
+    # Started jobs keep their KV somewhere: admit a new one only while the two tiers
+    # together can hold it, leaving a block of growth per started job.
+    started = len(plan.running) + len(plan.swapped) + len(in_flight)
+    room = plan.num_free_blocks + plan.num_free_host_blocks - started if bound_by_host \
+        else math.inf
+    for req in order:
+        status = req.status
+        new = status in _NO_KV
+        if new:  # a new job gets a place only with one in the batch: cheap exits first
+            if choice.seq_budget < 1 or choice.token_budget < 1 or used >= capacity:
+                continue
+            n = req.num_uncomputed_tokens
+            if n > choice.token_budget or n > room * bs:
+                continue
+        elif status == _RUNNING and in_flight and req.request_id in in_flight:
+            continue
+        elif used >= held_capacity:
+            if status == _RUNNING:
+                choice.unplaced.append(req)
+            capacity = held_capacity  # the reserve is for jobs ahead of every denied one
+            continue
+        else:
+            n = req.num_uncomputed_tokens
+        blocks = -(-(req.num_computed_tokens + n) // bs)
+        if used + blocks > (capacity if new else held_capacity):
+            if status == _RUNNING:
+                choice.unplaced.append(req)
+            if not new:
+                capacity = held_capacity
+            continue
+        ready = new or status == _RUNNING or run_swapped
+        if ready and not choice.fits(n):
+            if new:
+                continue  # no KV yet and no room in this step: no place either
+            ready = False
+        used += blocks
+        choice.placed_ids.add(req.request_id)
+        if status == _SWAPPED:
+            choice.to_fetch.append(req)
+        if ready:
+            choice.add(req, n)
+            if new:
+                room -= blocks
+    return choice
+
+
+def fill(plan: StepPlan, choice: StepChoice, spared: Sequence[Request], free: int) -> None:
+    """Let paused jobs without a place that stay on the device run too, in order, while
+    the budgets and the `free` device blocks allow."""
+    for req in spared:
+        if choice.seq_budget < 1:
+            return
+        n = req.num_uncomputed_tokens
+        need = plan.blocks_needed(req, n)
+        if need <= free and choice.fits(n):
+            choice.add(req, n)
+            free -= need

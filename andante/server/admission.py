@@ -1,0 +1,128 @@
+"""Turn a validated API body into an engine `Request`, or refuse it with a clear 4xx.
+
+Refused at once (DESIGN.md rule 6): an unknown model (404); an empty prompt, token ids
+outside the vocabulary, a prompt longer than the context or than the whole KV cache,
+a `max_tokens` that cannot fit, unsupported sampling options (400). The bounded queue
+(429) is checked by the caller, which knows how many requests are waiting.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from andante.core.request import Request
+from andante.core.sampling import SLO, SamplingParams
+from andante.engine import RequestRejected
+from andante.models.interface import IncrementalDecoder
+from andante.server.backend import Backend
+from andante.server.errors import APIError
+from andante.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    request: Request
+    decoder: IncrementalDecoder
+    stop: tuple[str, ...]
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class Admission:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    # ---- prompts ------------------------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.backend.model_name:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                           f"{self.backend.model_name!r}", "model", "model_not_found")
+
+    def completion_prompt(self, body: CompletionRequest) -> list[int]:
+        prompt: Any = body.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise APIError(400, "prompt: batched prompts are not supported; send one "
+                               "prompt per request", "prompt", "invalid_value")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return self.backend.tokenizer.encode(prompt) if prompt else []
+        ids: list[int] = list(prompt)
+        vocab = self.backend.tokenizer.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary "
+                           f"[0, {vocab})", "prompt", "invalid_value")
+        return ids
+
+    def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        messages = [{"role": m.role, "content": m.text} for m in body.messages]
+        if not any(m["content"] for m in messages):
+            return []
+        return self.backend.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+    # ---- the request --------------------------------------------------------------
+    def admit(
+        self, body: _Sampling, prompt_ids: list[int], max_tokens: int | None,
+        request_id: str, arrival: float,
+    ) -> Admitted:
+        field = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+        if not prompt_ids:
+            raise APIError(400, f"{field}: the prompt is empty", field, "invalid_value")
+        self._check_fits(field, len(prompt_ids))
+        max_tokens = self._max_tokens(len(prompt_ids), max_tokens)
+        sampling = self._sampling(body, max_tokens)
+        slo = SLO() if body.slo is None else SLO(**body.slo.model_dump())
+        req = Request(request_id, prompt_ids, sampling, arrival, priority=body.priority,
+                      model=self.backend.model_name, slo=slo)
+        decoder = self.backend.tokenizer.incremental_decoder(skip_special_tokens=True)
+        return Admitted(req, decoder, body.stop_strings)
+
+    def _check_fits(self, field: str, num_prompt: int) -> None:
+        try:
+            self.backend.engine.scheduler.check_fits(num_prompt)
+        except RequestRejected as exc:
+            raise APIError(400, f"{field}: {exc}", field, "context_length_exceeded") from None
+
+    def _max_tokens(self, num_prompt: int, requested: int | None) -> int:
+        model_len = self.backend.max_model_len
+        capacity = self.backend.kv_capacity_tokens
+        room = min(model_len, capacity) - num_prompt
+        if requested is None:
+            return room
+        if num_prompt + requested > model_len:
+            raise APIError(
+                400, f"max_tokens: this model's maximum context length is {model_len} tokens; "
+                f"you requested {num_prompt + requested} ({num_prompt} in the prompt, "
+                f"{requested} in the completion)", "max_tokens", "context_length_exceeded")
+        if num_prompt + requested > capacity:
+            raise APIError(
+                400, f"max_tokens: the KV cache holds {capacity} tokens; you requested "
+                f"{num_prompt + requested} ({num_prompt} in the prompt, {requested} in the "
+                "completion)", "max_tokens", "context_length_exceeded")
+        return requested
+
+    def _sampling(self, body: _Sampling, max_tokens: int) -> SamplingParams:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(body, name) != 0:
+                raise APIError(400, f"{name}: only 0 is supported", name, "unsupported_value")
+        eos = tuple(self.backend.tokenizer.eos_token_ids)
+        stop_ids = tuple(body.stop_token_ids or ())
+        if not body.ignore_eos:
+            stop_ids += tuple(t for t in eos[1:] if t not in stop_ids)
+        top_k = body.top_k if body.top_k is not None and body.top_k > 0 else None
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=body.temperature, top_k=top_k,
+            top_p=body.top_p, seed=body.seed, stop=body.stop_strings,
+            stop_token_ids=stop_ids, ignore_eos=body.ignore_eos,
+            eos_token_id=eos[0] if eos else None,
+        )
+
+
+def usage(num_prompt: int, num_output: int) -> dict[str, int]:
+    return {"prompt_tokens": num_prompt, "completion_tokens": num_output,
+            "total_tokens": num_prompt + num_output}

@@ -1,0 +1,153 @@
+"""The runner of a multi-instance server: the cluster controller on the event loop.
+
+Design note (DESIGN.md §4, issue 7): the web layer talks to a runner (submit, abort,
+start, stop, snapshot). `ClusterRunner` is that runner over N instances: the controller
+lives on the asyncio loop thread, where requests arrive; every instance hands each of
+its step messages to the loop (`call_soon_threadsafe`, one call per engine step), where
+the runner delivers the step's deltas to the streams and tells the controller what
+finished and what was handed back. The controller's ownership is the truth: output for a
+request from an instance that no longer owns it (e.g. a restarted Ray actor that still
+got it after the controller re-queued it) is dropped and aborted there. When an instance
+goes down, its requests that have not streamed a token are re-queued on the others; the
+ones that have get an "error" finish (a clear 500 / SSE error), none is lost silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from andante.cluster.controller import Controller
+from andante.cluster.router import Router
+from andante.cluster.worker import StepMessage
+from andante.core.request import Request
+from andante.models.interface import IncrementalDecoder
+from andante.server.outputs import Delta
+from andante.server.runner import EngineSnapshot
+
+log = logging.getLogger("andante.server")
+
+Deliver = Callable[[list[Delta]], None]
+OnFailure = Callable[[BaseException], None]
+
+
+class ClusterRunner:
+    def __init__(self, instances: list[Any], router: Router) -> None:
+        self.instances = instances
+        self.controller = Controller(instances, router)
+        self.snapshot = EngineSnapshot()
+        self.error: BaseException | None = None
+        self._started: set[str] = set()  # requests that streamed at least one token
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._deliver: Deliver | None = None
+        self._on_failure: OnFailure | None = None
+
+    # ---- loop thread ----------------------------------------------------------------
+    def submit(self, req: Request, decoder: IncrementalDecoder | None = None,
+               stop: tuple[str, ...] = ()) -> None:
+        """Place the request (its instance detokenizes with its own decoder)."""
+        self.controller.submit(req)
+
+    def abort(self, request_id: str) -> None:
+        self.controller.abort(request_id)
+
+    @property
+    def is_alive(self) -> bool:
+        return self.error is None and any(inst.alive for inst in self.instances)
+
+    def start(self, loop: asyncio.AbstractEventLoop, deliver: Deliver,
+              on_failure: OnFailure) -> None:
+        self._loop, self._deliver, self._on_failure = loop, deliver, on_failure
+
+        def post(message: StepMessage) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._on_message, message)
+
+        def on_down(index: int, exc: BaseException | None) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._on_down, index, exc)
+
+        def on_up(index: int, _: BaseException | None) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self.controller.instance_recovered, index)
+
+        for inst in self.instances:
+            if hasattr(inst, "dead"):  # a Ray instance also comes back up
+                inst.start(post, on_down, on_up)
+            else:
+                inst.start(post, on_down)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for inst in self.instances:
+            inst.stop(timeout)
+
+    def _on_message(self, message: StepMessage) -> None:
+        index = message.index
+        inst = self.instances[index]
+        inst.observe(message)
+        owner = self.controller.owner_of
+        deltas: list[Delta] = []
+        for delta in message.outputs:
+            if owner(delta.request_id) == index:
+                deltas.append(delta)
+                if delta.num_new_tokens:
+                    self._started.add(delta.request_id)
+                if delta.finish_reason is not None:
+                    self._started.discard(delta.request_id)
+            elif delta.finish_reason is None:
+                inst.abort(delta.request_id)  # a stray: someone else serves it now
+        if deltas and self._deliver is not None:
+            self._deliver(deltas)
+        finished = [rid for rid in message.finished_ids if owner(rid) == index]
+        handoffs = [req for req in message.handoffs if owner(req.request_id) == index]
+        self.controller.on_step(index, finished, handoffs)
+        self._take_snapshot()
+
+    def _on_down(self, index: int, exc: BaseException | None) -> None:
+        outcome = self.controller.instance_failed(index, self._started.__contains__)
+        log.error("instance %d is down (%s): %d request(s) re-queued, %d failed", index,
+                  exc, len(outcome.requeued), len(outcome.failed))
+        failed = [Delta(rid, "", 0, 0, finish_reason="error") for rid in outcome.failed]
+        for rid in outcome.failed:
+            self._started.discard(rid)
+        if failed and self._deliver is not None:
+            self._deliver(failed)
+        if not any(inst.alive for inst in self.instances) and not self._restartable():
+            self.error = exc or RuntimeError("every instance is down")
+            self.controller.queue.clear()
+            if self._on_failure is not None:
+                self._on_failure(self.error)  # every open stream ends with an error
+
+    def _restartable(self) -> bool:
+        return any(hasattr(inst, "dead") and not inst.dead for inst in self.instances)
+
+    # ---- figures --------------------------------------------------------------------
+    def _take_snapshot(self) -> None:
+        loads = [inst.load() for inst in self.instances]
+        free = sum(r.num_free_blocks for r in loads)
+        total = sum(r.num_blocks for r in loads)
+        self.snapshot = EngineSnapshot(
+            time=max(r.time for r in loads), num_running=sum(r.num_running for r in loads),
+            num_waiting=sum(r.num_waiting for r in loads) + len(self.controller.queue),
+            num_swapped=sum(r.num_swapped for r in loads), num_free_device_blocks=free,
+            num_device_blocks=total, kv_usage=1.0 - free / total if total else 0.0,
+            num_preemptions=sum(r.num_preemptions for r in loads),
+            num_steps=sum(r.num_steps for r in loads),
+        )
+
+    def cluster_stats(self) -> dict[str, Any]:
+        """Per-instance load reports and the router's counters (for /api/stats)."""
+        router = self.controller.router
+        return {
+            "router": router.name,
+            "instances": [{"index": inst.index, "role": inst.role, "alive": inst.alive,
+                           **asdict(inst.load())} for inst in self.instances],
+            "queued": len(self.controller.queue),
+            "handoffs": self.controller.num_handoffs,
+            "requeued": self.controller.num_requeued,
+            **{name: getattr(router, name) for name in ("num_ticketed", "num_offloads")
+               if hasattr(router, name)},
+        }

@@ -1,0 +1,77 @@
+"""Server options, and the one place the server reads environment variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from andante.core.request import PreemptionMode
+
+TOY_MODEL = "toy"
+BACKENDS = ("inprocess", "ray")
+API_KEY_ENV_VAR = "ANDANTE_API_KEY"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """Engine limits (vLLM's names). `max_model_len` None: the model's own context;
+    KV cache: `num_kv_blocks` blocks if given, else `kv_cache_gib` GiB (real model) or
+    4096 blocks (toy); `swap_space_gib`: host tier for swapped-out KV."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    block_size: int = 16
+    preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
+    num_kv_blocks: int | None = None
+    kv_cache_gib: float = 1.0
+    swap_space_gib: float = 1.0
+    dtype: str = "bfloat16"
+    num_threads: int | None = None
+    toy_step_time: float = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """model: None for the embedded default, "toy" for the byte-level toy backend
+    (no weights; for tests and demos), else a model path."""
+
+    model: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    policy: str = "vllm"
+    policy_options: Mapping[str, Any] = field(default_factory=dict)
+    max_queued: int = 256
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    log_level: str = "info"
+    # several instances behind the cluster controller (andante.server.cluster)
+    instances: int = 1
+    backend: str = "inprocess"  # or "ray"
+    router: str = "round-robin"
+    router_options: Mapping[str, Any] = field(default_factory=dict)
+    hp_instances: int = 1  # router "ascendra": the size of the HP pool
+    ray_address: str = "local"  # "local" (embedded), "auto" or "ray://HOST:PORT"
+    max_restarts: int = 3  # Ray actor restarts per instance
+
+    def __post_init__(self) -> None:
+        if self.instances < 1:
+            raise ValueError(f"instances must be >= 1, got {self.instances}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got "
+                             f"{self.backend!r}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.max_queued < 1:
+            raise ValueError(f"max_queued must be >= 1, got {self.max_queued}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+
+
+def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """Defaults taken from the environment: $ANDANTE_API_KEY for --api-key."""
+    env = os.environ if environ is None else environ
+    return {"api_key": env.get(API_KEY_ENV_VAR) or None}

@@ -1,0 +1,98 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from andante.server.protocol import FIELD_NAMES
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """Raised by handlers; becomes an OpenAI-style JSON error response."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+
+def error_body(status: int, message: str, param: str | None, code: str | None) -> dict[str, Any]:
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    body = error_body(exc.status, exc.message, exc.param, exc.code)
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+
+def _param(loc: Sequence[int | str]) -> str | None:
+    """The field path of a pydantic error location, without union-member tags."""
+    parts = [str(p) for p in loc if isinstance(p, int) or p in FIELD_NAMES]
+    return ".".join(parts) or None
+
+
+def validation_error(errors: Sequence[Any]) -> APIError:
+    """A 400 naming the first offending field (pydantic or FastAPI errors)."""
+    first: dict[str, Any] = dict(errors[0]) if errors else {"msg": "invalid request"}
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"invalid JSON body: {first['msg']}", None, "invalid_json")
+    param = _param(loc)
+    msg = str(first.get("msg", "invalid value"))
+    if first.get("type") == "extra_forbidden":
+        msg = "unknown field"
+        param = ".".join(str(p) for p in loc) or None
+    message = f"{param}: {msg}" if param else msg
+    if first.get("type") == "extra_forbidden":
+        return APIError(400, message, param, "unknown_field")
+    if "input" in first and param:
+        message += f" (got {first['input']!r:.80})"
+    return APIError(400, message, param, "invalid_value")
+
+
+def from_pydantic(exc: ValidationError) -> APIError:
+    return validation_error(exc.errors(include_url=False))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, APIError)
+        return error_response(exc)
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(validation_error(list(exc.errors())))
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        return error_response(APIError(exc.status_code, str(exc.detail), None, None))
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)

@@ -1,0 +1,120 @@
+"""The OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from andante.server.admission import new_request_id
+from andante.server.errors import APIError, from_pydantic
+from andante.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from andante.server.responses import FAILED, Reply, collect, stream_events
+from andante.server.state import ServerState
+
+Body = TypeVar("Body", bound=_Sampling)
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request whose client went away
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def parse_body(request: Request, model: type[Body]) -> Body:
+    raw = await request.body()
+    try:
+        return model.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        raise from_pydantic(exc) from None
+
+
+async def _watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> None:
+    """Abort the request as soon as its client goes away (the body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            on_disconnect()
+            return
+
+
+def _api_key_check(api_key: str | None) -> Callable[[Request], None]:
+    def check(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), api_key):
+            raise APIError(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                           None, "invalid_api_key")
+
+    return check
+
+
+async def _generate(
+    state: ServerState, request: Request, body: _Sampling, prompt: list[int],
+    max_tokens: int | None, chat: bool,
+) -> Response:
+    arrival = state.backend.engine.clock.now()
+    state.check_accepting()
+    rid = new_request_id("chatcmpl" if chat else "cmpl")
+    admitted = state.admission.admit(body, prompt, max_tokens, rid, arrival)
+    stream = state.submit(admitted)
+    reply = Reply(rid, chat, state.backend.model_name, len(prompt))
+
+    def on_disconnect() -> None:  # the engine's "abort" delta then ends the stream
+        if not stream.finished:
+            state.runner.abort(rid)
+
+    def on_close() -> None:  # nobody reads the stream any more
+        watcher.cancel()
+        if not stream.finished:
+            state.abort(rid)
+
+    watcher = asyncio.create_task(_watch_disconnect(request, on_disconnect))
+    if body.stream:
+        cont = body.stream_options is not None and body.stream_options.continuous_usage_stats
+        events = stream_events(reply, stream, body.include_usage, cont, on_close)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    try:
+        text, last = await collect(stream)
+    finally:
+        on_close()
+    if last.finish_reason == "abort":
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if last.finish_reason in FAILED:
+        raise APIError(500, "the engine failed while serving this request", None,
+                       last.finish_reason)
+    return JSONResponse(reply.full(text, last.finish_reason or "stop", last.num_output_tokens))
+
+
+def openai_router(state: ServerState) -> APIRouter:
+    router = APIRouter(prefix="/v1", dependencies=[Depends(_api_key_check(state.options.api_key))])
+
+    @router.post("/completions", response_model=None)
+    async def completions(request: Request) -> Response:
+        body = await parse_body(request, CompletionRequest)
+        state.admission.check_model(body.model)
+        prompt = state.admission.completion_prompt(body)
+        return await _generate(state, request, body, prompt, body.max_tokens, chat=False)
+
+    @router.post("/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> Response:
+        body = await parse_body(request, ChatCompletionRequest)
+        state.admission.check_model(body.model)
+        prompt = state.admission.chat_prompt(body)
+        return await _generate(state, request, body, prompt, body.max_output_tokens, chat=True)
+
+    @router.get("/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": state.backend.model_name, "object": "model", "created": 0,
+            "owned_by": "andante", "max_model_len": state.backend.max_model_len,
+        }]}
+
+    return router
+
+
+def install_openai_routes(app: FastAPI, state: ServerState) -> None:
+    app.include_router(openai_router(state))

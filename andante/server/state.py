@@ -1,0 +1,74 @@
+"""Everything one server instance owns (no module-level state: one per app)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+
+from andante.server.admission import Admission, Admitted
+from andante.server.backend import Backend
+from andante.server.cluster_runner import ClusterRunner
+from andante.server.config import ServeOptions
+from andante.server.errors import APIError
+from andante.server.live import LiveStats
+from andante.server.metrics import ServerMetrics
+from andante.server.runner import EngineRunner
+from andante.server.streams import RequestStream, StreamHub
+
+
+@dataclass(slots=True)
+class ServerState:
+    options: ServeOptions
+    backend: Backend
+    runner: EngineRunner | ClusterRunner
+    hub: StreamHub
+    metrics: ServerMetrics
+    live: LiveStats
+    admission: Admission
+
+    @classmethod
+    def create(cls, options: ServeOptions, backend: Backend) -> ServerState:
+        runner = backend.runner or EngineRunner(backend.engine, backend.outputs)
+        hub = StreamHub()
+        metrics = ServerMetrics(backend.model_name, lambda: runner.snapshot)
+        live = LiveStats(backend.engine.clock, lambda: runner.snapshot)
+        hub.add_observer(metrics.observe)
+        hub.add_observer(live.observe)
+        return cls(options, backend, runner, hub, metrics, live, Admission(backend))
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.runner.start(loop, self.hub.deliver, lambda _exc: self.hub.fail_all())
+
+    def stop(self) -> None:
+        self.runner.stop()
+
+    def check_accepting(self) -> None:
+        """503 if the engine is down; 429 with Retry-After if the queue is full."""
+        if not self.runner.is_alive:
+            raise APIError(503, "the engine is not running", None, "engine_unavailable")
+        queued = self.hub.num_not_started
+        if queued >= self.options.max_queued:
+            retry = self._retry_after(queued)
+            raise APIError(
+                429, f"too many requests waiting ({queued} queued, limit "
+                f"{self.options.max_queued}); retry in {retry} s", None, "queue_full",
+                headers={"Retry-After": str(retry)},
+            )
+
+    def _retry_after(self, queued: int) -> int:
+        """Seconds until the queue has probably drained enough (1 to 60)."""
+        rate = self.live.recent_finish_rate()
+        if rate <= 0:
+            return 1
+        return max(1, min(60, math.ceil(queued / rate)))
+
+    def submit(self, admitted: Admitted) -> RequestStream:
+        req = admitted.request
+        stream = self.hub.open(req.request_id, req.num_prompt_tokens)
+        self.runner.submit(req, admitted.decoder, admitted.stop)
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        self.hub.close(request_id)
+        self.runner.abort(request_id)

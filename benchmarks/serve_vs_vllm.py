@@ -1,0 +1,202 @@
+"""andante serve vs vLLM CPU's OpenAI server on the same workloads, one after the other.
+
+    .venv/bin/python benchmarks/serve_vs_vllm.py [--duration 60] [--rate 1]
+
+For each server: start it (a subprocess on a free port), wait for /health, replay a
+Poisson workload and then a cyclic-burst workload with `andante bench`'s load generator
+(token-id prompts of exact length, `ignore_eos`, streaming; QoE judged with Andes' SLOs:
+TTFT target max(prompt/5000, 1 s), reading speed drawn from the Andes reading
+distribution), stop it. Prints ONE JSON line: per server and workload ttft p50/p99,
+tpot mean, output throughput, goodput (`--goodput`), mean QoE.
+
+vLLM runs from its own venv (`--vllm-python`, default /work/vllm-venv/bin/python) on a
+safetensors directory (`--model-dir`, made by benchmarks/vllm_peer/convert_gguf.py):
+    python -m vllm.entrypoints.openai.api_server --model DIR --dtype bfloat16
+        --max-model-len 2048 --max-num-seqs 64 --enforce-eager --no-enable-prefix-caching
+        --host 127.0.0.1 --port P
+with VLLM_CPU_KVCACHE_SPACE=2 and VLLM_CPU_NUM_OF_RESERVED_CPU=0. That half is skipped,
+with a message in the JSON, when the venv or the model directory is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from andante.bench.load import BenchConfig, run_bench
+from andante.bench.prompts import PromptFormat
+from andante.policies import policy_names
+from andante.workload import WorkloadConfig, build_workload
+
+KEYS = ("num_finished", "num_aborted", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+        "output_throughput", "request_throughput", "request_goodput", "mean_qoe",
+        "slo_attainment")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def andante_command(args: argparse.Namespace, port: int) -> list[str]:
+    cmd = [sys.executable, "-m", "andante.cli.main", "serve", "--port", str(port),
+           "--policy", args.policy, "--max-queued", "100000", "--log-level", "warning",
+           "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs)]
+    if args.andante_model:
+        cmd += ["--model", args.andante_model]
+    return cmd
+
+
+def vllm_command(args: argparse.Namespace, port: int) -> list[str]:
+    cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model",
+           str(args.model_dir), "--served-model-name", "smollm2", "--dtype", "bfloat16",
+           "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
+           "--host", "127.0.0.1", "--port", str(port), "--no-enable-prefix-caching"]
+    return cmd + ([] if args.vllm_compile else ["--enforce-eager"])
+
+
+def start(cmd: list[str], port: int, log: Path, timeout: float) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "VLLM_CPU_KVCACHE_SPACE": "2",
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # its own group: stop() ends all
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[2]} exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    stop(proc)
+    raise RuntimeError(f"server did not become healthy in {timeout} s; see {log}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """End the server and every process it started (vLLM's engine core and workers)."""
+    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait)
+            time.sleep(1.0)  # let the group's other members exit too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def workloads(args: argparse.Namespace) -> dict[str, WorkloadConfig]:
+    common = {"rate": args.rate, "duration": args.duration, "num_requests": 100_000,
+              "lengths": args.lengths}
+    return {
+        "poisson": WorkloadConfig(kind="poisson", seed=args.seed, **common),
+        "burst": WorkloadConfig(kind="burst", seed=args.seed + 1,
+                                burst_intensity=args.burst_intensity,
+                                burst_share=args.burst_share, cycle_length=args.duration / 2,
+                                **common),
+    }
+
+
+def bench_server(args: argparse.Namespace, cmd: list[str], port: int, name: str) -> dict[str, Any]:
+    proc = start(cmd, port, args.log_dir / f"{name}.log", args.start_timeout)
+    try:
+        warm_up(port)
+        out: dict[str, Any] = {}
+        for kind, config in workloads(args).items():
+            # distinct prompts per workload (no prefix-cache reuse between them)
+            cfg = BenchConfig(base_url=f"http://127.0.0.1:{port}", seed=config.seed,
+                              prompt_format=PromptFormat.parse(args.prompt_format),
+                              goodput={"ttft": args.goodput_ttft_ms / 1000,
+                                       "tpot": args.goodput_tpot_ms / 1000})
+            run = asyncio.run(run_bench(build_workload(config), cfg))
+            d = run.to_dict()
+            out[kind] = {k: _round(d.get(k)) for k in KEYS} | {"num_errors": len(run.errors)}
+        return out
+    finally:
+        stop(proc)
+
+
+def warm_up(port: int) -> None:
+    """A few requests first, so neither server is measured while warming up."""
+    url = f"http://127.0.0.1:{port}/v1"
+    model = httpx.get(url + "/models", timeout=30).json()["data"][0]["id"]
+    for _ in range(3):
+        httpx.post(url + "/completions", timeout=120,
+                   json={"model": model, "prompt": "Hello, my name is", "max_tokens": 8})
+
+
+def _round(value: Any) -> Any:
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rate", type=float, default=1.0, help="mean requests/s")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds per workload")
+    p.add_argument("--lengths", default="uniform:32:256:16:128")
+    p.add_argument("--burst-intensity", type=float, default=2.5, help="burst rate / mean rate")
+    p.add_argument("--burst-share", type=float, default=0.3, help="share of a cycle in burst")
+    p.add_argument("--prompt-format", default="tokens", help="as `andante bench`")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", default="andes" if "andes" in policy_names() else "vllm")
+    p.add_argument("--andante-model", help="default: the embedded model")
+    p.add_argument("--model-dir", type=Path, default=Path("/work/models/smollm2-135m-instruct"))
+    p.add_argument("--vllm-python", default="/work/vllm-venv/bin/python")
+    p.add_argument("--vllm-compile", action="store_true",
+                   help="let vLLM compile (default --enforce-eager: starts in ~20 s instead of "
+                   "60-85 s, 5-10%% slower)")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--goodput-ttft-ms", type=float, default=2000.0)
+    p.add_argument("--goodput-tpot-ms", type=float, default=200.0)
+    p.add_argument("--start-timeout", type=float, default=900.0)
+    p.add_argument("--log-dir", type=Path, default=Path("runs/serve_vs_vllm"))
+    p.add_argument("--skip-vllm", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"rate": args.rate, "duration": args.duration,
+                              "lengths": args.lengths, "policy": args.policy,
+                              "goodput_ms": {"ttft": args.goodput_ttft_ms,
+                                             "tpot": args.goodput_tpot_ms}}
+    port = free_port()
+    result["andante"] = bench_server(args, andante_command(args, port), port, "andante")
+    missing = [p for p in (Path(args.vllm_python), args.model_dir / "config.json")
+               if not p.exists()]
+    if args.skip_vllm or missing:
+        result["vllm"] = None
+        result["vllm_skipped"] = "--skip-vllm" if args.skip_vllm else f"missing {missing}"
+    else:
+        port = free_port()
+        try:
+            result["vllm"] = bench_server(args, vllm_command(args, port), port, "vllm")
+        except RuntimeError as exc:
+            result["vllm"] = None
+            result["vllm_error"] = str(exc)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

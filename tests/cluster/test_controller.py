@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import pytest
+
+from andante.cluster import Controller, UnsupportedOperation
+from andante.cluster.router import RoundRobinRouter
+from tests.cluster.fakes import FakeInstance, request
+
+
+class HoldingRouter(RoundRobinRouter):
+    """Places nothing while `hold` is set (a pull-model router)."""
+
+    hold = True
+
+    def route(self, req, instances):  # type: ignore[no-untyped-def]
+        return None if self.hold else super().route(req, instances)
+
+
+def _cluster(n: int = 2, router=None):  # type: ignore[no-untyped-def]
+    instances = [FakeInstance(i) for i in range(n)]
+    return Controller(instances, router or RoundRobinRouter()), instances
+
+
+def test_submit_routes_and_tracks_owners() -> None:
+    ctl, insts = _cluster()
+    for i in range(3):
+        ctl.submit(request(f"r{i}"))
+    assert [len(i.submitted) for i in insts] == [2, 1]
+    assert ctl.owner_of("r1") == 1 and ctl.num_owned == 3
+    ctl.on_step(0, finished_ids=["r0"])
+    assert ctl.owner_of("r0") is None and ctl.num_owned == 2
+    assert ctl.abort("r1") and insts[1].aborted == ["r1"]
+    assert not ctl.abort("unknown")
+
+
+def test_global_queue_waits_until_the_router_accepts() -> None:
+    router = HoldingRouter()
+    ctl, insts = _cluster(router=router)
+    ctl.submit(request("a"))
+    ctl.submit(request("b"))
+    assert [r.request_id for r in ctl.queue] == ["a", "b"]
+    assert ctl.abort("b") and [r.request_id for r in ctl.queue] == ["a"]
+    router.hold = False
+    ctl.on_step(0)
+    assert not ctl.queue and insts[0].submitted[0].request_id == "a"
+
+
+def test_handoffs_go_where_the_router_or_a_migration_says() -> None:
+    ctl, insts = _cluster(3)
+    for i in range(3):
+        ctl.submit(request(f"r{i}"))
+    req0 = insts[0].submitted[0]
+    ctl.on_step(0, handoffs=[req0])  # default: the least-loaded other instance
+    assert ctl.owner_of("r0") in (1, 2) and ctl.num_handoffs == 1
+    assert ctl.migrate("r1", 2) and insts[1].withdrawn == ["r1"]
+    assert not ctl.migrate("r1", 1)  # already owned by 1... and a move is pending
+    ctl.on_handoff(1, [insts[1].submitted[0]])
+    assert ctl.owner_of("r1") == 2
+
+
+def test_dead_instance_requeues_unstarted_requests_and_fails_started_ones() -> None:
+    ctl, insts = _cluster(2)
+    for i in range(4):
+        ctl.submit(request(f"r{i}"))
+    insts[0].submitted[0].output_token_ids.append(7)  # r0 mutated by its engine
+    outcome = ctl.instance_failed(0, started=lambda rid: rid == "r0")
+    assert outcome.failed == ["r0"] and outcome.requeued == ["r2"]
+    moved = insts[1].submitted[-1]
+    assert moved.request_id == "r2" and not moved.output_token_ids
+    assert moved is not insts[0].submitted[1]  # a fresh copy, not the dead engine's object
+    ctl.submit(request("r4"))  # instance 0 is down: everything goes to 1
+    assert ctl.owner_of("r4") == 1
+    ctl.instance_recovered(0)
+    ctl.submit(request("r5"))
+    assert ctl.owner_of("r5") == 0
+
+
+def test_later_operations_are_declared_seams() -> None:
+    ctl, insts = _cluster(1)
+    assert "swap_model" not in insts[0].capabilities
+    with pytest.raises(UnsupportedOperation):
+        insts[0].swap_model("other")
+    with pytest.raises(UnsupportedOperation):
+        insts[0].drop_layers([0, 1])
+    with pytest.raises(ValueError, match="indices"):
+        Controller([FakeInstance(1)], RoundRobinRouter())

@@ -1,0 +1,56 @@
+"""Calibration: a sweep of real steps fits a profile that predicts those steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from andante.exec.torch_calibrate import QUICK_SWEEP, SweepConfig, calibrate, synthetic_batch
+from andante.kv.block_manager import KVBlockManager
+from andante.models import load_model
+from andante.perf.catalog import get_hardware, save_hardware
+from tests.exec.engine_helpers import tiny_executor
+
+
+def test_sweep_shapes_cover_prefill_decode_and_mixed() -> None:
+    shapes = SweepConfig().shapes()
+    assert ((16, 0),) in shapes  # a whole prefill
+    assert ((1, 64),) * 8 in shapes  # a decode batch
+    assert any(len(s) > 1 and s[0][1] == 0 and s[1][0] == 1 for s in shapes)  # mixed
+    with pytest.raises(ValueError, match="repeats"):
+        SweepConfig(repeats=0)
+
+
+def test_synthetic_batch_allocates_blocks(tiny_llama: Path) -> None:
+    kv = KVBlockManager(16, 64)
+    batch = synthetic_batch(kv, ((5, 0), (1, 40)), "t")
+    assert batch.num_new_tokens == [5, 1] and batch.num_cached_tokens == [0, 40]
+    assert [len(t) for t in batch.block_tables] == [1, 3]
+
+
+def test_calibrate_fits_and_saves(tiny_llama: Path, tmp_path: Path) -> None:
+    executor = tiny_executor(load_model(tiny_llama, "float32"), device_blocks=256)
+    result = calibrate(executor, QUICK_SWEEP, name="cpu-test")
+    hw = result.hardware
+    assert hw.name == "cpu-test" and len(result.samples) == len(QUICK_SWEEP.shapes())
+    assert hw.peak_flops > 0 and hw.mem_bandwidth > 0 and hw.host_link_bandwidth > 0
+    assert result.error < 1.0  # a fitted model, not a wild guess
+    save_hardware(hw, tmp_path)
+    assert get_hardware("cpu-test", tmp_path) == hw
+
+
+def test_cli_calibrate_quick(tiny_llama: Path, tmp_path: Path,
+                             monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from andante.cli.main import main
+
+    monkeypatch.setenv("ANDANTE_HOME", str(tmp_path))
+    assert main(["calibrate", "--model", str(tiny_llama), "--dtype", "float32", "--quick",
+                 "--name", "cpu-cli", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["profile"] == "cpu-cli" and record["fit_error"] >= 0
+    assert (tmp_path / "hardware" / "cpu-cli.json").is_file()
+    assert get_hardware("cpu-cli", tmp_path / "hardware").coefficients is not None

@@ -1,0 +1,36 @@
+"""`andante experiment fastserve --quick` writes its report (CI smoke test)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from andante.bench.experiment import ExperimentContext, experiment_names, run_experiment
+from andante.bench.experiments.fastserve_runs import max_rate_within
+
+
+def test_max_rate_is_read_off_the_curve() -> None:
+    rates = [1.0, 2.0, 3.0]
+    assert max_rate_within(rates, [0.1, 0.2, 0.4], 0.3) == (pytest.approx(2.5), "")
+    assert max_rate_within(rates, [0.1, 0.2, 0.25], 0.3) == (3.0, ">=")
+    assert max_rate_within(rates, [0.5, 0.6, 0.7], 0.3) == (1.0, "<")
+    assert max_rate_within(rates, [0.1, math.nan, 0.2], 0.3) == (1.0, "")
+
+
+@pytest.mark.slow
+def test_quick_experiment_writes_report_plots_and_results(tmp_path: Path) -> None:
+    assert "fastserve" in experiment_names()
+    report = run_experiment("fastserve", ExperimentContext(tmp_path, quick=True))
+    assert (tmp_path / "report.md").read_text().startswith("# FastServe")
+    for name in ("fig11_average_latency", "fig12_p95_latency", "fig8_kv_memory",
+                 "fig15_kv_modes"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["quick"] is True and results["setups"]
+    for panel in results["setups"]:
+        assert set(panel["curves"]) == {"vllm", "fastserve-fcfs", "fastserve"}
+        assert all(n > 0 for n in panel["curves"]["fastserve"]["finished"])
+    assert report.results["fig8"]["peak_gb"]["fastserve"] > 0

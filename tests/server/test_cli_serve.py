@@ -1,0 +1,45 @@
+"""`andante serve` as a separate process: port 0, one request, stopped by its PID."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+
+from andante.cli.main import build_parser
+from andante.cli.serve import options_from_args
+from andante.server.config import TOY_MODEL
+
+
+def test_serve_process_answers_and_stops() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "andante.cli.main", "serve", "--model", "toy", "--port", "0",
+         "--log-level", "warning", "--toy-step-ms", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert match, line
+        url = f"http://127.0.0.1:{match.group(1)}"
+        r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3},
+                       timeout=30)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "The"
+    finally:
+        proc.terminate()
+        # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
+        assert proc.wait(timeout=20) in (0, -signal.SIGTERM)
+
+
+def test_options_from_the_command_line() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--model", "toy", "--policy", "edf", "--policy-option", "x=1",
+         "--max-queued", "7", "--max-num-seqs", "3", "--num-kv-blocks", "99"])
+    options = options_from_args(args)
+    assert options.model == TOY_MODEL and options.host == "127.0.0.1"
+    assert (options.policy, dict(options.policy_options), options.max_queued) == ("edf",
+                                                                                   {"x": 1}, 7)
+    assert (options.engine.max_num_seqs, options.engine.num_kv_blocks) == (3, 99)
