@@ -3,7 +3,7 @@
 
 run:
 	./scripts/bootstrap.sh
-	.venv/bin/andante simulate
+	.venv/bin/andante serve
 
 test:
 	./scripts/bootstrap.sh
@@ -14,4 +14,4 @@ test-fast:
 
 lint:
 	.venv/bin/ruff check andante tests benchmarks
-	.venv/bin/mypy andante/core andante/kv andante/engine andante/policies andante/sim andante/perf andante/metrics andante/workload andante/cluster
+	.venv/bin/mypy andante

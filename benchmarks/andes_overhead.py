@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from typing import Any
+
+from decision_timing import NoopExecutor, time_decisions  # same folder
 
 from andante.core import ManualClock, Request, SamplingParams, SyntheticTokens
 from andante.core.sampling import SLO
 from andante.engine import Engine, build_engine
-from andante.exec.batch import StepBatch, StepResult
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.policies import SchedulerConfig
@@ -28,17 +28,6 @@ from andante.policies import SchedulerConfig
 NUM_RUNNING = 256
 TDS = (3.3, 4.0, 4.8, 5.5, 6.5)
 
-
-class _NoopExecutor:
-    def __init__(self, cost_model: CostModel, num_blocks: int) -> None:
-        self.cost_model = cost_model
-        self._blocks = num_blocks
-
-    def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
-        return self._blocks, self._blocks
-
-    def execute(self, batch: StepBatch) -> StepResult:
-        return StepResult([0 if s else None for s in batch.samples], 0.03)
 
 
 def _request(i: int, arrival: float, prompt: int) -> Request:
@@ -54,7 +43,7 @@ def _engine(num_queued: int, options: dict[str, Any]) -> tuple[Engine, ManualClo
     cost = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
     config = SchedulerConfig(max_num_seqs=NUM_RUNNING, max_model_len=8192)
     # Memory for the running requests and a little more: the queue does not fit.
-    engine = build_engine(_NoopExecutor(cost, 40 * NUM_RUNNING + 64), clock, "andes",
+    engine = build_engine(NoopExecutor(cost, 40 * NUM_RUNNING + 64), clock, "andes",
                           config, options)
     for i in range(NUM_RUNNING):
         engine.add_request(_request(i, 0.0, 256 + 16 * (i % 32)))
@@ -72,13 +61,7 @@ def measure(num_queued: int, options: dict[str, Any], repeats: int = 30) -> dict
     """Median and minimum milliseconds of the scheduler's `schedule()` (policy decision
     plus applying it); the step is then completed so state moves on."""
     engine, clock = _engine(num_queued, options)
-    samples = []
-    for step in range(repeats):
-        clock.advance_to(20.0 + 0.03 * step)
-        started = time.perf_counter()
-        batch = engine.scheduler.schedule()
-        samples.append(time.perf_counter() - started)
-        engine.scheduler.update(batch, engine.executor.execute(batch))
+    samples = time_decisions(engine, clock, repeats, 20.0, 0.03)
     return {"median": round(statistics.median(samples) * 1000.0, 3),
             "min": round(min(samples) * 1000.0, 3)}
 

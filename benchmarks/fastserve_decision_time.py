@@ -10,26 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
+
+from decision_timing import NoopExecutor, time_decisions  # same folder
 
 from andante.core import ManualClock, Request, SamplingParams, SyntheticTokens
 from andante.engine import build_engine
-from andante.exec.batch import StepBatch, StepResult
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.policies import SchedulerConfig
-
-
-class _NoopExecutor:
-    def __init__(self, cost_model: CostModel, num_blocks: int) -> None:
-        self.cost_model = cost_model
-        self._blocks = num_blocks
-
-    def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
-        return self._blocks, 1_000_000
-
-    def execute(self, batch: StepBatch) -> StepResult:
-        return StepResult([0 if s else None for s in batch.samples], 0.03)
 
 
 def measure(policy: str, num_jobs: int, repeats: int = 30) -> float:
@@ -38,7 +26,7 @@ def measure(policy: str, num_jobs: int, repeats: int = 30) -> float:
     config = SchedulerConfig(max_num_seqs=256, max_model_len=2048,
                              max_num_batched_tokens=2048)
     num_blocks = max(64, num_jobs * 40 // 10)  # ~ a tenth of the jobs fit (640 tokens each)
-    engine = build_engine(_NoopExecutor(cost, num_blocks), clock, policy, config)
+    engine = build_engine(NoopExecutor(cost, num_blocks, 1_000_000), clock, policy, config)
     for i in range(num_jobs):
         engine.add_request(Request(
             request_id=f"r{i}", prompt_token_ids=SyntheticTokens(64 + (i * 37) % 1100),
@@ -48,13 +36,7 @@ def measure(policy: str, num_jobs: int, repeats: int = 30) -> float:
         clock.advance_to(clock.now() + 0.03)
         engine.step()
         warm += 1
-    samples = []
-    for _ in range(repeats):
-        clock.advance_to(clock.now() + 0.03)
-        started = time.perf_counter()
-        batch = engine.scheduler.schedule()
-        samples.append(time.perf_counter() - started)
-        engine.scheduler.update(batch, engine.executor.execute(batch))
+    samples = time_decisions(engine, clock, repeats, clock.now() + 0.03, 0.03)
     return statistics.median(samples) * 1000.0
 
 

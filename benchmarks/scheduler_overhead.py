@@ -9,27 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
+
+from decision_timing import NoopExecutor, time_decisions  # same folder
 
 from andante.core import ManualClock, Request, SamplingParams, SyntheticTokens
 from andante.core.sampling import SLO
 from andante.engine import build_engine
-from andante.exec.batch import StepBatch, StepResult
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.policies import SchedulerConfig
-
-
-class _NoopExecutor:
-    def __init__(self, cost_model: CostModel, num_blocks: int) -> None:
-        self.cost_model = cost_model
-        self._blocks = num_blocks
-
-    def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
-        return self._blocks, self._blocks
-
-    def execute(self, batch: StepBatch) -> StepResult:
-        return StepResult([0 if s else None for s in batch.samples], 0.02)
 
 
 def _request(i: int, arrival: float, prompt: int) -> Request:
@@ -44,20 +32,14 @@ def measure(policy: str, num_waiting: int, num_running: int = 256, repeats: int 
     clock = ManualClock()
     cost = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
     config = SchedulerConfig(max_num_seqs=num_running, max_model_len=8192)
-    engine = build_engine(_NoopExecutor(cost, 200_000), clock, policy, config)
+    engine = build_engine(NoopExecutor(cost, 200_000, step_time=0.02), clock, policy, config)
     for i in range(num_running):  # admitted and prefilled first
         engine.add_request(_request(i, 0.0, 512))
     while engine.scheduler.num_running < num_running:
         engine.step()
     for i in range(num_waiting):
         engine.add_request(_request(num_running + i, 1.0 + i * 1e-3, 64 + i % 900))
-    samples = []
-    for step in range(repeats):
-        clock.advance_to(2.0 + step * 0.02)
-        started = time.perf_counter()
-        batch = engine.scheduler.schedule()
-        samples.append(time.perf_counter() - started)
-        engine.scheduler.update(batch, engine.executor.execute(batch))
+    samples = time_decisions(engine, clock, repeats, 2.0, 0.02)
     return statistics.median(samples) * 1000.0
 
 

@@ -57,6 +57,8 @@ def andante_command(args: argparse.Namespace, port: int) -> list[str]:
            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs)]
     if args.andante_model:
         cmd += ["--model", args.andante_model]
+    for option in args.policy_option:
+        cmd += ["--policy-option", option]
     return cmd
 
 
@@ -157,6 +159,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-format", default="tokens", help="as `andante bench`")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", default="andes" if "andes" in policy_names() else "vllm")
+    p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="passed to andante serve (repeatable)")
     p.add_argument("--andante-model", help="default: the embedded model")
     p.add_argument("--model-dir", type=Path, default=Path("/work/models/smollm2-135m-instruct"))
     p.add_argument("--vllm-python", default="/work/vllm-venv/bin/python")

@@ -49,9 +49,10 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """One token per row of `logits` [S, V]; `requests[i]` owns row i. Greedy rows take
-        the argmax in the logits' dtype (bfloat16 logits are what the GEMM rounded to;
-        upcasting first would not change the winner)."""
-        tokens: list[int] = logits.argmax(dim=-1).tolist()
+        the argmax of the logits as the GEMM rounded them; bfloat16 is upcast first only
+        because float32 argmax is ~4x faster on CPU (the conversion is exact, so the
+        winner and the tie-break, the first index, are the same)."""
+        tokens: list[int] = logits.float().argmax(dim=-1).tolist()
         rows = [i for i, r in enumerate(requests) if not r.sampling.is_greedy]
         if not rows:
             return tokens
