@@ -4,7 +4,9 @@ Design note. Ascendra §5.1 predicts a step's latency from its roofline terms
 tM = bytes / bandwidth and tF = FLOPs / peak with coefficients fitted by least squares
 on measured steps (andante.perf.fit, non-negative, relative error). The sweep runs the
 real TorchExecutor on synthetic batches of every kind the scheduler produces: whole
-prefills, decode batches at several contexts, and mixed prefill + decode steps. The
+prefills, decode batches at several contexts, and mixed prefill + decode steps; every
+timed step with a prefill uses a prompt length not run before, as live prompts are
+(measured here: a new length costs ~10 ms more than a repeated one). The
 roofline rates themselves are measured too (a large bf16 GEMM for peak FLOP/s, a large
 copy for memory bandwidth, a KV swap for the host-link rate), so the fitted
 coefficients stay near 1 and the profile remains interpretable.
@@ -81,30 +83,53 @@ def synthetic_batch(kv: KVBlockManager, chunks: Chunks, tag: str,
     return batch
 
 
-def _median_time(run: Callable[[], float], repeats: int) -> float:
-    run()  # warm-up
-    return float(statistics.median(run() for _ in range(repeats)))
+def _fresh_lengths(chunks: Chunks, repeat: int) -> Chunks:
+    """`chunks` with its prefill chunks lengthened by `repeat` + 1 tokens: a prompt length
+    the engine has not run yet, as almost every live prompt is (a new GEMM shape costs
+    oneDNN a primitive creation that a repeated shape does not pay)."""
+    return tuple((n + repeat + 1 if n > 1 else n, c) for n, c in chunks)
+
+
+def _time_once(executor: TorchExecutor, kv: KVBlockManager, chunks: Chunks, tag: str,
+               token_id: int) -> Sample:
+    batch = synthetic_batch(kv, chunks, tag, token_id)
+    try:
+        return batch.shape(), executor.execute(batch).duration
+    finally:
+        for req in batch.requests:
+            kv.free(req.request_id)
+
+
+def _measure_shape(executor: TorchExecutor, kv: KVBlockManager, chunks: Chunks, tag: str,
+                   repeats: int, token_id: int) -> list[Sample]:
+    """Decode-only steps: the median of `repeats` runs of one shape (decode batch sizes
+    recur in live serving). Steps with a prefill: one sample per repeat, each at a fresh
+    prompt length (see `_fresh_lengths`)."""
+    if all(n == 1 for n, _ in chunks):
+        _time_once(executor, kv, chunks, tag, token_id)  # warm-up
+        runs = [_time_once(executor, kv, chunks, tag, token_id) for _ in range(repeats)]
+        return [(runs[0][0], float(statistics.median(d for _, d in runs)))]
+    return [_time_once(executor, kv, _fresh_lengths(chunks, r), f"{tag}-{r}", token_id)
+            for r in range(repeats)]
 
 
 def measure_steps(executor: TorchExecutor, shapes: Sequence[Chunks], repeats: int,
                   progress: Callable[[int, int], None] | None = None) -> list[Sample]:
-    """(shape, median seconds) of each synthetic step; skips shapes that do not fit."""
+    """(shape, seconds) samples of synthetic steps; skips shapes that do not fit."""
     block_size = executor.options.block_size
     kv = KVBlockManager(block_size, *executor.num_kv_blocks(block_size), watermark=0.0)
     token_id = min(1000, executor.model.config.vocab_size - 1)
     samples: list[Sample] = []
+    warmed = False
     for index, chunks in enumerate(shapes):
-        need = sum(kv.num_blocks_for(n + c) for n, c in chunks)
-        if need > kv.num_device_blocks or max(n + c for n, c in chunks) > executor.max_model_len:
+        longest = max(_fresh_lengths(chunks, repeats), key=lambda nc: nc[0] + nc[1])
+        need = sum(kv.num_blocks_for(n + c) for n, c in _fresh_lengths(chunks, repeats))
+        if need > kv.num_device_blocks or sum(longest) > executor.max_model_len:
             continue
-        batch = synthetic_batch(kv, chunks, f"cal{index}", token_id)
-        def step(b: StepBatch = batch) -> float:
-            return executor.execute(b).duration
-
-        seconds = _median_time(step, repeats)
-        samples.append((batch.shape(), seconds))
-        for req in batch.requests:
-            kv.free(req.request_id)
+        if not warmed:  # the first forward pass of the process pays one-time costs
+            _time_once(executor, kv, chunks, "warm-up", token_id)
+            warmed = True
+        samples += _measure_shape(executor, kv, chunks, f"cal{index}", repeats, token_id)
         if progress is not None:
             progress(index + 1, len(shapes))
     return samples
