@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 from types import MappingProxyType
 from typing import Any
 
 from andante.cluster.router import Router
+from andante.core.imports import load_class
 
 ROUTERS = MappingProxyType({
     "round-robin": "andante.cluster.router:RoundRobinRouter",
@@ -25,7 +25,5 @@ def make_router(name: str, options: dict[str, Any] | None = None) -> Router:
     target = ROUTERS.get(name) or (name if ":" in name else None)
     if target is None:
         raise ValueError(f"unknown router {name!r}; choose one of {', '.join(router_names())}")
-    module_name, _, class_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    router: Router = cls(**dict(options or {}))
+    router: Router = load_class(target)(**dict(options or {}))
     return router

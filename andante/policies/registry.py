@@ -7,9 +7,9 @@ form "package.module:Class" loads a policy from outside andante.
 
 from __future__ import annotations
 
-import importlib
 from types import MappingProxyType
 
+from andante.core.imports import load_class
 from andante.policies.base import Policy, PolicyContext
 
 POLICIES = MappingProxyType(
@@ -33,12 +33,6 @@ def policy_names() -> list[str]:
     return sorted(POLICIES)
 
 
-def _load(target: str) -> type:
-    module_name, _, class_name = target.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, class_name)  # type: ignore[no-any-return]
-
-
 def make_policy(name: str, ctx: PolicyContext) -> Policy:
     """Instantiate the policy registered as `name` (or a "module:Class" path)."""
     target = POLICIES.get(name)
@@ -46,5 +40,5 @@ def make_policy(name: str, ctx: PolicyContext) -> Policy:
         target = name
     if target is None:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(policy_names())}")
-    policy: Policy = _load(target)(ctx)
+    policy: Policy = load_class(target)(ctx)
     return policy

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,3 +36,23 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.01)
+
+
+@contextmanager
+def toy_serve_process(*args: str) -> Iterator[str]:
+    """`andante serve --model toy --port 0 ARGS` as a separate process; yields its URL
+    (read from the startup line), then stops it by PID and checks that it exited cleanly."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "andante.cli.main", "serve", "--model", "toy", "--port", "0",
+         "--log-level", "warning", "--toy-step-ms", "1", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert match, line
+        yield f"http://127.0.0.1:{match.group(1)}"
+    finally:
+        proc.terminate()
+        # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
+        assert proc.wait(timeout=20) in (0, -signal.SIGTERM)

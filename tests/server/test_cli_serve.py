@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import re
-import signal
-import subprocess
-import sys
-
 import httpx
 
 from andante.cli.main import build_parser
 from andante.cli.serve import options_from_args
 from andante.server.config import TOY_MODEL
+from tests.server.helpers import toy_serve_process
 
 
 def test_serve_process_answers_and_stops() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "andante.cli.main", "serve", "--model", "toy", "--port", "0",
-         "--log-level", "warning", "--toy-step-ms", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        assert match, line
-        url = f"http://127.0.0.1:{match.group(1)}"
+    with toy_serve_process() as url:
         r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3},
                        timeout=30)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "The"
-    finally:
-        proc.terminate()
-        # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
-        assert proc.wait(timeout=20) in (0, -signal.SIGTERM)
 
 
 def test_options_from_the_command_line() -> None:

@@ -27,7 +27,20 @@ class PerfOptions:
 
 
 @dataclass(frozen=True, slots=True)
-class LPOptions:
+class _RefitOptions:
+    """The online refit of the performance model, shared by LP and HP (see PerfOptions)."""
+
+    refit_every: int = 256
+    window: int = 512
+    tolerance: float = 0.03
+
+    @property
+    def perf(self) -> PerfOptions:
+        return PerfOptions(self.refit_every, self.window, self.tolerance)
+
+
+@dataclass(frozen=True, slots=True)
+class LPOptions(_RefitOptions):
     """value: ordering of waiting prefills (edf, sjf, fcfs, ljf). Algorithm 1's budgets:
     token_budget (N, tokens per step), C: predicted step time while the step also
     decodes, at most step_budget seconds if given, else tbt_share x the tightest TBT SLO
@@ -46,9 +59,6 @@ class LPOptions:
     hp_batch_tokens: int = 2048
     ttft_slo: float = 1.0
     tbt_slo: float = 0.15
-    refit_every: int = 256
-    window: int = 512
-    tolerance: float = 0.03
 
     def __post_init__(self) -> None:
         value_function(self.value)
@@ -57,13 +67,9 @@ class LPOptions:
                   min_chunk=self.min_chunk, hp_batch_tokens=self.hp_batch_tokens,
                   ttft_slo=self.ttft_slo, tbt_slo=self.tbt_slo, window=self.window)
 
-    @property
-    def perf(self) -> PerfOptions:
-        return PerfOptions(self.refit_every, self.window, self.tolerance)
-
 
 @dataclass(frozen=True, slots=True)
-class HPOptions:
+class HPOptions(_RefitOptions):
     """base_batch: the batch size kept without elastic growth; elastic (§6.2): admit
     beyond it while more than free_kv_share of the KV cache stays free after reserving
     the expected decode growth of the running requests. token_budget: prompt tokens per
@@ -77,9 +83,6 @@ class HPOptions:
     free_kv_share: float = 0.10
     token_budget: int = 2048
     ttft_slo: float = 1.0
-    refit_every: int = 256
-    window: int = 512
-    tolerance: float = 0.03
 
     def __post_init__(self) -> None:
         _positive("ascendra-hp", base_batch=self.base_batch, token_budget=self.token_budget,
@@ -87,7 +90,3 @@ class HPOptions:
         if not 0 <= self.free_kv_share < 1:
             raise ValueError(f"ascendra-hp: free_kv_share must be in [0, 1), "
                              f"got {self.free_kv_share!r}")
-
-    @property
-    def perf(self) -> PerfOptions:
-        return PerfOptions(self.refit_every, self.window, self.tolerance)
