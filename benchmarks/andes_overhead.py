@@ -20,7 +20,8 @@ from decision_timing import NoopExecutor, time_decisions  # same folder
 
 from andante.core import ManualClock, Request, SamplingParams, SyntheticTokens
 from andante.core.sampling import SLO
-from andante.engine import Engine, build_engine
+from andante.engine import Engine
+from andante.llm import build_engine
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.policies import SchedulerConfig

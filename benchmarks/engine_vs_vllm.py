@@ -51,8 +51,8 @@ class AndanteHalf:
 
     def __init__(self, args: argparse.Namespace) -> None:
         from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
+        from andante.llm import build_offline_engine
         from andante.models import load_model
-        from andante.models.offline import build_offline_engine
         from andante.policies import SchedulerConfig
 
         started = time.perf_counter()
@@ -68,7 +68,7 @@ class AndanteHalf:
     def timed(self, prompts: list[list[int]], max_tokens: int) -> tuple[float, float]:
         """(wall seconds, engine seconds per step after the first token) of one batch."""
         from andante.core import Request, SamplingParams
-        from andante.models.offline import run_to_completion
+        from andante.llm import run_to_completion
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         requests = []

@@ -14,7 +14,7 @@ import statistics
 from decision_timing import NoopExecutor, time_decisions  # same folder
 
 from andante.core import ManualClock, Request, SamplingParams, SyntheticTokens
-from andante.engine import build_engine
+from andante.llm import build_engine
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.policies import SchedulerConfig

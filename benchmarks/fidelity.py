@@ -32,8 +32,8 @@ from andante.workload import RequestSpec, WorkloadConfig, build_workload
 def real_run(args: argparse.Namespace, workload: list[RequestSpec],
              config: SchedulerConfig) -> Summary:
     from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
+    from andante.llm import build_offline_engine, run_timed
     from andante.models import load_model
-    from andante.models.offline import build_offline_engine, run_timed
 
     model = load_model(None, "bfloat16")
     executor = TorchExecutor(model, TorchExecutorOptions(num_threads=args.threads,

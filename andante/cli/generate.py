@@ -39,8 +39,8 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from andante.core.sampling import SamplingParams
     from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
+    from andante.llm import build_offline_engine, generate
     from andante.models.loader import load_model
-    from andante.models.offline import build_offline_engine, generate
 
     sampling = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,

@@ -11,6 +11,12 @@ def _check_positive(name: str, value: float | None) -> None:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
 
+#: TTFT target when the SLO gives none (seconds); DESIGN.md §6 uses max(prefill, 1 s).
+DEFAULT_TTFT_TARGET = 1.0
+#: Reading speed when the SLO gives none (tokens/s): Andes Fig. 4's faster reader.
+DEFAULT_TDS = 4.8
+
+
 @dataclass(frozen=True, slots=True)
 class SLO:
     """Per-request objectives, all optional.

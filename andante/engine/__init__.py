@@ -1,7 +1,7 @@
-"""The engine: scheduler (queues, preemption, swap) and the step loop."""
+"""The engine: its contract with policies (Policy, PolicyContext, StepPlan,
+SchedulerConfig), the scheduler and the step loop. Assembly lives in `andante.llm`."""
 
 from andante.engine.engine import Engine, StepOutput
-from andante.engine.factory import build_engine
 from andante.engine.scheduler import RequestRejected, Scheduler
 
-__all__ = ["Engine", "RequestRejected", "Scheduler", "StepOutput", "build_engine"]
+__all__ = ["Engine", "RequestRejected", "Scheduler", "StepOutput"]

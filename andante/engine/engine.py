@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from andante.core.clock import Clock
 from andante.core.request import Request, RequestStatus
 from andante.engine.scheduler import RequestRejected, Scheduler
+from andante.engine.stats import SchedulerStats, StepObserver
 from andante.exec.base import Executor
 from andante.exec.batch import StepBatch, StepResult
 
@@ -37,7 +38,38 @@ class Engine:
         self.clock = clock
         self._inbox: deque[tuple[str, Request | str]] = deque()  # thread-safe appends
         self._ended: list[Request] = []  # aborted/rejected since the last step output
+        self._observers: list[StepObserver] = []
         self.num_steps = 0
+
+    # ---- observing ------------------------------------------------------------------
+    def add_observer(self, observer: StepObserver) -> None:
+        """Call `observer(output, stats)` after every step from now on."""
+        self._observers.append(observer)
+
+    def stats(self) -> SchedulerStats:
+        """The engine's figures now (O(1))."""
+        sched, kv = self.scheduler, self.scheduler.kv
+        return SchedulerStats(
+            time=self.clock.now(),
+            num_running=sched.num_running,
+            num_waiting=sched.num_waiting,
+            num_swapped=sched.num_swapped,
+            num_free_blocks=kv.num_free_device_blocks,
+            num_blocks=kv.num_device_blocks,
+            num_free_host_blocks=kv.num_free_host_blocks,
+            num_host_blocks=kv.host.num_blocks,
+            num_preemptions=sched.num_preemptions,
+            num_steps=self.num_steps,
+            max_num_seqs=sched.config.max_num_seqs,
+        )
+
+    def notify(self, output: StepOutput) -> None:
+        """Tell the observers about a step applied outside `finish_step` (a decode run
+        the simulator recorded at once)."""
+        if self._observers:
+            stats = self.stats()
+            for observer in self._observers:
+                observer(output, stats)
 
     # ---- input (any thread) ---------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -92,7 +124,9 @@ class Engine:
             finished.extend(self._ended)
             self._ended = []
         self.num_steps += 1
-        return StepOutput(batch, result, updated, finished)
+        output = StepOutput(batch, result, updated, finished)
+        self.notify(output)
+        return output
 
     def step(self) -> StepOutput:
         batch, result = self.begin_step()

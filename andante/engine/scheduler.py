@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from andante.core.clock import Clock
 from andante.core.request import PreemptionMode, Request, RequestStatus
+from andante.engine.config import SchedulerConfig
+from andante.engine.plan import StepPlan
+from andante.engine.policy import Policy
 from andante.engine.stopping import StopChecker, StopLimits, stop_status
 from andante.exec.batch import StepBatch, StepResult
 from andante.kv.block_manager import KVBlockManager
-from andante.policies.base import Policy
-from andante.policies.config import SchedulerConfig
-from andante.policies.plan import StepPlan
 
 _NO_KV = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _RUNNING = RequestStatus.RUNNING

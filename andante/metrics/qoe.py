@@ -28,12 +28,11 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from andante.core.sampling import DEFAULT_TDS, DEFAULT_TTFT_TARGET
 from andante.metrics.record import RequestRecord
 
-#: TTFT target when the SLO gives none (seconds); DESIGN.md §6 uses max(prefill, 1 s).
-DEFAULT_TTFT_TARGET = 1.0
-#: Reading speed when the SLO gives none (tokens/s): Andes Fig. 4's faster reader.
-DEFAULT_TDS = 4.8
+__all__ = ["DEFAULT_TDS", "DEFAULT_TTFT_TARGET", "qoe", "qoe_all", "qoe_of", "qoe_params"]
+
 #: Streams at least this long use the numpy kernels (faster from about 64 tokens on).
 NUMPY_MIN_TOKENS = 64
 

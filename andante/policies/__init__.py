@@ -1,8 +1,8 @@
 """Scheduling policies: small registered objects selected by name (DESIGN.md rule 4)."""
 
-from andante.policies.base import BasePolicy, Policy, PolicyContext
-from andante.policies.config import SchedulerConfig
-from andante.policies.plan import StepPlan
+from andante.engine.config import SchedulerConfig
+from andante.engine.plan import StepPlan
+from andante.engine.policy import BasePolicy, Policy, PolicyContext
 from andante.policies.registry import make_policy, policy_names
 
 __all__ = [

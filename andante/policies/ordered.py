@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from andante.core.request import Request
-from andante.policies.base import BasePolicy, PolicyContext
+from andante.engine.plan import StepPlan
+from andante.engine.policy import BasePolicy, PolicyContext
 from andante.policies.phases import (
     admit_in_order,
     advance_with_preemption,
@@ -21,7 +22,6 @@ from andante.policies.phases import (
     remaining_tokens,
     swap_in_in_order,
 )
-from andante.policies.plan import StepPlan
 
 
 class OrderedPolicy(BasePolicy):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from andante.core.request import PreemptionMode, Request
-from andante.policies.plan import StepPlan
+from andante.engine.plan import StepPlan
 
 
 def remaining_tokens(req: Request) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from andante.core.imports import load_class
-from andante.policies.base import Policy, PolicyContext
+from andante.engine.policy import Policy, PolicyContext
 
 POLICIES = MappingProxyType(
     {

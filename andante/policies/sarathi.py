@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from andante.core.request import Request
-from andante.policies.base import BasePolicy
+from andante.engine.plan import StepPlan
+from andante.engine.policy import BasePolicy
 from andante.policies.phases import advance_with_preemption, by_arrival, swap_in_in_order
-from andante.policies.plan import StepPlan
 
 
 @dataclass(frozen=True, slots=True)

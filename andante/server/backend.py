@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from andante.core.clock import MonotonicClock
-from andante.engine import Engine, build_engine
+from andante.engine import Engine
 from andante.exec.base import Executor
+from andante.llm import build_engine
 from andante.models.interface import Tokenizer
 from andante.policies import SchedulerConfig
 from andante.server.config import TOY_MODEL, EngineOptions, ServeOptions

@@ -20,8 +20,9 @@ from andante.cluster.registry import make_router
 from andante.cluster.worker import InstanceWorker
 from andante.core.clock import Clock, MonotonicClock
 from andante.core.request import Request
-from andante.engine import Engine, StepOutput, build_engine
+from andante.engine import Engine, StepOutput
 from andante.exec.batch import StepBatch, StepResult
+from andante.llm import build_engine
 from andante.models.interface import Tokenizer
 from andante.server.backend import Backend, engine_parts, scheduler_config
 from andante.server.config import TOY_MODEL, ServeOptions

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 from andante.core.clock import ManualClock
 from andante.engine.engine import Engine, StepOutput
-from andante.engine.factory import build_engine
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.sim_executor import GIB, SimExecutor
+from andante.llm import build_engine
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.perf.specs import ModelSpec

@@ -11,11 +11,11 @@ from andante.cluster.controller import Controller
 from andante.cluster.registry import make_router
 from andante.cluster.router import Router
 from andante.core.clock import ManualClock
-from andante.engine.factory import build_engine
+from andante.engine.config import SchedulerConfig
 from andante.exec.sim_executor import GIB, SimExecutor
+from andante.llm import build_engine
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
-from andante.policies.config import SchedulerConfig
 from andante.sim.pipeline import build_pipeline_instance
 from andante.sim.simulator import SimInstance, Simulator
 

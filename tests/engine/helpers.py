@@ -6,8 +6,9 @@ from typing import Any
 
 from andante.core import ManualClock, Request, SamplingParams, SyntheticTokens
 from andante.core.sampling import SLO
-from andante.engine import Engine, build_engine
+from andante.engine import Engine
 from andante.exec.batch import StepBatch, StepResult
+from andante.llm import build_engine
 from andante.policies import SchedulerConfig
 
 

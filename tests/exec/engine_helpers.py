@@ -7,9 +7,10 @@ from typing import Any
 import torch
 
 from andante.core import ManualClock, Request, SamplingParams
-from andante.engine import Engine, build_engine
+from andante.engine import Engine
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
+from andante.llm import build_engine
 from andante.models.loader import LoadedModel
 from andante.policies import SchedulerConfig
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from andante.core.request import PreemptionMode
+from andante.engine.plan import StepPlan
 from andante.policies.fcfs import VLLMPolicy
-from andante.policies.plan import StepPlan
 
 
 @dataclass(frozen=True, slots=True)

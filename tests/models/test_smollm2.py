@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from andante.core import SamplingParams
+from andante.llm import build_offline_engine, encode_prompt, generate
 from andante.models import LoadedModel, default_model_path, load_model, load_tokenizer
-from andante.models.offline import build_offline_engine, encode_prompt, generate
 from tests.exec import policies
 from tests.exec.engine_helpers import ScramblingExecutor, run_engine, tiny_executor
 from tests.models.helpers import hf_generate

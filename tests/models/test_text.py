@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from andante.core import ManualClock, Request, SamplingParams
+from andante.llm import build_offline_engine, generate, with_eos
 from andante.models import LoadedModel, load_model
-from andante.models.offline import build_offline_engine, generate, with_eos
 from andante.models.stopping import StopStrings, truncate_at_stop
 from tests.exec.engine_helpers import tiny_executor
 from tests.models.gguf_helpers import write_tiny_gguf

@@ -6,8 +6,9 @@ from typing import Any
 
 from andante.core import ManualClock, Request, SamplingParams, SyntheticTokens
 from andante.core.sampling import SLO
-from andante.engine import Engine, build_engine
+from andante.engine import Engine
 from andante.exec.sim_executor import SimExecutor
+from andante.llm import build_engine
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.policies import SchedulerConfig

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from andante.core import ManualClock, PreemptionMode, Request
 from andante.core.sampling import SLO
-from andante.engine import Engine, build_engine
+from andante.engine import Engine
+from andante.llm import build_engine
 from andante.policies import SchedulerConfig, policy_names
 from andante.policies.andes import AndesOptions, AndesPolicy
 from tests.engine.helpers import FakeExecutor, make_request, run_to_completion

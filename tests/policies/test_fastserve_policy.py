@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from andante.bench.experiments.fastserve_runs import skewed_mix
 from andante.policies import SchedulerConfig, policy_names
 from andante.sim import ClusterSpec, simulate
 from andante.workload import RequestSpec
+from experiments.fastserve_runs import skewed_mix
 from tests.engine.helpers import make_engine, make_request, run_to_completion
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from andante.core import ManualClock
 from andante.core.sampling import SLO
-from andante.engine import build_engine
+from andante.llm import build_engine
 from andante.policies import SchedulerConfig
 from andante.policies.andes import AndesPolicy
 from andante.policies.lqsf import LQSFOptions, LQSFPolicy

@@ -7,7 +7,7 @@ import time
 
 from andante.core import Request, SamplingParams
 from andante.core.clock import MonotonicClock
-from andante.engine import build_engine
+from andante.llm import build_engine
 from andante.policies import SchedulerConfig
 from andante.server.outputs import Delta, OutputProcessor
 from andante.server.runner import EngineRunner

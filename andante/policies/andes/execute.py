@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from andante.core.request import PreemptionMode, Request, RequestStatus
-from andante.policies.plan import StepPlan
+from andante.engine.plan import StepPlan
 
 ModeFor = Callable[[StepPlan, Request], PreemptionMode]
 

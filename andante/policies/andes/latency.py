@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from andante.engine.config import SchedulerConfig
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.cost_model import CostModel
-from andante.policies.config import SchedulerConfig
 
 FALLBACK_TOKEN_LATENCY = 0.02  # s, Andes' public code before any observation
 FALLBACK_PREFILL_PER_TOKEN = 1e-4  # s

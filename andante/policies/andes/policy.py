@@ -22,6 +22,8 @@ from collections.abc import Callable
 import numpy as np
 
 from andante.core.request import PreemptionMode, Request, RequestStatus
+from andante.engine.plan import StepPlan
+from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
 from andante.policies.andes import execute
 from andante.policies.andes.decision import AndesStats, Decision
@@ -33,8 +35,6 @@ from andante.policies.andes.refiner import accepted_prefix, pair_up
 from andante.policies.andes.solve import solve_knapsack
 from andante.policies.andes.state import RequestTable
 from andante.policies.andes.view import RUNNING, View
-from andante.policies.base import BasePolicy, PolicyContext
-from andante.policies.plan import StepPlan
 
 RUNNING_TIE = 1e-12  # running requests win ties (a zero-gain request costs nothing kept)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from andante.engine.plan import StepPlan
 from andante.policies.andes.decision import Decision
 from andante.policies.andes.knapsack import (
     Packing,
@@ -29,7 +30,6 @@ from andante.policies.andes.knapsack import (
     greedy_pack,
 )
 from andante.policies.andes.view import RUNNING, View
-from andante.policies.plan import StepPlan
 
 if TYPE_CHECKING:
     from andante.policies.andes.policy import AndesPolicy

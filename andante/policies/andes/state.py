@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from andante.core.request import Request
-from andante.metrics.qoe import DEFAULT_TDS, DEFAULT_TTFT_TARGET
+from andante.core.sampling import DEFAULT_TDS, DEFAULT_TTFT_TARGET
 
 #: Lateness of "no token yet": far below any real lateness, finite for the arithmetic.
 NO_LATENESS = -1e9

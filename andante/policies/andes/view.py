@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from andante.core.request import Request
+from andante.engine.plan import StepPlan
 from andante.policies.andes.gain import Streams
 from andante.policies.andes.latency import LatencyModel
 from andante.policies.andes.state import RequestTable
-from andante.policies.plan import StepPlan
 
 RUNNING, WAITING, SWAPPED = 0, 1, 2
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from andante.core.request import Request
+from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.shape import BatchShape
 from andante.policies.ascendra.options import PerfOptions
 from andante.policies.ascendra.perf import OnlinePerfModel
-from andante.policies.base import BasePolicy, PolicyContext
 
 
 def shape_with(shape: BatchShape, num_new: int, num_cached: int, samples: bool) -> BatchShape:

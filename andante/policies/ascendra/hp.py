@@ -18,16 +18,16 @@ max_num_seqs is the hard cap, so give HP instances a large one.
 from __future__ import annotations
 
 from andante.core.request import Request
+from andante.engine.plan import StepPlan
+from andante.engine.policy import PolicyContext
 from andante.policies.ascendra.common import AscendraBase, MeanMeter
 from andante.policies.ascendra.options import HPOptions
-from andante.policies.base import PolicyContext
 from andante.policies.phases import (
     advance_with_preemption,
     by_arrival,
     remaining_tokens,
     swap_in_in_order,
 )
-from andante.policies.plan import StepPlan
 
 
 class AscendraHPPolicy(AscendraBase):

@@ -20,13 +20,13 @@ from __future__ import annotations
 import math
 
 from andante.core.request import Request, RequestStatus
+from andante.engine.plan import StepPlan
+from andante.engine.policy import PolicyContext
 from andante.perf.shape import BatchShape
 from andante.policies.ascendra.common import AscendraBase, shape_with
 from andante.policies.ascendra.options import LPOptions
 from andante.policies.ascendra.values import value_function
-from andante.policies.base import PolicyContext
 from andante.policies.phases import advance_with_preemption
-from andante.policies.plan import StepPlan
 
 
 def _decode_tokens(req: Request) -> int:

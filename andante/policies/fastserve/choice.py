@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from andante.core.request import Request, RequestStatus
-from andante.policies.plan import StepPlan
+from andante.engine.plan import StepPlan
 
 _NO_KV = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _RUNNING = RequestStatus.RUNNING

@@ -26,10 +26,10 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 
 from andante.core.request import PreemptionMode, Request, RequestStatus
+from andante.engine.plan import StepPlan
 from andante.perf.cost_model import CostModel
 from andante.perf.shape import BatchShape
 from andante.policies.fastserve.choice import StepChoice, fill, watermark_blocks
-from andante.policies.plan import StepPlan
 
 _SWAPPED = RequestStatus.SWAPPED
 _HOLDS_KV = (RequestStatus.RUNNING, RequestStatus.SWAPPED)

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from andante.core.request import Request
+from andante.engine.plan import StepPlan
+from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
-from andante.policies.base import BasePolicy, PolicyContext
 from andante.policies.fastserve.choice import choose
 from andante.policies.fastserve.kvcache import KV_MODES, ArrivalRate, KVPlanner
 from andante.policies.fastserve.mlfq import FCFSOrder, SkipJoinMLFQ, geometric_quanta
-from andante.policies.plan import StepPlan
 
 DEFAULT_BASE_QUANTUM = 0.01  # s: FastServe's public code, used without a cost model
 DEFAULT_PREFILL_RATE = 20_000.0  # tokens/s: prefill-time guess without a cost model

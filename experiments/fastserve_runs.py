@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from andante.engine.config import SchedulerConfig
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
-from andante.policies.config import SchedulerConfig
 from andante.sim import ClusterSpec, build_simulator
 from andante.workload import RequestSpec, WorkloadConfig, build_workload, to_requests
 

@@ -1,9 +1,10 @@
-"""Offline generation through the real scheduler: the `andante generate` engine.
+"""Assembly: build an engine from parts and configuration, and generate offline.
 
-`generate(prompts, ...)` tokenizes (optionally through the chat template), submits
-every prompt to an engine built with `build_engine` over a `TorchExecutor` and steps it
-until all requests finish. `run_timed` replays requests at their arrival times on the
-wall clock (for fidelity benchmarks against the simulator).
+As nano-vllm's `llm.py`, this module sits above the engine and the policies and wires
+them: `build_engine` sizes the block manager from the executor and picks the policy by
+name (the engine never imports a policy); `generate` and `build_offline_engine` complete
+prompts through the real scheduler (the `andante generate` engine); `run_timed` replays
+requests at their arrival times on the wall clock (fidelity benchmarks).
 """
 
 from __future__ import annotations
@@ -14,18 +15,40 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from andante.core.clock import MonotonicClock
+from andante.core.clock import Clock, MonotonicClock
 from andante.core.request import Request
 from andante.core.sampling import SamplingParams
+from andante.engine.config import SchedulerConfig
 from andante.engine.engine import Engine
-from andante.engine.factory import build_engine
+from andante.engine.policy import PolicyContext
+from andante.engine.scheduler import Scheduler
+from andante.engine.stopping import StopChecker
+from andante.exec.base import Executor
+from andante.kv.block_manager import KVBlockManager
 from andante.models.loader import LoadedModel, load_model
 from andante.models.stopping import StopStrings, truncate_at_stop
 from andante.models.tokenizer import TextTokenizer
-from andante.policies.config import SchedulerConfig
+from andante.policies.registry import make_policy
 
 Prompt = str | Sequence[int]
 
+
+def build_engine(
+    executor: Executor,
+    clock: Clock,
+    policy: str = "vllm",
+    config: SchedulerConfig | None = None,
+    policy_options: dict[str, Any] | None = None,
+    stop_checker: StopChecker | None = None,
+) -> Engine:
+    config = config or SchedulerConfig()
+    num_device, num_host = executor.num_kv_blocks(config.block_size)
+    if num_device < 1:
+        raise ValueError("the executor has no room for a single KV block")
+    kv = KVBlockManager(config.block_size, num_device, num_host, config.watermark)
+    ctx = PolicyContext(clock, config, executor.cost_model, dict(policy_options or {}))
+    scheduler = Scheduler(config, kv, make_policy(policy, ctx), clock, stop_checker)
+    return Engine(scheduler, executor, clock)
 
 @dataclass(slots=True)
 class Completion:

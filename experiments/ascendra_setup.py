@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from andante.core.sampling import SLO
-from andante.policies.config import SchedulerConfig
+from andante.engine.config import SchedulerConfig
 from andante.sim.setup import ClusterSpec, InstanceSpec
 from andante.workload import RequestSpec, WorkloadConfig, build_workload
 from andante.workload.arrivals import poisson

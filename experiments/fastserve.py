@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from andante.bench.experiment import ExperimentContext
-from andante.bench.experiments import fastserve_plots as plots
-from andante.bench.experiments.fastserve_runs import (
+from andante.bench.report import Report
+from experiments import fastserve_plots as plots
+from experiments.fastserve_runs import (
     Point,
     Setup,
     gamma_burst,
@@ -30,8 +30,8 @@ from andante.bench.experiments.fastserve_runs import (
     sharegpt_poisson,
     value_at,
 )
-from andante.bench.experiments.fastserve_text import differences, paper_rows
-from andante.bench.report import Report
+from experiments.fastserve_text import differences, paper_rows
+from experiments.registry import ExperimentContext
 
 POLICIES = ("vllm", "fastserve-fcfs", "fastserve")
 ALPHA_SLO_MULTIPLE = 250.0  # alpha, "tuned from the SLO" (§4.1): 250 tokens at the SLO

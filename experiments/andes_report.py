@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from andante.bench.experiments import andes_plots as plots
-from andante.bench.experiments import andes_text as text
-from andante.bench.experiments.andes_runs import Outcome, Setup
 from andante.bench.report import Report
+from experiments import andes_plots as plots
+from experiments import andes_text as text
+from experiments.andes_runs import Outcome, Setup
 
 if TYPE_CHECKING:
-    from andante.bench.experiments.andes import Plan
+    from experiments.andes import Plan
 
 THRESHOLD = 0.95
 
@@ -35,13 +35,13 @@ class Figures:
     """Looks outcomes up by figure coordinates and writes each figure's section."""
 
     def __init__(self, report: Report, plan: Plan, outcomes: Mapping[str, Outcome]) -> None:
-        from andante.bench.experiments.andes import DEFAULT_INTENSITY, DEFAULT_SHARE, POLICIES
+        from experiments.andes import DEFAULT_INTENSITY, DEFAULT_SHARE, POLICIES
 
         self.report, self.plan, self.out = report, plan, outcomes
         self.policies, self.i0, self.d0 = POLICIES, DEFAULT_INTENSITY, DEFAULT_SHARE
 
     def burst(self, s: Setup, policy: str, intensity: float, share: float) -> Outcome:
-        from andante.bench.experiments.andes import burst_key
+        from experiments.andes import burst_key
 
         return self.out[burst_key(s, policy, intensity, share)]
 
@@ -109,7 +109,7 @@ class Figures:
         return {"rows": rows}
 
     def stall_weights(self, scale: float) -> dict[str, Any]:
-        from andante.bench.experiments.andes import sw_name
+        from experiments.andes import sw_name
 
         self.report.section("Refiner calibration: stall weight", text.STALL_WEIGHT)
         s, rows = self.plan.ablation, []

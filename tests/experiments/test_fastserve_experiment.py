@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from andante.bench.experiment import ExperimentContext, experiment_names, run_experiment
-from andante.bench.experiments.fastserve_runs import max_rate_within
+from experiments.fastserve_runs import max_rate_within
+from experiments.registry import ExperimentContext, experiment_names, run_experiment
 
 
 def test_max_rate_is_read_off_the_curve() -> None:

@@ -18,10 +18,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from andante.bench.experiment import ExperimentContext
-from andante.bench.experiments import ascendra_plots as plots
-from andante.bench.experiments import ascendra_text as text
-from andante.bench.experiments.ascendra_runs import (
+from andante.bench.report import Report
+from experiments import ascendra_plots as plots
+from experiments import ascendra_text as text
+from experiments.ascendra_runs import (
     Job,
     Outcome,
     flood_capacity,
@@ -29,7 +29,7 @@ from andante.bench.experiments.ascendra_runs import (
     rate_at_target,
     run_jobs,
 )
-from andante.bench.experiments.ascendra_setup import (
+from experiments.ascendra_setup import (
     ASCENDRA,
     ASCENDRA_1L2H,
     SARATHI,
@@ -39,7 +39,7 @@ from andante.bench.experiments.ascendra_setup import (
     Setup,
     System,
 )
-from andante.bench.report import Report
+from experiments.registry import ExperimentContext
 
 FULL = {"factors": (0.6, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.45), "n": 2000,
         "scales": (0.25, 0.5, 0.75, 1.0, 1.5, 2.0), "overload_s": 600.0, "perf_steps": 3000}

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from andante.bench.experiments.ascendra_setup import SETUPS, SYSTEMS, Setup, System
 from andante.metrics import RequestRecord, records_from_requests
 from andante.metrics.latency import tpot, ttft
 from andante.metrics.slo import is_good_by_slo, meets_tbt, meets_ttft
 from andante.sim import build_simulator
 from andante.workload import to_requests
+from experiments.ascendra_setup import SETUPS, SYSTEMS, Setup, System
 
 GOODPUT_TARGET = 0.9
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from andante.bench.experiment import ExperimentContext
-from andante.bench.experiments import andes_report
-from andante.bench.experiments.andes_runs import (
+from andante.bench.report import Report
+from andante.policies.andes import AndesOptions
+from experiments import andes_report
+from experiments.andes_runs import (
     LLAMA,
     PHI,
     Job,
@@ -28,8 +29,7 @@ from andante.bench.experiments.andes_runs import (
     run_jobs,
     sustainable_rate,
 )
-from andante.bench.report import Report
-from andante.policies.andes import AndesOptions
+from experiments.registry import ExperimentContext
 
 POLICIES = ("vllm", "sarathi", "lqsf", "andes")
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {

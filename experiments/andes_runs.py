@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from andante.engine.config import SchedulerConfig
+from andante.engine.plan import StepPlan
 from andante.metrics.latency import ttft
 from andante.metrics.qoe import qoe_all
 from andante.metrics.record import records_from_requests
 from andante.metrics.summary import summarize
-from andante.policies.config import SchedulerConfig
-from andante.policies.plan import StepPlan
 from andante.sim import ClusterSpec, build_simulator
 from andante.workload import WorkloadConfig, build_workload, to_requests
 

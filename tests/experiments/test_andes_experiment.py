@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from andante.bench.experiment import ExperimentContext, experiment_names, run_experiment
-from andante.bench.experiments.andes_report import sustained
+from experiments.andes_report import sustained
+from experiments.registry import ExperimentContext, experiment_names, run_experiment
 
 
 def test_sustained_intensity_interpolates_the_first_crossing() -> None:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from andante.bench.experiments.ascendra_setup import LP_OPTIONS, Setup
+from experiments.ascendra_setup import LP_OPTIONS, Setup
 
 PAPER_THROUGHPUT = 1.7  # "up to 1.7x" vs vLLM and Sarathi-Serve at the goodput target
 PAPER_OVERLOAD = 1.74  # more requests within SLO under ten minutes of overload

@@ -1,7 +1,9 @@
 """Experiments by name: each reproduces a paper's evaluation in the simulator.
 
 An experiment is a function `run(ctx: ExperimentContext) -> Report` in its own module
-under `andante.bench.experiments`; adding one is one line in EXPERIMENTS.
+of this top-level `experiments` package (beside `benchmarks/`, outside the product
+package); adding one is one line in EXPERIMENTS. `andante experiment NAME` finds this
+package when the repository checkout is present.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from types import MappingProxyType
 from andante.bench.report import Report
 
 EXPERIMENTS: MappingProxyType[str, str] = MappingProxyType({
-    "fastserve": "andante.bench.experiments.fastserve:run",
-    "andes": "andante.bench.experiments.andes:run",
-    "ascendra": "andante.bench.experiments.ascendra:run",
+    "fastserve": "experiments.fastserve:run",
+    "andes": "experiments.andes:run",
+    "ascendra": "experiments.ascendra:run",
 })
 
 

@@ -8,10 +8,10 @@ from typing import Any, ClassVar, Protocol
 
 from andante.core.clock import Clock
 from andante.core.request import Request
+from andante.engine.config import SchedulerConfig
+from andante.engine.plan import StepPlan
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.cost_model import CostModel
-from andante.policies.config import SchedulerConfig
-from andante.policies.plan import StepPlan
 
 
 @dataclass(slots=True)

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from andante.bench.experiments import andes_plots as plots
-from andante.bench.experiments.andes_runs import HARDWARE, Outcome
 from andante.bench.report import Report
+from experiments import andes_plots as plots
+from experiments.andes_runs import HARDWARE, Outcome
 
 if TYPE_CHECKING:
-    from andante.bench.experiments.andes import Plan
-    from andante.bench.experiments.andes_report import Figures
+    from experiments.andes import Plan
+    from experiments.andes_report import Figures
 
 PAPER: dict[str, Any] = {
     "qoe_ratio_intensity": 4.7, "qoe_ratio_duration": 3.5, "intensity_ratio": 2.6,
@@ -74,7 +74,7 @@ def setup(plan: Plan, rates: Mapping[str, Mapping[str, float]], scales: Sequence
 
 def trace_stats(plan: Plan, scale: float, outcomes: Mapping[str, Outcome]
                 ) -> dict[str, dict[str, float]]:
-    from andante.bench.experiments.andes import POLICIES
+    from experiments.andes import POLICIES
 
     out = {}
     for p in POLICIES:
@@ -96,7 +96,7 @@ def _ratio(a: float, b: float) -> float:
 def headline(figs: Figures, trace: Mapping[str, Mapping[str, float]],
              surge: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
     """trace: at the calibrated scale; surge: at the heaviest scale (queues)."""
-    from andante.bench.experiments.andes_report import sustained
+    from experiments.andes_report import sustained
 
     plan = figs.plan
     best = {"intensity": (0.0, ""), "duration": (0.0, "")}
@@ -189,6 +189,6 @@ heavier rate where FCFS queues build up during surges."""
 
 
 def discussion(results: Mapping[str, Any]) -> str:
-    from andante.bench.experiments.andes_discussion import discussion as text
+    from experiments.andes_discussion import discussion as text
 
     return text(results)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Set
 
 from andante.core.request import PreemptionMode, Request, RequestStatus
+from andante.engine.config import SchedulerConfig
 from andante.kv.block_manager import KVBlockManager
-from andante.policies.config import SchedulerConfig
 
 _RUNNING = RequestStatus.RUNNING
 _SWAPPED = RequestStatus.SWAPPED
