@@ -178,10 +178,6 @@ class CostModel:
         _check_count("num_tokens", num_tokens)
         return num_tokens * self.kv_bytes_per_token_per_gpu / self.hardware.host_link_bandwidth
 
-    def recompute_time(self, num_tokens: int) -> float:
-        """Rebuilding `num_tokens` tokens of KV cache: a prefill of that many tokens."""
-        return self.prefill_time(num_tokens)
-
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9,
                            activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES
                            ) -> int:

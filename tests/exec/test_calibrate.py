@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,13 @@ def test_calibrate_fits_and_saves(tiny_llama: Path, tmp_path: Path) -> None:
     hw = result.hardware
     assert hw.name == "cpu-test" and len(result.samples) == len(QUICK_SWEEP.shapes())
     assert hw.peak_flops > 0 and hw.mem_bandwidth > 0 and hw.host_link_bandwidth > 0
-    assert result.error < 1.0  # a fitted model, not a wild guess
+    # The fit explains how step time depends on the shape: it predicts the measured
+    # steps far better than the best single number does (measured here: 4-8% against
+    # 26-35% for the median step time, while the machine was busy).
+    durations = [duration for _, duration in result.samples]
+    constant = statistics.median(durations)
+    constant_error = statistics.mean(abs(constant / d - 1) for d in durations)
+    assert result.error < 0.3 and result.error < 0.6 * constant_error
     save_hardware(hw, tmp_path)
     assert get_hardware("cpu-test", tmp_path) == hw
 

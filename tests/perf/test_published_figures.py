@@ -1,8 +1,14 @@
-"""Order-of-magnitude checks of the calibrated model against published measurements.
+"""The calibrated cost model against published measurements, each at its own tolerance.
 
-Each figure is cited in andante/perf/hardware.py, where the coefficients come from. The
-bound is a factor of 2: the figures mix engines (vLLM, TensorRT-LLM, NIM) and include
-serving overheads that a step model leaves out.
+Each figure is cited in andante/perf/hardware.py. Two kinds of check:
+- fitted figures (P1-P3): the coefficients were chosen to reproduce them, so the model
+  must land within the precision the source states ("~75 tok/s": two significant
+  digits; "48.3 ms"; "about 3 minutes");
+- held-out figures (P4, vLLM PR #2192, FastServe §6.1): not used in the fit. P4 and the
+  PR are end-to-end serving latencies (TensorRT-LLM/Triton, vLLM's benchmark_latency)
+  which sit a near-constant 1.15-1.30x above a pure step model (per-request serving
+  overhead, hardware.py's calibration note); FastServe states "about 30 ms" per decode
+  iteration, read as +-20%.
 """
 
 import pytest
@@ -16,33 +22,37 @@ from andante.perf.specs import ModelSpec
 LLAMA_2_7B = ModelSpec(name="llama-2-7b", num_layers=32, hidden_size=4096, num_heads=32,
                        num_kv_heads=32, head_dim=128, intermediate_size=11008,
                        vocab_size=32000, max_model_len=4096)
+LLAMA_2_70B = ModelSpec(name="llama-2-70b", num_layers=80, hidden_size=8192, num_heads=64,
+                        num_kv_heads=8, head_dim=128, intermediate_size=28672,
+                        vocab_size=32000)
+#: Published end-to-end latency over the step model's, for serving-stack figures.
+SERVING_OVERHEAD = (1.15, 1.30)
 
 
-def _within_factor(predicted: float, published: float, factor: float = 2.0) -> bool:
-    return published / factor <= predicted <= published * factor
+def _request_latency(model: CostModel, prompt: int, output: int, batch: int) -> float:
+    """Prefill `batch` prompts at once, then decode `output - 1` steps."""
+    total = model.step_time(BatchShape.prefill(prompt, batch))
+    return total + sum(model.decode_time(batch, prompt + i) for i in range(output - 1))
 
 
-def test_decode_itl_llama31_8b_a100_40g():
-    # [P1] johnmusgrave.com "vLLM throughput-latency sweep on NVIDIA A100": vLLM 0.23,
-    # Llama-3.1-8B BF16, A100 40GB, 1024 in / 128 out, concurrency 1: ~75 tok/s.
+def test_p1_decode_rate_llama31_8b_a100_40g_is_reproduced_to_two_digits():
+    # [P1] vLLM 0.23, Llama-3.1-8B BF16, A100 40GB, 1024 in / 128 out, concurrency 1:
+    # "~75 tok/s" (the mid-generation context is 1024 + 64 tokens).
     model = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-40g"))
-    predicted = model.decode_time(1, 1024 + 64)
-    assert _within_factor(predicted, 1 / 75)
-    assert predicted == pytest.approx(1 / 75, rel=0.1)  # it is the calibration point
+    assert 74.5 <= 1 / model.decode_time(1, 1024 + 64) < 75.5
 
 
-def test_ttft_500_tokens_llama31_8b_a100_80g():
-    # [P2] NVIDIA NIM Llama 3.1 Nemotron Safety Guard 8B (Llama-3.1-8B) performance page,
-    # A100 80GB SXM, BF16, 500 input tokens, concurrency 1: TTFT 48.3 ms.
+def test_p2_ttft_500_tokens_llama31_8b_a100_80g_within_one_percent():
+    # [P2] NVIDIA NIM (Llama-3.1-8B), A100 80GB SXM, 500 input tokens: TTFT 48.3 ms.
     model = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
-    assert _within_factor(model.prefill_time(500), 48.3e-3)
+    assert model.prefill_time(500) == pytest.approx(48.3e-3, rel=0.01)
 
 
-def test_300k_token_prefill_llama3_8b_a100():
-    # [P3] MInference (NeurIPS 2024) Fig. 1(b) / microsoft/MInference#84: Llama-3-8B,
-    # 300K-token prompt on one A100: about 3 minutes of pre-filling.
+def test_p3_300k_token_prefill_llama3_8b_a100_about_three_minutes():
+    # [P3] MInference Fig. 1(b) / microsoft/MInference#84: 300K tokens, one A100,
+    # "about 3 minutes" of prefill: 2.5-3.5 minutes.
     model = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
-    assert _within_factor(model.prefill_time(300_000), 180.0)
+    assert 150.0 <= model.prefill_time(300_000) <= 210.0
 
 
 @pytest.mark.parametrize(
@@ -50,29 +60,35 @@ def test_300k_token_prefill_llama3_8b_a100():
     [("a100-80g", 1, 234.0), ("a100-80g", 8, 329.5),
      ("h100-80g", 1, 153.8), ("h100-80g", 8, 199.2)],
 )
-def test_nemo_llama2_7b_128_in_20_out(hardware, batch_size, published_ms):
-    # [P4] NeMo Framework Llama-2 inference performance (TensorRT-LLM, TP1),
-    # 128 input / 20 output tokens, average request latency.
+def test_p4_nemo_llama2_7b_sits_a_serving_overhead_above_the_model(
+    hardware, batch_size, published_ms
+):
+    # [P4] NeMo Framework Llama-2 (TensorRT-LLM, TP1), 128 in / 20 out, request latency.
     model = CostModel(LLAMA_2_7B, get_hardware(hardware))
-    total = model.step_time(BatchShape.prefill(128, batch_size))
-    total += sum(model.decode_time(batch_size, 128 + i) for i in range(19))
-    assert _within_factor(total, published_ms / 1e3)
+    ratio = (published_ms / 1e3) / _request_latency(model, 128, 20, batch_size)
+    assert SERVING_OVERHEAD[0] <= ratio <= SERVING_OVERHEAD[1]
 
 
-def test_tp4_llama_70b_batch_64_a100_80g():
+def test_p4_overhead_is_near_constant_across_gpus_and_batches():
+    ratios = []
+    for hardware, table in (("a100-80g", (234.0, 249.6, 272.6, 329.5)),
+                            ("h100-80g", (153.8, 160.8, 174.8, 199.2))):
+        model = CostModel(LLAMA_2_7B, get_hardware(hardware))
+        for batch, published_ms in zip((1, 2, 4, 8), table, strict=True):
+            ratios.append(published_ms / 1e3 / _request_latency(model, 128, 20, batch))
+    assert max(ratios) - min(ratios) <= 0.1
+
+
+def test_vllm_pr2192_tp4_llama_70b_batch_64_a100_80g():
     # vLLM PR #2192 (custom all-reduce): Llama 70B, A100-80G, TP4, batch 64,
     # 256 in / 256 out, benchmark_latency: 14.57 s.
-    llama2_70b = ModelSpec(name="llama-2-70b", num_layers=80, hidden_size=8192,
-                           num_heads=64, num_kv_heads=8, head_dim=128,
-                           intermediate_size=28672, vocab_size=32000)
-    model = CostModel(llama2_70b, get_hardware("a100-80g"), tp=4)
-    total = model.step_time(BatchShape.prefill(256, 64))
-    total += sum(model.decode_time(64, 256 + i) for i in range(255))
-    assert _within_factor(total, 14.57)
+    model = CostModel(LLAMA_2_70B, get_hardware("a100-80g"), tp=4)
+    ratio = 14.57 / _request_latency(model, 256, 256, 64)
+    assert SERVING_OVERHEAD[0] <= ratio <= SERVING_OVERHEAD[1]
 
 
-def test_fastserve_decode_iteration_opt_13b():
+def test_fastserve_decode_iteration_opt_13b_about_30_ms():
     # FastServe (seeds/004) §6.1: latency SLO 0.3 s = 10x a single decode iteration
-    # from their profiling, OPT on A100 40GB -> about 30 ms per iteration.
+    # from their profiling, OPT on A100 40GB: "about" 30 ms per iteration.
     model = CostModel(get_model("opt-13b"), get_hardware("a100-40g"))
-    assert _within_factor(model.decode_time(8, 512), 0.03)
+    assert model.decode_time(8, 512) == pytest.approx(0.03, rel=0.2)
