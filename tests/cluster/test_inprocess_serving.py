@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from andante.server import ServerThread
-from andante.server.cluster import instance_plans
-from andante.server.cluster_runner import ClusterRunner
+from andante.server.backend import instance_plans
+from andante.server.runner import ClusterRunner
 from tests.cluster.serving import cluster_options, stream_many
 
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from andante.server import ServerThread
-from andante.server.cluster_runner import ClusterRunner
+from andante.server.runner import ClusterRunner
 from tests.cluster.serving import cluster_options, stream_many
 
 ray = pytest.importorskip("ray")
