@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from andante.cluster import Controller, UnsupportedOperation
-from andante.cluster.instance import BASIC_CAPABILITIES
+from andante.cluster.instance import BASIC_CAPABILITIES, Instance
 from andante.cluster.router import RoundRobinRouter
 from andante.server.backend import build_backend
 from andante.sim import ClusterSpec
@@ -84,10 +84,8 @@ def test_dead_instance_requeues_unstarted_requests_and_fails_started_ones() -> N
 def test_real_instances_offer_only_the_basic_operations(make: str) -> None:
     """The instances the simulator and the server run (not a fake) advertise exactly
     the operations they implement and refuse the later ones clearly."""
-    if make == "sim":
-        inst = build_simulator(ClusterSpec()).instances[0]
-    else:
-        inst = build_backend(toy_options()).runner.instances[0]
+    inst: Instance = (build_simulator(ClusterSpec()).instances[0] if make == "sim"
+                      else build_backend(toy_options()).runner.instances[0])
     assert inst.capabilities == BASIC_CAPABILITIES
     for operation in (lambda: inst.swap_model("other"), lambda: inst.drop_layers([0, 1]),
                       inst.restore_layers):
