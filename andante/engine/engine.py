@@ -78,17 +78,15 @@ class Engine:
         """Add now; raises RequestRejected if it can never be served."""
         self.scheduler.add_request(req)
 
-    def submit(self, req: Request) -> bool:
-        """Add now; one that can never be served is finished as rejected, reported with
-        the next step's output (False)."""
+    def submit(self, req: Request) -> None:
+        """Add now; one that can never be served is finished as rejected and reported
+        with the next step's output."""
         try:
             self.scheduler.add_request(req)
         except RequestRejected:
             if not req.is_finished:
                 req.finish(RequestStatus.FINISHED_REJECTED, self.clock.now())
             self._ended.append(req)
-            return False
-        return True
 
     def abort(self, request_id: str) -> None:
         """Abort now (its KV is freed); reported with the next step's output."""
