@@ -38,9 +38,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("cluster (several instances behind the controller)")
+    g = p.add_argument_group("cluster (the instances behind the controller)")
     g.add_argument("--instances", type=positive_int, default=1,
-                   help="engine instances (default 1: no controller)")
+                   help="engine instances (default 1: a cluster of one)")
     g.add_argument("--backend", choices=["inprocess", "ray"], default="inprocess",
                    help="instances as threads of this process, or Ray actors")
     g.add_argument("--router", default="round-robin",

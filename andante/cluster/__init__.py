@@ -1,7 +1,8 @@
 """Cluster layer: the controller, routers, load reports and the instance seam.
 
-The same `Controller` drives simulated instances (andante.sim), in-process engine threads
-(andante.cluster.local) and Ray actors (andante.cluster.ray_backend, optional extra).
+Pure logic: no threads, no clock. The same `Controller` drives simulated instances
+(andante.sim), in-process engine threads (andante.runtime.local) and Ray actors
+(andante.runtime.ray_actors, optional extra).
 """
 
 from andante.cluster.controller import Controller, FailureOutcome, InstanceSlot

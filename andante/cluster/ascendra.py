@@ -10,18 +10,51 @@ free; at most one is outstanding per HP instance, because a request routed by a 
 stays in transit (then waiting) until the instance reports it, and no ticket is granted
 meanwhile. Requests an LP instance hands back (offloads of at-risk prompts, §5.3) go to
 the HP instance with the shortest queue. Instances are told apart by their role, "lp" or
-"hp"; the ones without a role count as LP.
+"hp"; the ones without a role count as LP. `pool_plan` is the one statement of which
+instance is LP or HP and what it runs, for the simulator and the server alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from andante.cluster.router import InstanceView, _RouterBase
 from andante.core.request import Request
 
 LP, HP = "lp", "hp"
+HP_BATCH_FACTOR = 4  # the HP pool's elastic batch: 4x the LP batch cap
+
+
+@dataclass(frozen=True, slots=True)
+class PoolMember:
+    """What one instance of the plan is: its role, its policy (with its options) and
+    the factor on the cluster's `max_num_seqs`."""
+
+    role: str
+    policy: str
+    policy_options: dict[str, Any]
+    batch_factor: int = 1
+
+
+def pool_plan(num_instances: int, num_hp: int,
+              policy_options: Mapping[str, Any] | None = None) -> list[PoolMember]:
+    """The LP pool first, then the last `num_hp` instances as HP. `policy_options`
+    keys start with "lp." or "hp." and reach that pool's policy."""
+    if not 1 <= num_hp < num_instances:
+        raise ValueError(f"router 'ascendra' needs 1 <= hp_instances < instances, got "
+                         f"{num_hp} of {num_instances}")
+    pools: dict[str, dict[str, Any]] = {LP: {}, HP: {}}
+    for key, value in (policy_options or {}).items():
+        pool, _, name = key.partition(".")
+        if pool not in pools or not name:
+            raise ValueError(f"router 'ascendra': policy option {key!r} must start with "
+                             "'lp.' or 'hp.'")
+        pools[pool][name] = value
+    lp = PoolMember(LP, "ascendra-lp", pools[LP])
+    hp = PoolMember(HP, "ascendra-hp", pools[HP], HP_BATCH_FACTOR)
+    return [lp] * (num_instances - num_hp) + [hp] * num_hp
 
 
 class AscendraRouter(_RouterBase):
@@ -45,8 +78,8 @@ class AscendraRouter(_RouterBase):
         if view.role != HP or not view.alive or view.num_in_transit:
             return False
         load = view.load
-        return (load.num_prefilling == 0 and 2 * load.num_running < self.capacity
-                and load.kv_usage < 1.0 - self.free_kv_share)
+        return (load.num_prefilling == 0 and 2 * load.stats.num_running < self.capacity
+                and load.stats.kv_usage < 1.0 - self.free_kv_share)
 
     def route(self, req: Request, instances: Sequence[InstanceView]) -> int | None:
         if self.tickets:
@@ -75,5 +108,5 @@ class AscendraRouter(_RouterBase):
     def _shortest_queue(views: Sequence[InstanceView]) -> int | None:
         if not views:
             return None
-        best = min(views, key=lambda v: (v.load.num_waiting + v.num_in_transit, v.index))
+        best = min(views, key=lambda v: (v.load.stats.num_waiting + v.num_in_transit, v.index))
         return best.index

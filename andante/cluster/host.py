@@ -4,7 +4,8 @@
 thread or Ray actor): it adds requests (refusing those that can never fit), counts what
 it received (so the controller knows what is still in transit), drops requests already
 past their TTFT SLO when asked to (Ascendra §6.3), withdraws requests for the controller
-(migration, and the offloads a `HandsOff` policy picks) and builds the load report.
+(migration, and the offloads a `HandsOff` policy picks) and builds the load report
+from the engine's stats.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ import math
 from collections.abc import Iterable, Sequence
 
 from andante.cluster.instance import HandsOff
-from andante.cluster.load import LoadReport, OutputLengthMeter, build_report
+from andante.cluster.load import (
+    LoadReport,
+    OutputLengthMeter,
+    num_prefilling,
+    predicted_drain_time,
+)
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine
 from andante.engine.scheduler import RequestRejected
@@ -118,10 +124,12 @@ class EngineHost:
         error = getattr(perf, "error", None)
         return error if isinstance(error, float) else None
 
-    def report(self, now: float) -> LoadReport:
-        return build_report(
-            self.engine.scheduler, self.cost_model, now=now, num_received=self.num_received,
-            num_steps=self.engine.num_steps, expected_output=self.outputs.mean,
-            num_dropped=0 if self.dropper is None else self.dropper.num_dropped,
-            prediction_error=self.prediction_error(),
+    def report(self) -> LoadReport:
+        """The engine's stats now, with what the cluster side adds to them."""
+        engine, cost = self.engine, self.cost_model
+        drain = 0.0 if cost is None else predicted_drain_time(
+            cost, engine.scheduler, self.outputs.mean)
+        return LoadReport(
+            engine.stats(), self.num_received, drain, num_prefilling(engine.scheduler),
+            0 if self.dropper is None else self.dropper.num_dropped, self.prediction_error(),
         )

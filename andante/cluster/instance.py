@@ -1,9 +1,10 @@
 """The Instance seam: one serving instance as the controller sees it.
 
 Three implementations: `andante.sim.SimInstance` (an engine over a `SimExecutor` on the
-simulated clock), `LocalInstance` (an engine stepped by its own thread in this process)
-and `RayInstance` (an engine in a Ray actor). The controller drives all of them the
-same way, so one `Controller` class runs in the simulator and in the server.
+simulated clock), `andante.runtime.local.LocalInstance` (an engine stepped by its own
+thread in this process) and `andante.runtime.ray_actors.RayInstance` (an engine in a Ray
+actor). The controller drives all of them the same way, so one `Controller` class runs
+in the simulator and in the server.
 """
 
 from __future__ import annotations

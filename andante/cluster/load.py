@@ -1,5 +1,10 @@
 """Load reports: what an instance tells the controller after each of its steps.
 
+A report is the engine's own `SchedulerStats` of that step plus what only the cluster
+side knows: how many requests the instance took in (the controller derives what is
+still in transit), the requests still waiting for their first token (Ascendra's HP
+tickets) and the predicted drain time.
+
 The predicted drain time is the instance's own estimate, from its cost model, of how long
 it would take to serve everything it holds if nothing else arrived: prefill every
 uncomputed token, then decode the expected remaining output of every request, in batches
@@ -11,9 +16,11 @@ instance finished so far) more tokens (256 before any finished). It is a routing
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from andante.engine.scheduler import Scheduler
+from andante.engine.stats import SchedulerStats
 from andante.perf.cost_model import CostModel
 
 DEFAULT_EXPECTED_OUTPUT = 256.0
@@ -22,31 +29,32 @@ _PREFILL_PROBE_TOKENS = 1024
 
 @dataclass(frozen=True, slots=True)
 class LoadReport:
-    """One instance's figures after a step (clock seconds for `time` and `drain_time`).
+    """One instance's figures after a step (clock seconds for `drain_time`)."""
 
-    `num_received` counts the requests the instance has taken in (accepted or refused),
-    so the controller knows how many it sent are still in transit.
-    """
-
-    num_running: int = 0
-    num_waiting: int = 0
-    num_swapped: int = 0
-    kv_usage: float = 0.0
+    stats: SchedulerStats = field(default_factory=SchedulerStats)
+    num_received: int = 0  # requests taken in (accepted or refused)
     drain_time: float = 0.0
-    num_received: int = 0
-    max_num_seqs: int = 0
-    time: float = 0.0
-    num_free_blocks: int = 0
-    num_blocks: int = 0
-    num_preemptions: int = 0
-    num_steps: int = 0
-    num_dropped: int = 0
     num_prefilling: int = 0  # requests still waiting for their first token
+    num_dropped: int = 0
     prediction_error: float | None = None
 
-    @property
-    def num_requests(self) -> int:
-        return self.num_running + self.num_waiting + self.num_swapped
+
+def total_stats(stats: Sequence[SchedulerStats], num_queued: int = 0) -> SchedulerStats:
+    """A cluster's figures as one engine's: the sums (`num_queued` requests in the
+    controller's queue count as waiting), the latest time, the widest batch."""
+    return SchedulerStats(
+        time=max((s.time for s in stats), default=0.0),
+        num_running=sum(s.num_running for s in stats),
+        num_waiting=sum(s.num_waiting for s in stats) + num_queued,
+        num_swapped=sum(s.num_swapped for s in stats),
+        num_free_blocks=sum(s.num_free_blocks for s in stats),
+        num_blocks=sum(s.num_blocks for s in stats),
+        num_free_host_blocks=sum(s.num_free_host_blocks for s in stats),
+        num_host_blocks=sum(s.num_host_blocks for s in stats),
+        num_preemptions=sum(s.num_preemptions for s in stats),
+        num_steps=sum(s.num_steps for s in stats),
+        max_num_seqs=max((s.max_num_seqs for s in stats), default=0),
+    )
 
 
 class OutputLengthMeter:
@@ -94,20 +102,3 @@ def num_prefilling(scheduler: Scheduler) -> int:
     """Requests that have not produced their first token (waiting or prefilling)."""
     running = sum(1 for req in scheduler.running if not req.output_token_ids)
     return running + sum(1 for req in scheduler.waiting if not req.output_token_ids)
-
-
-def build_report(scheduler: Scheduler, cost: CostModel | None, *, now: float,
-                 num_received: int, num_steps: int, expected_output: float,
-                 num_dropped: int = 0, prediction_error: float | None = None) -> LoadReport:
-    """The report of an instance whose scheduler is `scheduler`, at time `now`."""
-    kv = scheduler.kv
-    drain = 0.0 if cost is None else predicted_drain_time(cost, scheduler, expected_output)
-    return LoadReport(
-        num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
-        num_swapped=scheduler.num_swapped, kv_usage=kv.usage, drain_time=drain,
-        num_received=num_received, max_num_seqs=scheduler.config.max_num_seqs, time=now,
-        num_free_blocks=kv.num_free_device_blocks, num_blocks=kv.num_device_blocks,
-        num_preemptions=scheduler.num_preemptions, num_steps=num_steps,
-        num_dropped=num_dropped, num_prefilling=num_prefilling(scheduler),
-        prediction_error=prediction_error,
-    )

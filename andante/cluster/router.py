@@ -69,13 +69,14 @@ def expected_wait(view: InstanceView) -> float:
     pending = view.num_in_transit
     if pending <= 0:
         return load.drain_time
-    per_request = load.drain_time / load.num_requests if load.num_requests else 0.0
+    num_requests = load.stats.num_requests
+    per_request = load.drain_time / num_requests if num_requests else 0.0
     return load.drain_time + pending * per_request
 
 
 def _load_key(view: InstanceView) -> tuple[float, int, int]:
-    load = view.load
-    return (expected_wait(view), load.num_requests + view.num_in_transit, view.index)
+    num_requests = view.load.stats.num_requests
+    return (expected_wait(view), num_requests + view.num_in_transit, view.index)
 
 
 class _RouterBase:

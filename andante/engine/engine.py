@@ -2,20 +2,18 @@
 
 `step()` runs one whole step (real serving). The simulator splits it: `begin_step()`
 at the step's start time, `finish_step()` once its modeled duration has elapsed on the
-simulated clock. Requests and aborts may arrive from other threads through `submit`
-and `abort`; they are applied at the next step boundary, so the scheduler itself is
-only ever touched by the thread that steps the engine.
+simulated clock. Every method runs on the thread that steps the engine: the one
+thread-safe inbox of a served instance is its worker's (andante.runtime.worker).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from andante.core.clock import Clock
 from andante.core.request import Request, RequestStatus
 from andante.engine.scheduler import RequestRejected, Scheduler
-from andante.engine.stats import SchedulerStats, StepObserver
+from andante.engine.stats import EngineLimits, SchedulerStats, StepObserver
 from andante.exec.base import Executor
 from andante.exec.batch import StepBatch, StepResult
 
@@ -36,7 +34,6 @@ class Engine:
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock
-        self._inbox: deque[tuple[str, Request | str]] = deque()  # thread-safe appends
         self._ended: list[Request] = []  # aborted/rejected since the last step output
         self._observers: list[StepObserver] = []
         self.num_steps = 0
@@ -63,6 +60,11 @@ class Engine:
             max_num_seqs=sched.config.max_num_seqs,
         )
 
+    def limits(self) -> EngineLimits:
+        kv = self.scheduler.kv
+        return EngineLimits(self.scheduler.config.max_model_len,
+                            kv.num_device_blocks * kv.block_size)
+
     def notify(self, output: StepOutput) -> None:
         """Tell the observers about a step applied outside `finish_step` (a decode run
         the simulator recorded at once)."""
@@ -71,31 +73,14 @@ class Engine:
             for observer in self._observers:
                 observer(output, stats)
 
-    # ---- input (any thread) ---------------------------------------------------------
-    def submit(self, req: Request) -> None:
-        self._inbox.append(("add", req))
-
-    def abort(self, request_id: str) -> None:
-        self._inbox.append(("abort", request_id))
-
-    # ---- input (engine thread) ------------------------------------------------------
+    # ---- input --------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
         """Add now; raises RequestRejected if it can never be served."""
         self.scheduler.add_request(req)
 
-    def _drain_inbox(self) -> None:
-        while self._inbox:
-            kind, item = self._inbox.popleft()
-            if kind == "add":
-                assert isinstance(item, Request)
-                self._add_or_reject(item)
-            else:
-                assert isinstance(item, str)
-                req = self.scheduler.abort_request(item)
-                if req is not None:
-                    self._ended.append(req)
-
-    def _add_or_reject(self, req: Request) -> None:
+    def submit(self, req: Request) -> None:
+        """Add now; one that can never be served is finished as rejected and reported
+        with the next step's output."""
         try:
             self.scheduler.add_request(req)
         except RequestRejected:
@@ -103,14 +88,19 @@ class Engine:
                 req.finish(RequestStatus.FINISHED_REJECTED, self.clock.now())
             self._ended.append(req)
 
+    def abort(self, request_id: str) -> None:
+        """Abort now (its KV is freed); reported with the next step's output."""
+        req = self.scheduler.abort_request(request_id)
+        if req is not None:
+            self._ended.append(req)
+
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_unfinished or bool(self._inbox)
+        return self.scheduler.has_unfinished or bool(self._ended)
 
     # ---- stepping -------------------------------------------------------------------
     def begin_step(self) -> tuple[StepBatch, StepResult]:
         """Schedule and execute; the result's duration is modeled or measured."""
-        self._drain_inbox()
         batch = self.scheduler.schedule()
         if batch.is_empty:
             return batch, StepResult(sampled_token_ids=[], duration=0.0)

@@ -1,4 +1,5 @@
-"""SchedulerStats: the engine's figures after one step, and the step observer seam.
+"""SchedulerStats: the engine's figures after one step; EngineLimits: what it could
+ever serve; the step observer seam.
 
 Design note (vLLM v1's `SchedulerStats`): one immutable value per step carries every
 figure that the server's /metrics and live page, the cluster's load reports and the
@@ -40,6 +41,15 @@ class SchedulerStats:
     def kv_usage(self) -> float:
         """Fraction of device blocks in use (vLLM's kv_cache_usage_perc / 100)."""
         return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """The largest request an engine could ever serve: the server's edge refuses any
+    other request against these figures, without asking an engine."""
+
+    max_model_len: int
+    kv_capacity_tokens: int  # the whole device KV cache, in tokens
 
 
 class StepObserver(Protocol):

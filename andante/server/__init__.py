@@ -1,5 +1,5 @@
 """OpenAI-compatible HTTP server: SSE streaming, per-request SLOs, Prometheus metrics,
-a live page, on an engine stepped in its own thread.
+a live page, over the cluster controller and its instances (one by default).
 
 `create_app(ServeOptions(...))` builds an app; `serve(options)` runs it;
 `ServerThread(options)` runs one in the background (tests, benchmarks).

@@ -1,31 +1,22 @@
 """Turn a validated API body into an engine `Request`, or refuse it with a clear 4xx.
 
-Refused at once (DESIGN.md rule 6): an unknown model (404); an empty prompt, token ids
+Refused at once (DESIGN.md rule 7): an unknown model (404); an empty prompt, token ids
 outside the vocabulary, a prompt longer than the context or than the whole KV cache,
-a `max_tokens` that cannot fit, unsupported sampling options (400). The bounded queue
+a `max_tokens` that cannot fit, unsupported sampling options (400). The limits are the
+engines' `EngineLimits`: no engine is asked. The bounded queue
 (429) is checked by the caller, which knows how many requests are waiting.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from andante.core.request import Request
 from andante.core.sampling import SLO, SamplingParams
-from andante.engine import RequestRejected
-from andante.models.interface import IncrementalDecoder
 from andante.server.backend import Backend
 from andante.server.errors import APIError
 from andante.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
-
-
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    request: Request
-    decoder: IncrementalDecoder
-    stop: tuple[str, ...]
 
 
 def new_request_id(prefix: str) -> str:
@@ -69,7 +60,7 @@ class Admission:
     def admit(
         self, body: _Sampling, prompt_ids: list[int], max_tokens: int | None,
         request_id: str, arrival: float,
-    ) -> Admitted:
+    ) -> Request:
         field = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
         if not prompt_ids:
             raise APIError(400, f"{field}: the prompt is empty", field, "invalid_value")
@@ -77,20 +68,25 @@ class Admission:
         max_tokens = self._max_tokens(len(prompt_ids), max_tokens)
         sampling = self._sampling(body, max_tokens)
         slo = SLO() if body.slo is None else SLO(**body.slo.model_dump())
-        req = Request(request_id, prompt_ids, sampling, arrival, priority=body.priority,
-                      model=self.backend.model_name, slo=slo)
-        decoder = self.backend.tokenizer.incremental_decoder(skip_special_tokens=True)
-        return Admitted(req, decoder, body.stop_strings)
+        return Request(request_id, prompt_ids, sampling, arrival, priority=body.priority,
+                       model=self.backend.model_name, slo=slo)
 
     def _check_fits(self, field: str, num_prompt: int) -> None:
-        try:
-            self.backend.engine.scheduler.check_fits(num_prompt)
-        except RequestRejected as exc:
-            raise APIError(400, f"{field}: {exc}", field, "context_length_exceeded") from None
+        """The prompt and at least one output token fit the context and the KV cache."""
+        limits = self.backend.limits
+        if num_prompt >= limits.max_model_len:
+            problem = (f"the model's context is {limits.max_model_len} tokens (prompt + at "
+                       "least 1 output token)")
+        elif num_prompt + 1 > limits.kv_capacity_tokens:
+            problem = f"the whole KV cache holds {limits.kv_capacity_tokens}"
+        else:
+            return
+        raise APIError(400, f"{field}: prompt has {num_prompt} tokens; {problem}", field,
+                       "context_length_exceeded")
 
     def _max_tokens(self, num_prompt: int, requested: int | None) -> int:
-        model_len = self.backend.max_model_len
-        capacity = self.backend.kv_capacity_tokens
+        model_len = self.backend.limits.max_model_len
+        capacity = self.backend.limits.kv_capacity_tokens
         room = min(model_len, capacity) - num_prompt
         if requested is None:
             return room

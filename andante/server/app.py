@@ -63,9 +63,7 @@ def _install_ops_routes(app: FastAPI, state: ServerState) -> None:
         out["model"] = state.backend.model_name
         out["policy"] = state.options.policy
         out["auth"] = state.options.api_key is not None
-        cluster_stats = getattr(state.runner, "cluster_stats", None)
-        if cluster_stats is not None:
-            out["cluster"] = cluster_stats()
+        out["cluster"] = state.runner.cluster_stats()
         return out
 
     @app.get("/", response_class=HTMLResponse)

@@ -1,58 +1,150 @@
-"""Build the serving backend (engine + tokenizer) from a model path: the one function
-the server, the CLI and the tests go through.
+"""Build the serving backend from the options: the one function the server, the CLI and
+the tests go through.
 
-`model=None` loads the embedded default model (SmolLM2-135M-Instruct, on the CPU);
-a path loads that checkpoint; `"toy"` builds the byte-level toy backend
+Design note (DESIGN.md rule 6, "one way to serve"): every server is a cluster — the
+controller (andante.cluster) over `--instances N` instances, one by default. Each
+instance is an `InstanceWorker` over its own engine (its own KV cache; in-process
+instances share the loaded weights) whose outputs are this server's detokenized
+`Delta`s; it runs in a thread of this process (andante.runtime.local) or, with
+`--backend ray`, in a Ray actor built by `ray_worker` (a top-level function, so Ray can
+ship it to any node). The HTTP layer sees the runner, the tokenizer and the engines'
+`EngineLimits`, which admission checks requests against at the edge.
+
+`model=None` loads the embedded default model (SmolLM2-135M-Instruct, on the CPU); a
+path loads that checkpoint; `"toy"` builds the byte-level toy backend
 (`andante.server.toy`), which needs no weights and answers in milliseconds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from typing import Any
 
-from andante.core.clock import MonotonicClock
-from andante.engine import Engine
+from andante.cluster.ascendra import PoolMember, pool_plan
+from andante.cluster.registry import make_router
+from andante.core.clock import Clock, MonotonicClock
+from andante.core.request import Request
+from andante.engine import StepOutput
+from andante.engine.config import SchedulerConfig
+from andante.engine.stats import EngineLimits
 from andante.exec.base import Executor
 from andante.llm import build_engine
 from andante.models.interface import Tokenizer
-from andante.policies import SchedulerConfig
+from andante.runtime.clock import WallClock
+from andante.runtime.worker import HostedInstance, InstanceWorker
 from andante.server.config import TOY_MODEL, EngineOptions, ServeOptions
 from andante.server.outputs import OutputProcessor
+from andante.server.runner import ClusterRunner
 from andante.server.toy import ByteTokenizer, ToyExecutor
 
 TOY_MAX_MODEL_LEN = 4096
 GIB = 1 << 30
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Backend:
-    engine: Engine
-    tokenizer: Tokenizer
-    outputs: OutputProcessor
-    model_name: str
-    max_model_len: int
-    runner: Any = None  # a multi-instance server's runner (andante.server.cluster_runner)
+    """What the HTTP layer serves from; `clock` stamps arrivals (the instances' clock)."""
 
-    @property
-    def kv_capacity_tokens(self) -> int:
-        kv = self.engine.scheduler.kv
-        return kv.num_device_blocks * kv.block_size
+    runner: ClusterRunner
+    tokenizer: Tokenizer
+    model_name: str
+    limits: EngineLimits
+    clock: Clock
 
 
 def build_backend(options: ServeOptions) -> Backend:
-    if options.instances > 1 or options.backend == "ray":
-        from andante.server.cluster import build_cluster_backend
+    """The controller over `options.instances` in-process threads or Ray actors."""
+    router = make_router(options.router, dict(options.router_options))
+    plans = instance_plans(options)
+    build = _ray_instances if options.backend == "ray" else _local_instances
+    instances, limits, tokenizer, name, clock = build(options, plans)
+    return Backend(ClusterRunner(instances, router), tokenizer,
+                   options.served_model_name or name, limits, clock)
 
-        return build_cluster_backend(options)
-    tokenizer, executor, name, model_len = engine_parts(options.model, options.engine)
+
+def instance_plans(options: ServeOptions) -> list[PoolMember]:
+    """Roles and policies: `ascendra` splits the instances into its LP and HP pools
+    (`--policy-option lp.KEY=V` / `hp.KEY=V` reach one pool); otherwise every instance
+    runs `options.policy`."""
+    if options.router == "ascendra":
+        return pool_plan(options.instances, options.hp_instances, options.policy_options)
+    return [PoolMember("", options.policy, dict(options.policy_options))] * options.instances
+
+
+class DeltaAdapter:
+    """`OutputAdapter` of the server: incremental detokenization into `Delta`s."""
+
+    def __init__(self, tokenizer: Tokenizer, outputs: OutputProcessor) -> None:
+        self.tokenizer = tokenizer
+        self.processor = outputs
+
+    def register(self, req: Request) -> None:
+        decoder = self.tokenizer.incremental_decoder(skip_special_tokens=True)
+        self.processor.register(req.request_id, decoder, tuple(req.sampling.stop))
+
+    def outputs(self, step: StepOutput) -> list[Any]:
+        return list(self.processor.deltas(step))
+
+    def discard(self, request_id: str) -> None:
+        self.processor.discard(request_id)
+
+
+def build_worker(options: ServeOptions, index: int, clock: Clock,
+                 loaded: Any = None) -> InstanceWorker:
+    """Instance `index` of the plan, on `clock`; `loaded`: weights to share, if any."""
+    plan = instance_plans(options)[index]
+    opts = replace(options.engine, max_num_seqs=plan.batch_factor * options.engine.max_num_seqs)
+    tokenizer, executor, name, model_len = engine_parts(options.model, opts, loaded)
     outputs = OutputProcessor()
-    config = scheduler_config(options.engine, model_len)
-    engine = build_engine(
-        executor, MonotonicClock(), options.policy, config, dict(options.policy_options), outputs
-    )
-    served = options.served_model_name or name
-    return Backend(engine, tokenizer, outputs, served, config.max_model_len)
+    engine = build_engine(executor, clock, plan.policy, scheduler_config(opts, model_len),
+                          plan.policy_options, outputs)
+    return InstanceWorker(index, engine, DeltaAdapter(tokenizer, outputs), model_name=name)
+
+
+def ray_worker(options: ServeOptions, origin: float, index: int) -> InstanceWorker:
+    """The factory each Ray actor calls (it loads its own copy of the model)."""
+    return build_worker(options, index, WallClock(origin))
+
+
+_Built = tuple[list[HostedInstance], EngineLimits, Tokenizer, str, Clock]
+
+
+def _local_instances(options: ServeOptions, plans: list[PoolMember]) -> _Built:
+    from andante.runtime.local import LocalInstance
+
+    clock = MonotonicClock()
+    loaded = None
+    if options.model != TOY_MODEL:
+        from andante.models import load_model
+
+        loaded = load_model(options.model, options.engine.dtype)
+    workers = [build_worker(options, i, clock, loaded) for i in range(options.instances)]
+    instances: list[HostedInstance] = [LocalInstance(w, p.role)
+                                       for w, p in zip(workers, plans, strict=True)]
+    adapter = workers[0].adapter
+    assert isinstance(adapter, DeltaAdapter)
+    limits, name = workers[0].describe()
+    return instances, limits, adapter.tokenizer, name, clock
+
+
+def _ray_instances(options: ServeOptions, plans: list[PoolMember]) -> _Built:
+    from andante.runtime.ray_actors import RayInstance, init_ray
+
+    init_ray(options.ray_address)
+    clock = WallClock()
+    factory = functools.partial(ray_worker, options, clock.origin)
+    spread = options.ray_address != "local"
+    instances = [RayInstance(i, factory, p.role, options.max_restarts, spread)
+                 for i, p in enumerate(plans)]
+    limits, name = instances[0].describe()  # waits for its model
+    if options.model == TOY_MODEL:
+        tokenizer: Tokenizer = ByteTokenizer()
+    else:
+        from andante.models.loader import load_tokenizer
+
+        tokenizer = load_tokenizer(options.model)
+    return list[HostedInstance](instances), limits, tokenizer, name, clock
 
 
 def scheduler_config(opts: EngineOptions, model_len: int) -> SchedulerConfig:

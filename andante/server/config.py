@@ -48,7 +48,7 @@ class ServeOptions:
     max_queued: int = 256
     engine: EngineOptions = field(default_factory=EngineOptions)
     log_level: str = "info"
-    # several instances behind the cluster controller (andante.server.cluster)
+    # the instances behind the cluster controller (andante.server.backend)
     instances: int = 1
     backend: str = "inprocess"  # or "ray"
     router: str = "round-robin"

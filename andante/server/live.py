@@ -1,16 +1,16 @@
-"""Figures for the live page: the engine's snapshot and recently finished requests."""
+"""Figures for the live page: the engines' stats and recently finished requests."""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 from andante.core.clock import Clock
+from andante.engine.stats import SchedulerStats
 from andante.metrics import qoe_of, ttft
 from andante.server.outputs import Delta
-from andante.server.runner import EngineSnapshot
+from andante.server.runner import stats_dict
 
 RECENT_SECONDS = 60.0
 MAX_RECENT = 500
@@ -19,9 +19,9 @@ MAX_RECENT = 500
 class LiveStats:
     """Keeps (finish time, ttft, qoe, output tokens) of recent requests (loop thread)."""
 
-    def __init__(self, clock: Clock, snapshot: Callable[[], EngineSnapshot]) -> None:
+    def __init__(self, clock: Clock, stats: Callable[[], SchedulerStats]) -> None:
         self._clock = clock
-        self._snapshot = snapshot
+        self._stats = stats
         self._recent: deque[tuple[float, float | None, float, int]] = deque(maxlen=MAX_RECENT)
         self.num_finished = 0
 
@@ -52,7 +52,7 @@ class LiveStats:
         qoes = [q for _, _, q, _ in recent]
         return {
             "now": now,
-            "engine": asdict(self._snapshot()),
+            "engine": stats_dict(self._stats()),
             "num_in_flight": num_in_flight,
             "num_finished": self.num_finished,
             "recent": [

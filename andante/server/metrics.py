@@ -1,8 +1,8 @@
 """Prometheus metrics under `andante:`, with the meaning of vLLM's `vllm:` metrics.
 
 Histograms and counters are updated on the event loop from each step's deltas (the
-engine thread never touches them); gauges and the preemption counter are read from the
-engine's latest snapshot at scrape time by a collector. Each app has its own
+engine threads never touch them); gauges and the preemption counter are read from the
+runner's latest `SchedulerStats` at scrape time by a collector. Each app has its own
 `CollectorRegistry`, so several servers (and tests) can live in one process.
 """
 
@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from andante.engine.stats import SchedulerStats
 from andante.metrics import e2el, itls, qoe_of, ttft
 from andante.server.outputs import Delta
-from andante.server.runner import EngineSnapshot
 
 PREFIX = "andante:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -30,14 +30,14 @@ QOE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
 class _EngineCollector(Collector):
-    """Gauges (and the preemption counter) from the engine's latest snapshot."""
+    """Gauges (and the preemption counter) from the latest stats."""
 
-    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot]) -> None:
+    def __init__(self, model_name: str, stats: Callable[[], SchedulerStats]) -> None:
         self._model = model_name
-        self._snapshot = snapshot
+        self._stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        snap = self._snapshot()
+        snap = self._stats()
         gauges = (
             ("num_requests_running", "Requests in the running batch.", snap.num_running),
             ("num_requests_waiting", "Requests waiting to be scheduled.", snap.num_waiting),
@@ -56,10 +56,10 @@ class _EngineCollector(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot]) -> None:
+    def __init__(self, model_name: str, stats: Callable[[], SchedulerStats]) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_EngineCollector(model_name, snapshot))
+        self.registry.register(_EngineCollector(model_name, stats))
         self._init_histograms()
         self._init_counters()
 

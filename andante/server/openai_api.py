@@ -56,11 +56,10 @@ async def _generate(
     state: ServerState, request: Request, body: _Sampling, prompt: list[int],
     max_tokens: int | None, chat: bool,
 ) -> Response:
-    arrival = state.backend.engine.clock.now()
+    arrival = state.backend.clock.now()
     state.check_accepting()
     rid = new_request_id("chatcmpl" if chat else "cmpl")
-    admitted = state.admission.admit(body, prompt, max_tokens, rid, arrival)
-    stream = state.submit(admitted)
+    stream = state.submit(state.admission.admit(body, prompt, max_tokens, rid, arrival))
     reply = Reply(rid, chat, state.backend.model_name, len(prompt))
 
     def on_disconnect() -> None:  # the engine's "abort" delta then ends the stream
@@ -110,7 +109,7 @@ def openai_router(state: ServerState) -> APIRouter:
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": state.backend.model_name, "object": "model", "created": 0,
-            "owned_by": "andante", "max_model_len": state.backend.max_model_len,
+            "owned_by": "andante", "max_model_len": state.backend.limits.max_model_len,
         }]}
 
     return router

@@ -1,129 +1,147 @@
-"""The engine thread: steps the engine off the event loop and hands each step's output
-to the loop in one call.
+"""The server's runner: the cluster controller on the event loop.
 
-Design note (DESIGN.md §3, issue 4): the web layer never touches the scheduler. It
-submits and aborts through the engine's thread-safe inbox and wakes this thread with an
-event; when there is no work the thread sleeps on that event (no busy spin). After each
-step the thread detokenizes (`OutputProcessor`), publishes an `EngineSnapshot` (one
-reference store, read by /metrics and the live page) and, if the step produced
-anything, schedules exactly one `loop.call_soon_threadsafe(deliver, deltas)` carrying
-every request's output of that step.
+Design note (DESIGN.md §4, rule 6): the web layer talks to the runner (submit, abort,
+start, stop, stats) and every server is a cluster, of one instance by default. The
+controller lives on the asyncio loop thread, where requests arrive; every instance hands
+each of its step messages to the loop (`call_soon_threadsafe`, one call per engine step), where
+the runner delivers the step's deltas to the streams and tells the controller what
+finished and what was handed back. The controller's ownership is the truth: output for a
+request from an instance that no longer owns it (e.g. a restarted Ray actor that still
+got it after the controller re-queued it) is dropped and aborted there. When an instance
+goes down, its requests that have not streamed a token are re-queued on the others; the
+ones that have get an "error" finish (a clear 500 / SSE error), none is lost silently.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict
+from typing import Any
 
+from andante.cluster.controller import Controller
+from andante.cluster.load import total_stats
+from andante.cluster.router import Router
 from andante.core.request import Request
-from andante.engine.engine import Engine
-from andante.models.interface import IncrementalDecoder
-from andante.server.outputs import Delta, OutputProcessor
+from andante.engine.stats import SchedulerStats
+from andante.runtime.worker import HostedInstance, StepMessage
+from andante.server.outputs import Delta
 
 log = logging.getLogger("andante.server")
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSnapshot:
-    """Engine figures after a step (engine-clock seconds)."""
-
-    time: float = 0.0
-    num_running: int = 0
-    num_waiting: int = 0
-    num_swapped: int = 0
-    num_free_device_blocks: int = 0
-    num_device_blocks: int = 0
-    kv_usage: float = 0.0
-    num_preemptions: int = 0
-    num_steps: int = 0
-
 
 Deliver = Callable[[list[Delta]], None]
 OnFailure = Callable[[BaseException], None]
 
 
-class EngineRunner:
-    """Owns the engine's thread. `start(loop, deliver)` once; `stop()` to end it."""
-
-    def __init__(self, engine: Engine, outputs: OutputProcessor) -> None:
-        self.engine = engine
-        self.outputs = outputs
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+class ClusterRunner:
+    def __init__(self, instances: list[HostedInstance], router: Router) -> None:
+        self.instances = instances
+        self.controller = Controller(instances, router)
+        self.stats = self._total()  # the cluster's figures as one engine's
         self.error: BaseException | None = None
-        self.snapshot = self._take_snapshot()
+        self._started: set[str] = set()  # requests that streamed at least one token
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._deliver: Deliver | None = None
+        self._on_failure: OnFailure | None = None
 
-    # ---- any thread ---------------------------------------------------------------
-    def submit(self, req: Request, decoder: IncrementalDecoder, stop: tuple[str, ...]) -> None:
-        self.outputs.register(req.request_id, decoder, stop)
-        self.engine.submit(req)
-        self._wake.set()
+    # ---- loop thread ----------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        """Place the request (its instance detokenizes it)."""
+        self.controller.submit(req)
 
     def abort(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-        self._wake.set()
+        self.controller.abort(request_id)
 
     @property
     def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.error is None
+        return self.error is None and any(inst.alive for inst in self.instances)
 
-    # ---- lifecycle ----------------------------------------------------------------
-    def start(
-        self, loop: asyncio.AbstractEventLoop, deliver: Deliver, on_failure: OnFailure
-    ) -> None:
-        if self._thread is not None:
-            raise RuntimeError("the engine thread is already started")
-        self._thread = threading.Thread(
-            target=self._run, args=(loop, deliver, on_failure), name="andante-engine", daemon=True
-        )
-        self._thread.start()
+    def start(self, loop: asyncio.AbstractEventLoop, deliver: Deliver,
+              on_failure: OnFailure) -> None:
+        self._loop, self._deliver, self._on_failure = loop, deliver, on_failure
+
+        def post(message: StepMessage) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._on_message, message)
+
+        def on_down(index: int, exc: BaseException | None) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._on_down, index, exc)
+
+        def on_up(index: int, _: BaseException | None) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self.controller.instance_recovered, index)
+
+        for inst in self.instances:
+            inst.start(post, on_down, on_up)
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        for inst in self.instances:
+            inst.stop(timeout)
 
-    # ---- engine thread ------------------------------------------------------------
-    def _run(
-        self, loop: asyncio.AbstractEventLoop, deliver: Deliver, on_failure: OnFailure
-    ) -> None:
-        try:
-            self._loop(loop, deliver)
-        except BaseException as exc:  # the engine is broken: fail every stream, stay down
-            log.exception("engine thread failed")
-            self.error = exc
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(on_failure, exc)
+    def _on_message(self, message: StepMessage) -> None:
+        index = message.index
+        inst = self.instances[index]
+        inst.observe(message)
+        owner = self.controller.owner_of
+        deltas: list[Delta] = []
+        for delta in message.outputs:
+            if owner(delta.request_id) == index:
+                deltas.append(delta)
+                if delta.num_new_tokens:
+                    self._started.add(delta.request_id)
+                if delta.finish_reason is not None:
+                    self._started.discard(delta.request_id)
+            elif delta.finish_reason is None:
+                inst.abort(delta.request_id)  # a stray: someone else serves it now
+        if deltas and self._deliver is not None:
+            self._deliver(deltas)
+        finished = [rid for rid in message.finished_ids if owner(rid) == index]
+        handoffs = [req for req in message.handoffs if owner(req.request_id) == index]
+        self.controller.on_step(index, finished, handoffs)
+        self.stats = self._total()
 
-    def _loop(self, loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
-        engine = self.engine
-        while not self._stopping.is_set():
-            self._wake.clear()
-            if not engine.has_work:
-                self._wake.wait()
-                continue
-            out = engine.step()
-            deltas = self.outputs.deltas(out)
-            self.snapshot = self._take_snapshot()
-            if deltas and not loop.is_closed():
-                loop.call_soon_threadsafe(deliver, deltas)
+    def _on_down(self, index: int, exc: BaseException | None) -> None:
+        outcome = self.controller.instance_failed(index, self._started.__contains__)
+        log.error("instance %d is down (%s): %d request(s) re-queued, %d failed", index,
+                  exc, len(outcome.requeued), len(outcome.failed))
+        failed = [Delta(rid, "", 0, 0, finish_reason="error") for rid in outcome.failed]
+        for rid in outcome.failed:
+            self._started.discard(rid)
+        if failed and self._deliver is not None:
+            self._deliver(failed)
+        if not any(inst.alive or inst.restartable for inst in self.instances):
+            self.error = exc or RuntimeError("every instance is down")
+            self.controller.queue.clear()
+            if self._on_failure is not None:
+                self._on_failure(self.error)  # every open stream ends with an error
 
-    def _take_snapshot(self) -> EngineSnapshot:
-        sched = self.engine.scheduler
-        kv = sched.kv
-        return EngineSnapshot(
-            time=self.engine.clock.now(),
-            num_running=sched.num_running,
-            num_waiting=sched.num_waiting,
-            num_swapped=sched.num_swapped,
-            num_free_device_blocks=kv.num_free_device_blocks,
-            num_device_blocks=kv.num_device_blocks,
-            kv_usage=kv.usage,
-            num_preemptions=sched.num_preemptions,
-            num_steps=self.engine.num_steps,
-        )
+    # ---- figures --------------------------------------------------------------------
+    def _total(self) -> SchedulerStats:
+        return total_stats([inst.load().stats for inst in self.instances],
+                           len(self.controller.queue))
+
+    def cluster_stats(self) -> dict[str, Any]:
+        """Per-instance load reports and the router's counters (for /api/stats)."""
+        router = self.controller.router
+        return {
+            "router": router.name,
+            "instances": [_instance_stats(inst) for inst in self.instances],
+            "queued": len(self.controller.queue),
+            "handoffs": self.controller.num_handoffs,
+            "requeued": self.controller.num_requeued,
+            **{name: getattr(router, name) for name in ("num_ticketed", "num_offloads")
+               if hasattr(router, name)},
+        }
+
+
+def _instance_stats(inst: HostedInstance) -> dict[str, Any]:
+    load = inst.load()
+    return {"index": inst.index, "role": inst.role, "alive": inst.alive,
+            **asdict(load), "stats": stats_dict(load.stats)}
+
+
+def stats_dict(stats: SchedulerStats) -> dict[str, Any]:
+    """The stats as JSON (with the KV usage)."""
+    return {**asdict(stats), "kv_usage": stats.kv_usage}

@@ -6,14 +6,14 @@ import asyncio
 import math
 from dataclasses import dataclass
 
-from andante.server.admission import Admission, Admitted
+from andante.core.request import Request
+from andante.server.admission import Admission
 from andante.server.backend import Backend
-from andante.server.cluster_runner import ClusterRunner
 from andante.server.config import ServeOptions
 from andante.server.errors import APIError
 from andante.server.live import LiveStats
 from andante.server.metrics import ServerMetrics
-from andante.server.runner import EngineRunner
+from andante.server.runner import ClusterRunner
 from andante.server.streams import RequestStream, StreamHub
 
 
@@ -21,7 +21,7 @@ from andante.server.streams import RequestStream, StreamHub
 class ServerState:
     options: ServeOptions
     backend: Backend
-    runner: EngineRunner | ClusterRunner
+    runner: ClusterRunner
     hub: StreamHub
     metrics: ServerMetrics
     live: LiveStats
@@ -29,10 +29,10 @@ class ServerState:
 
     @classmethod
     def create(cls, options: ServeOptions, backend: Backend) -> ServerState:
-        runner = backend.runner or EngineRunner(backend.engine, backend.outputs)
+        runner = backend.runner
         hub = StreamHub()
-        metrics = ServerMetrics(backend.model_name, lambda: runner.snapshot)
-        live = LiveStats(backend.engine.clock, lambda: runner.snapshot)
+        metrics = ServerMetrics(backend.model_name, lambda: runner.stats)
+        live = LiveStats(backend.clock, lambda: runner.stats)
         hub.add_observer(metrics.observe)
         hub.add_observer(live.observe)
         return cls(options, backend, runner, hub, metrics, live, Admission(backend))
@@ -63,10 +63,9 @@ class ServerState:
             return 1
         return max(1, min(60, math.ceil(queued / rate)))
 
-    def submit(self, admitted: Admitted) -> RequestStream:
-        req = admitted.request
+    def submit(self, req: Request) -> RequestStream:
         stream = self.hub.open(req.request_id, req.num_prompt_tokens)
-        self.runner.submit(req, admitted.decoder, admitted.stop)
+        self.runner.submit(req)
         return stream
 
     def abort(self, request_id: str) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from andante.cluster.ascendra import pool_plan
 from andante.cluster.controller import Controller
 from andante.cluster.registry import make_router
 from andante.cluster.router import Router
@@ -88,18 +89,15 @@ class ClusterSpec:
 
 
 def with_router(spec: ClusterSpec, router: str, num_hp: int = 1) -> ClusterSpec:
-    """`spec` behind `router`; "ascendra" splits its instances into LP and HP pools
-    (the last `num_hp` are HP, with a 4x batch cap for the elastic batch)."""
+    """`spec` behind `router`; "ascendra" splits its instances into the LP and HP pools
+    of `andante.cluster.ascendra.pool_plan`."""
     if router != "ascendra":
         return dataclasses.replace(spec, router=router)
-    n = spec.num_instances
-    if not 1 <= num_hp < n:
-        raise ValueError(f"router 'ascendra' needs 1 <= hp instances < {n}, got {num_hp}")
-    lp = InstanceSpec("lp", "ascendra-lp", {}, spec.scheduler)
-    hp = InstanceSpec("hp", "ascendra-hp", {}, dataclasses.replace(
-        spec.scheduler, max_num_seqs=4 * spec.scheduler.max_num_seqs))
-    return dataclasses.replace(spec, router=router, num_instances=1,
-                               instances=(lp,) * (n - num_hp) + (hp,) * num_hp)
+    seqs = spec.scheduler.max_num_seqs
+    members = tuple(InstanceSpec(m.role, m.policy, m.policy_options, dataclasses.replace(
+        spec.scheduler, max_num_seqs=m.batch_factor * seqs))
+        for m in pool_plan(spec.num_instances, num_hp))
+    return dataclasses.replace(spec, router=router, num_instances=1, instances=members)
 
 
 def build_cost_model(spec: ClusterSpec) -> CostModel:

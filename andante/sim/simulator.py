@@ -94,7 +94,7 @@ class SimInstance(LaterOperations):
         key = (now, self.stats.num_steps, self.host.num_received,
                len(self.engine.scheduler.requests))
         if self._report is None or self._report[0] != key:
-            self._report = (key, self.host.report(now))
+            self._report = (key, self.host.report())
         return self._report[1]
 
     # ---- stepping -------------------------------------------------------------------

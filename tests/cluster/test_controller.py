@@ -3,8 +3,13 @@ from __future__ import annotations
 import pytest
 
 from andante.cluster import Controller, UnsupportedOperation
+from andante.cluster.instance import BASIC_CAPABILITIES, Instance
 from andante.cluster.router import RoundRobinRouter
+from andante.server.backend import build_backend
+from andante.sim import ClusterSpec
+from andante.sim.setup import build_simulator
 from tests.cluster.fakes import FakeInstance, request
+from tests.server.helpers import toy_options
 
 
 class HoldingRouter(RoundRobinRouter):
@@ -75,12 +80,19 @@ def test_dead_instance_requeues_unstarted_requests_and_fails_started_ones() -> N
     assert ctl.owner_of("r5") == 0
 
 
-def test_later_operations_are_declared_seams() -> None:
-    ctl, insts = _cluster(1)
-    assert "swap_model" not in insts[0].capabilities
-    with pytest.raises(UnsupportedOperation):
-        insts[0].swap_model("other")
-    with pytest.raises(UnsupportedOperation):
-        insts[0].drop_layers([0, 1])
+@pytest.mark.parametrize("make", ["sim", "local"])
+def test_real_instances_offer_only_the_basic_operations(make: str) -> None:
+    """The instances the simulator and the server run (not a fake) advertise exactly
+    the operations they implement and refuse the later ones clearly."""
+    inst: Instance = (build_simulator(ClusterSpec()).instances[0] if make == "sim"
+                      else build_backend(toy_options()).runner.instances[0])
+    assert inst.capabilities == BASIC_CAPABILITIES
+    for operation in (lambda: inst.swap_model("other"), lambda: inst.drop_layers([0, 1]),
+                      inst.restore_layers):
+        with pytest.raises(UnsupportedOperation, match=type(inst).__name__):
+            operation()
+
+
+def test_instance_indices_must_count_from_zero() -> None:
     with pytest.raises(ValueError, match="indices"):
         Controller([FakeInstance(1)], RoundRobinRouter())

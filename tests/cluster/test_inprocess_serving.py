@@ -7,9 +7,10 @@ import asyncio
 import httpx
 import pytest
 
+from andante.runtime.local import LocalInstance
 from andante.server import ServerThread
-from andante.server.cluster import instance_plans
-from andante.server.cluster_runner import ClusterRunner
+from andante.server.backend import instance_plans
+from andante.server.runner import ClusterRunner
 from tests.cluster.serving import cluster_options, stream_many
 
 
@@ -45,7 +46,9 @@ def test_a_failed_instance_requeues_waiting_requests_and_fails_started_ones() ->
     with ServerThread(cluster_options(2, step_time=0.01, max_num_seqs=2)) as srv:
         runner = srv.state.runner
         assert isinstance(runner, ClusterRunner)
-        broken = runner.instances[0].worker.engine.executor
+        local = runner.instances[0]
+        assert isinstance(local, LocalInstance)
+        broken = local.worker.engine.executor
         steps = {"n": 0}
         execute = broken.execute
 
@@ -55,7 +58,7 @@ def test_a_failed_instance_requeues_waiting_requests_and_fails_started_ones() ->
                 raise RuntimeError("GPU fell off the bus")
             return execute(batch)
 
-        broken.execute = failing
+        broken.execute = failing  # type: ignore[method-assign]
         outcomes = asyncio.run(stream_many(srv.url, 8, 30, asyncio.Event()))
         done = [o for o in outcomes if o.finish == "length"]
         failed = [o for o in outcomes if o.error]

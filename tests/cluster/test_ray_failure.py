@@ -13,8 +13,9 @@ import time
 import httpx
 import pytest
 
+from andante.runtime.ray_actors import RayInstance
 from andante.server import ServerThread
-from andante.server.cluster_runner import ClusterRunner
+from andante.server.runner import ClusterRunner
 from tests.cluster.serving import cluster_options, stream_many
 
 ray = pytest.importorskip("ray")
@@ -51,6 +52,7 @@ def test_killing_an_actor_mid_run_loses_no_request(ray_server: ServerThread) -> 
     runner = ray_server.state.runner
     assert isinstance(runner, ClusterRunner)
     victim = runner.instances[0]
+    assert isinstance(victim, RayInstance)
 
     async def scenario() -> list:  # type: ignore[type-arg]
         started = asyncio.Event()

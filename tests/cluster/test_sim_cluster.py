@@ -43,7 +43,7 @@ def test_load_reports_predict_a_drain_time() -> None:
     sim.run(requests, until=0.03)
     reports = [inst.load() for inst in sim.instances]
     assert all(r.drain_time > 0 and r.num_received == 20 for r in reports)
-    assert all(r.num_requests == 20 and 0 < r.kv_usage < 1 for r in reports)
+    assert all(r.stats.num_requests == 20 and 0 < r.stats.kv_usage < 1 for r in reports)
 
 
 def test_migrating_a_waiting_request_moves_it() -> None:

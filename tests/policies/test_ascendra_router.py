@@ -5,7 +5,7 @@ from __future__ import annotations
 from andante.cluster import Controller, make_router
 from andante.cluster.ascendra import AscendraRouter
 from andante.cluster.load import LoadReport
-from tests.cluster.fakes import FakeInstance, request
+from tests.cluster.fakes import FakeInstance, load_report, request
 
 
 def _cluster(hp_load: LoadReport) -> tuple[Controller, list[FakeInstance]]:
@@ -15,7 +15,7 @@ def _cluster(hp_load: LoadReport) -> tuple[Controller, list[FakeInstance]]:
 
 def test_ticket_conditions() -> None:
     router = AscendraRouter(capacity=128)
-    idle = LoadReport(num_running=10, kv_usage=0.5, max_num_seqs=512)
+    idle = load_report(num_running=10, kv_usage=0.5, max_num_seqs=512)
     ctl, _ = _cluster(idle)
     hp = ctl.slots[2]
     assert router.has_ticket(hp)
@@ -27,7 +27,7 @@ def test_ticket_conditions() -> None:
 
 
 def test_one_outstanding_ticket_then_lp_round_robin() -> None:
-    ctl, insts = _cluster(LoadReport(num_running=3))
+    ctl, insts = _cluster(load_report(num_running=3))
     for i in range(4):
         ctl.submit(request(f"r{i}"))
     # the first goes to the idle HP; it is then in transit (not yet reported), so the
@@ -45,8 +45,8 @@ def test_one_outstanding_ticket_then_lp_round_robin() -> None:
 
 
 def test_offloads_go_to_the_shortest_hp_queue() -> None:
-    insts = [FakeInstance(0, "lp"), FakeInstance(1, "hp", LoadReport(num_waiting=5)),
-             FakeInstance(2, "hp", LoadReport(num_waiting=1))]
+    insts = [FakeInstance(0, "lp"), FakeInstance(1, "hp", load_report(num_waiting=5)),
+             FakeInstance(2, "hp", load_report(num_waiting=1))]
     ctl = Controller(insts, AscendraRouter(tickets=False))
     ctl.submit(request("a"))
     ctl.on_step(0, handoffs=[insts[0].submitted[0]])

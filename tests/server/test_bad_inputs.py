@@ -69,8 +69,8 @@ def test_server_still_serves_after_bad_requests(server: ServerThread) -> None:
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "ok", "max_tokens": 4})
     assert r.status_code == 200
     assert r.json()["usage"]["completion_tokens"] == 4
-    snap = server.state.runner.snapshot
-    assert snap.num_free_device_blocks == snap.num_device_blocks
+    snap = server.state.runner.stats
+    assert snap.num_free_blocks == snap.num_blocks
 
 
 def test_prompt_larger_than_kv_cache_is_refused() -> None:

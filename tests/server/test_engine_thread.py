@@ -1,4 +1,5 @@
-"""The engine thread: one hand-off per step, no busy spin when idle, stop strings."""
+"""The runner of a one-instance server (a cluster of one): one hand-off per step, no
+busy spin when idle, stop strings, an engine failure ends every stream."""
 
 from __future__ import annotations
 
@@ -6,20 +7,22 @@ import asyncio
 import time
 
 from andante.core import Request, SamplingParams
-from andante.core.clock import MonotonicClock
-from andante.llm import build_engine
-from andante.policies import SchedulerConfig
-from andante.server.outputs import Delta, OutputProcessor
-from andante.server.runner import EngineRunner
-from andante.server.toy import TOY_TEXT, ByteTokenizer, ToyExecutor
+from andante.runtime.local import LocalInstance
+from andante.server.backend import build_backend
+from andante.server.outputs import Delta
+from andante.server.runner import ClusterRunner
+from andante.server.toy import TOY_TEXT, ByteTokenizer
+from tests.server.helpers import toy_options
 
 
-def _runner(step_time: float = 0.001) -> EngineRunner:
-    outputs = OutputProcessor()
-    engine = build_engine(ToyExecutor(step_time=step_time), MonotonicClock(), "vllm",
-                          SchedulerConfig(max_model_len=512, max_num_batched_tokens=512),
-                          None, outputs)
-    return EngineRunner(engine, outputs)
+def _runner(step_time: float = 0.001) -> ClusterRunner:
+    return build_backend(toy_options(toy_step_time=step_time)).runner
+
+
+def _engine_steps(runner: ClusterRunner) -> int:
+    inst = runner.instances[0]
+    assert isinstance(inst, LocalInstance)
+    return inst.worker.engine.num_steps
 
 
 def _request(rid: str, max_tokens: int, stop: tuple[str, ...] = ()) -> Request:
@@ -38,12 +41,11 @@ def test_one_hand_off_per_step_carries_every_request() -> None:
                 done.set()
 
         runner.start(asyncio.get_running_loop(), deliver, lambda exc: None)
-        tokenizer = ByteTokenizer()
         for i in range(5):
-            runner.submit(_request(f"r{i}", 8), tokenizer.incremental_decoder(), ())
+            runner.submit(_request(f"r{i}", 8))
         await asyncio.wait_for(done.wait(), 10)
         runner.stop()
-        return calls, runner.snapshot.num_steps
+        return calls, runner.stats.num_steps
 
     calls, num_steps = asyncio.run(main())
     assert len(calls) <= num_steps
@@ -61,10 +63,10 @@ def test_idle_engine_thread_sleeps() -> None:
         runner = _runner()
         runner.start(asyncio.get_running_loop(), lambda d: None, lambda exc: None)
         await asyncio.sleep(0.05)
-        steps = runner.engine.num_steps
+        steps = _engine_steps(runner)
         cpu = time.thread_time()
         await asyncio.sleep(0.3)
-        assert runner.engine.num_steps == steps == 0
+        assert _engine_steps(runner) == steps == 0
         assert runner.is_alive
         runner.stop()
         assert not runner.is_alive
@@ -85,8 +87,7 @@ def test_stop_string_truncates_and_holds_back() -> None:
                 done.set()
 
         runner.start(asyncio.get_running_loop(), deliver, lambda exc: None)
-        runner.submit(_request("s", 100, ("brown", "lazy")), ByteTokenizer().incremental_decoder(),
-                      ("brown", "lazy"))
+        runner.submit(_request("s", 100, ("brown", "lazy")))
         await asyncio.wait_for(done.wait(), 10)
         runner.stop()
         return got
@@ -107,19 +108,17 @@ def test_byte_decoder_waits_for_whole_characters() -> None:
 
 
 def test_engine_failure_ends_every_stream() -> None:
-    class Broken(ToyExecutor):
-        def execute(self, batch):  # type: ignore[no-untyped-def]
-            raise RuntimeError("boom")
+    def boom(batch: object) -> None:
+        raise RuntimeError("boom")
 
     async def main() -> None:
-        outputs = OutputProcessor()
-        engine = build_engine(Broken(), MonotonicClock(), "vllm",
-                              SchedulerConfig(max_model_len=512, max_num_batched_tokens=512),
-                              None, outputs)
-        runner = EngineRunner(engine, outputs)
+        runner = _runner()
+        inst = runner.instances[0]
+        assert isinstance(inst, LocalInstance)
+        inst.worker.engine.executor.execute = boom  # type: ignore[method-assign,assignment]
         failed = asyncio.Event()
         runner.start(asyncio.get_running_loop(), lambda d: None, lambda exc: failed.set())
-        runner.submit(_request("x", 4), ByteTokenizer().incremental_decoder(), ())
+        runner.submit(_request("x", 4))
         await asyncio.wait_for(failed.wait(), 5)
         assert not runner.is_alive and isinstance(runner.error, RuntimeError)
 

@@ -35,13 +35,13 @@ def _read_until(sock: socket.socket, marker: bytes, limit: int = 1 << 20) -> byt
 def test_disconnect_mid_stream_frees_kv_blocks() -> None:
     with toy_server(toy_step_time=0.01) as srv:
         runner = srv.state.runner
-        total = runner.snapshot.num_device_blocks
+        total = runner.stats.num_blocks
         sock = _raw_stream_request(srv.url, max_tokens=2000)
         _read_until(sock, b"data: ")  # streaming has begun
-        wait_for(lambda: runner.snapshot.num_free_device_blocks < total)
+        wait_for(lambda: runner.stats.num_free_blocks < total)
         sock.close()
-        wait_for(lambda: runner.snapshot.num_free_device_blocks == total, timeout=5)
-        assert runner.snapshot.num_running == 0
+        wait_for(lambda: runner.stats.num_free_blocks == total, timeout=5)
+        assert runner.stats.num_running == 0
         assert srv.state.hub.num_in_flight == 0
         assert 'finished_reason="abort"' in httpx.get(srv.url + "/metrics").text
 
@@ -52,13 +52,13 @@ def test_disconnect_while_queued_aborts_the_request() -> None:
         first = _raw_stream_request(srv.url, max_tokens=300)
         _read_until(first, b"data: ")
         queued = _raw_stream_request(srv.url, max_tokens=300)
-        wait_for(lambda: runner.snapshot.num_waiting == 1)
+        wait_for(lambda: runner.stats.num_waiting == 1)
         queued.close()
-        wait_for(lambda: runner.snapshot.num_waiting == 0, timeout=5)
+        wait_for(lambda: runner.stats.num_waiting == 0, timeout=5)
         assert srv.state.hub.num_in_flight == 1
         first.close()
-        wait_for(lambda: runner.snapshot.num_free_device_blocks
-                 == runner.snapshot.num_device_blocks)
+        wait_for(lambda: runner.stats.num_free_blocks
+                 == runner.stats.num_blocks)
 
 
 def test_non_streaming_disconnect_aborts() -> None:
@@ -67,8 +67,8 @@ def test_non_streaming_disconnect_aborts() -> None:
             httpx.post(srv.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2000},
                        timeout=0.3)
         runner = srv.state.runner
-        wait_for(lambda: runner.snapshot.num_running == 0 and srv.state.hub.num_in_flight == 0)
-        assert runner.snapshot.num_free_device_blocks == runner.snapshot.num_device_blocks
+        wait_for(lambda: runner.stats.num_running == 0 and srv.state.hub.num_in_flight == 0)
+        assert runner.stats.num_free_blocks == runner.stats.num_blocks
 
 
 def test_fifty_concurrent_streams_complete() -> None:

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from andante.cluster.instance import BASIC_CAPABILITIES, LaterOperations
 from andante.cluster.load import LoadReport
-from andante.cluster.worker import InstanceWorker, StepMessage
 from andante.core.request import Request
+from andante.runtime.worker import InstanceWorker, OnChange, Post, StepMessage
 
 log = logging.getLogger("andante.cluster")
 
-Post = Callable[[StepMessage], None]
-OnDown = Callable[[int, BaseException | None], None]
 IDLE_WAIT_S = 0.5
 
 
@@ -54,12 +52,17 @@ class LocalInstance(LaterOperations):
     def load(self) -> LoadReport:
         return self._report
 
+    @property
+    def restartable(self) -> bool:
+        return False
+
     def observe(self, message: StepMessage) -> None:
         """Keep the latest report (called with each message, on the controller side)."""
         self._report = message.load
 
     # ---- lifecycle ----------------------------------------------------------------
-    def start(self, post: Post, on_down: OnDown) -> None:
+    def start(self, post: Post, on_down: OnChange, on_up: OnChange | None = None) -> None:
+        """Run the stepping thread (`on_up` is never called: it does not restart)."""
         if self._thread is not None:
             raise RuntimeError(f"instance {self.index} is already started")
         self._thread = threading.Thread(target=self._run, args=(post, on_down),
@@ -72,7 +75,7 @@ class LocalInstance(LaterOperations):
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _run(self, post: Post, on_down: OnDown) -> None:
+    def _run(self, post: Post, on_down: OnChange) -> None:
         try:
             while not self._stopping.is_set():
                 message = self.worker.step(IDLE_WAIT_S)

@@ -1,28 +1,31 @@
 """The instance worker: one engine stepped by one thread, talking in step messages.
 
-Design note (DESIGN.md §4, issue 7): the in-process backend (`LocalInstance`) and the
-Ray backend (`RayInstance`) run the same worker; only the transport differs. Requests,
-aborts and withdrawals arrive from the controller's thread through a thread-safe inbox
-and are applied at the next step boundary, in order, by the thread that steps the
-engine. Each `step()` returns one `StepMessage` carrying everything that step produced:
-the per-request outputs (the server's detokenized deltas: all of the step's tokens), the
-requests that finished, the requests handed back (withdrawn, or picked by a `HandsOff`
-policy such as Ascendra's LP offload) and the instance's load report. A Ray actor sends
-it back as one reply, so there is one message per engine step.
+Design note (DESIGN.md §4): the in-process backend (`LocalInstance`) and the Ray
+backend (`RayInstance`) run the same worker; only the transport differs. Requests,
+aborts and withdrawals arrive from the controller's thread through the worker's inbox
+(the instance's only thread-safe one) and are applied at the next step boundary, in
+order, by the thread that steps the engine. Each `step()` returns one `StepMessage`
+carrying everything that step produced: the per-request outputs (the server's
+detokenized deltas: all of the step's tokens), the requests that finished, the requests
+handed back (withdrawn, or picked by a `HandsOff` policy such as Ascendra's LP offload)
+and the instance's load report (the engine's `SchedulerStats` of the step plus the
+cluster's figures). A Ray actor sends it back as one reply: one message per step.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from andante.cluster.host import EngineHost
+from andante.cluster.instance import Instance
 from andante.cluster.load import LoadReport
 from andante.core.request import Request
 from andante.engine.engine import Engine, StepOutput
+from andante.engine.stats import EngineLimits
 from andante.exec.batch import StepBatch, StepResult
 
 
@@ -63,6 +66,26 @@ class StepMessage:
     handoffs: list[Request] = field(default_factory=list)
     load: LoadReport = field(default_factory=LoadReport)
     stepped: bool = False
+
+
+Post = Callable[[StepMessage], None]
+OnChange = Callable[[int, BaseException | None], None]  # (instance index, the cause)
+
+
+class HostedInstance(Instance, Protocol):
+    """An instance whose worker runs on a thread or in an actor. `start` once: each step
+    message goes to `post`; `on_down` / `on_up` when it fails / comes back (restarted).
+    `observe` keeps the message's load report (the runner's thread); `restartable`:
+    it may still come back after going down."""
+
+    @property
+    def restartable(self) -> bool: ...
+
+    def start(self, post: Post, on_down: OnChange, on_up: OnChange) -> None: ...
+
+    def stop(self, timeout: float = 10.0) -> None: ...
+
+    def observe(self, message: StepMessage) -> None: ...
 
 
 class InstanceWorker:
@@ -140,17 +163,15 @@ class InstanceWorker:
         elif finished:
             outputs = self.adapter.outputs(_only_finished(finished))
         return StepMessage(self.index, outputs, [r.request_id for r in finished], handoffs,
-                           self.host.report(self.engine.clock.now()), stepped)
+                           self.host.report(), stepped)
 
     def load(self) -> LoadReport:
         """A report taken now (stepping thread, or while the worker is stopped)."""
-        return self.host.report(self.engine.clock.now())
+        return self.host.report()
 
-    def describe(self) -> tuple[int, int, Any, str]:
-        """(device KV blocks, host KV blocks, scheduler config, model name)."""
-        scheduler = self.engine.scheduler
-        kv = scheduler.kv
-        return kv.num_device_blocks, kv.host.num_blocks, scheduler.config, self.model_name
+    def describe(self) -> tuple[EngineLimits, str]:
+        """What the engine could ever serve, and the model's name."""
+        return self.engine.limits(), self.model_name
 
 
 def _only_finished(finished: list[Request]) -> StepOutput:

@@ -1,6 +1,6 @@
 """Ray actors as instances: the multi-node backend (optional extra `andante[ray]`).
 
-Design note (DESIGN.md §4, issue 7): one actor per instance runs the same
+Design note (DESIGN.md §4): one actor per instance runs the same
 `InstanceWorker` as the in-process backend. A driver-side pump thread per instance
 calls the actor's `step` in a loop; each call returns one `StepMessage`, so there is one
 Ray message per engine step carrying all of that step's tokens. Requests, aborts and
@@ -26,14 +26,13 @@ from typing import Any
 
 from andante.cluster.instance import BASIC_CAPABILITIES, LaterOperations
 from andante.cluster.load import LoadReport
-from andante.cluster.worker import InstanceWorker, StepMessage
 from andante.core.request import Request
+from andante.engine.stats import EngineLimits
+from andante.runtime.worker import InstanceWorker, OnChange, Post, StepMessage
 
 log = logging.getLogger("andante.cluster")
 
 WorkerFactory = Callable[[int], InstanceWorker]  # must be picklable (a top-level function)
-Post = Callable[[StepMessage], None]
-OnChange = Callable[[int, BaseException | None], None]
 IDLE_WAIT_S = 0.5
 RESTART_POLL_S = 0.2
 
@@ -64,7 +63,7 @@ def _actor_class() -> Any:
             return os.getpid()
 
         @ray.method(concurrency_group="control")
-        def describe(self) -> tuple[int, int, Any, str]:
+        def describe(self) -> tuple[EngineLimits, str]:
             return self.worker.describe()
 
         @ray.method(concurrency_group="control")
@@ -126,9 +125,13 @@ class RayInstance(LaterOperations):
     def load(self) -> LoadReport:
         return self._report
 
-    def describe(self) -> tuple[int, int, Any, str]:
-        """The actor's KV size, scheduler config and model (waits for it to be built)."""
-        result: tuple[int, int, Any, str] = self._ray.get(self.actor.describe.remote())
+    @property
+    def restartable(self) -> bool:
+        return not self.dead
+
+    def describe(self) -> tuple[EngineLimits, str]:
+        """The actor's engine limits and model (waits for it to be built)."""
+        result: tuple[EngineLimits, str] = self._ray.get(self.actor.describe.remote())
         return result
 
     def observe(self, message: StepMessage) -> None:
