@@ -19,8 +19,11 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerThread]:
+    # float32: bfloat16's greedy answer to a near-tie depends on the CPU's GEMM kernels
+    # (the same prompt answered "Paris" on one machine and "Le Grand Château" on
+    # another); this test is about serving the real model, so it uses exact arithmetic.
     options = ServeOptions(port=0, log_level="warning", engine=EngineOptions(
-        max_model_len=1024, kv_cache_gib=0.25, swap_space_gib=0.0))
+        max_model_len=1024, kv_cache_gib=0.25, swap_space_gib=0.0, dtype="float32"))
     with ServerThread(options) as srv:
         yield srv
 
@@ -33,9 +36,6 @@ def client(server: ServerThread) -> openai.OpenAI:
 def test_chat_answers_with_the_real_model(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(
         model="smollm2-135m", temperature=0, max_tokens=20,
-        # "What is the capital of France?" is a near tie for this model: in float32 the
-        # logits of "The" and "L" differ by 0.1, below bfloat16's rounding, so bf16
-        # runs (transformers' included) may go either way. This phrasing has a margin.
         messages=[{"role": "user", "content": "Which city is the capital of France?"}])
     assert "Paris" in (out.choices[0].message.content or "")
     assert out.choices[0].finish_reason == "stop"  # <|im_end|> ends the answer
