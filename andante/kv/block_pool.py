@@ -36,11 +36,6 @@ class BlockPool:
         taken.reverse()
         return taken
 
-    def allocate_one(self) -> int:
-        if not self._free_ids:
-            raise OutOfBlocksError(f"{self.name}: no free block")
-        return self._free_ids.pop()
-
     def free(self, block_ids: list[int]) -> None:
         self._free_ids.extend(reversed(block_ids))
 

@@ -99,7 +99,7 @@ def preempt_for(plan: StepPlan, req: Request, victims: list[Request]) -> bool:
     n = req.num_uncomputed_tokens
     preemptable = [v for v in victims if plan.can_preempt(v, PreemptionMode.RECOMPUTE)]
     reclaimable = sum(plan.num_blocks_of(v) for v in preemptable)
-    reserve = plan.blocks_needed(req, n) + int(plan.config.watermark * plan.num_total_blocks)
+    reserve = plan.blocks_needed(req, n) + plan.watermark_blocks
     if plan.seq_budget < 1 or plan.token_budget < n:
         return False
     if not plan.has_seq_room and not preemptable:

@@ -57,13 +57,9 @@ class StepChoice:
         return self.seq_budget >= 1 and num_tokens <= self.token_budget
 
 
-def watermark_blocks(plan: StepPlan) -> int:
-    return int(plan.config.watermark * plan.num_total_blocks)
-
-
 def device_capacity(plan: StepPlan, order: Sequence[Request]) -> int:
     """Device blocks the places may use (batches in a pipeline keep theirs)."""
-    capacity = plan.num_total_blocks - watermark_blocks(plan)
+    capacity = plan.num_total_blocks - plan.watermark_blocks
     if plan.in_flight_ids:
         capacity -= sum(plan.num_blocks_of(r) for r in order if plan.is_in_flight(r))
     return capacity
