@@ -148,10 +148,11 @@ class StepPlan:
             return False
         return mode != PreemptionMode.SWAP or self._kv.can_swap_out(rid)
 
-    def can_swap_in(self, req: Request) -> bool:
+    def can_swap_in(self, req: Request, num_tokens: int = 0) -> bool:
+        """Could the swapped request come back (with room to advance `num_tokens`)?"""
         if req.status != _SWAPPED or req.request_id in self._swapped_in_ids:
             return False
-        return self._kv.can_swap_in(req.request_id)
+        return self._kv.can_swap_in(req.request_id, self.blocks_needed(req, num_tokens))
 
     def preemption_mode_for(self, req: Request) -> PreemptionMode:
         """The configured mode, falling back to recompute when the host tier is full."""
@@ -192,26 +193,31 @@ class StepPlan:
         )
         kv = self._kv
         block_size, blocks_of = kv.block_size, kv.num_device_blocks_of
-        append_req, append_n = self.scheduled.append, self.num_scheduled_tokens.append
-        for index in range(start, len(order)):
+        end = min(len(order), start + max(0, min(self.seq_budget, self.token_budget)))
+        index = start
+        while index < end:
             req = order[index]
             rid = req.request_id
-            if self.seq_budget < 1 or self.token_budget < 1 or req.status != _RUNNING:
-                return index
-            if rid in scheduled_ids or rid in preempted_ids or rid in in_flight:
-                return index
+            if req.status != _RUNNING or rid in scheduled_ids or rid in preempted_ids:
+                break
+            if rid in in_flight:
+                break
             computed = req.num_computed_tokens
             if req.num_tokens - computed != 1:
-                return index
+                break
             crosses_block = -(-(computed + 1) // block_size) > blocks_of(rid)
             if crosses_block and kv.allocate_slots(rid, computed + 1) is None:
-                return index
-            self.token_budget -= 1
-            self.seq_budget -= 1
-            scheduled_ids.add(rid)
-            append_req(req)
-            append_n(1)
-        return len(order)
+                break
+            index += 1
+        count = index - start
+        if count:
+            added = order[start:index]
+            self.token_budget -= count
+            self.seq_budget -= count
+            scheduled_ids.update(r.request_id for r in added)
+            self.scheduled += added
+            self.num_scheduled_tokens += [1] * count
+        return index
 
     def preempt(self, req: Request, mode: PreemptionMode) -> None:
         """Pause a running request, freeing its device blocks now (to the host tier

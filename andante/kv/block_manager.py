@@ -95,7 +95,10 @@ class KVBlockManager:
     # ---- allocation -----------------------------------------------------------------
     def num_new_blocks_needed(self, request_id: str, num_total_tokens: int) -> int:
         """Blocks to add so the request's KV covers `num_total_tokens`."""
-        return max(0, -(-num_total_tokens // self.block_size) - self.num_blocks_of(request_id))
+        table = self._device_tables.get(request_id)  # inlined: the simulator's hot path
+        if table is None:
+            table = self._host_tables.get(request_id, [])
+        return max(0, -(-num_total_tokens // self.block_size) - len(table))
 
     def num_free_blocks_for(self, request_id: str) -> int:
         """Device blocks the request may take: an admission (a request holding no KV)
@@ -112,11 +115,22 @@ class KVBlockManager:
     def allocate_slots(self, request_id: str, num_total_tokens: int) -> list[int] | None:
         """Grow (or create) the request's device table to cover `num_total_tokens`;
         returns the new block ids, or None (nothing allocated) if they do not fit."""
-        if request_id in self._host_tables or not self.can_allocate(request_id, num_total_tokens):
+        table = self._device_tables.get(request_id)
+        if table is None:  # an admission, or a swapped request (it must swap in first)
+            if request_id in self._host_tables:
+                return None
+            need = self.num_blocks_for(num_total_tokens)
+            if need > self.device.num_free - self.watermark_blocks:
+                return None
+            return self.allocate(request_id, num_total_tokens)
+        missing = -(-num_total_tokens // self.block_size) - len(table)
+        if missing <= 0:
+            return []
+        if missing > self.device.num_free:
             return None
-        if request_id in self._device_tables:
-            return self.append_slots(request_id, num_total_tokens)
-        return self.allocate(request_id, num_total_tokens)
+        new = self.device.allocate(missing)
+        table.extend(new)
+        return new
 
     def allocate(self, request_id: str, num_tokens: int) -> list[int]:
         """Give a request with no KV a device table covering `num_tokens`."""

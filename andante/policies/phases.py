@@ -1,10 +1,17 @@
-"""Building blocks shared by the vLLM-style policies (admit, decode, swap in, preempt).
+"""The loops every vLLM-style policy is built from: admit, advance with preemption from
+the back, swap in, and preempt for an arrival.
 
-Design note: these follow vLLM v0's default scheduler (vllm/core/scheduler.py,
-`_schedule_default`): admit waiting requests in queue order until one does not fit;
-advance running requests in order, preempting from the back of the running list
-when the block pool runs dry (the request itself if nobody is behind it); bring
-swapped requests back only in a step that preempted nobody.
+Design note: these follow vLLM's schedulers. `advance_with_preemption` is the running
+loop of vLLM v1 (vllm/v1/core/sched/scheduler.py, `schedule`) and of v0's
+`_schedule_running`: advance running requests in order, and when a request's blocks
+cannot be allocated preempt from the back of the running list (the request itself if
+nobody is behind it). `admit_in_order` is v1's waiting loop (v0's `_schedule_prefills`
+with whole prompts): admit in queue order until one does not fit (head-of-line).
+`swap_in_in_order` is v0's `_schedule_swapped`: swapped requests come back in order
+while they fit. `preempt_for` is v0's priority mode (`_schedule_priority_preemption`).
+How many tokens a request advances is the caller's: its whole remaining work
+(`remaining_tokens`, prefill-first), or that capped by the step's token budget
+(`budgeted`, v1's chunked prefill).
 """
 
 from __future__ import annotations
@@ -14,23 +21,37 @@ from collections.abc import Callable, Iterable
 from andante.core.request import PreemptionMode, Request
 from andante.engine.plan import StepPlan
 
+TokenCount = Callable[[Request], int]  # tokens a request advances this step (0: none)
+
 
 def remaining_tokens(req: Request) -> int:
     """All of a request's uncomputed tokens: a whole (re)prefill, or one decode token."""
     return req.num_uncomputed_tokens
 
 
+def budgeted(plan: StepPlan) -> TokenCount:
+    """A request's uncomputed tokens capped by what is left of the step's token budget."""
+
+    def num_tokens(req: Request) -> int:
+        return min(req.num_uncomputed_tokens, plan.token_budget)
+
+    return num_tokens
+
+
 def by_arrival(req: Request) -> float:
     return req.arrival_time
 
 
-def admit_in_order(plan: StepPlan, candidates: Iterable[Request]) -> int:
-    """Admit whole (re)prefills in order, stopping at the first that does not fit."""
+def admit_in_order(
+    plan: StepPlan, candidates: Iterable[Request], num_tokens: TokenCount = remaining_tokens
+) -> int:
+    """Admit requests in order, stopping at the first that does not fit."""
     admitted = 0
     for req in candidates:
-        if not plan.has_seq_room or not plan.can_schedule(req, req.num_uncomputed_tokens):
+        n = num_tokens(req)
+        if n < 1 or not plan.has_seq_room or not plan.can_schedule(req, n):
             break
-        plan.schedule(req, req.num_uncomputed_tokens)
+        plan.schedule(req, n)
         admitted += 1
     return admitted
 
@@ -43,11 +64,7 @@ def pick_victim(plan: StepPlan, order: list[Request], protect: Request) -> Reque
     return None
 
 
-def advance_with_preemption(
-    plan: StepPlan,
-    order: list[Request],
-    num_tokens: Callable[[Request], int],
-) -> None:
+def advance_with_preemption(plan: StepPlan, order: list[Request], num_tokens: TokenCount) -> None:
     """Advance each running request of `order`; preempt from the back on block shortage.
 
     Stops when the sequence or token budget is spent.
@@ -76,16 +93,15 @@ def advance_with_preemption(
             plan.schedule(req, n)
 
 
-def swap_in_in_order(plan: StepPlan, candidates: Iterable[Request]) -> None:
+def swap_in_in_order(
+    plan: StepPlan, candidates: Iterable[Request], num_tokens: TokenCount = remaining_tokens
+) -> None:
     """Bring swapped requests back (and run them) while they fit."""
     for req in candidates:
-        n = req.num_uncomputed_tokens
-        extra = plan.blocks_needed(req, n)
-        if not plan.can_swap_in(req) or plan.num_blocks_of(req) + extra > plan.num_free_blocks:
+        n = num_tokens(req)
+        if n < 1 or not plan.has_seq_room or plan.seq_budget < 1 or plan.token_budget < n:
             break
-        if not plan.has_seq_room:
-            break
-        if plan.seq_budget < 1 or plan.token_budget < n:
+        if not plan.can_swap_in(req, n):
             break
         plan.swap_in(req)
         plan.schedule(req, n)

@@ -14,7 +14,8 @@ from andante.engine.policy import Policy, PolicyContext
 
 POLICIES = MappingProxyType(
     {
-        "vllm": "andante.policies.fcfs:VLLMPolicy",
+        "vllm": "andante.policies.vllm:VLLMPolicy",
+        "vllm-v0": "andante.policies.vllm_v0:VLLMV0Policy",
         "sarathi": "andante.policies.sarathi:SarathiPolicy",
         "priority": "andante.policies.priority:PriorityPolicy",
         "edf": "andante.policies.edf:EDFPolicy",
