@@ -206,10 +206,6 @@ class KVBlockManager:
             self.host.free(self._host_released_at_end)
             self._host_released_at_end = []
 
-    def resize_device(self, num_blocks: int) -> None:
-        """Change the device tier's size (KunServe drop/restore of replicated layers)."""
-        self.device.resize(num_blocks)
-
     # ---- invariants -----------------------------------------------------------------
     def check_invariants(self) -> None:
         """Conservation per tier and single ownership; raises AssertionError if broken."""

@@ -43,13 +43,19 @@ def by_arrival(req: Request) -> float:
 
 
 def admit_in_order(
-    plan: StepPlan, candidates: Iterable[Request], num_tokens: TokenCount = remaining_tokens
+    plan: StepPlan,
+    candidates: Iterable[Request],
+    num_tokens: TokenCount = remaining_tokens,
+    accept: Callable[[Request, int], bool] | None = None,
 ) -> int:
-    """Admit requests in order, stopping at the first that does not fit."""
+    """Admit requests in order, stopping at the first that does not fit (or that the
+    policy's own `accept(req, num_tokens)` refuses); returns how many it admitted."""
     admitted = 0
     for req in candidates:
         n = num_tokens(req)
         if n < 1 or not plan.has_seq_room or not plan.can_schedule(req, n):
+            break
+        if accept is not None and not accept(req, n):
             break
         plan.schedule(req, n)
         admitted += 1
@@ -64,11 +70,18 @@ def pick_victim(plan: StepPlan, order: list[Request], protect: Request) -> Reque
     return None
 
 
-def advance_with_preemption(plan: StepPlan, order: list[Request], num_tokens: TokenCount) -> None:
+def advance_with_preemption(
+    plan: StepPlan,
+    order: list[Request],
+    num_tokens: TokenCount,
+    mode_for: Callable[[Request], PreemptionMode] | None = None,
+) -> None:
     """Advance each running request of `order`; preempt from the back on block shortage.
 
-    Stops when the sequence or token budget is spent.
+    Stops when the sequence or token budget is spent. `mode_for` picks a victim's
+    preemption mode (default: the plan's).
     """
+    mode_of = mode_for or plan.preemption_mode_for
     index = 0
     while index < len(order):
         index = plan.schedule_decodes(order, index)  # the common case, kept cheap
@@ -86,7 +99,7 @@ def advance_with_preemption(plan: StepPlan, order: list[Request], num_tokens: To
                 break  # fits in blocks yet refused: nothing more to do for it
             victim = pick_victim(plan, order, req)
             target = victim if victim is not None else req
-            plan.preempt(target, plan.preemption_mode_for(target))
+            plan.preempt(target, mode_of(target))
             if target is req:
                 break
         if plan.can_schedule(req, n):

@@ -70,14 +70,3 @@ def test_double_allocate_and_bad_sizes_are_refused() -> None:
         KVBlockManager(block_size=0, num_device_blocks=4)
     with pytest.raises(OutOfBlocksError):
         kv.allocate("b", 100)
-
-
-def test_resize_grows_and_refuses_to_shrink_under_used_blocks() -> None:
-    kv = KVBlockManager(block_size=1, num_device_blocks=4, watermark=0.0)
-    kv.allocate("a", 4)
-    kv.resize_device(6)
-    assert kv.num_free_device_blocks == 2
-    with pytest.raises(OutOfBlocksError):
-        kv.resize_device(3)
-    kv.resize_device(4)
-    kv.check_invariants()

@@ -23,6 +23,7 @@ from andante.engine.policy import PolicyContext
 from andante.policies.ascendra.common import AscendraBase, MeanMeter
 from andante.policies.ascendra.options import HPOptions
 from andante.policies.phases import (
+    admit_in_order,
     advance_with_preemption,
     by_arrival,
     remaining_tokens,
@@ -78,19 +79,20 @@ class AscendraHPPolicy(AscendraBase):
         reserve: int | None = None  # expected decode growth of running + admitted
         floor = opts.free_kv_share * plan.num_total_blocks
         per_request = -(-int(self.decode_lengths.mean) // plan.block_size)
-        for req in plan.waiting:
-            n = req.num_uncomputed_tokens
+
+        def accept(req: Request, n: int) -> bool:
+            nonlocal tokens, reserve
             if tokens and tokens + n > opts.token_budget:
-                return
-            if not plan.has_seq_room or not plan.can_schedule(req, n):
-                return
+                return False
             if plan.num_active_seqs >= opts.base_batch:
                 if not opts.elastic:
-                    return
+                    return False
                 if reserve is None:
                     reserve = self.decode_reserve_blocks(plan)
                 reserve += per_request
                 if plan.num_free_blocks - plan.blocks_needed(req, n) - reserve < floor:
-                    return
-            plan.schedule(req, n)
+                    return False
             tokens += n
+            return True
+
+        admit_in_order(plan, plan.waiting, accept=accept)
