@@ -82,6 +82,10 @@ class StepPlan:
     def block_size(self) -> int:
         return self._kv.block_size
 
+    def num_blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` tokens."""
+        return self._kv.num_blocks_for(num_tokens)
+
     def num_blocks_of(self, req: Request) -> int:
         """Blocks the request holds now (on the device, or on the host if swapped)."""
         return self._kv.num_blocks_of(req.request_id)

@@ -65,12 +65,11 @@ class AscendraHPPolicy(AscendraBase):
         """Blocks the running requests, and those admitted so far this step, are expected
         to need to finish decoding."""
         expected = self.decode_lengths.mean
-        block_size = plan.block_size
         total = 0
         for req in [*plan.running, *plan.scheduled]:
             left = expected - req.num_output_tokens
             if left > 0:
-                total += -(-int(left) // block_size)
+                total += plan.num_blocks_for(int(left))
         return total
 
     def _admit(self, plan: StepPlan) -> None:
@@ -78,7 +77,7 @@ class AscendraHPPolicy(AscendraBase):
         tokens = 0
         reserve: int | None = None  # expected decode growth of running + admitted
         floor = opts.free_kv_share * plan.num_total_blocks
-        per_request = -(-int(self.decode_lengths.mean) // plan.block_size)
+        per_request = plan.num_blocks_for(int(self.decode_lengths.mean))
 
         def accept(req: Request, n: int) -> bool:
             nonlocal tokens, reserve

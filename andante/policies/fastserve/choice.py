@@ -97,7 +97,7 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
             continue
         else:
             n = req.num_uncomputed_tokens
-        blocks = -(-(req.num_computed_tokens + n) // bs)
+        blocks = plan.num_blocks_for(req.num_computed_tokens + n)
         if used + blocks > (capacity if new else held_capacity):
             if status == _RUNNING:
                 choice.unplaced.append(req)
