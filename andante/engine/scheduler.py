@@ -153,8 +153,11 @@ class Scheduler:
         self._last_step_preempted = bool(plan.preemptions)
         if plan.preemptions:
             self._apply_preemptions(plan, batch, now)
+        for req in plan.swap_ins:
+            req.swap_in()
+            self.running.append(req)
         if plan.swap_ins:
-            self._apply_swap_ins(plan)
+            self.swapped = [r for r in self.swapped if r.status == RequestStatus.SWAPPED]
         self._apply_schedule(plan, batch, now)
         return batch
 
@@ -171,12 +174,6 @@ class Scheduler:
         self.num_preemptions += len(plan.preemptions)
         self.waiting[:0] = recomputed  # vLLM puts them at the front of the queue
         self.running = [r for r in self.running if r.status == _RUNNING]
-
-    def _apply_swap_ins(self, plan: StepPlan) -> None:
-        for req in plan.swap_ins:
-            req.swap_in()
-            self.running.append(req)
-        self.swapped = [r for r in self.swapped if r.status == RequestStatus.SWAPPED]
 
     def _apply_schedule(self, plan: StepPlan, batch: StepBatch, now: float) -> None:
         block_table = self.kv.block_table

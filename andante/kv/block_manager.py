@@ -9,10 +9,9 @@ pairs that `swap_out` / `swap_in` return.
 Design note: the one owner of KV feasibility (DESIGN.md rule 6), after vLLM v1's
 `KVCacheManager.allocate_slots` (vllm/v1/core/kv_cache_manager.py): block arithmetic
 and the admission watermark live here, and `allocate_slots` answers and allocates in
-one call. A step's plan allocates, frees and swaps through it as it decides, so the
-plan keeps no second set of books. Within a step the executor copies swap-outs before
-swap-ins, so a swap-in's host blocks are released only at `end_step` (a swap-out of
-the same step must not overwrite them), and a swap-out's device blocks are reused last.
+one call; a step's plan reserves through it as it decides. Within a step the executor
+copies swap-outs before swap-ins, so a swap-in's host blocks are released only at
+`end_step` (no swap-out of the step may overwrite them).
 """
 
 from __future__ import annotations
@@ -79,9 +78,6 @@ class KVBlockManager:
     def num_device_blocks_of(self, request_id: str) -> int:
         return len(self._device_tables.get(request_id, ()))
 
-    def num_host_blocks_of(self, request_id: str) -> int:
-        return len(self._host_tables.get(request_id, ()))
-
     def num_blocks_of(self, request_id: str) -> int:
         """Blocks the request holds on whichever tier holds its KV."""
         table = self._device_tables.get(request_id)
@@ -115,22 +111,11 @@ class KVBlockManager:
     def allocate_slots(self, request_id: str, num_total_tokens: int) -> list[int] | None:
         """Grow (or create) the request's device table to cover `num_total_tokens`;
         returns the new block ids, or None (nothing allocated) if they do not fit."""
-        table = self._device_tables.get(request_id)
-        if table is None:  # an admission, or a swapped request (it must swap in first)
-            if request_id in self._host_tables:
-                return None
-            need = self.num_blocks_for(num_total_tokens)
-            if need > self.device.num_free - self.watermark_blocks:
-                return None
-            return self.allocate(request_id, num_total_tokens)
-        missing = -(-num_total_tokens // self.block_size) - len(table)
-        if missing <= 0:
-            return []
-        if missing > self.device.num_free:
-            return None
-        new = self.device.allocate(missing)
-        table.extend(new)
-        return new
+        if request_id in self._host_tables or not self.can_allocate(request_id, num_total_tokens):
+            return None  # a swapped request must swap in first
+        if request_id in self._device_tables:
+            return self.append_slots(request_id, num_total_tokens)
+        return self.allocate(request_id, num_total_tokens)
 
     def allocate(self, request_id: str, num_tokens: int) -> list[int]:
         """Give a request with no KV a device table covering `num_tokens`."""
@@ -171,12 +156,10 @@ class KVBlockManager:
 
     def swap_out(self, request_id: str) -> list[tuple[int, int]]:
         """Move the request's blocks to the host tier; returns (device, host) pairs."""
+        if not self.can_swap_out(request_id):
+            raise OutOfBlocksError(f"host: no room to swap out {request_id!r}")
         table = self._device_tables.pop(request_id)
-        try:
-            host_table = self.host.allocate(len(table))
-        except OutOfBlocksError:
-            self._device_tables[request_id] = table
-            raise
+        host_table = self.host.allocate(len(table))
         # Reused last: a copy overlapped with the next forward pass (FastServe §4.2)
         # need not finish first unless that pass really needs these blocks.
         self.device.free_reuse_last(table)
@@ -190,13 +173,11 @@ class KVBlockManager:
 
     def swap_in(self, request_id: str) -> list[tuple[int, int]]:
         """Move the request's blocks back to the device; returns (host, device) pairs."""
+        if not self.can_swap_in(request_id):
+            raise OutOfBlocksError(f"device: no room to swap in {request_id!r}")
         host_table = self._host_tables.pop(request_id)
-        try:
-            table = self.device.allocate(len(host_table))
-        except OutOfBlocksError:
-            self._host_tables[request_id] = host_table
-            raise
-        self._host_released_at_end.extend(host_table)
+        table = self.device.allocate(len(host_table))
+        self._host_released_at_end.extend(host_table)  # read by this step's copies
         self._device_tables[request_id] = table
         return list(zip(host_table, table, strict=True))
 

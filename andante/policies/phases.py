@@ -1,17 +1,14 @@
-"""The loops every vLLM-style policy is built from: admit, advance with preemption from
-the back, swap in, and preempt for an arrival.
+"""The loops vLLM-style policies share: admit, advance with preemption from the back,
+swap in, and preempt for an arrival.
 
-Design note: these follow vLLM's schedulers. `advance_with_preemption` is the running
-loop of vLLM v1 (vllm/v1/core/sched/scheduler.py, `schedule`) and of v0's
-`_schedule_running`: advance running requests in order, and when a request's blocks
-cannot be allocated preempt from the back of the running list (the request itself if
-nobody is behind it). `admit_in_order` is v1's waiting loop (v0's `_schedule_prefills`
-with whole prompts): admit in queue order until one does not fit (head-of-line).
-`swap_in_in_order` is v0's `_schedule_swapped`: swapped requests come back in order
-while they fit. `preempt_for` is v0's priority mode (`_schedule_priority_preemption`).
-How many tokens a request advances is the caller's: its whole remaining work
-(`remaining_tokens`, prefill-first), or that capped by the step's token budget
-(`budgeted`, v1's chunked prefill).
+Design note: vLLM's schedulers. `advance_with_preemption` is the running loop of v1
+(vllm/v1/core/sched/scheduler.py, `schedule`) and v0 (`_schedule_running`): advance
+running requests in order; when one's blocks cannot be allocated, preempt from the back
+(the request itself if nobody is behind it). `admit_in_order` is the waiting loop: in
+queue order until one does not fit (head-of-line). `swap_in_in_order` is v0's
+`_schedule_swapped`; `preempt_for` its priority mode (`_schedule_priority_preemption`).
+A request advances by its remaining tokens (`remaining_tokens`: prefill-first) or by
+those capped by the step's token budget (`budgeted`: v1's chunked prefill).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ POLICIES = MappingProxyType(
     {
         "vllm": "andante.policies.vllm:VLLMPolicy",
         "vllm-v0": "andante.policies.vllm_v0:VLLMV0Policy",
-        "sarathi": "andante.policies.sarathi:SarathiPolicy",
+        "sarathi": "andante.policies.vllm:SarathiPolicy",
         "priority": "andante.policies.priority:PriorityPolicy",
         "edf": "andante.policies.edf:EDFPolicy",
         "sjf": "andante.policies.sjf:SJFPolicy",

@@ -20,7 +20,8 @@ def test_swap_round_trip_moves_blocks_between_tiers() -> None:
     kv.allocate("a", 12)
     out = kv.swap_out("a")
     assert [d for d, _ in out] == [0, 1, 2] and kv.num_free_device_blocks == 8
-    assert kv.num_free_host_blocks == 1 and kv.num_host_blocks_of("a") == 3
+    assert kv.num_free_host_blocks == 1 and kv.num_blocks_of("a") == 3
+    assert kv.num_device_blocks_of("a") == 0
     back = kv.swap_in("a")
     assert [h for h, _ in back] == [h for _, h in out]
     kv.check_invariants()

@@ -38,7 +38,6 @@ class StepChoice:
     requests: list[Request] = field(default_factory=list)  # the batch
     num_tokens: list[int] = field(default_factory=list)
     batch_ids: set[str] = field(default_factory=set)
-    placed_ids: set[str] = field(default_factory=set)  # jobs with a place on the device
     to_fetch: list[Request] = field(default_factory=list)  # swapped jobs with a place
     unplaced: list[Request] = field(default_factory=list)  # paused on the device, no place
     any_new: bool = False  # does the batch admit a job that holds no KV?
@@ -110,7 +109,6 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
                 continue  # no KV yet and no room in this step: no place either
             ready = False
         used += blocks
-        choice.placed_ids.add(req.request_id)
         if status == _SWAPPED:
             choice.to_fetch.append(req)
         if ready:
