@@ -4,7 +4,8 @@ import pytest
 
 from andante.core import PreemptionMode, RequestStatus
 from andante.engine import RequestRejected
-from tests.engine.helpers import make_engine, make_request, run_to_completion
+from andante.engine.plan import StepPlan
+from tests.engine.helpers import ScriptedPolicy, make_engine, make_request, run_to_completion
 
 # ---- vllm: vLLM v1's loop ---------------------------------------------------------------
 
@@ -117,6 +118,54 @@ def test_v0_swap_mode_moves_kv_to_host_and_back() -> None:
     assert any(batch.swap_out for batch in executor.batches)
     assert any(batch.swap_in for batch in executor.batches)
     assert b.output_token_ids == [1000 + 4 + i for i in range(8)]
+
+
+# ---- the plan reserves through the block manager ------------------------------------
+
+
+def test_plan_decisions_are_the_block_managers_books() -> None:
+    engine, _, _ = make_engine("vllm", num_device_blocks=4, num_host_blocks=2)
+    a, b = make_request("a", 8, 4), make_request("b", 8, 4, arrival=0.001)
+    engine.add_request(a)
+    engine.add_request(b)
+    engine.step()  # 2 blocks each: the device is full
+    kv, seen = engine.scheduler.kv, []
+
+    def swap_b_out_then_in_and_try_a(plan: StepPlan) -> None:
+        if b.status == RequestStatus.RUNNING:
+            plan.preempt(b, PreemptionMode.SWAP)
+            seen.append((plan.num_free_blocks, plan.num_free_host_blocks))
+            return
+        plan.swap_in(b)  # takes the device's 2 free blocks; its host blocks are read
+        # this step, so a swap-out decided now must not overwrite them: none is offered
+        assert not plan.can_preempt(a, PreemptionMode.SWAP)
+        assert plan.preemption_mode_for(a) == PreemptionMode.RECOMPUTE
+        seen.append((plan.num_free_blocks, plan.num_free_host_blocks))
+
+    engine.scheduler.policy = ScriptedPolicy(swap_b_out_then_in_and_try_a)
+    engine.step()
+    engine.step()
+    assert seen == [(2, 0), (0, 0)]  # the plan's figures are the block manager's
+    assert kv.num_free_host_blocks == 2  # released once the step's swaps were decided
+    assert a.status == b.status == RequestStatus.RUNNING
+    kv.check_invariants()
+
+
+def test_a_refused_schedule_allocates_nothing() -> None:
+    engine, _, _ = make_engine("vllm", num_device_blocks=4)
+    engine.add_request(make_request("a", 12, 2))
+    engine.step()  # 3 blocks
+    big = make_request("big", 8, 2, arrival=0.01)
+    engine.add_request(big)
+
+    def try_big(plan: StepPlan) -> None:
+        assert not plan.can_schedule(big, 8) and plan.max_schedulable_tokens(big) == 4
+        with pytest.raises(ValueError, match="cannot schedule"):
+            plan.schedule(big, 8)
+        assert plan.num_free_blocks == 1 and not plan.scheduled
+
+    engine.scheduler.policy = ScriptedPolicy(try_big)
+    engine.step()
 
 
 # ---- admission and aborts (any policy) ----------------------------------------------
