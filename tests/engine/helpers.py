@@ -83,7 +83,7 @@ def make_engine(
 ) -> tuple[Engine, FakeExecutor, ManualClock]:
     clock = ManualClock()
     executor = FakeExecutor(num_device_blocks, num_host_blocks)
-    cfg = SchedulerConfig(block_size=block_size, watermark=0.0, **config)
+    cfg = SchedulerConfig(**{"block_size": block_size, "watermark": 0.0, **config})
     engine = build_engine(executor, clock, policy, cfg, options)
     return engine, executor, clock
 
