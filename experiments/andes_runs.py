@@ -28,6 +28,7 @@ from andante.sim import ClusterSpec, build_simulator
 from andante.workload import WorkloadConfig, build_workload, to_requests
 
 HARDWARE = "a100-40g"  # Andes §6.1: A100 SXM4 40GB in one p4d.24xlarge
+VLLM_BASELINE = "vllm-v0"  # the paper's "vllm": vLLM v0.6's prefill-first FCFS (§6.1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,7 @@ class Setup:
     def spec(self, policy: str, options: dict[str, Any] | None = None) -> ClusterSpec:
         config = SchedulerConfig(max_model_len=self.max_model_len,
                                  max_num_batched_tokens=max(8192, self.max_model_len))
+        policy = VLLM_BASELINE if policy == "vllm" else policy
         return ClusterSpec(model=self.model, hardware=HARDWARE, tp=self.tp, policy=policy,
                            policy_options=dict(options or {}), scheduler=config)
 

@@ -119,7 +119,7 @@ class System:
                            router="ascendra", router_options={"capacity": LP_BATCH})
 
 
-VLLM = System("vllm", "vLLM (FCFS, prefill-first), 3 instances", policy="vllm")
+VLLM = System("vllm", "vLLM (FCFS, prefill-first), 3 instances", policy="vllm-v0")
 SARATHI = System("sarathi", "Sarathi-Serve (chunked prefill, 2048-token budget), 3 instances",
                  policy="sarathi", policy_options=SARATHI_OPTIONS)
 SARATHI_512 = System("sarathi-512", "Sarathi-Serve, 512-token budget", policy="sarathi",

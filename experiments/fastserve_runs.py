@@ -24,6 +24,7 @@ from andante.workload import RequestSpec, WorkloadConfig, build_workload, to_req
 
 HOST_KV_GIB_PER_GPU = 96.0  # the paper's p4d hosts: 1152 GB for 8 GPUs
 MAX_CONTEXT = 2048  # OPT's context; the same cut for every model keeps workloads equal
+VLLM_BASELINE = "vllm-v0"  # the paper's "vllm": vLLM's prefill-first iteration-level scheduler
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +64,8 @@ class Setup:
                                  max_num_batched_tokens=MAX_CONTEXT)
         fastserve = policy.startswith("fastserve")
         return ClusterSpec(
-            model=self.model, hardware=self.hardware, tp=self.tp, pp=self.pp, policy=policy,
+            model=self.model, hardware=self.hardware, tp=self.tp, pp=self.pp,
+            policy=VLLM_BASELINE if policy == "vllm" else policy,
             policy_options=dict(options or {}), scheduler=config,
             swap_space_gib=HOST_KV_GIB_PER_GPU if fastserve else 4.0,
             overlap_swaps=fastserve,  # FastServe's engine swaps on a separate stream

@@ -81,8 +81,9 @@ The paper reports up to 31.4x (average) and 17.9x (P95) over vLLM. Why the gap:
    FastServe-FCFS already beats vLLM 0.1.7 there, thanks to a C++ engine with fused
    kernels, which moves the wall itself. Here the multiples measure scheduling alone;
    the paper's scheduling-only gain is FastServe vs FastServe-FCFS (2-4x on ShareGPT).
-3. A stronger vLLM baseline. `vllm` here is vLLM's later v0 scheduler (iteration-level,
-   prefill-first, recompute of the newest request) on the same step-time model.
+3. A stronger vLLM baseline. `vllm` here is vLLM's later v0 scheduler (policy `vllm-v0`:
+   iteration-level, prefill-first, recompute of the newest request) on the same step-time
+   model.
 4. Lengths. ShareGPT here is the Llama-2-tokenized 8k set cut at 2048 tokens (mean
    prompt ~610, output ~395 tokens, output CV ~0.6): jobs are long and similar, which is
    where MLFQ (an approximation of shortest-remaining-first) has least to gain.

@@ -2,10 +2,12 @@
 
 A policy never touches the block manager. It asks the plan what fits (`can_schedule`,
 `can_preempt`, `can_swap_in`) and records what it wants (`schedule`, `preempt`,
-`swap_in`); the plan keeps a running account of free device and host blocks and of
-the step's token and sequence budgets, so every decision it accepts is feasible when
-the scheduler applies it (preemptions first, then swap-ins, then allocations).
-Running requests the plan does not schedule simply pause with their KV in place.
+`swap_in`). The plan holds its reservations in the block manager itself, the one owner
+of KV feasibility (vLLM v1's `allocate_slots`): `schedule` allocates the blocks,
+`preempt` frees or swaps them out, `swap_in` swaps them back, as the policy decides, so
+what free blocks remain is always the block manager's own figure. The plan keeps only
+the step's token and sequence budgets; the scheduler then changes request states and
+queues. Running requests the plan does not schedule simply pause with their KV in place.
 With pipeline parallelism several batches are in flight at once: requests of a batch
 that has not completed yet (`in_flight_ids`) are left out of `running` by the
 scheduler and can be neither scheduled nor preempted until their batch completes.
@@ -41,48 +43,58 @@ class StepPlan:
         self.waiting = waiting  # policies may reorder these three lists in place
         self.running = running
         self.swapped = swapped
-        self._init_accounts(kv, config)
+        self._kv = kv
+        self.token_budget = config.max_num_batched_tokens
+        self.seq_budget = config.max_num_seqs
+        self._init_decisions()
+        self.num_active_seqs = len(running)  # KV holders on the device after this step
+
+    def _init_decisions(self) -> None:
         self.scheduled: list[Request] = []
         self.num_scheduled_tokens: list[int] = []
         self.preemptions: list[tuple[Request, PreemptionMode]] = []
         self.swap_ins: list[Request] = []
+        self.swap_out_blocks: list[tuple[int, int]] = []  # (device, host) copies
+        self.swap_in_blocks: list[tuple[int, int]] = []  # (host, device) copies
         self._scheduled_ids: set[str] = set()
         self._preempted_ids: set[str] = set()
         self._swapped_in_ids: set[str] = set()
-        self.num_active_seqs = len(running)  # KV holders on the device after this step
 
-    def _init_accounts(self, kv: KVBlockManager, config: SchedulerConfig) -> None:
-        self._kv = kv
-        self._block_size = kv.block_size
-        self.num_free_blocks = kv.num_free_device_blocks
-        self.num_free_host_blocks = kv.num_free_host_blocks
-        self.token_budget = config.max_num_batched_tokens
-        self.seq_budget = config.max_num_seqs
-        self._watermark_blocks = kv.watermark_blocks
+    # ---- the block manager's figures ------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self._kv.num_free_device_blocks
 
-    # ---- queries --------------------------------------------------------------------
+    @property
+    def num_free_host_blocks(self) -> int:
+        return self._kv.num_free_host_blocks
+
     @property
     def num_total_blocks(self) -> int:
         return self._kv.num_device_blocks
 
     @property
+    def watermark_blocks(self) -> int:
+        """Blocks an admission must leave free (the block manager's watermark)."""
+        return self._kv.watermark_blocks
+
+    @property
     def block_size(self) -> int:
-        return self._block_size
+        return self._kv.block_size
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` tokens."""
+        return self._kv.num_blocks_for(num_tokens)
 
     def num_blocks_of(self, req: Request) -> int:
-        """Device blocks the request holds now (host blocks if swapped)."""
-        if req.status == _SWAPPED:
-            return self._kv.num_host_blocks_of(req.request_id)
-        return self._kv.num_device_blocks_of(req.request_id)
+        """Blocks the request holds now (on the device, or on the host if swapped)."""
+        return self._kv.num_blocks_of(req.request_id)
 
     def blocks_needed(self, req: Request, num_tokens: int) -> int:
         """New device blocks to advance `req` by `num_tokens` this step."""
-        total = req.num_computed_tokens + num_tokens
-        need = -(-total // self._block_size)
-        if req.status == _RUNNING or req.status == _SWAPPED:
-            need -= self.num_blocks_of(req)
-        return max(0, need)
+        return self._kv.num_new_blocks_needed(req.request_id, req.num_computed_tokens + num_tokens)
 
+    # ---- queries --------------------------------------------------------------------
     def is_scheduled(self, req: Request) -> bool:
         return req.request_id in self._scheduled_ids
 
@@ -98,10 +110,6 @@ class StepPlan:
         """Can one more request join the running set under max_num_seqs?"""
         return self.num_active_seqs < self.config.max_num_seqs
 
-    def _admission_reserve(self, req: Request) -> int:
-        """Admissions leave the watermark free; requests holding KV may use it."""
-        return self._watermark_blocks if req.status in _HOLDS_NO_KV else 0
-
     def _is_schedulable(self, req: Request) -> bool:
         rid = req.request_id
         if rid in self._scheduled_ids or rid in self._preempted_ids:
@@ -110,24 +118,31 @@ class StepPlan:
             return False
         return req.status != _SWAPPED or rid in self._swapped_in_ids
 
-    def can_schedule(self, req: Request, num_tokens: int) -> bool:
+    def _fits_budgets(self, req: Request, num_tokens: int) -> bool:
         if num_tokens < 1 or num_tokens > req.num_uncomputed_tokens:
             return False
         if self.seq_budget < 1 or num_tokens > self.token_budget:
             return False
-        if not self._is_schedulable(req):
+        return self._is_schedulable(req)
+
+    def can_schedule(self, req: Request, num_tokens: int) -> bool:
+        if not self._fits_budgets(req, num_tokens):
             return False
-        need = self.blocks_needed(req, num_tokens)
-        return need <= self.num_free_blocks - self._admission_reserve(req)
+        return self._kv.can_allocate(req.request_id, req.num_computed_tokens + num_tokens)
 
     def max_schedulable_tokens(self, req: Request) -> int:
         """The largest chunk of `req` that fits the budgets and free blocks (0 if none)."""
         if self.seq_budget < 1 or not self._is_schedulable(req):
             return 0
-        held = self.num_blocks_of(req) if req.status in (_RUNNING, _SWAPPED) else 0
-        free = self.num_free_blocks - self._admission_reserve(req)
-        capacity = (held + max(0, free)) * self._block_size - req.num_computed_tokens
+        kv, rid = self._kv, req.request_id
+        free = max(0, kv.num_free_blocks_for(rid))
+        capacity = (kv.num_device_blocks_of(rid) + free) * kv.block_size
+        capacity -= req.num_computed_tokens
         return max(0, min(req.num_uncomputed_tokens, self.token_budget, capacity))
+
+    def can_reserve_prefill(self, req: Request) -> bool:
+        """Would the request's whole remaining prefill fit in free blocks (with watermark)?"""
+        return self._kv.can_allocate(req.request_id, req.num_tokens)
 
     def can_preempt(self, req: Request, mode: PreemptionMode) -> bool:
         rid = req.request_id
@@ -135,29 +150,33 @@ class StepPlan:
             return False
         if rid in self.in_flight_ids:
             return False
-        if mode == PreemptionMode.SWAP:
-            return self.num_blocks_of(req) <= self.num_free_host_blocks
-        return True
+        return mode != PreemptionMode.SWAP or self._kv.can_swap_out(rid)
 
-    def can_swap_in(self, req: Request) -> bool:
+    def can_swap_in(self, req: Request, num_tokens: int = 0) -> bool:
+        """Could the swapped request come back (with room to advance `num_tokens`)?"""
         if req.status != _SWAPPED or req.request_id in self._swapped_in_ids:
             return False
-        return self.num_blocks_of(req) <= self.num_free_blocks
+        return self._kv.can_swap_in(req.request_id, self.blocks_needed(req, num_tokens))
+
+    def preemption_mode_for(self, req: Request) -> PreemptionMode:
+        """The configured mode, falling back to recompute when the host tier is full."""
+        mode = self.config.preemption_mode
+        if mode == PreemptionMode.SWAP and not self._kv.can_swap_out(req.request_id):
+            return PreemptionMode.RECOMPUTE
+        return mode
 
     # ---- decisions ------------------------------------------------------------------
     def restrict_token_budget(self, max_tokens: int) -> None:
         """Tighten this step's token budget (chunked-prefill policies)."""
         self.token_budget = min(self.token_budget, max_tokens)
 
-    def can_reserve_prefill(self, req: Request) -> bool:
-        """Would the request's whole remaining prefill fit in free blocks (with watermark)?"""
-        need = self.blocks_needed(req, req.num_uncomputed_tokens)
-        return need <= self.num_free_blocks - self._admission_reserve(req)
-
     def schedule(self, req: Request, num_tokens: int) -> None:
-        if not self.can_schedule(req, num_tokens):
+        """Advance `req` by `num_tokens` this step, allocating its blocks now."""
+        total = req.num_computed_tokens + num_tokens
+        if not self._fits_budgets(req, num_tokens) or (
+            self._kv.allocate_slots(req.request_id, total) is None
+        ):
             raise ValueError(f"cannot schedule {num_tokens} tokens of {req.request_id!r}")
-        self.num_free_blocks -= self.blocks_needed(req, num_tokens)
         if req.status in _HOLDS_NO_KV:
             self.num_active_seqs += 1
         self.token_budget -= num_tokens
@@ -176,57 +195,52 @@ class StepPlan:
         scheduled_ids, preempted_ids, in_flight = (
             self._scheduled_ids, self._preempted_ids, self.in_flight_ids
         )
-        block_size, blocks_of = self._block_size, self._kv.num_device_blocks_of
-        append_req, append_n = self.scheduled.append, self.num_scheduled_tokens.append
-        for index in range(start, len(order)):
+        kv = self._kv
+        block_size, blocks_of = kv.block_size, kv.num_device_blocks_of
+        end = min(len(order), start + max(0, min(self.seq_budget, self.token_budget)))
+        index = start
+        while index < end:
             req = order[index]
             rid = req.request_id
-            if self.seq_budget < 1 or self.token_budget < 1 or req.status != _RUNNING:
-                return index
-            if rid in scheduled_ids or rid in preempted_ids or rid in in_flight:
-                return index
+            if req.status != _RUNNING or rid in scheduled_ids or rid in preempted_ids:
+                break
+            if rid in in_flight:
+                break
             computed = req.num_computed_tokens
             if req.num_tokens - computed != 1:
-                return index
-            need = -(-(computed + 1) // block_size) - blocks_of(rid)
-            if need > self.num_free_blocks:
-                return index
-            if need > 0:
-                self.num_free_blocks -= need
-            self.token_budget -= 1
-            self.seq_budget -= 1
-            scheduled_ids.add(rid)
-            append_req(req)
-            append_n(1)
-        return len(order)
+                break
+            crosses_block = -(-(computed + 1) // block_size) > blocks_of(rid)
+            if crosses_block and kv.allocate_slots(rid, computed + 1) is None:
+                break
+            index += 1
+        count = index - start
+        if count:
+            added = order[start:index]
+            self.token_budget -= count
+            self.seq_budget -= count
+            scheduled_ids.update(r.request_id for r in added)
+            self.scheduled += added
+            self.num_scheduled_tokens += [1] * count
+        return index
 
     def preempt(self, req: Request, mode: PreemptionMode) -> None:
+        """Pause a running request, freeing its device blocks now (to the host tier
+        if `mode` is swap)."""
         if not self.can_preempt(req, mode):
             raise ValueError(f"cannot preempt {req.request_id!r} by {mode.name}")
-        blocks = self.num_blocks_of(req)
-        self.num_free_blocks += blocks
         if mode == PreemptionMode.SWAP:
-            self.num_free_host_blocks -= blocks
+            self.swap_out_blocks.extend(self._kv.swap_out(req.request_id))
+        else:
+            self._kv.free(req.request_id)
         self.num_active_seqs -= 1
         self._preempted_ids.add(req.request_id)
         self.preemptions.append((req, mode))
 
     def swap_in(self, req: Request) -> None:
+        """Bring a swapped request's blocks back to the device now."""
         if not self.can_swap_in(req):
             raise ValueError(f"cannot swap in {req.request_id!r}")
-        self.num_free_blocks -= self.num_blocks_of(req)
-        # Host blocks are released only after the step's swap-outs: no credit here.
+        self.swap_in_blocks.extend(self._kv.swap_in(req.request_id))
         self._swapped_in_ids.add(req.request_id)
         self.num_active_seqs += 1
         self.swap_ins.append(req)
-
-    def preemption_mode_for(self, req: Request) -> PreemptionMode:
-        """The configured mode, falling back to recompute when the host tier is full."""
-        mode = self.config.preemption_mode
-        if mode == PreemptionMode.SWAP and self.num_blocks_of(req) > self.num_free_host_blocks:
-            return PreemptionMode.RECOMPUTE
-        return mode
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.scheduled or self.preemptions or self.swap_ins)

@@ -145,13 +145,19 @@ class Scheduler:
         return self._apply(plan, now)
 
     def _apply(self, plan: StepPlan, now: float) -> StepBatch:
-        batch = StepBatch(released_ids=self._released_ids)
+        """Move the plan's requests between queues; its blocks are already allocated."""
+        self.kv.end_step()
+        batch = StepBatch(released_ids=self._released_ids, swap_out=plan.swap_out_blocks,
+                          swap_in=plan.swap_in_blocks)
         self._released_ids = []
         self._last_step_preempted = bool(plan.preemptions)
         if plan.preemptions:
             self._apply_preemptions(plan, batch, now)
+        for req in plan.swap_ins:
+            req.swap_in()
+            self.running.append(req)
         if plan.swap_ins:
-            self._apply_swap_ins(plan, batch)
+            self.swapped = [r for r in self.swapped if r.status == RequestStatus.SWAPPED]
         self._apply_schedule(plan, batch, now)
         return batch
 
@@ -159,11 +165,9 @@ class Scheduler:
         recomputed: list[Request] = []
         for req, mode in plan.preemptions:
             if mode == PreemptionMode.SWAP:
-                batch.swap_out.extend(self.kv.swap_out(req.request_id))
                 req.swap_out(now)
                 self.swapped.append(req)
             else:
-                self.kv.free(req.request_id)
                 req.preempt_by_recompute(now)
                 batch.released_ids.append(req.request_id)
                 recomputed.append(req)
@@ -171,33 +175,19 @@ class Scheduler:
         self.waiting[:0] = recomputed  # vLLM puts them at the front of the queue
         self.running = [r for r in self.running if r.status == _RUNNING]
 
-    def _apply_swap_ins(self, plan: StepPlan, batch: StepBatch) -> None:
-        for req in plan.swap_ins:
-            batch.swap_in.extend(self.kv.swap_in(req.request_id))
-            req.swap_in()
-            self.running.append(req)
-        self.swapped = [r for r in self.swapped if r.status == RequestStatus.SWAPPED]
-
     def _apply_schedule(self, plan: StepPlan, batch: StepBatch, now: float) -> None:
-        kv = self.kv
-        block_size = kv.block_size
+        block_table = self.kv.block_table
         admitted = False
         mark_in_flight = self._in_flight_ids.add
         for req, n in zip(plan.scheduled, plan.num_scheduled_tokens, strict=True):
             rid = req.request_id
             cached = req.num_computed_tokens
-            total = cached + n
             if req.status in _NO_KV:
-                table = kv.allocate(rid, total)
                 req.start_running(now)
                 self.running.append(req)
                 admitted = True
-            else:
-                table = kv.block_table(rid)
-                if len(table) * block_size < total:
-                    kv.append_slots(rid, total)
             mark_in_flight(rid)
-            batch.add(req, n, cached, total == req.num_tokens, table)
+            batch.add(req, n, cached, cached + n == req.num_tokens, block_table(rid))
         if admitted:
             self.waiting = [r for r in self.waiting if r.status in _NO_KV]
 

@@ -5,6 +5,13 @@ the device tier while it runs or pauses, the host tier while swapped out. A requ
 with no table holds no KV (waiting, or preempted by recompute). The manager is pure
 bookkeeping; moving the bytes is the executor's job, driven by the (src, dst) block
 pairs that `swap_out` / `swap_in` return.
+
+Design note: the one owner of KV feasibility (DESIGN.md rule 6), after vLLM v1's
+`KVCacheManager.allocate_slots` (vllm/v1/core/kv_cache_manager.py): block arithmetic
+and the admission watermark live here, and `allocate_slots` answers and allocates in
+one call; a step's plan reserves through it as it decides. Within a step the executor
+copies swap-outs before swap-ins, so a swap-in's host blocks are released only at
+`end_step` (no swap-out of the step may overwrite them).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ class KVBlockManager:
         self.host = BlockPool("host", num_host_blocks)
         self._device_tables: dict[str, list[int]] = {}
         self._host_tables: dict[str, list[int]] = {}
+        self._host_released_at_end: list[int] = []  # host blocks of this step's swap-ins
 
     # ---- figures --------------------------------------------------------------------
     @property
@@ -60,11 +68,6 @@ class KVBlockManager:
         total = self.device.num_blocks
         return self.device.num_used / total if total else 0.0
 
-    @property
-    def host_usage(self) -> float:
-        total = self.host.num_blocks
-        return self.host.num_used / total if total else 0.0
-
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -72,33 +75,47 @@ class KVBlockManager:
         """The request's device block table (empty if it holds no device KV)."""
         return self._device_tables.get(request_id, [])
 
-    def host_block_table(self, request_id: str) -> list[int]:
-        return self._host_tables.get(request_id, [])
-
-    def holds_device_blocks(self, request_id: str) -> bool:
-        return request_id in self._device_tables
-
-    def holds_host_blocks(self, request_id: str) -> bool:
-        return request_id in self._host_tables
-
     def num_device_blocks_of(self, request_id: str) -> int:
         return len(self._device_tables.get(request_id, ()))
 
-    def num_host_blocks_of(self, request_id: str) -> int:
-        return len(self._host_tables.get(request_id, ()))
+    def num_blocks_of(self, request_id: str) -> int:
+        """Blocks the request holds on whichever tier holds its KV."""
+        table = self._device_tables.get(request_id)
+        if table is None:
+            table = self._host_tables.get(request_id, [])
+        return len(table)
 
-    def owner_ids(self) -> list[str]:
-        return [*self._device_tables, *self._host_tables]
+    def holds_kv(self, request_id: str) -> bool:
+        return request_id in self._device_tables or request_id in self._host_tables
 
     # ---- allocation -----------------------------------------------------------------
     def num_new_blocks_needed(self, request_id: str, num_total_tokens: int) -> int:
-        """Blocks to add so the request's device table covers `num_total_tokens`."""
-        have = len(self._device_tables.get(request_id, ()))
-        return max(0, -(-num_total_tokens // self.block_size) - have)
+        """Blocks to add so the request's KV covers `num_total_tokens`."""
+        table = self._device_tables.get(request_id)  # inlined: the simulator's hot path
+        if table is None:
+            table = self._host_tables.get(request_id, [])
+        return max(0, -(-num_total_tokens // self.block_size) - len(table))
 
-    def can_allocate(self, num_blocks: int) -> bool:
-        """Admission check: leaves the watermark free (as vLLM does)."""
-        return self.device.num_free - num_blocks >= self.watermark_blocks
+    def num_free_blocks_for(self, request_id: str) -> int:
+        """Device blocks the request may take: an admission (a request holding no KV)
+        leaves the watermark free, as vLLM does; a request holding KV may use it."""
+        if self.holds_kv(request_id):
+            return self.device.num_free
+        return self.device.num_free - self.watermark_blocks
+
+    def can_allocate(self, request_id: str, num_total_tokens: int) -> bool:
+        """Could the request's device KV grow to cover `num_total_tokens`?"""
+        need = self.num_new_blocks_needed(request_id, num_total_tokens)
+        return need <= self.num_free_blocks_for(request_id)
+
+    def allocate_slots(self, request_id: str, num_total_tokens: int) -> list[int] | None:
+        """Grow (or create) the request's device table to cover `num_total_tokens`;
+        returns the new block ids, or None (nothing allocated) if they do not fit."""
+        if request_id in self._host_tables or not self.can_allocate(request_id, num_total_tokens):
+            return None  # a swapped request must swap in first
+        if request_id in self._device_tables:
+            return self.append_slots(request_id, num_total_tokens)
+        return self.allocate(request_id, num_total_tokens)
 
     def allocate(self, request_id: str, num_tokens: int) -> list[int]:
         """Give a request with no KV a device table covering `num_tokens`."""
@@ -139,12 +156,10 @@ class KVBlockManager:
 
     def swap_out(self, request_id: str) -> list[tuple[int, int]]:
         """Move the request's blocks to the host tier; returns (device, host) pairs."""
+        if not self.can_swap_out(request_id):
+            raise OutOfBlocksError(f"host: no room to swap out {request_id!r}")
         table = self._device_tables.pop(request_id)
-        try:
-            host_table = self.host.allocate(len(table))
-        except OutOfBlocksError:
-            self._device_tables[request_id] = table
-            raise
+        host_table = self.host.allocate(len(table))
         # Reused last: a copy overlapped with the next forward pass (FastServe §4.2)
         # need not finish first unless that pass really needs these blocks.
         self.device.free_reuse_last(table)
@@ -152,30 +167,34 @@ class KVBlockManager:
         return list(zip(table, host_table, strict=True))
 
     def can_swap_in(self, request_id: str, num_extra_blocks: int = 0) -> bool:
-        need = len(self._host_tables.get(request_id, ())) + num_extra_blocks
-        return need <= self.device.num_free
+        """Could the swapped request come back with `num_extra_blocks` more to grow?"""
+        table = self._host_tables.get(request_id)
+        return table is not None and len(table) + num_extra_blocks <= self.device.num_free
 
     def swap_in(self, request_id: str) -> list[tuple[int, int]]:
         """Move the request's blocks back to the device; returns (host, device) pairs."""
+        if not self.can_swap_in(request_id):
+            raise OutOfBlocksError(f"device: no room to swap in {request_id!r}")
         host_table = self._host_tables.pop(request_id)
-        try:
-            table = self.device.allocate(len(host_table))
-        except OutOfBlocksError:
-            self._host_tables[request_id] = host_table
-            raise
-        self.host.free(host_table)
+        table = self.device.allocate(len(host_table))
+        self._host_released_at_end.extend(host_table)  # read by this step's copies
         self._device_tables[request_id] = table
         return list(zip(host_table, table, strict=True))
 
-    def resize_device(self, num_blocks: int) -> None:
-        """Change the device tier's size (KunServe drop/restore of replicated layers)."""
-        self.device.resize(num_blocks)
+    def end_step(self) -> None:
+        """The step's swaps are decided: release the host blocks its swap-ins read."""
+        if self._host_released_at_end:
+            self.host.free(self._host_released_at_end)
+            self._host_released_at_end = []
 
     # ---- invariants -----------------------------------------------------------------
     def check_invariants(self) -> None:
         """Conservation per tier and single ownership; raises AssertionError if broken."""
-        for pool, tables in ((self.device, self._device_tables), (self.host, self._host_tables)):
-            owned = [b for table in tables.values() for b in table]
+        for pool, tables, releasing in (
+            (self.device, self._device_tables, []),
+            (self.host, self._host_tables, self._host_released_at_end),
+        ):
+            owned = [b for table in tables.values() for b in table] + releasing
             free = pool.free_ids()
             if len(owned) != len(set(owned)):
                 raise AssertionError(f"{pool.name}: a block is owned twice")

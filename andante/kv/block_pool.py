@@ -36,11 +36,6 @@ class BlockPool:
         taken.reverse()
         return taken
 
-    def allocate_one(self) -> int:
-        if not self._free_ids:
-            raise OutOfBlocksError(f"{self.name}: no free block")
-        return self._free_ids.pop()
-
     def free(self, block_ids: list[int]) -> None:
         self._free_ids.extend(reversed(block_ids))
 
@@ -52,19 +47,3 @@ class BlockPool:
     def free_ids(self) -> list[int]:
         """A copy of the free list (for invariant checks)."""
         return list(self._free_ids)
-
-    def resize(self, num_blocks: int) -> None:
-        """Grow the tier (KunServe gives dropped-parameter memory to the KV cache).
-
-        Shrinking only removes free blocks with the highest ids; it raises if any of
-        them is in use, so callers must evict first.
-        """
-        if num_blocks >= self.num_blocks:
-            self._free_ids[:0] = range(num_blocks - 1, self.num_blocks - 1, -1)
-        else:
-            doomed = set(range(num_blocks, self.num_blocks))
-            remaining = [b for b in self._free_ids if b not in doomed]
-            if len(self._free_ids) - len(remaining) != len(doomed):
-                raise OutOfBlocksError(f"{self.name}: cannot shrink below blocks in use")
-            self._free_ids = remaining
-        self.num_blocks = num_blocks

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from andante.core.request import Request
-from andante.policies.ordered import OrderedPolicy
+from andante.policies.vllm_v0 import OrderedPolicy
 
 
 def absolute_deadline(req: Request) -> float:

@@ -1,10 +1,14 @@
-"""Building blocks shared by the vLLM-style policies (admit, decode, swap in, preempt).
+"""The loops vLLM-style policies share: admit, advance with preemption from the back,
+swap in, and preempt for an arrival.
 
-Design note: these follow vLLM v0's default scheduler (vllm/core/scheduler.py,
-`_schedule_default`): admit waiting requests in queue order until one does not fit;
-advance running requests in order, preempting from the back of the running list
-when the block pool runs dry (the request itself if nobody is behind it); bring
-swapped requests back only in a step that preempted nobody.
+Design note: vLLM's schedulers. `advance_with_preemption` is the running loop of v1
+(vllm/v1/core/sched/scheduler.py, `schedule`) and v0 (`_schedule_running`): advance
+running requests in order; when one's blocks cannot be allocated, preempt from the back
+(the request itself if nobody is behind it). `admit_in_order` is the waiting loop: in
+queue order until one does not fit (head-of-line). `swap_in_in_order` is v0's
+`_schedule_swapped`; `preempt_for` its priority mode (`_schedule_priority_preemption`).
+A request advances by its remaining tokens (`remaining_tokens`: prefill-first) or by
+those capped by the step's token budget (`budgeted`: v1's chunked prefill).
 """
 
 from __future__ import annotations
@@ -14,23 +18,43 @@ from collections.abc import Callable, Iterable
 from andante.core.request import PreemptionMode, Request
 from andante.engine.plan import StepPlan
 
+TokenCount = Callable[[Request], int]  # tokens a request advances this step (0: none)
+
 
 def remaining_tokens(req: Request) -> int:
     """All of a request's uncomputed tokens: a whole (re)prefill, or one decode token."""
     return req.num_uncomputed_tokens
 
 
+def budgeted(plan: StepPlan) -> TokenCount:
+    """A request's uncomputed tokens capped by what is left of the step's token budget."""
+
+    def num_tokens(req: Request) -> int:
+        return min(req.num_uncomputed_tokens, plan.token_budget)
+
+    return num_tokens
+
+
 def by_arrival(req: Request) -> float:
     return req.arrival_time
 
 
-def admit_in_order(plan: StepPlan, candidates: Iterable[Request]) -> int:
-    """Admit whole (re)prefills in order, stopping at the first that does not fit."""
+def admit_in_order(
+    plan: StepPlan,
+    candidates: Iterable[Request],
+    num_tokens: TokenCount = remaining_tokens,
+    accept: Callable[[Request, int], bool] | None = None,
+) -> int:
+    """Admit requests in order, stopping at the first that does not fit (or that the
+    policy's own `accept(req, num_tokens)` refuses); returns how many it admitted."""
     admitted = 0
     for req in candidates:
-        if not plan.has_seq_room or not plan.can_schedule(req, req.num_uncomputed_tokens):
+        n = num_tokens(req)
+        if n < 1 or not plan.has_seq_room or not plan.can_schedule(req, n):
             break
-        plan.schedule(req, req.num_uncomputed_tokens)
+        if accept is not None and not accept(req, n):
+            break
+        plan.schedule(req, n)
         admitted += 1
     return admitted
 
@@ -46,12 +70,15 @@ def pick_victim(plan: StepPlan, order: list[Request], protect: Request) -> Reque
 def advance_with_preemption(
     plan: StepPlan,
     order: list[Request],
-    num_tokens: Callable[[Request], int],
+    num_tokens: TokenCount,
+    mode_for: Callable[[Request], PreemptionMode] | None = None,
 ) -> None:
     """Advance each running request of `order`; preempt from the back on block shortage.
 
-    Stops when the sequence or token budget is spent.
+    Stops when the sequence or token budget is spent. `mode_for` picks a victim's
+    preemption mode (default: the plan's).
     """
+    mode_of = mode_for or plan.preemption_mode_for
     index = 0
     while index < len(order):
         index = plan.schedule_decodes(order, index)  # the common case, kept cheap
@@ -69,23 +96,22 @@ def advance_with_preemption(
                 break  # fits in blocks yet refused: nothing more to do for it
             victim = pick_victim(plan, order, req)
             target = victim if victim is not None else req
-            plan.preempt(target, plan.preemption_mode_for(target))
+            plan.preempt(target, mode_of(target))
             if target is req:
                 break
         if plan.can_schedule(req, n):
             plan.schedule(req, n)
 
 
-def swap_in_in_order(plan: StepPlan, candidates: Iterable[Request]) -> None:
+def swap_in_in_order(
+    plan: StepPlan, candidates: Iterable[Request], num_tokens: TokenCount = remaining_tokens
+) -> None:
     """Bring swapped requests back (and run them) while they fit."""
     for req in candidates:
-        n = req.num_uncomputed_tokens
-        extra = plan.blocks_needed(req, n)
-        if not plan.can_swap_in(req) or plan.num_blocks_of(req) + extra > plan.num_free_blocks:
+        n = num_tokens(req)
+        if n < 1 or not plan.has_seq_room or plan.seq_budget < 1 or plan.token_budget < n:
             break
-        if not plan.has_seq_room:
-            break
-        if plan.seq_budget < 1 or plan.token_budget < n:
+        if not plan.can_swap_in(req, n):
             break
         plan.swap_in(req)
         plan.schedule(req, n)
@@ -99,7 +125,7 @@ def preempt_for(plan: StepPlan, req: Request, victims: list[Request]) -> bool:
     n = req.num_uncomputed_tokens
     preemptable = [v for v in victims if plan.can_preempt(v, PreemptionMode.RECOMPUTE)]
     reclaimable = sum(plan.num_blocks_of(v) for v in preemptable)
-    reserve = plan.blocks_needed(req, n) + int(plan.config.watermark * plan.num_total_blocks)
+    reserve = plan.blocks_needed(req, n) + plan.watermark_blocks
     if plan.seq_budget < 1 or plan.token_budget < n:
         return False
     if not plan.has_seq_room and not preemptable:

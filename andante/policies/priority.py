@@ -7,7 +7,7 @@ preemption of running lower-priority requests for a waiting higher-priority one.
 from __future__ import annotations
 
 from andante.core.request import Request
-from andante.policies.ordered import OrderedPolicy
+from andante.policies.vllm_v0 import OrderedPolicy
 
 
 class PriorityPolicy(OrderedPolicy):

@@ -14,8 +14,9 @@ from andante.engine.policy import Policy, PolicyContext
 
 POLICIES = MappingProxyType(
     {
-        "vllm": "andante.policies.fcfs:VLLMPolicy",
-        "sarathi": "andante.policies.sarathi:SarathiPolicy",
+        "vllm": "andante.policies.vllm:VLLMPolicy",
+        "vllm-v0": "andante.policies.vllm_v0:VLLMV0Policy",
+        "sarathi": "andante.policies.vllm:SarathiPolicy",
         "priority": "andante.policies.priority:PriorityPolicy",
         "edf": "andante.policies.edf:EDFPolicy",
         "sjf": "andante.policies.sjf:SJFPolicy",

@@ -7,7 +7,7 @@ job size (output lengths are unknown to a real server).
 from __future__ import annotations
 
 from andante.core.request import Request
-from andante.policies.ordered import OrderedPolicy
+from andante.policies.vllm_v0 import OrderedPolicy
 
 
 class SJFPolicy(OrderedPolicy):

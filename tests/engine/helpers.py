@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from andante.core import ManualClock, Request, SamplingParams, SyntheticTokens
@@ -9,7 +10,7 @@ from andante.core.sampling import SLO
 from andante.engine import Engine
 from andante.exec.batch import StepBatch, StepResult
 from andante.llm import build_engine
-from andante.policies import SchedulerConfig
+from andante.policies import SchedulerConfig, StepPlan
 
 
 class FakeExecutor:
@@ -34,6 +35,24 @@ class FakeExecutor:
             )
         ]
         return StepResult(sampled_token_ids=sampled, duration=self.step_time)
+
+
+class ScriptedPolicy:
+    """A stand-in policy that records one scripted decision per step."""
+
+    name = "scripted"
+
+    def __init__(self, decide: Callable[[StepPlan], None]) -> None:
+        self.decide = decide
+
+    def schedule(self, plan: StepPlan) -> None:
+        self.decide(plan)
+
+    def on_arrival(self, req: Request) -> None: ...
+
+    def on_finish(self, req: Request) -> None: ...
+
+    def on_step_end(self, batch: Any, result: Any) -> None: ...
 
 
 def make_request(
@@ -64,7 +83,7 @@ def make_engine(
 ) -> tuple[Engine, FakeExecutor, ManualClock]:
     clock = ManualClock()
     executor = FakeExecutor(num_device_blocks, num_host_blocks)
-    cfg = SchedulerConfig(block_size=block_size, watermark=0.0, **config)
+    cfg = SchedulerConfig(**{"block_size": block_size, "watermark": 0.0, **config})
     engine = build_engine(executor, clock, policy, cfg, options)
     return engine, executor, clock
 

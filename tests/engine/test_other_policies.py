@@ -20,6 +20,24 @@ def test_sarathi_chunks_prefill_and_runs_decodes_first() -> None:
     assert max(sum(b.num_new_tokens) for b in executor.batches) <= 8
 
 
+def _batches(
+    policy: str, options: dict[str, int] | None, budget: int
+) -> list[tuple[list[str], list[int]]]:
+    engine, executor, clock = make_engine(
+        policy, 12, options=options, max_num_batched_tokens=budget, max_model_len=8
+    )
+    for i, prompt in enumerate((7, 5, 6, 3, 7)):
+        engine.add_request(make_request(f"r{i}", prompt, 4, arrival=i * 1e-3))
+    run_to_completion(engine, clock)
+    return [([r.request_id for r in b.requests], b.num_new_tokens) for b in executor.batches]
+
+
+def test_sarathi_is_the_vllm_loop_with_a_smaller_budget() -> None:
+    sarathi = _batches("sarathi", {"token_budget": 8}, budget=64)
+    assert sarathi == _batches("vllm", None, budget=8)
+    assert sarathi != _batches("vllm", None, budget=64)  # the budget is what differs
+
+
 def test_sarathi_rejects_bad_option() -> None:
     with pytest.raises(ValueError, match="unknown option"):
         make_engine("sarathi", 64, options={"chunk": 8})

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from andante.core import PreemptionMode
 from tests.engine.helpers import make_engine, make_request, run_to_completion
 
-BASELINES = ["vllm", "sarathi", "priority", "edf", "sjf"]
+BASELINES = ["vllm", "vllm-v0", "sarathi", "priority", "edf", "sjf"]
 
 WORKLOAD = st.lists(
     st.tuples(
@@ -28,13 +28,16 @@ WORKLOAD = st.lists(
     policy=st.sampled_from(BASELINES),
     num_blocks=st.integers(min_value=9, max_value=40),
     swap=st.booleans(),
+    watermark=st.sampled_from([0.0, 0.05]),
 )
 def test_everything_finishes_and_blocks_return(
-    workload: list[tuple[int, int, int, int]], policy: str, num_blocks: int, swap: bool
+    workload: list[tuple[int, int, int, int]], policy: str, num_blocks: int, swap: bool,
+    watermark: float,
 ) -> None:
     mode = PreemptionMode.SWAP if swap else PreemptionMode.RECOMPUTE
     engine, _, clock = make_engine(
-        policy, num_blocks, num_host_blocks=16, preemption_mode=mode, max_model_len=64
+        policy, num_blocks, num_host_blocks=16, preemption_mode=mode, max_model_len=64,
+        watermark=watermark,
     )
     requests = [
         make_request(f"r{i}", p, o, arrival=step * 0.01, priority=prio)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from andante.core.request import PreemptionMode
 from andante.engine.plan import StepPlan
-from andante.policies.fcfs import VLLMPolicy
+from andante.policies.vllm import VLLMPolicy
 
 
 @dataclass(frozen=True, slots=True)

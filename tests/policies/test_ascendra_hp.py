@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from andante.kv import KVBlockManager
 from andante.policies.ascendra import AscendraHPPolicy
 from tests.policies.ascendra_helpers import engine, request, step
 
@@ -32,7 +33,8 @@ def test_decodes_wait_for_prefill_free_steps_when_not_mixed() -> None:
 def _admitted(elastic: bool, blocks: int) -> int:
     eng, clock = engine("ascendra-hp", {"base_batch": 4, "elastic": elastic,
                                          "free_kv_share": 0.10}, max_num_seqs=512)
-    eng.scheduler.kv.resize_device(blocks)
+    config = eng.scheduler.config
+    eng.scheduler.kv = KVBlockManager(config.block_size, blocks, watermark=config.watermark)
     for i in range(40):
         eng.add_request(request(f"r{i}", 160, max_tokens=300))
     batch, _ = eng.begin_step()

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 
 from andante.core import PreemptionMode, Request, RequestStatus
@@ -19,25 +16,7 @@ from andante.policies.fastserve.choice import choose
 from andante.policies.fastserve.kvcache import KVPlanner
 from andante.sim import ClusterSpec, build_simulator
 from andante.workload import WorkloadConfig, build_workload, to_requests
-from tests.engine.helpers import make_engine, make_request
-
-
-class _Scripted:
-    """A stand-in policy that records one scripted decision per step."""
-
-    name = "scripted"
-
-    def __init__(self, decide: Callable[[StepPlan], None]) -> None:
-        self.decide = decide
-
-    def schedule(self, plan: StepPlan) -> None:
-        self.decide(plan)
-
-    def on_arrival(self, req: Request) -> None: ...
-
-    def on_finish(self, req: Request) -> None: ...
-
-    def on_step_end(self, batch: Any, result: Any) -> None: ...
+from tests.engine.helpers import ScriptedPolicy, make_engine, make_request
 
 
 def _four_running(num_blocks: int = 16) -> tuple[Engine, list[Request]]:
@@ -72,7 +51,7 @@ def test_room_is_made_by_swapping_out_the_largest_enst_first() -> None:
 def test_proactive_swaps_in_the_smallest_enst_first_without_running_them() -> None:
     engine, reqs = _four_running()
     r0, r1, r2, r3 = reqs
-    engine.scheduler.policy = _Scripted(
+    engine.scheduler.policy = ScriptedPolicy(
         lambda plan: [plan.preempt(r, PreemptionMode.SWAP) for r in (r1, r2, r3)])
     engine.step()
     assert [r.status for r in reqs[1:]] == [RequestStatus.SWAPPED] * 3

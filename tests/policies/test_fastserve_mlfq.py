@@ -32,7 +32,7 @@ def test_skip_join_places_by_first_iteration_time(first: float, level: int) -> N
     mlfq = SkipJoinMLFQ(QUANTA, None)
     req = make_request("a", 4, 4)
     mlfq.add(req, first, now=0.0)
-    assert mlfq.level_of(req) == level  # highest queue whose quantum covers it
+    assert mlfq.state_of(req).level == level  # highest queue whose quantum covers it
 
 
 def test_skip_join_with_cost_model_orders_by_prompt_length() -> None:
@@ -45,7 +45,7 @@ def test_skip_join_with_cost_model_orders_by_prompt_length() -> None:
     reqs = [make_request(f"p{n}", n, 8) for n in (1, 64, 512, 2000)]
     for req in reqs:
         policy.on_arrival(req)
-    levels = [policy.mlfq.level_of(r) for r in reqs]
+    levels = [policy.mlfq.state_of(r).level for r in reqs]
     assert levels == sorted(levels) and levels[0] == 0 and levels[-1] > levels[1]
     for req, level in zip(reqs, levels, strict=True):
         assert policy.mlfq.quanta[level] >= cost.prefill_time(req.num_prompt_tokens)
@@ -61,17 +61,17 @@ def test_demotion_after_quantum_to_the_tail_of_the_next_queue() -> None:
     mlfq.add(b, 1.5, 0.0)  # Q2
     mlfq.add(c, 0.5, 0.0)
     mlfq.charge(a, 0.6, _const(0.1))
-    assert mlfq.level_of(a) == 0  # 0.6 < q1
+    assert mlfq.state_of(a).level == 0  # 0.6 < q1
     mlfq.charge(a, 0.6, _const(0.1))
-    assert mlfq.level_of(a) == 1 and mlfq.state_of(a).attained == 0.0
+    assert mlfq.state_of(a).level == 1 and mlfq.state_of(a).attained == 0.0
     assert mlfq.ordered() == [c, b, a]  # joined Q2 behind b
     mlfq.charge(c, 1.0, _const(3.0))  # next iteration needs 3 s: skips to Q3
-    assert mlfq.level_of(c) == 2
+    assert mlfq.state_of(c).level == 2
     mlfq.charge(c, 4.0, _const(0.1))
     mlfq.charge(c, 8.0, _const(0.1))
-    assert mlfq.level_of(c) == 3  # the last queue keeps it (round robin)
+    assert mlfq.state_of(c).level == 3  # the last queue keeps it (round robin)
     mlfq.charge(c, 8.0, _const(0.1))
-    assert mlfq.level_of(c) == 3
+    assert mlfq.state_of(c).level == 3
 
 
 def test_starvation_promotes_jobs_idle_for_alpha_to_q1() -> None:
@@ -83,19 +83,19 @@ def test_starvation_promotes_jobs_idle_for_alpha_to_q1() -> None:
     mlfq.charge(old, 1.0, _const(0.1))
     assert mlfq.promote_starved(2.9) == []
     assert mlfq.promote_starved(3.0) == [old]  # idle 3 s >= alpha
-    assert mlfq.level_of(old) == 0 and mlfq.state_of(old).attained == 0.0
+    assert mlfq.state_of(old).level == 0 and mlfq.state_of(old).attained == 0.0
     assert mlfq.ordered()[:2] == [front, old]  # tail of Q1
     assert mlfq.state_of(old).last_run == 3.0  # starve time reset
     mlfq.mark_run(fresh, 4.0)  # running keeps a job from starving
     assert mlfq.promote_starved(6.5) == [front, old]  # the longest idle first
-    assert mlfq.level_of(fresh) == 3
+    assert mlfq.state_of(fresh).level == 3
 
 
 def test_no_starvation_prevention_when_alpha_is_none() -> None:
     mlfq = SkipJoinMLFQ(QUANTA, starve_limit=None)
     req = make_request("a", 4, 4)
     mlfq.add(req, 10.0, 0.0)
-    assert mlfq.promote_starved(1e9) == [] and mlfq.level_of(req) == 3
+    assert mlfq.promote_starved(1e9) == [] and mlfq.state_of(req).level == 3
 
 
 def test_enst_follows_the_paper_formulas() -> None:

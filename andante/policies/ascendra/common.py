@@ -6,7 +6,7 @@ from andante.core.request import Request
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.shape import BatchShape
-from andante.policies.ascendra.options import PerfOptions
+from andante.policies.ascendra.options import RefitOptions
 from andante.policies.ascendra.perf import OnlinePerfModel
 
 
@@ -46,10 +46,10 @@ class AscendraBase(BasePolicy):
         super().__init__(ctx)
         if ctx.cost_model is None:
             raise ValueError(f"policy {self.name!r} needs the executor's cost model")
-        perf: PerfOptions = self.options.perf
-        self.perf_model = OnlinePerfModel(ctx.cost_model, window=perf.window,
-                                          refit_every=perf.refit_every,
-                                          tolerance=perf.tolerance)
+        refit: RefitOptions = self.options
+        self.perf_model = OnlinePerfModel(ctx.cost_model, window=refit.window,
+                                          refit_every=refit.refit_every,
+                                          tolerance=refit.tolerance)
 
     def on_step_end(self, batch: StepBatch, result: StepResult) -> None:
         if batch.requests:

@@ -23,6 +23,7 @@ from andante.engine.policy import PolicyContext
 from andante.policies.ascendra.common import AscendraBase, MeanMeter
 from andante.policies.ascendra.options import HPOptions
 from andante.policies.phases import (
+    admit_in_order,
     advance_with_preemption,
     by_arrival,
     remaining_tokens,
@@ -64,12 +65,11 @@ class AscendraHPPolicy(AscendraBase):
         """Blocks the running requests, and those admitted so far this step, are expected
         to need to finish decoding."""
         expected = self.decode_lengths.mean
-        block_size = plan.block_size
         total = 0
         for req in [*plan.running, *plan.scheduled]:
             left = expected - req.num_output_tokens
             if left > 0:
-                total += -(-int(left) // block_size)
+                total += plan.num_blocks_for(int(left))
         return total
 
     def _admit(self, plan: StepPlan) -> None:
@@ -77,20 +77,21 @@ class AscendraHPPolicy(AscendraBase):
         tokens = 0
         reserve: int | None = None  # expected decode growth of running + admitted
         floor = opts.free_kv_share * plan.num_total_blocks
-        per_request = -(-int(self.decode_lengths.mean) // plan.block_size)
-        for req in plan.waiting:
-            n = req.num_uncomputed_tokens
+        per_request = plan.num_blocks_for(int(self.decode_lengths.mean))
+
+        def accept(req: Request, n: int) -> bool:
+            nonlocal tokens, reserve
             if tokens and tokens + n > opts.token_budget:
-                return
-            if not plan.has_seq_room or not plan.can_schedule(req, n):
-                return
+                return False
             if plan.num_active_seqs >= opts.base_batch:
                 if not opts.elastic:
-                    return
+                    return False
                 if reserve is None:
                     reserve = self.decode_reserve_blocks(plan)
                 reserve += per_request
                 if plan.num_free_blocks - plan.blocks_needed(req, n) - reserve < floor:
-                    return
-            plan.schedule(req, n)
+                    return False
             tokens += n
+            return True
+
+        admit_in_order(plan, plan.waiting, accept=accept)

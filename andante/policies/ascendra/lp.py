@@ -45,7 +45,6 @@ class AscendraLPPolicy(AscendraBase):
         self._full_batch = (-1, 0.0)
         self._handoffs: list[str] = []
         self._handed: set[str] = set()  # offloaded once: never again
-        self.num_offloaded = 0
 
     # ---- hooks --------------------------------------------------------------------
     def take_handoffs(self) -> list[str]:
@@ -165,4 +164,3 @@ class AscendraLPPolicy(AscendraBase):
             if self.at_risk(req, now):
                 self._handed.add(rid)
                 self._handoffs.append(rid)
-                self.num_offloaded += 1

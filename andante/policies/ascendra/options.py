@@ -17,9 +17,10 @@ def _positive(owner: str, **values: float) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class PerfOptions:
-    """refit_every: steps between refits of the performance model (0: never);
-    window: steps the fit uses; tolerance: no refit while the error stays below it."""
+class RefitOptions:
+    """The online refit of the performance model, shared by LP and HP: refit_every:
+    steps between refits (0: never); window: steps the fit uses; tolerance: no refit
+    while the error stays below it."""
 
     refit_every: int = 256
     window: int = 512
@@ -27,20 +28,7 @@ class PerfOptions:
 
 
 @dataclass(frozen=True, slots=True)
-class _RefitOptions:
-    """The online refit of the performance model, shared by LP and HP (see PerfOptions)."""
-
-    refit_every: int = 256
-    window: int = 512
-    tolerance: float = 0.03
-
-    @property
-    def perf(self) -> PerfOptions:
-        return PerfOptions(self.refit_every, self.window, self.tolerance)
-
-
-@dataclass(frozen=True, slots=True)
-class LPOptions(_RefitOptions):
+class LPOptions(RefitOptions):
     """value: ordering of waiting prefills (edf, sjf, fcfs, ljf). Algorithm 1's budgets:
     token_budget (N, tokens per step), C: predicted step time while the step also
     decodes, at most step_budget seconds if given, else tbt_share x the tightest TBT SLO
@@ -69,7 +57,7 @@ class LPOptions(_RefitOptions):
 
 
 @dataclass(frozen=True, slots=True)
-class HPOptions(_RefitOptions):
+class HPOptions(RefitOptions):
     """base_batch: the batch size kept without elastic growth; elastic (§6.2): admit
     beyond it while more than free_kv_share of the KV cache stays free after reserving
     the expected decode growth of the running requests. token_budget: prompt tokens per

@@ -38,7 +38,6 @@ class StepChoice:
     requests: list[Request] = field(default_factory=list)  # the batch
     num_tokens: list[int] = field(default_factory=list)
     batch_ids: set[str] = field(default_factory=set)
-    placed_ids: set[str] = field(default_factory=set)  # jobs with a place on the device
     to_fetch: list[Request] = field(default_factory=list)  # swapped jobs with a place
     unplaced: list[Request] = field(default_factory=list)  # paused on the device, no place
     any_new: bool = False  # does the batch admit a job that holds no KV?
@@ -57,13 +56,9 @@ class StepChoice:
         return self.seq_budget >= 1 and num_tokens <= self.token_budget
 
 
-def watermark_blocks(plan: StepPlan) -> int:
-    return int(plan.config.watermark * plan.num_total_blocks)
-
-
 def device_capacity(plan: StepPlan, order: Sequence[Request]) -> int:
     """Device blocks the places may use (batches in a pipeline keep theirs)."""
-    capacity = plan.num_total_blocks - watermark_blocks(plan)
+    capacity = plan.num_total_blocks - plan.watermark_blocks
     if plan.in_flight_ids:
         capacity -= sum(plan.num_blocks_of(r) for r in order if plan.is_in_flight(r))
     return capacity
@@ -101,7 +96,7 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
             continue
         else:
             n = req.num_uncomputed_tokens
-        blocks = -(-(req.num_computed_tokens + n) // bs)
+        blocks = plan.num_blocks_for(req.num_computed_tokens + n)
         if used + blocks > (capacity if new else held_capacity):
             if status == _RUNNING:
                 choice.unplaced.append(req)
@@ -114,7 +109,6 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
                 continue  # no KV yet and no room in this step: no place either
             ready = False
         used += blocks
-        choice.placed_ids.add(req.request_id)
         if status == _SWAPPED:
             choice.to_fetch.append(req)
         if ready:

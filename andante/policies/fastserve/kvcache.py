@@ -29,7 +29,7 @@ from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.plan import StepPlan
 from andante.perf.cost_model import CostModel
 from andante.perf.shape import BatchShape
-from andante.policies.fastserve.choice import StepChoice, fill, watermark_blocks
+from andante.policies.fastserve.choice import StepChoice, fill
 
 _SWAPPED = RequestStatus.SWAPPED
 _HOLDS_KV = (RequestStatus.RUNNING, RequestStatus.SWAPPED)
@@ -93,7 +93,7 @@ class KVPlanner:
         if spare:  # victims: pop() takes the largest ENST
             enst_of = get_ranks()
             spare.sort(key=enst_of.__getitem__)
-        wm = watermark_blocks(plan) if choice.any_new else 0
+        wm = plan.watermark_blocks if choice.any_new else 0
         need = self._blocks_to_place(plan, choice)
         deficit = need + wm - plan.num_free_blocks
         while deficit > 0 and spare:
@@ -170,10 +170,10 @@ class KVPlanner:
                    spare: list[Request], fetch: list[Request], budget: float) -> int:
         """Swap out spare jobs until the reserve and the next swap-ins fit; returns the
         blocks moved. Always moves at least one job if it must."""
-        want = reserve + watermark_blocks(plan)
+        want = reserve + plan.watermark_blocks
         for req in fetch:
             size = plan.num_blocks_of(req)
-            if want > reserve + watermark_blocks(plan) and want + size > budget:
+            if want > reserve + plan.watermark_blocks and want + size > budget:
                 break
             want += size
         moved = 0
@@ -228,7 +228,7 @@ class KVPlanner:
     @staticmethod
     def _prefetch(plan: StepPlan, choice: StepChoice, reserve: int, fetch: list[Request],
                   budget: float) -> None:
-        floor = reserve + watermark_blocks(plan)
+        floor = reserve + plan.watermark_blocks
         moved = 0
         for req in fetch:
             if req.request_id in choice.batch_ids:

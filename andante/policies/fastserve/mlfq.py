@@ -54,9 +54,6 @@ class SkipJoinMLFQ:
     def __len__(self) -> int:
         return len(self._jobs)
 
-    def level_of(self, req: Request) -> int:
-        return self._jobs[req].level
-
     def state_of(self, req: Request) -> JobState:
         return self._jobs[req]
 

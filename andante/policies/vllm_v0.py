@@ -1,11 +1,16 @@
-"""vLLM-style prefill-first scheduling under a policy-defined order.
+"""`vllm-v0`: vLLM v0's prefill-first scheduling, under FCFS or any static order.
 
-Design note: vLLM v0's scheduler (`_schedule_default`, see `phases`) generalized to any
-static order, plus its priority mode (`_schedule_priority_preemption`): when the best
-waiting request does not fit, running requests strictly worse than it are preempted
-from the back until it does. Subclasses give `sort_key` (smaller runs first) and two
-switches. Sort keys are computed once per request and the waiting queue is re-sorted
-only after arrivals or preemptions, so a decision stays cheap with 10^4 waiting.
+Design note: vLLM v0's default scheduler (vllm/core/scheduler.py, `_schedule_default`;
+see `phases`), the baseline the Andes, FastServe and Ascendra papers compared against:
+a step runs new prefills if any fit (head-of-line: the first that does not fit stops
+admission, and nothing is admitted while requests are swapped out); otherwise it decodes
+every running request, preempting the most recently admitted when blocks run out;
+swapped requests come back only in a step that preempted nobody. `OrderedPolicy`
+generalizes it to any static order (`priority`, `edf`, `sjf`), plus v0's priority mode
+(`_schedule_priority_preemption`): when the best waiting request does not fit, running
+requests strictly worse than it are preempted from the back until it does. Sort keys are
+computed once per request and the waiting queue is re-sorted only after arrivals or
+preemptions, so a decision stays cheap with 10^4 waiting.
 """
 
 from __future__ import annotations
@@ -84,3 +89,10 @@ class OrderedPolicy(BasePolicy):
             if not preempt_for(plan, req, worse):
                 return
             plan.schedule(req, n)
+
+
+class VLLMV0Policy(OrderedPolicy):
+    name = "vllm-v0"
+
+    def sort_key(self, req: Request) -> float:
+        return req.arrival_time
