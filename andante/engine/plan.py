@@ -69,6 +69,11 @@ class StepPlan:
     def block_size(self) -> int:
         return self._block_size
 
+    @property
+    def watermark_blocks(self) -> int:
+        """Blocks an admission must leave free (the block manager's watermark)."""
+        return self._kv.watermark_blocks
+
     def num_blocks_of(self, req: Request) -> int:
         """Device blocks the request holds now (host blocks if swapped)."""
         if req.status == _SWAPPED:

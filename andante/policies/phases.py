@@ -47,11 +47,14 @@ def advance_with_preemption(
     plan: StepPlan,
     order: list[Request],
     num_tokens: Callable[[Request], int],
+    mode_for: Callable[[Request], PreemptionMode] | None = None,
 ) -> None:
     """Advance each running request of `order`; preempt from the back on block shortage.
 
-    Stops when the sequence or token budget is spent.
+    Stops when the sequence or token budget is spent. `mode_for` picks a victim's
+    preemption mode (default: the plan's).
     """
+    mode_of = mode_for or plan.preemption_mode_for
     index = 0
     while index < len(order):
         index = plan.schedule_decodes(order, index)  # the common case, kept cheap
@@ -69,7 +72,7 @@ def advance_with_preemption(
                 break  # fits in blocks yet refused: nothing more to do for it
             victim = pick_victim(plan, order, req)
             target = victim if victim is not None else req
-            plan.preempt(target, plan.preemption_mode_for(target))
+            plan.preempt(target, mode_of(target))
             if target is req:
                 break
         if plan.can_schedule(req, n):

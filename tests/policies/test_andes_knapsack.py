@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from andante.policies.andes.knapsack import (
+from andante.policies.andes.solver import (
     batch_candidates,
     batch_range,
     dp_pack,

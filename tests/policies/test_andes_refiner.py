@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from andante.policies.andes.refiner import MAX_EXACT, Pair, accepted_prefix, pair_up
+from andante.policies.andes.solver import MAX_EXACT, Pair, accepted_prefix, pair_up
 
 
 def test_pair_up_takes_the_fewest_lowest_priority_victims() -> None:
