@@ -222,8 +222,6 @@ class AndesPolicy(BasePolicy):
         nr = view.num_running
         capacity = plan.num_free_blocks + float(view.weight[:nr].sum()) - plan.watermark_blocks
         batches = self._batches(plan, view, capacity)
-        if len(batches) == 0:
-            return Decision(decode_order=list(view.reqs[:nr]))
         tau = self.latency.tau(batches)[:, None]
         gains = self.gain(view.streams, plan.now, view.first_delay(tau), tau, view)
         best: Packing | None = None
@@ -236,14 +234,13 @@ class AndesPolicy(BasePolicy):
         return self._decide(plan, view, best, gains[best_k], float(tau[best_k, 0]))
 
     def _batches(self, plan: StepPlan, view: View, capacity: float) -> np.ndarray:
+        """§4.2's candidate batch sizes (only B_max without the search)."""
         o = self.options
         max_seqs = plan.config.max_num_seqs
         fast = max_seqs
         if o.batch_search:
             fast = self.latency.fastest_batch_within(float(view.streams.inv.min()))
         b_min, b_max = batch_range(view.weight, capacity, max_seqs, fast)
-        if not o.batch_search:
-            return np.array([b_max], dtype=np.intp)
         return batch_candidates(b_min, b_max, o.max_batch_candidates)
 
     def _pack(self, view: View, gain: np.ndarray, capacity: float, batch: int) -> Packing:
