@@ -149,6 +149,10 @@ class Streams:
         return cls(table.start[idx], table.inv[idx], table.n[idx], table.late[idx],
                    table.pos[idx])
 
+    def select(self, positions: np.ndarray) -> Streams:
+        return Streams(self.start[positions], self.inv[positions], self.n[positions],
+                       self.late[positions], self.pos[positions])
+
 
 def _arith(first: np.ndarray, last: np.ndarray, e: np.ndarray, inv: np.ndarray) -> np.ndarray:
     """Σ_{k=first}^{last} (e - (k-1)·inv); 0 where last < first."""

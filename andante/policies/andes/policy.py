@@ -284,7 +284,7 @@ class AndesPolicy(BasePolicy):
             return decision
         tau = self.latency.tau(max(1, nr))
         q = view.queued
-        gain = self.gain(view.subset(np.arange(nr, len(view))), now,
+        gain = self.gain(view.streams.select(np.arange(nr, len(view))), now,
                          view.first_delay(tau)[q], tau, view)
         prio = self.priority(gain, view.weight[q], view.kind[q])
         order = top_order(prio, plan.config.max_num_seqs) + nr
@@ -389,7 +389,7 @@ class AndesPolicy(BasePolicy):
         evaluated."""
         keep = np.ones(view.num_running, dtype=bool)
         keep[victims[victims < view.num_running]] = False
-        s = view.subset(np.flatnonzero(keep))
+        s = view.streams.select(np.flatnonzero(keep))
         now, t = plan.now, plan.now + self.options.delta_t
         slack = s.start + s.n * s.inv + np.maximum(s.late, 0.0) - now
         fast = tau <= s.inv
@@ -400,7 +400,7 @@ class AndesPolicy(BasePolicy):
             risk = np.flatnonzero((slack < tau + float(stall.max())) | ~fast)
             if not len(risk):
                 return np.zeros(len(stall))
-            sub = Streams(s.start[risk], s.inv[risk], s.n[risk], s.late[risk], s.pos[risk])
+            sub = s.select(risk)
             on_time = qoe_at(sub, now, t, tau, tau)
             late = qoe_at(sub, now, t, tau + stall[:, None], tau)
             q_now = qoe_at(sub, now, now) if objective == "perfect" else on_time

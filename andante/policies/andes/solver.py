@@ -37,7 +37,6 @@ class View:
 
     reqs: list[Request]
     num_running: int
-    num_waiting: int
     idx: np.ndarray
     streams: Streams
     kind: np.ndarray
@@ -59,7 +58,7 @@ class View:
         base[nr:nr + nw] = latency.prefill_time(tokens[nr:nr + nw])
         base[nr + nw:] = latency.swap_time(tokens[nr + nw:])
         step = (kind != WAITING).astype(float)
-        return cls(reqs, nr, nw, idx, Streams.take(table, idx), kind, weight, base, step)
+        return cls(reqs, nr, idx, Streams.take(table, idx), kind, weight, base, step)
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -73,11 +72,6 @@ class View:
         """Delay of each request's next token if served at per-token latency `tau`
         (broadcasts: tau of shape (K, 1) gives (K, N))."""
         return self.base + self.step * tau
-
-    def subset(self, positions: np.ndarray) -> Streams:
-        s = self.streams
-        return Streams(s.start[positions], s.inv[positions], s.n[positions],
-                       s.late[positions], s.pos[positions])
 
 
 @dataclass(slots=True)
