@@ -124,26 +124,23 @@ class AndesOptions:
             if value not in valid:
                 raise ValueError(f"{name} must be one of {valid}, got {value!r}")
         fin = math.isfinite
-        for name, value, ok, rule in (
-            ("delta_t", self.delta_t, fin(self.delta_t) and self.delta_t > 0, "> 0 s"),
-            ("watermark", self.watermark, 0 <= self.watermark <= 1, "in [0, 1]"),
-            ("solver_interval", self.solver_interval, self.solver_interval >= 1, ">= 1"),
-            ("stall_weight", self.stall_weight,
-             fin(self.stall_weight) and self.stall_weight >= 0, ">= 0"),
-            ("running_bonus", self.running_bonus,
-             fin(self.running_bonus) and self.running_bonus >= 0, ">= 0"),
-            ("max_batch_candidates", self.max_batch_candidates,
-             self.max_batch_candidates >= 0, ">= 0"),
-            ("dp_max_items", self.dp_max_items, self.dp_max_items >= 1, ">= 1"),
-            ("dp_capacity_units", self.dp_capacity_units, self.dp_capacity_units >= 1, ">= 1"),
-            ("slack_percentile", self.slack_percentile, 0 <= self.slack_percentile <= 1,
-             "in [0, 1]"),
-            ("max_preemptions", self.max_preemptions,
-             self.max_preemptions is None or self.max_preemptions >= 0, ">= 0 or None"),
-            ("latency_ema", self.latency_ema, 0 < self.latency_ema <= 1, "in (0, 1]"),
-        ):
+        rules: tuple[tuple[str, bool, str], ...] = (
+            ("delta_t", fin(self.delta_t) and self.delta_t > 0, "> 0 s"),
+            ("watermark", 0 <= self.watermark <= 1, "in [0, 1]"),
+            ("solver_interval", self.solver_interval >= 1, ">= 1"),
+            ("stall_weight", fin(self.stall_weight) and self.stall_weight >= 0, ">= 0"),
+            ("running_bonus", fin(self.running_bonus) and self.running_bonus >= 0, ">= 0"),
+            ("max_batch_candidates", self.max_batch_candidates >= 0, ">= 0"),
+            ("dp_max_items", self.dp_max_items >= 1, ">= 1"),
+            ("dp_capacity_units", self.dp_capacity_units >= 1, ">= 1"),
+            ("slack_percentile", 0 <= self.slack_percentile <= 1, "in [0, 1]"),
+            ("max_preemptions", self.max_preemptions is None or self.max_preemptions >= 0,
+             ">= 0 or None"),
+            ("latency_ema", 0 < self.latency_ema <= 1, "in (0, 1]"),
+        )
+        for name, ok, rule in rules:
             if not ok:
-                raise ValueError(f"{name} must be {rule}, got {value!r}")
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
 
 @dataclass(slots=True)
