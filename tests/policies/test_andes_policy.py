@@ -118,16 +118,14 @@ def _crowded(refiner: bool) -> tuple[Engine, ManualClock, list[Request]]:
 
 
 def test_refiner_rejects_an_admission_whose_overhead_costs_more_than_it_gains() -> None:
+    """The refiner's case: it cancels the preemption the knapsack chose; without the
+    refiner the same admission preempts a running stream."""
     engine, _, running = _crowded(refiner=True)
-    policy = _policy(engine)
-    assert policy.stats.num_solves > 0 and policy.stats.num_pairs_cancelled > 0
-    assert sum(r.timeline.num_recomputes for r in running) == 0
+    assert _policy(engine).stats.num_solves > 0
+    assert not any(r.timeline.preemption_times for r in running)
     assert engine.scheduler.num_waiting == 1
-
-
-def test_without_refiner_the_same_admission_preempts() -> None:
     engine, _, running = _crowded(refiner=False)
-    assert sum(len(r.timeline.preemption_times) for r in running) >= 1
+    assert any(r.timeline.preemption_times for r in running)
 
 
 def test_pacer_saturated_reader_makes_room_for_a_queued_request() -> None:
@@ -245,7 +243,7 @@ def test_each_variant_changes_the_decision_on_its_case(
     variant: dict[str, Any], case: Callable[[dict[str, Any]], Decision], default: Decision,
     changed: Decision,
 ) -> None:
-    """(The refiner's case is `_crowded` above.)"""
+    """(The refiner's case is `_crowded`, tested above.)"""
     assert case({}) == default
     assert case(variant) == changed
 

@@ -146,7 +146,6 @@ class AndesOptions:
 @dataclass(slots=True)
 class AndesStats:
     num_solves: int = 0  # knapsack invocations (selective triggering let them run)
-    num_pairs_cancelled: int = 0  # admission/preemption pairs the refiner cancelled
 
 
 @dataclass(slots=True)
@@ -349,7 +348,6 @@ class AndesPolicy(BasePolicy):
             keep = accepted_prefix(pairs, gain[admits], view.base[admits], gain[victims],
                                    round_trip, self._loss_fn(plan, view, victims, tau),
                                    budget, check_all=o.refine_admissions)
-        self.stats.num_pairs_cancelled += len(pairs) - keep
         kept = pairs[:keep]
         return ([reqs[admits[p.admit]] for p in kept],
                 [victim_reqs[v] for p in kept for v in p.victims])
