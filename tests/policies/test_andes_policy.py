@@ -1,4 +1,5 @@
-"""The `andes` policy on the real scheduler: triggering, refiner, pacer, invariants."""
+"""The `andes` policy on the real scheduler: triggering, refiner, pacer, what each option
+variant changes, invariants."""
 
 from __future__ import annotations
 
@@ -251,20 +252,24 @@ def test_each_variant_changes_the_decision_on_its_case(
 WORKLOAD = st.lists(st.tuples(st.integers(1, 30), st.integers(1, 20), st.integers(0, 5),
                               st.sampled_from([1.0, 3.3, 4.8, 20.0])),
                     min_size=1, max_size=12)
+VARIANTS = st.sampled_from([{}, {"solver": "dp"}, {"objective": "min"}, {"objective": "perfect"},
+                            {"refiner": False}, {"preemption": "swap"}, {"batch_search": False}])
 
 
 @settings(max_examples=60, deadline=None)
 @given(workload=WORKLOAD, num_blocks=st.integers(9, 40), swap=st.booleans(),
-       lqsf=st.booleans())
+       lqsf=st.booleans(), variant=VARIANTS)
 def test_everything_finishes_and_blocks_return(
-    workload: list[tuple[int, int, int, float]], num_blocks: int, swap: bool, lqsf: bool
+    workload: list[tuple[int, int, int, float]], num_blocks: int, swap: bool, lqsf: bool,
+    variant: dict[str, Any],
 ) -> None:
+    """KV conservation and liveness for andes and lqsf in every variant."""
     clock = ManualClock()
     mode = PreemptionMode.SWAP if swap else PreemptionMode.RECOMPUTE
     config = SchedulerConfig(block_size=4, watermark=0.0, max_model_len=64,
                              max_num_batched_tokens=64, preemption_mode=mode)
     engine = build_engine(FakeExecutor(num_blocks, 16), clock, "lqsf" if lqsf else "andes",
-                          config, {"solver_interval": 1, "watermark": 0.2})
+                          config, {"solver_interval": 1, "watermark": 0.2, **variant})
     reqs = [make_request(f"r{i}", p, o, arrival=step * 0.01, slo=SLO(ttft=0.2, tds=tds))
             for i, (p, o, step, tds) in enumerate(workload)]
     for req in reqs:
