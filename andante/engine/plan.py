@@ -185,10 +185,6 @@ class StepPlan:
         self.scheduled.append(req)
         self.num_scheduled_tokens.append(num_tokens)
 
-    def schedule_decode(self, req: Request) -> bool:
-        """Fast path: one token for a running request if it fits; True if scheduled."""
-        return self.schedule_decodes([req], 0) == 1
-
     def schedule_decodes(self, order: list[Request], start: int = 0) -> int:
         """Fast path: one token for each running, decoding request of `order[start:]`, in
         order; returns the index of the first one it did not schedule (len if none)."""

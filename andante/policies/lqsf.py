@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from andante.policies.andes.options import AndesOptions
-from andante.policies.andes.policy import AndesPolicy
+from andante.policies.andes import AndesOptions, AndesPolicy
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,7 @@ import pytest
 
 from andante.core.sampling import SLO
 from andante.metrics.qoe import qoe
-from andante.policies.andes.gain import Streams, objective_gain, qoe_at
-from andante.policies.andes.state import NO_LATENESS, RequestTable
+from andante.policies.andes.gain import NO_LATENESS, RequestTable, Streams, objective_gain, qoe_at
 from tests.engine.helpers import make_request
 
 DT = 10.0
@@ -122,15 +121,14 @@ def test_request_table_tracks_timelines_incrementally() -> None:
             r.append_output_token(1, now)
         table.record(table.indices(got), now)
     for req in reqs:
-        slot = table.get(req)
-        assert slot is not None
+        [slot] = table.slots_of([req])
         ref = _streams(req.arrival_time, 1.0, req.slo.tds or 0.0, req.timeline.token_times)
         assert table.n[slot] == ref.n[0] and table.pos[slot] == pytest.approx(ref.pos[0])
         assert table.late[slot] == pytest.approx(ref.late[0])
         dry = req.arrival_time + 1.0 + (ref.n[0] - 1) / req.slo.tds + ref.late[0]  # type: ignore[operator]
         assert table.buffered(np.array([slot]), now)[0] == pytest.approx(max(dry - now, 0.0))
     table.remove(reqs[0])
-    assert reqs[0] not in table and len(table) == 4
+    assert table.slots_of(reqs) == [1, 2, 3, 4]
     assert table.add(make_request("new", 4, 4)) == 0  # the freed slot is reused
     assert math.isfinite(float(table.start[0]))
 

@@ -1,6 +1,9 @@
-"""Andes (QoE-aware token-level preemptive scheduling): the `andes` policy and parts."""
+"""Andes (QoE-aware token-level preemptive scheduling): the `andes` policy.
 
-from andante.policies.andes.options import AndesOptions
-from andante.policies.andes.policy import AndesPolicy
+`gain.py` (what serving a request is worth), `solver.py` (the knapsack and the
+refiner's bookkeeping) and `policy.py` (the decision and its execution) read in that
+order."""
+
+from andante.policies.andes.policy import AndesOptions, AndesPolicy
 
 __all__ = ["AndesOptions", "AndesPolicy"]

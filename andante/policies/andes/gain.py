@@ -1,32 +1,134 @@
-"""QoE over the next Δt if served or left waiting, for many requests at once.
+"""What serving a request is worth: its QoE state, the latency model and the gain.
 
-Design note (Andes §4.1, Fig. 7). Q_serve,i(B) is request i's QoE at t = now + Δt if
-its next token comes after a first delay f (one step τ(B) if running, a prefill if
-waiting, a swap-in plus τ if swapped) and the following ones every τ(B); Q_wait,i is
-its QoE at t with no new token. Both use DESIGN §5's mid-flight QoE at t:
-    S_delay(t) = Σ_{k due} max(0, min(ℓ_k, E - (k-1)·inv)),   E = t - start,
-    S_whole(t) = Σ_{k due} (E - (k-1)·inv),                    due: E - (k-1)·inv >= 0,
-with ℓ_k the lateness of token k (∞ if undelivered). ℓ_k never decreases and
-E - (k-1)·inv decreases, so the min switches once, at the first token still unread at
-t; before it a token contributes max(ℓ_k, 0), after it the arithmetic term. Every
-part is a closed form of the per-request summary in `state.py` (n, ℓ_n, Σ ℓ⁺) and of
-f and τ: O(1) per request, vectorized over requests (and over batch sizes by
-broadcasting `first`/`tau` to shape (K, N)). The result equals
-`andante.metrics.qoe.qoe(..., now=t)` on the predicted timeline (tests check it).
-
-Objectives (Appendix A): "avg" gain Q_serve - Q_wait; "min" gain
-max(Q_min - Q_wait, 0) with Q_min the lowest current QoE (plus 1e-3 × the avg gain to
-break its many ties); "perfect" gain [Q_serve = 1] - [Q_wait = 1] if Q_now = 1.
+Design note (Andes §3.1-§3.2, the "Request Tracker"). With start = arrival + TTFT
+target and inv = 1 / tds, token k (1-based) is ideally read at start + (k-1)·inv and
+actually at C_k = max(arrival_k, C_{k-1} + inv). Its lateness ℓ_k = C_k - ideal_k is
+a running maximum, ℓ_k = max(ℓ_{k-1}, arrival_k - (k-1)·inv - start), so three
+numbers summarize a whole timeline for every QoE prediction: n (tokens delivered),
+late = ℓ_n and pos = Σ_k max(ℓ_k, 0). Each new token updates them in O(1); the
+scheduler never re-reads timelines. The reader's buffer (what the token pacer holds)
+runs dry at C_n = start + (n-1)·inv + ℓ_n.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from andante.policies.andes.state import RequestTable
+from andante.core.request import Request
+from andante.core.sampling import DEFAULT_TDS, DEFAULT_TTFT_TARGET
+from andante.engine.config import SchedulerConfig
+from andante.exec.batch import StepBatch, StepResult
+from andante.perf.cost_model import CostModel
 
+#: Lateness of "no token yet": far below any real lateness, finite for the arithmetic.
+NO_LATENESS = -1e9
+_FIELDS = ("start", "inv", "n", "late", "pos", "prompt")
+
+
+class RequestTable:
+    """Struct-of-arrays state of live requests; `indices(reqs)` gives their slots."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._slots: dict[Request, int] = {}
+        self._free: list[int] = []
+        self._size = 0
+        self._init_arrays(max(1, capacity))
+
+    def _init_arrays(self, capacity: int) -> None:
+        self.start = np.zeros(capacity)  # arrival + TTFT target (s)
+        self.inv = np.ones(capacity)  # 1 / reading speed (s per token)
+        self.n = np.zeros(capacity)  # tokens delivered
+        self.late = np.full(capacity, NO_LATENESS)  # lateness of the last token (s)
+        self.pos = np.zeros(capacity)  # sum of positive lateness (s)
+        self.prompt = np.zeros(capacity)  # prompt tokens
+
+    def _grow(self) -> None:
+        capacity = 2 * len(self.start)
+        for name in _FIELDS:
+            old = getattr(self, name)
+            new = np.zeros(capacity) if name != "late" else np.full(capacity, NO_LATENESS)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+    def add(self, req: Request) -> int:
+        """Track `req` (idempotent); replays tokens it already has."""
+        slot = self._slots.get(req)
+        if slot is not None:
+            return slot
+        if self._free:
+            slot = self._free.pop()
+        else:
+            if self._size == len(self.start):
+                self._grow()
+            slot = self._size
+            self._size += 1
+        slo = req.slo
+        ttft = slo.ttft if slo.ttft is not None else DEFAULT_TTFT_TARGET
+        tds = slo.tds if slo.tds is not None else DEFAULT_TDS
+        self.start[slot] = req.arrival_time + ttft
+        self.inv[slot] = 1.0 / tds
+        self.n[slot] = 0.0
+        self.late[slot] = NO_LATENESS
+        self.pos[slot] = 0.0
+        self.prompt[slot] = req.num_prompt_tokens
+        self._slots[req] = slot
+        for t in req.timeline.token_times:
+            self.record(np.array([slot]), t)
+        return slot
+
+    def remove(self, req: Request) -> None:
+        slot = self._slots.pop(req, None)
+        if slot is not None:
+            self._free.append(slot)
+
+    def indices(self, reqs: Sequence[Request]) -> np.ndarray:
+        """Slots of `reqs` (tracking any request not seen yet)."""
+        try:
+            return np.fromiter(map(self._slots.__getitem__, reqs), dtype=np.intp,
+                               count=len(reqs))
+        except KeyError:
+            return np.fromiter(map(self.add, reqs), dtype=np.intp, count=len(reqs))
+
+    def slots_of(self, reqs: Iterable[Request]) -> list[int]:
+        """Slots of the tracked requests among `reqs` (others skipped)."""
+        get = self._slots.get
+        return [s for s in map(get, reqs) if s is not None]
+
+    def record(self, idx: np.ndarray, now: float) -> None:
+        """One new token at `now` for each slot of `idx` (distinct slots)."""
+        n = self.n[idx]
+        late = np.maximum(self.late[idx], now - n * self.inv[idx] - self.start[idx])
+        self.late[idx] = late
+        self.pos[idx] += np.maximum(late, 0.0)
+        self.n[idx] = n + 1.0
+
+    def buffered(self, idx: np.ndarray, now: float) -> np.ndarray:
+        """Seconds of text the reader still has in its pacer buffer at `now` (>= 0)."""
+        n = self.n[idx]
+        dry = self.start[idx] + (n - 1.0) * self.inv[idx] + self.late[idx]
+        return np.where(n > 0, np.maximum(dry - now, 0.0), 0.0)
+
+
+# Design note (Andes §4.1, Fig. 7). Q_serve,i(B) is request i's QoE at t = now + Δt if
+# its next token comes after a first delay f (one step τ(B) if running, a prefill if
+# waiting, a swap-in plus τ if swapped) and the following ones every τ(B); Q_wait,i is
+# its QoE at t with no new token. Both use DESIGN §5's mid-flight QoE at t:
+#     S_delay(t) = Σ_{k due} max(0, min(ℓ_k, E - (k-1)·inv)),   E = t - start,
+#     S_whole(t) = Σ_{k due} (E - (k-1)·inv),                    due: E - (k-1)·inv >= 0,
+# with ℓ_k the lateness of token k (∞ if undelivered). ℓ_k never decreases and
+# E - (k-1)·inv decreases, so the min switches once, at the first token still unread at
+# t; before it a token contributes max(ℓ_k, 0), after it the arithmetic term. Every
+# part is a closed form of the per-request summary above (n, ℓ_n, Σ ℓ⁺) and of
+# f and τ: O(1) per request, vectorized over requests (and over batch sizes by
+# broadcasting `first`/`tau` to shape (K, N)). The result equals
+# `andante.metrics.qoe.qoe(..., now=t)` on the predicted timeline (tests check it).
+#
+# Objectives (Appendix A): "avg" gain Q_serve - Q_wait; "min" gain
+# max(Q_min - Q_wait, 0) with Q_min the lowest current QoE (plus 1e-3 × the avg gain to
+# break its many ties); "perfect" gain [Q_serve = 1] - [Q_wait = 1] if Q_now = 1.
 ArrayLike = np.ndarray | float
 PERFECT = 1.0 - 1e-9  # QoE at or above this counts as perfect
 MIN_TIE_BREAK = 1e-3
@@ -47,8 +149,9 @@ class Streams:
         return cls(table.start[idx], table.inv[idx], table.n[idx], table.late[idx],
                    table.pos[idx])
 
-    def __len__(self) -> int:
-        return len(self.start)
+    def select(self, positions: np.ndarray) -> Streams:
+        return Streams(self.start[positions], self.inv[positions], self.n[positions],
+                       self.late[positions], self.pos[positions])
 
 
 def _arith(first: np.ndarray, last: np.ndarray, e: np.ndarray, inv: np.ndarray) -> np.ndarray:
@@ -108,3 +211,108 @@ def objective_gain(objective: str, q_serve: np.ndarray, q_wait: np.ndarray,
         keep = (q_serve >= PERFECT) & (q_wait < PERFECT) & (q_now >= PERFECT)
         return keep.astype(float)
     raise ValueError(f"unknown objective {objective!r}")
+
+
+# Design note (Andes Appendix B, §4.3 "Overhead Estimation"). Batch size and total
+# context are nearly perfectly correlated, so the token generation latency is modelled
+# as a function of B alone: τ(B) = ρ · decode_time(B, c̄), with c̄ the running mean
+# context of decoded requests and decode_time from the executor's cost model. ρ is
+# learned online: after each step that decodes, the observed inter-token time of the
+# decoded requests (from the end of the previous decoding step, so prefill steps in
+# between count, as they do for the reader) is divided by the prediction, and an EMA
+# of that ratio is kept. Overheads come from the same cost model: recompute = a
+# prefill of prompt + generated tokens (interpolated from a table), swap = KV bytes
+# over the host link. Without a cost model (tests) τ is the observed step time alone.
+FALLBACK_TOKEN_LATENCY = 0.02  # s, Andes' public code before any observation
+FALLBACK_PREFILL_PER_TOKEN = 1e-4  # s
+FALLBACK_SWAP_PER_TOKEN = 1e-5  # s
+PREFILL_GRID = 64  # tokens between prefill-table points
+CONTEXT_BUCKET = 64  # tokens; τ tables are cached per bucket of mean context
+RATIO_BOUNDS = (0.25, 50.0)
+
+
+class LatencyModel:
+    def __init__(self, cost_model: CostModel | None, config: SchedulerConfig,
+                 ema: float = 0.1) -> None:
+        self.cost_model = cost_model
+        self.max_batch = config.max_num_seqs
+        self.ema = ema
+        self._init_tables(config)
+        self.ratio = 1.0  # observed / predicted token latency
+        self.token_latency = FALLBACK_TOKEN_LATENCY  # observed inter-token time (EMA)
+        self.mean_context = 512.0
+        self._last_decode_end: float | None = None
+        self._last_step_end: float | None = None
+
+    def _init_tables(self, config: SchedulerConfig) -> None:
+        self._tau_cache: dict[int, np.ndarray] = {}
+        grid = np.arange(0, config.max_model_len + PREFILL_GRID, PREFILL_GRID, dtype=float)
+        self._prefill_grid = grid
+        cm = self.cost_model
+        if cm is None:
+            self._prefill_table = grid * FALLBACK_PREFILL_PER_TOKEN
+            self._swap_per_token = FALLBACK_SWAP_PER_TOKEN
+            return
+        self._prefill_table = np.array([cm.prefill_time(int(x)) for x in grid])
+        self._swap_per_token = cm.swap_time(1)
+
+    # ---- predictions ----------------------------------------------------------------
+    def _decode_table(self) -> np.ndarray:
+        """decode_time(B, c̄) for B = 0..max_batch (cached per context bucket)."""
+        bucket = int(self.mean_context // CONTEXT_BUCKET)
+        table = self._tau_cache.get(bucket)
+        if table is None:
+            ctx = bucket * CONTEXT_BUCKET + CONTEXT_BUCKET // 2
+            cm = self.cost_model
+            assert cm is not None
+            table = np.array([cm.decode_time(b, ctx) for b in range(self.max_batch + 1)])
+            self._tau_cache[bucket] = table
+        return table
+
+    def tau(self, batch: np.ndarray | int) -> np.ndarray:
+        """Predicted seconds per token for each request of a batch of size B."""
+        b = np.clip(np.asarray(batch), 1, self.max_batch)
+        if self.cost_model is None:
+            return np.full(b.shape, self.token_latency)
+        return self.ratio * self._decode_table()[b]
+
+    def prefill_time(self, tokens: np.ndarray) -> np.ndarray:
+        return np.interp(tokens, self._prefill_grid, self._prefill_table)
+
+    def swap_time(self, tokens: np.ndarray) -> np.ndarray:
+        """One-way copy of `tokens` tokens of KV between device and host."""
+        return np.asarray(tokens, dtype=float) * self._swap_per_token
+
+    def fastest_batch_within(self, seconds: float) -> int:
+        """The largest B whose predicted τ(B) <= seconds (0 if none)."""
+        if self.cost_model is None:
+            return self.max_batch if self.token_latency <= seconds else 0
+        table = self.ratio * self._decode_table()
+        return int(np.searchsorted(table[1:], seconds, side="right"))
+
+    # ---- online refinement ----------------------------------------------------------
+    def observe(self, batch: StepBatch, result: StepResult, now: float) -> None:
+        """Fold one completed step into the estimates (cheap: one pass over the batch)."""
+        started = now - result.duration
+        if self._last_step_end is None or started > self._last_step_end + 1e-9:
+            self._last_decode_end = None  # the engine idled: no inter-token time to learn
+        self._last_step_end = now
+        num_dec = 0
+        context = 0
+        for new, cached in zip(batch.num_new_tokens, batch.num_cached_tokens, strict=True):
+            if new == 1 and cached > 0:
+                num_dec += 1
+                context += cached
+        if num_dec == 0:
+            return
+        a = self.ema
+        self.mean_context += a * (context / num_dec - self.mean_context)
+        last, self._last_decode_end = self._last_decode_end, now
+        if last is None or now <= last:
+            return
+        gap = now - last
+        self.token_latency += a * (gap - self.token_latency)
+        if self.cost_model is not None:
+            predicted = float(self._decode_table()[min(num_dec, self.max_batch)])
+            observed = float(np.clip(gap / predicted, *RATIO_BOUNDS))
+            self.ratio += a * (observed - self.ratio)

@@ -1,7 +1,7 @@
 """`andes`: QoE-aware token-level preemptive scheduling (Andes, §4).
 
 Design note. Every step the policy sees running, waiting and swapped requests as
-numpy arrays (`View`) over incrementally kept QoE state (`state.py`). When the system
+numpy arrays (`View`) over incrementally kept QoE state (`gain.py`). When the system
 is memory-bound (KV usage >= watermark with requests queued) or compute-bound (the
 observed token latency exceeds the most stringent reader's pace) — selective
 triggering, §4.2, considered every `solver_interval` steps — it solves the knapsack of
@@ -11,13 +11,20 @@ admission/preemption pairs are worth their cost. Otherwise it orders the queue b
 gain per KV block and admits in that order, through the same refiner (a prefill stalls
 the running streams); a reader whose pacer holds more than Δt of text (its gain over Δt
 is 0) may then be preempted to admit a queued request (§3.2: the scheduler and the
-token pacer are one design). Steps are prefill-first as in vLLM, where Andes is
-implemented (§5).
+token pacer are one design). Steps are prefill-first as in vLLM v0, where Andes is
+implemented (§5): the chosen victims are preempted, the chosen waiting and swapped
+requests admitted in priority order until one does not fit (Algorithm 1's `break`), and
+only if no prefill was scheduled every running request advances by one token, the
+lowest-priority one preempted when blocks run dry — the shared loops of `phases.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import groupby
 
 import numpy as np
 
@@ -25,18 +32,127 @@ from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
-from andante.policies.andes import execute
-from andante.policies.andes.decision import AndesStats, Decision
-from andante.policies.andes.gain import Streams, objective_gain, qoe_at
-from andante.policies.andes.knapsack import top_order
-from andante.policies.andes.latency import LatencyModel
-from andante.policies.andes.options import AndesOptions
-from andante.policies.andes.refiner import accepted_prefix, pair_up
-from andante.policies.andes.solve import solve_knapsack
-from andante.policies.andes.state import RequestTable
-from andante.policies.andes.view import RUNNING, View
+from andante.policies.andes.gain import (
+    LatencyModel,
+    RequestTable,
+    Streams,
+    objective_gain,
+    qoe_at,
+)
+from andante.policies.andes.solver import (
+    RUNNING,
+    Packing,
+    View,
+    accepted_prefix,
+    batch_candidates,
+    batch_range,
+    dp_pack,
+    fill,
+    greedy_pack,
+    pair_up,
+    top_order,
+)
+from andante.policies.phases import (
+    admit_in_order,
+    advance_with_preemption,
+    remaining_tokens,
+    swap_in_in_order,
+)
 
+SOLVERS = ("greedy", "dp")
+OBJECTIVES = ("avg", "min", "perfect")
+PREEMPTIONS = ("auto", "swap", "recompute")
 RUNNING_TIE = 1e-12  # running requests win ties (a zero-gain request costs nothing kept)
+
+
+@dataclass(frozen=True, slots=True)
+class AndesOptions:
+    """Defaults follow the paper where it gives a value and Andes' public code (vLLM
+    fork) where it is silent.
+
+    delta_t: QoE-gain horizon Δt (s). watermark: KV usage that triggers the solver.
+    solver_interval: the solver may run every this many steps. solver: "greedy"
+    (Alg. 1) or "dp" (Appendix C). objective: "avg" QoE, "min" (max-min QoE) or
+    "perfect" (number of requests at QoE 1), Appendix A. refiner: §4.3 on/off.
+    refine_admissions: the refiner also weighs admissions that preempt nobody (their
+    prefill stalls the running streams); False keeps every one that fits.
+    stall_weight: multiplies the refiner's estimate of what a stall costs the running
+    streams. 1 is the paper's estimate (their QoE lost over Δt); the default 10 was
+    calibrated in the simulator (see the experiment report): the Δt estimate counts only
+    the tokens due within Δt, while a stall delays every later token of every running
+    stream, and an admission's gain assumes it would otherwise wait the whole Δt.
+    preemption: "auto" picks the cheaper of swap and recompute per request.
+    running_bonus: priority bonus of running requests. size_aware: priority is gain
+    per KV block (False: gain alone, as LQSF). batch_search: search B in
+    [B_min, B_max] (False: B = B_max). max_batch_candidates: at most this many B
+    values are evaluated (evenly spread, ends included; 0 = all). pacer_aware:
+    between solver runs, readers buffered beyond Δt may be preempted for waiting
+    requests. dp_max_items / dp_capacity_units bound the DP (items kept by
+    priority; capacity coarsened to this many units; exact below both).
+    latency_ema: weight of a new observation in the online latency estimates.
+    slack_percentile: the refiner's preemption budget is this percentile of the
+    ongoing requests' slack (public code: 10 %; 1 = the largest slack, no budget).
+    max_preemptions: at most this many preemptions per decision (None: no cap).
+    """
+
+    delta_t: float = 10.0
+    watermark: float = 0.9
+    solver_interval: int = 10
+    solver: str = "greedy"
+    objective: str = "avg"
+    refiner: bool = True
+    refine_admissions: bool = True
+    stall_weight: float = 10.0
+    preemption: str = "auto"
+    running_bonus: float = 0.1
+    size_aware: bool = True
+    batch_search: bool = True
+    max_batch_candidates: int = 16
+    pacer_aware: bool = True
+    dp_max_items: int = 256
+    dp_capacity_units: int = 256
+    latency_ema: float = 0.1
+    slack_percentile: float = 0.1
+    max_preemptions: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, value, valid in (
+            ("solver", self.solver, SOLVERS),
+            ("objective", self.objective, OBJECTIVES),
+            ("preemption", self.preemption, PREEMPTIONS),
+        ):
+            if value not in valid:
+                raise ValueError(f"{name} must be one of {valid}, got {value!r}")
+        fin = math.isfinite
+        rules: tuple[tuple[str, bool, str], ...] = (
+            ("delta_t", fin(self.delta_t) and self.delta_t > 0, "> 0 s"),
+            ("watermark", 0 <= self.watermark <= 1, "in [0, 1]"),
+            ("solver_interval", self.solver_interval >= 1, ">= 1"),
+            ("stall_weight", fin(self.stall_weight) and self.stall_weight >= 0, ">= 0"),
+            ("running_bonus", fin(self.running_bonus) and self.running_bonus >= 0, ">= 0"),
+            ("max_batch_candidates", self.max_batch_candidates >= 0, ">= 0"),
+            ("dp_max_items", self.dp_max_items >= 1, ">= 1"),
+            ("dp_capacity_units", self.dp_capacity_units >= 1, ">= 1"),
+            ("slack_percentile", 0 <= self.slack_percentile <= 1, "in [0, 1]"),
+            ("max_preemptions", self.max_preemptions is None or self.max_preemptions >= 0,
+             ">= 0 or None"),
+            ("latency_ema", 0 < self.latency_ema <= 1, "in (0, 1]"),
+        )
+        for name, ok, rule in rules:
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+
+@dataclass(slots=True)
+class AndesStats:
+    num_solves: int = 0  # knapsack invocations (selective triggering let them run)
+
+
+@dataclass(slots=True)
+class Decision:
+    admits: list[Request] = field(default_factory=list)  # in the order to try
+    victims: list[Request] = field(default_factory=list)  # preempt now
+    decode_order: list[Request] = field(default_factory=list)  # highest priority first
 
 
 class AndesPolicy(BasePolicy):
@@ -94,57 +210,65 @@ class AndesPolicy(BasePolicy):
             return True
         return self.latency.token_latency > float(view.streams.inv.min())
 
-    def _carry_out(self, plan: StepPlan, decision: Decision) -> None:
-        self.stats.num_preemptions += execute.preempt(plan, decision.victims, self._mode_for)
-        chosen = len(plan.preemptions)
-        if not execute.admit(plan, decision.admits):
-            execute.decode(plan, decision.decode_order, self._mode_for)
-        self.stats.num_shortage_preemptions += len(plan.preemptions) - chosen
+    # ---- the knapsack (§4.2) --------------------------------------------------------
+    def _solve(self, plan: StepPlan, view: View) -> Decision:
+        """Eq. 5 for every candidate B; the B of the largest total gain wins (ties: the
+        larger B). M is what the running requests hold plus the free blocks, less the
+        block manager's admission watermark."""
+        nr = view.num_running
+        capacity = plan.num_free_blocks + float(view.weight[:nr].sum()) - plan.watermark_blocks
+        batches = self._batches(plan, view, capacity)
+        tau = self.latency.tau(batches)[:, None]
+        gains = self.gain(view.streams, plan.now, view.first_delay(tau), tau, view)
+        best: Packing | None = None
+        best_k = 0
+        for k, batch in enumerate(batches):
+            packing = self._pack(view, gains[k], capacity, int(batch))
+            if best is None or packing.value >= best.value:
+                best, best_k = packing, k
+        assert best is not None
+        return self._decide(plan, view, best, gains[best_k], float(tau[best_k, 0]))
 
-    def _mode_for(self, plan: StepPlan, req: Request) -> PreemptionMode:
-        """The cheaper of swap and recompute (§4.3), as the options allow."""
-        return self._cheaper_mode(req, plan.can_preempt(req, PreemptionMode.SWAP))
+    def _batches(self, plan: StepPlan, view: View, capacity: float) -> np.ndarray:
+        """§4.2's candidate batch sizes (only B_max without the search)."""
+        o = self.options
+        max_seqs = plan.config.max_num_seqs
+        fast = max_seqs
+        if o.batch_search:
+            fast = self.latency.fastest_batch_within(float(view.streams.inv.min()))
+        b_min, b_max = batch_range(view.weight, capacity, max_seqs, fast)
+        return batch_candidates(b_min, b_max, o.max_batch_candidates)
 
-    def _cheaper_mode(self, req: Request, can_swap: bool) -> PreemptionMode:
-        choice = self.options.preemption
-        if choice == "recompute" or not can_swap:
-            return PreemptionMode.RECOMPUTE
-        if choice == "swap":
-            return PreemptionMode.SWAP
-        swap = 2.0 * float(self.latency.swap_time(np.array(req.num_computed_tokens)))
-        recompute = float(self.latency.prefill_time(np.array(req.num_tokens)))
-        return PreemptionMode.SWAP if swap < recompute else PreemptionMode.RECOMPUTE
+    def _pack(self, view: View, gain: np.ndarray, capacity: float, batch: int) -> Packing:
+        o = self.options
+        prio = self.priority(gain, view.weight, view.kind)
+        if o.solver == "dp":
+            packing = dp_pack(prio, gain, view.weight, capacity, batch, o.dp_max_items,
+                              o.dp_capacity_units)
+            return fill(packing, prio, view.weight, capacity)
+        return greedy_pack(prio, gain, view.weight, capacity, batch)
 
-    def _modes(self, plan: StepPlan, victims: list[Request]) -> list[PreemptionMode]:
-        """Modes for preempting `victims` in order, as the host tier fills up."""
-        host = plan.num_free_host_blocks
-        modes = []
-        for v in victims:
-            blocks = plan.num_blocks_of(v)
-            mode = self._cheaper_mode(v, blocks <= host)
-            if mode == PreemptionMode.SWAP:
-                host -= blocks
-            modes.append(mode)
-        return modes
-
-    # ---- gains ----------------------------------------------------------------------
-    def gain(self, s: Streams, now: float, first: np.ndarray, tau: np.ndarray,
-              view: View) -> np.ndarray:
-        t = now + self.options.delta_t
-        q_wait = qoe_at(s, now, t)
-        q_serve = qoe_at(s, now, t, first, tau)
-        objective = self.options.objective
-        if objective == "avg":
-            return objective_gain(objective, q_serve, q_wait, q_wait)
-        q_now = qoe_at(s, now, now)
-        q_min = float(qoe_at(view.streams, now, now).min())
-        return objective_gain(objective, q_serve, q_wait, q_now, q_min)
-
-    def priority(self, gain: np.ndarray, weight: np.ndarray, kind: np.ndarray) -> np.ndarray:
-        """Eq. 6: gain per KV block (gain alone if not size-aware); running bonus."""
-        p = gain / weight if self.options.size_aware else np.array(gain, dtype=float)
-        running = kind == RUNNING
-        return np.where(running, p * (1.0 + self.options.running_bonus) + RUNNING_TIE, p)
+    def _decide(self, plan: StepPlan, view: View, best: Packing, gain: np.ndarray,
+                tau: float) -> Decision:
+        """Chosen queued requests become admissions in priority order, unchosen running
+        ones candidate victims from the lowest priority up. Without the refiner every
+        victim is preempted, as the knapsack decided; with it, a victim that no kept
+        admission needs the memory of keeps running (pausing it would hold its KV and
+        its sequence slot while serving nobody)."""
+        nr = view.num_running
+        prio = self.priority(gain, view.weight, view.kind)
+        chosen = best.chosen
+        selected = np.zeros(len(view), dtype=bool)
+        selected[chosen] = True
+        admits = chosen[view.kind[chosen] != RUNNING]
+        dropped = np.flatnonzero(~selected[:nr])
+        victims = dropped[np.argsort(prio[dropped], kind="stable")]
+        admit_reqs, victim_reqs = self.refine(plan, view, admits, victims, gain, tau)
+        if not self.options.refiner:
+            cap = self.options.max_preemptions
+            victim_reqs = [view.reqs[i] for i in (victims if cap is None else victims[:cap])]
+        decode = np.argsort(-prio[:nr], kind="stable")
+        return Decision(admit_reqs, victim_reqs, [view.reqs[i] for i in decode])
 
     # ---- between solves: cheap ordering, pacer-aware preemption ---------------------
     def _order_queue(self, plan: StepPlan, view: View) -> Decision:
@@ -156,11 +280,10 @@ class AndesPolicy(BasePolicy):
             return decision
         tau = self.latency.tau(max(1, nr))
         q = view.queued
-        gain = self.gain(view.subset(np.arange(nr, len(view))), now,
-                          view.first_delay(tau)[q], tau, view)
+        gain = self.gain(view.streams.select(np.arange(nr, len(view))), now,
+                         view.first_delay(tau)[q], tau, view)
         prio = self.priority(gain, view.weight[q], view.kind[q])
-        cap = plan.config.max_num_seqs
-        order = top_order(prio, cap) + nr
+        order = top_order(prio, plan.config.max_num_seqs) + nr
         decision.admits = [view.reqs[i] for i in order]
         o = self.options
         victims = by_need[:0]
@@ -181,10 +304,26 @@ class AndesPolicy(BasePolicy):
             return plan.num_blocks_of(req) + plan.blocks_needed(req, n) <= plan.num_free_blocks
         return plan.can_schedule(req, n)
 
-    # ---- solver and refiner ---------------------------------------------------------
-    def _solve(self, plan: StepPlan, view: View) -> Decision:
-        return solve_knapsack(self, plan, view)
+    # ---- gains ----------------------------------------------------------------------
+    def gain(self, s: Streams, now: float, first: np.ndarray, tau: np.ndarray,
+             view: View) -> np.ndarray:
+        t = now + self.options.delta_t
+        q_wait = qoe_at(s, now, t)
+        q_serve = qoe_at(s, now, t, first, tau)
+        objective = self.options.objective
+        if objective == "avg":
+            return objective_gain(objective, q_serve, q_wait, q_wait)
+        q_now = qoe_at(s, now, now)
+        q_min = float(qoe_at(view.streams, now, now).min())
+        return objective_gain(objective, q_serve, q_wait, q_now, q_min)
 
+    def priority(self, gain: np.ndarray, weight: np.ndarray, kind: np.ndarray) -> np.ndarray:
+        """Eq. 6: gain per KV block (gain alone if not size-aware); running bonus."""
+        p = gain / weight if self.options.size_aware else np.array(gain, dtype=float)
+        running = kind == RUNNING
+        return np.where(running, p * (1.0 + self.options.running_bonus) + RUNNING_TIE, p)
+
+    # ---- the overhead-aware refiner (§4.3, see solver.py) ---------------------------
     def refine(self, plan: StepPlan, view: View, admits: np.ndarray, victims: np.ndarray,
                gain: np.ndarray, tau: float) -> tuple[list[Request], list[Request]]:
         """§4.3 over view positions (admissions best first, victims worst first)."""
@@ -196,13 +335,12 @@ class AndesPolicy(BasePolicy):
             victims = victims[: o.max_preemptions]
         reqs = view.reqs
         victim_reqs = [reqs[i] for i in victims]
-        modes = self._modes(plan, victim_reqs)
-        reserve = int(plan.config.watermark * plan.num_total_blocks)
         pairs = pair_up(view.weight[admits].tolist(),
                         [plan.num_blocks_of(v) for v in victim_reqs],
-                        plan.num_free_blocks - reserve)
+                        plan.num_free_blocks - plan.watermark_blocks)
         keep = len(pairs)
         if o.refiner and pairs and (o.refine_admissions or any(p.victims for p in pairs)):
+            modes = self._modes(plan, victim_reqs)
             tokens = view.weight[victims] * plan.block_size
             swapped = np.array([m == PreemptionMode.SWAP for m in modes], dtype=bool)
             round_trip = np.where(swapped, 2.0 * self.latency.swap_time(tokens),
@@ -210,11 +348,21 @@ class AndesPolicy(BasePolicy):
             keep = accepted_prefix(pairs, gain[admits], view.base[admits], gain[victims],
                                    round_trip, self._loss_fn(plan, view, victims, tau),
                                    budget, check_all=o.refine_admissions)
-        self.stats.num_pairs_kept += keep
-        self.stats.num_pairs_cancelled += len(pairs) - keep
         kept = pairs[:keep]
         return ([reqs[admits[p.admit]] for p in kept],
                 [victim_reqs[v] for p in kept for v in p.victims])
+
+    def _modes(self, plan: StepPlan, victims: list[Request]) -> list[PreemptionMode]:
+        """Modes for preempting `victims` in order, as the host tier fills up."""
+        host = plan.num_free_host_blocks
+        modes = []
+        for v in victims:
+            blocks = plan.num_blocks_of(v)
+            mode = self._cheaper_mode(v, blocks <= host)
+            if mode == PreemptionMode.SWAP:
+                host -= blocks
+            modes.append(mode)
+        return modes
 
     def _slack_budget(self, plan: StepPlan, view: View) -> float:
         """Seconds of overhead the ongoing requests tolerate (a low slack percentile)."""
@@ -236,7 +384,7 @@ class AndesPolicy(BasePolicy):
         evaluated."""
         keep = np.ones(view.num_running, dtype=bool)
         keep[victims[victims < view.num_running]] = False
-        s = view.subset(np.flatnonzero(keep))
+        s = view.streams.select(np.flatnonzero(keep))
         now, t = plan.now, plan.now + self.options.delta_t
         slack = s.start + s.n * s.inv + np.maximum(s.late, 0.0) - now
         fast = tau <= s.inv
@@ -247,7 +395,7 @@ class AndesPolicy(BasePolicy):
             risk = np.flatnonzero((slack < tau + float(stall.max())) | ~fast)
             if not len(risk):
                 return np.zeros(len(stall))
-            sub = Streams(s.start[risk], s.inv[risk], s.n[risk], s.late[risk], s.pos[risk])
+            sub = s.select(risk)
             on_time = qoe_at(sub, now, t, tau, tau)
             late = qoe_at(sub, now, t, tau + stall[:, None], tau)
             q_now = qoe_at(sub, now, now) if objective == "perfect" else on_time
@@ -255,3 +403,48 @@ class AndesPolicy(BasePolicy):
             return np.asarray(weight * lost.sum(axis=1))
 
         return loss_at
+
+    # ---- carrying a decision out through the shared vLLM-v0 loops -------------------
+    def _carry_out(self, plan: StepPlan, decision: Decision) -> None:
+        mode_for = partial(self._mode_for, plan)
+        for victim in decision.victims:
+            if plan.can_preempt(victim, PreemptionMode.RECOMPUTE):
+                plan.preempt(victim, mode_for(victim))
+        if not _admit(plan, decision.admits):
+            advance_with_preemption(plan, decision.decode_order, remaining_tokens, mode_for)
+
+    def _mode_for(self, plan: StepPlan, req: Request) -> PreemptionMode:
+        """The cheaper of swap and recompute (§4.3), as the options allow."""
+        return self._cheaper_mode(req, plan.can_preempt(req, PreemptionMode.SWAP))
+
+    def _cheaper_mode(self, req: Request, can_swap: bool) -> PreemptionMode:
+        choice = self.options.preemption
+        if choice == "recompute" or not can_swap:
+            return PreemptionMode.RECOMPUTE
+        if choice == "swap":
+            return PreemptionMode.SWAP
+        swap = 2.0 * float(self.latency.swap_time(np.array(req.num_computed_tokens)))
+        recompute = float(self.latency.prefill_time(np.array(req.num_tokens)))
+        return PreemptionMode.SWAP if swap < recompute else PreemptionMode.RECOMPUTE
+
+
+def _is_swapped(req: Request) -> bool:
+    return req.status == RequestStatus.SWAPPED
+
+
+def _admit(plan: StepPlan, order: Sequence[Request]) -> bool:
+    """Admit waiting and swap in swapped requests in `order` until one does not fit;
+    True if a prefill was scheduled (the step is then a prefill step)."""
+    prefilled = False
+    for swapped, group in groupby(order, key=_is_swapped):
+        run = list(group)
+        if swapped:
+            before = len(plan.swap_ins)
+            swap_in_in_order(plan, run)
+            done = len(plan.swap_ins) - before
+        else:
+            done = admit_in_order(plan, run)
+            prefilled = prefilled or done > 0
+        if done < len(run):
+            break
+    return prefilled
