@@ -201,8 +201,9 @@ class RCTEstimator:
         theta = self.throughput(view, group.model)
         outs = self.outputs.sample(group.key, (num_samples, group.num_requests), rng)
         waiting = (np.cumsum(outs, axis=1) - outs) / theta  # eq. 2 inside the group (FCFS)
-        prefill = np.array([self.cost.prefill_time(view.instance_id, group.model, p)
-                            for p in group.prompt_tokens])
+        lengths, where = np.unique(group.prompt_tokens, return_inverse=True)
+        prefill = np.array([self.cost.prefill_time(view.instance_id, group.model, int(p))
+                            for p in lengths])[where]
         context = int(np.mean(group.prompt_tokens) + self.outputs.mean(group.key) / 2)
         step = self.cost.decode_time(view.instance_id, group.model, view.avg_batch_size,
                                      max(1, context))

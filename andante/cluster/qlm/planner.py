@@ -48,10 +48,11 @@ class PlannerOptions:
     delta: float = 4.0  # group size cap, in average batches (§4, §8.3)
     num_samples: int = 8  # S, SAA samples of the stochastic terms
     chance_level: float = 0.9  # Δ of eq. 12
-    time_limit_s: float = 1.0  # HiGHS wall-clock limit
+    time_limit_s: float = 0.1  # HiGHS wall-clock limit
     mip_rel_gap: float = 1e-4
     queue_slack: float = 1.5  # positions per queue, in fair shares of the groups
     max_queue_length: int | None = None  # overrides queue_slack when set
+    horizon_groups: int | None = 16  # groups the program orders; None: all of them
     completion_weight: float = 1.0  # weight of eq. 13's Σ E[ct − slo]
     swap_weight: float = 0.0  # seconds-equivalent penalty per model switch
     seed: int = 0
@@ -67,6 +68,8 @@ class PlannerOptions:
             raise ValueError(f"num_samples must be >= 1, got {self.num_samples!r}")
         if not 0.0 < self.chance_level <= 1.0:
             raise ValueError(f"chance_level must be in (0, 1], got {self.chance_level!r}")
+        if self.horizon_groups is not None and self.horizon_groups < 1:
+            raise ValueError(f"horizon_groups must be >= 1, got {self.horizon_groups!r}")
         if self.max_queue_length is not None and self.max_queue_length < 1:
             raise ValueError(f"max_queue_length must be >= 1, got {self.max_queue_length!r}")
 
@@ -199,13 +202,25 @@ def evaluate_queues(problem: PlanProblem, queues: Sequence[Sequence[int]],
     return Evaluation(objective, bool(feasible), tuple(mean_ct.tolist()), switches)
 
 
-def edf_queues(problem: PlanProblem) -> list[list[int]]:
-    """§A.3 fallback: groups by deadline, each onto the allowed instance free first (mean)."""
-    n, g, _, _ = problem.shape
-    free = problem.base.astype(float).copy()
-    last: list[int | None] = [None] * g
-    queues: list[list[int]] = [[] for _ in range(g)]
-    for i in sorted(range(n), key=lambda i: (problem.slo[i], problem.group_ids[i])):
+def edf_order(problem: PlanProblem) -> list[int]:
+    """Group indices by deadline (ties by id)."""
+    return sorted(range(len(problem.group_ids)),
+                  key=lambda i: (problem.slo[i], problem.group_ids[i]))
+
+
+def edf_queues(problem: PlanProblem, start: Sequence[Sequence[int]] | None = None,
+               groups: Sequence[int] | None = None) -> list[list[int]]:
+    """§A.3 fallback: groups by deadline, each onto the allowed instance that frees up
+    first (mean times, model switches included). `start` are queues to extend and
+    `groups` the indices to place (default: every group, on empty queues)."""
+    g = len(problem.instance_ids)
+    queues = [list(q) for q in start] if start is not None else [[] for _ in range(g)]
+    free, last = np.zeros(g), [None if not q else int(problem.group_model[q[-1]]) for q in queues]
+    for gi, queue in enumerate(queues):
+        free[gi] = _mean_busy(problem, gi, queue)
+    todo = edf_order(problem) if groups is None else sorted(
+        groups, key=lambda i: (problem.slo[i], problem.group_ids[i]))
+    for i in todo:
         m = int(problem.group_model[i])
 
         def finish(gi: int, m: int = m, i: int = i) -> float:
@@ -219,6 +234,27 @@ def edf_queues(problem: PlanProblem) -> list[list[int]]:
         last[best] = m
         queues[best].append(i)
     return queues
+
+
+def _mean_busy(problem: PlanProblem, g: int, queue: Sequence[int]) -> float:
+    """Mean time from now until instance g has served `queue`."""
+    busy, previous = float(problem.base[g]), None
+    for i in queue:
+        m = int(problem.group_model[i])
+        switch = (not problem.on_device[g, m]) if previous is None else m != previous
+        busy += (problem.swap_in[g, m] if switch else 0.0) + float(problem.drain[i, g].mean())
+        previous = m
+    return busy
+
+
+def subproblem(problem: PlanProblem, indices: Sequence[int]) -> PlanProblem:
+    """The same instances with only the groups at `indices` (in that order)."""
+    idx = np.asarray(indices, dtype=int)
+    return PlanProblem(
+        tuple(problem.group_ids[i] for i in idx), problem.instance_ids, problem.models,
+        problem.group_model[idx], problem.slo[idx], problem.drain[idx],
+        problem.completion[idx], problem.swap_in, problem.on_device, problem.base,
+        problem.allowed[idx])
 
 
 def queue_length(problem: PlanProblem, options: PlannerOptions) -> int:
@@ -411,8 +447,8 @@ def _build_milp(p: PlanProblem, options: PlannerOptions, length: int) -> _Milp:
                  np.concatenate(rows.lb), np.concatenate(rows.ub), rows.matrix(lay.num_vars))
 
 
-def _start_values(p: PlanProblem, lay: _Layout, queues: Sequence[Sequence[int]],
-                  options: PlannerOptions) -> np.ndarray:
+def _start_values(p: PlanProblem, lay: _Layout, queues: Sequence[Sequence[int]]
+                  ) -> np.ndarray:
     """The full MILP vector of a given plan (the EDF incumbent handed to HiGHS)."""
     v = np.zeros(lay.num_vars)
     for g, queue in enumerate(queues):
@@ -486,26 +522,47 @@ def _plan(p: PlanProblem, queues: Sequence[Sequence[int]], ev: Evaluation, *, fa
     return Plan(vqs, ev.objective, ev.feasible, fallback, needs_capacity, status, reason)
 
 
-def solve_problem(p: PlanProblem, options: PlannerOptions) -> Plan:
-    """Solve the §7 program with HiGHS; EDF over groups when it has no answer (§A.3)."""
-    if not p.group_ids:
-        empty = Evaluation(0.0, True, (), 0)
-        return _plan(p, [[] for _ in p.instance_ids], empty, fallback=False,
-                     needs_capacity=False, status="empty", reason="no groups")
+def _solve_milp(p: PlanProblem, options: PlannerOptions) -> tuple[str, list[list[int]] | None]:
+    """HiGHS on the §7 program, seeded with the EDF plan when that meets the constraints."""
     model = _build_milp(p, options, queue_length(p, options))
     edf = edf_queues(p)
+    seed_ok = (evaluate_queues(p, edf, options).feasible
+               and all(len(q) <= model.layout.length for q in edf))
+    status, x = _run_highs(model, options, _start_values(p, model.layout, edf) if seed_ok
+                           else None)
+    return status, None if x is None else _extract(x, model.layout)
+
+
+def solve_problem(p: PlanProblem, options: PlannerOptions) -> Plan:
+    """Solve the §7 program with HiGHS; EDF over groups when it has no answer (§A.3).
+
+    With more groups than `options.horizon_groups`, the program covers the most urgent
+    ones (by deadline) and the rest follow them by EDF list scheduling.
+    """
+    n = len(p.group_ids)
+    if n == 0:
+        return _plan(p, [[] for _ in p.instance_ids], Evaluation(0.0, True, (), 0),
+                     fallback=False, needs_capacity=False, status="empty", reason="no groups")
+    edf = edf_queues(p)
     edf_ev = evaluate_queues(p, edf, options)
-    fits = all(len(q) <= model.layout.length for q in edf)
-    start = _start_values(p, model.layout, edf, options) if edf_ev.feasible and fits else None
-    status, x = _run_highs(model, options, start)
-    if x is not None:
-        queues = _extract(x, model.layout)
-        ev = evaluate_queues(p, queues, options)
-        if ev.feasible:
-            return _plan(p, queues, ev, fallback=False, needs_capacity=False, status=status,
-                         reason=f"plan generator: {status}")
-    reason = (f"plan generator: {status} without a plan meeting the chance constraints; "
-              "fell back to EDF over groups"
+    horizon = options.horizon_groups
+    if horizon is None or n <= horizon:
+        status, queues = _solve_milp(p, options)
+        scope = "all groups"
+    else:
+        urgent = edf_order(p)[:horizon]
+        status, head = _solve_milp(subproblem(p, urgent), options)
+        queues = None if head is None else edf_queues(
+            p, [[urgent[i] for i in q] for q in head], edf_order(p)[horizon:])
+        scope = f"the {horizon} most urgent of {n} groups, the rest by EDF"
+    ev = evaluate_queues(p, queues, options) if queues is not None else None
+    if ev is not None and queues is not None and ev.feasible and (
+            not edf_ev.feasible or ev.objective <= edf_ev.objective + 1e-9):
+        return _plan(p, queues, ev, fallback=False, needs_capacity=False, status=status,
+                     reason=f"plan generator: {status} over {scope}")
+    why = "no plan meeting the chance constraints" if ev is None or not ev.feasible \
+        else "EDF scored better than the horizon plan"
+    reason = (f"plan generator: {status} over {scope}, {why}; fell back to EDF over groups"
               + ("; more capacity is needed to meet the SLOs" if not edf_ev.feasible else ""))
     return _plan(p, edf, edf_ev, fallback=True, needs_capacity=not edf_ev.feasible,
                  status=status, reason=reason)
