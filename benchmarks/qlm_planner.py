@@ -9,7 +9,8 @@ host memory; the RCT estimator runs on the catalog's cost models. Each configura
 solved `--repeats` times with the same seed; we report the median wall time of
 `solve_problem` (the MILP build + HiGHS + plan extraction) and of `build_problem` (the
 estimator's sampling, once), the solver's status, whether the plan fell back to EDF, and the
-objective (eq. 13) beside EDF's. Prints one JSON line.
+objective (eq. 13) beside EDF's (`source` says whether the plan is the program's or
+EDF's, kept when it scored better). Prints one JSON line.
 
 Run from the repo root: python benchmarks/qlm_planner.py
 """
@@ -42,6 +43,7 @@ POPULARITY = ("mistral", "mistral", "mistral", "llama8b", "vicuna13b")  # head a
 HARDWARE = ("a10-24g", "a100-80g")
 AVG_BATCH, DELTA = 8, 4.0
 GROUP_SIZE = int(AVG_BATCH * DELTA)
+DEFAULTS = PlannerOptions()
 
 
 def instances(count: int) -> tuple[list[InstanceView], dict]:
@@ -99,7 +101,7 @@ def run(num_groups: int, num_instances: int, options: PlannerOptions, repeats: i
     return {"groups": len(groups), "instances": num_instances,
             "solve_ms": round(1e3 * statistics.median(solve_s), 1),
             "build_ms": round(1e3 * build_s, 1),
-            "status": plan.status, "fallback": plan.fallback,
+            "status": plan.status, "fallback": plan.fallback, "source": plan.source,
             "needs_capacity": plan.needs_capacity, "feasible": plan.feasible,
             "objective": round(plan.objective, 1), "edf_objective": round(edf.objective, 1),
             "edf_feasible": edf.feasible}
@@ -109,8 +111,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, nargs="+", default=[10, 50, 100, 200])
     parser.add_argument("--instances", type=int, nargs="+", default=[2, 8, 32])
-    parser.add_argument("--time-limit", type=float, default=0.1)
-    parser.add_argument("--horizon", type=int, default=16, help="0: the whole queue")
+    parser.add_argument("--time-limit", type=float, default=DEFAULTS.time_limit_s)
+    parser.add_argument("--horizon", type=int, default=DEFAULTS.horizon_groups,
+                        help="groups the MILP orders; 0: the whole queue")
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

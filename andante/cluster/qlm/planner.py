@@ -1,29 +1,40 @@
 """Plan generator (QLM §7, eqs. 6-13; fallback of §A.3).
 
 Design note. The plan assigns every request group to a position of one virtual queue and
-is a mixed-integer program solved by HiGHS (highspy), following §7:
-- x[g,j,i] ∈ {0,1}: group i at position j of queue g; every group placed once and every
-  position holding at most one group (eq. 6; the paper fills unused positions with empty
-  groups, we allow empty positions and keep them at the tail: Σ_i x[g,j+1,i] ≤ Σ_i x[g,j,i]);
-- model of a position and model switches (eqs. 7, 9) linearised per model m as
-  t[g,j,m] ≥ Σ_{i∈m} x[g,j,i] − Σ_{i∈m} x[g,j−1,i], the position before the head being the
-  models now on the device; a switch into m costs swap_in[g,m] (the estimator's warm or
-  cold load time: a per-(instance, model) refinement of the paper's constant S);
-- completion times (eq. 10) per SAA sample s, with A[g,j,s] the time queue g is busy
-  through position j: A[g,j,s] = A[g,j−1,s] + Σ_i drain[i,g,s]·x + Σ_m swap_in[g,m]·t, and
-  ct[g,j,s] = A[g,j,s] − drain + completion of the group there (W from eq. 2, C from eq. 5);
+is a mixed-integer program solved by HiGHS (highspy), following §7. Positions are counted
+from the tail of each queue (k = the number of groups served after it), which keeps the
+objective linear without big-M terms:
+- x[g,k,i] ∈ {0,1}: group i at tail-position k of queue g; every group placed once and
+  every position holding at most one group (eq. 6; the paper fills unused positions with
+  "empty" groups, we leave them empty and keep them above the head:
+  Σ_i x[g,k+1,i] ≤ Σ_i x[g,k,i]);
+- model of a position and model switches (eqs. 7, 9), linearised per model m as
+  t[g,k,m] ≥ a[g,k,m] − a[g,k+1,m] − on_device[g,m]·(1 − occupied[g,k+1]), a = Σ_{i∈m} x:
+  the group served before the head is "whatever is on the device now". A switch into m
+  costs swap_in[g,m], the estimator's warm (host) or cold (disk) load time: a
+  per-(instance, model) refinement of the paper's constant conservative S;
+- completion times (eq. 10) per SAA sample s: B[g,k,s] = B[g,k+1,s] + Σ_i drain[i,g,s]·x
+  + Σ_m swap_in[g,m]·t (B above the head = the time to drain the running batch) is when
+  queue g has served position k, and ct = B − drain + completion of the group there (drain
+  = its Σ O / Θ, eq. 2; completion = eq. 5);
 - chance constraint P(ct − slo ≤ 0) ≥ Δ (eqs. 11-12) by sample-average approximation
-  (Luedtke & Ahmed 2008): per position at most k = ⌊(1−Δ)·S⌋ of the S samples may
-  violate, with binaries z[g,j,s] and big-M; k = 0 needs no binaries (every sample meets);
-- objective (eq. 13): min Σ_{g,j} E[ct − slo] over occupied positions (through F[g,j] ≥
-  mean_s ct − H·(1 − occupied)), plus an optional weight per model switch.
-Per-instance memory enters as the groups' allowed instances (a model whose weights exceed
-an instance's device memory gets no x there). Simplification for scale: each queue has
-L positions, L = ⌈slack × (fair share of groups)⌉ + 1 rather than the paper's L = #groups,
-so the variable count is ~ slack·N² + N·G instead of N²·G. If HiGHS proves the program
-infeasible or stops at its time limit without a solution, the plan falls back to EDF
-over groups (list scheduling onto the instance that frees up first) and says that more
-capacity is needed (§A.3); a time-limited incumbent that meets the constraints is used.
+  (Luedtke & Ahmed 2008): per position at most k = ⌊(1 − Δ)·S⌋ of the S samples may
+  violate, with binaries z[g,k,s] and big-M; k = 0 needs no binaries (every sample meets);
+- objective (eq. 13): min Σ E[ct − slo] = Σ E[ct] − Σ slo. With tail positions, a group at
+  position k delays the k groups behind it and a switch there delays k + 1 groups, so
+  Σ E[ct] = Σ x·(k·E[drain] + E[completion] + base) + Σ t·(k + 1)·swap_in, linear; an
+  optional weight per model switch is added.
+Per-instance memory enters as the groups' allowed instances (no x where the model's
+weights exceed the instance's device memory).
+
+Simplifications for scale, all options: each queue has L positions, L = ⌈slack × fair
+share⌉ + 1 instead of the paper's L = #groups; the program orders only the
+`horizon_groups` most urgent groups (by deadline) and the others follow them by EDF list
+scheduling; HiGHS starts from the EDF plan when that meets the chance constraints, so a
+time-limited answer is never worse than EDF. If there is no plan meeting the chance
+constraints (infeasible, or no solution by the time limit), the plan falls back to EDF
+over groups (list scheduling onto the instance that frees up first) and, when EDF does not
+meet them either, says that more capacity is needed (§A.3).
 """
 
 from __future__ import annotations
@@ -48,11 +59,11 @@ class PlannerOptions:
     delta: float = 4.0  # group size cap, in average batches (§4, §8.3)
     num_samples: int = 8  # S, SAA samples of the stochastic terms
     chance_level: float = 0.9  # Δ of eq. 12
-    time_limit_s: float = 0.1  # HiGHS wall-clock limit
+    time_limit_s: float = 0.075  # HiGHS wall-clock limit (issue #12: <= 100 ms a plan)
     mip_rel_gap: float = 1e-4
     queue_slack: float = 1.5  # positions per queue, in fair shares of the groups
     max_queue_length: int | None = None  # overrides queue_slack when set
-    horizon_groups: int | None = 16  # groups the program orders; None: all of them
+    horizon_groups: int | None = 12  # groups the program orders; None: all of them
     completion_weight: float = 1.0  # weight of eq. 13's Σ E[ct − slo]
     swap_weight: float = 0.0  # seconds-equivalent penalty per model switch
     seed: int = 0
@@ -134,12 +145,13 @@ class Plan:
     """The plan generator's answer: one virtual queue per instance, in instance order."""
 
     queues: tuple[VirtualQueue, ...]
-    objective: float
-    feasible: bool
-    fallback: bool
-    needs_capacity: bool
-    status: str
+    objective: float  # eq. 13 of this plan, Σ E[ct − slo] (+ switch weights)
+    feasible: bool  # meets the SAA chance constraints
+    fallback: bool  # the program gave no usable plan: EDF over groups (§A.3)
+    needs_capacity: bool  # not even the fallback meets the chance constraints
+    status: str  # HiGHS's model status: optimal, time_limit, infeasible, ...
     reason: str
+    source: str = "milp"  # "milp", or "edf" when the EDF plan was kept
 
 
 def build_problem(groups: Sequence[RequestGroup], views: Sequence[InstanceView],
@@ -516,10 +528,11 @@ def _extract(x: np.ndarray, lay: _Layout) -> list[list[int]]:
 
 
 def _plan(p: PlanProblem, queues: Sequence[Sequence[int]], ev: Evaluation, *, fallback: bool,
-          needs_capacity: bool, status: str, reason: str) -> Plan:
+          needs_capacity: bool, status: str, reason: str, source: str = "milp") -> Plan:
     vqs = tuple(VirtualQueue(p.instance_ids[g], tuple(p.group_ids[i] for i in q))
                 for g, q in enumerate(queues))
-    return Plan(vqs, ev.objective, ev.feasible, fallback, needs_capacity, status, reason)
+    return Plan(vqs, ev.objective, ev.feasible, fallback, needs_capacity, status, reason,
+                source)
 
 
 def _solve_milp(p: PlanProblem, options: PlannerOptions) -> tuple[str, list[list[int]] | None]:
@@ -560,12 +573,15 @@ def solve_problem(p: PlanProblem, options: PlannerOptions) -> Plan:
             not edf_ev.feasible or ev.objective <= edf_ev.objective + 1e-9):
         return _plan(p, queues, ev, fallback=False, needs_capacity=False, status=status,
                      reason=f"plan generator: {status} over {scope}")
-    why = "no plan meeting the chance constraints" if ev is None or not ev.feasible \
-        else "EDF scored better than the horizon plan"
-    reason = (f"plan generator: {status} over {scope}, {why}; fell back to EDF over groups"
+    if ev is not None and ev.feasible:  # a usable plan, but EDF's whole queue scores better
+        return _plan(p, edf, edf_ev, fallback=False, needs_capacity=False, status=status,
+                     reason=f"plan generator: {status} over {scope}; EDF's plan scores "
+                            "better, kept", source="edf")
+    reason = (f"plan generator: {status} over {scope}, no plan meeting the chance "
+              "constraints; fell back to EDF over groups"
               + ("; more capacity is needed to meet the SLOs" if not edf_ev.feasible else ""))
     return _plan(p, edf, edf_ev, fallback=True, needs_capacity=not edf_ev.feasible,
-                 status=status, reason=reason)
+                 status=status, reason=reason, source="edf")
 
 
 def generate_plan(groups: Sequence[RequestGroup], views: Sequence[InstanceView],

@@ -93,7 +93,7 @@ def test_infeasible_slos_fall_back_to_edf_and_ask_for_capacity():
     p = random_problem(5, 2, 4, seed=3, slo_scale=0.05)  # SLOs shorter than any completion
     plan = solve_problem(p, PlannerOptions(num_samples=4, chance_level=1.0))
     assert plan.fallback and plan.needs_capacity and not plan.feasible
-    assert plan.status == "infeasible"
+    assert plan.status == "infeasible" and plan.source == "edf"
     assert "more capacity" in plan.reason
     edf = edf_queues(p)
     assert [q.group_ids for q in plan.queues] == [tuple(p.group_ids[i] for i in q) for q in edf]
