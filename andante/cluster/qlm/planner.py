@@ -373,11 +373,11 @@ def _big_m(problem: PlanProblem) -> tuple[float, float]:
 def _switch_rows(rows: _Rows, p: PlanProblem, lay: _Layout, g: int, k: int,
                  ok: np.ndarray) -> None:
     """Eq. 9 per model m: t ≥ a[k,m] − a[k+1,m] − on_device[m]·(1 − occupied[k+1])."""
-    for m in np.unique(p.group_model[ok]):
+    for m in np.unique(p.group_model[ok]).tolist():
         init = float(p.on_device[g, m])
         members = p.group_model[ok] == m
-        cols = [lay.x(g, k) + ok[members], [lay.t(g, k) + m]]
-        vals = [np.ones(int(members.sum())), [-1.0]]
+        cols: list[np.ndarray] = [lay.x(g, k) + ok[members], np.array([lay.t(g, k) + m])]
+        vals: list[np.ndarray] = [np.ones(int(members.sum())), np.array([-1.0])]
         if k + 1 < lay.length:
             cols.append(lay.x(g, k + 1) + ok)
             vals.append(np.where(members, init - 1.0, init))
@@ -439,7 +439,7 @@ def _build_milp(p: PlanProblem, options: PlannerOptions, length: int) -> _Milp:
     h, big_m = _big_m(p)
     rows = _Rows([], [], [], [], [])
     for i in range(n):  # every group placed exactly once (eq. 6)
-        gs = np.flatnonzero(p.allowed[i])
+        gs = np.flatnonzero(p.allowed[i]).tolist()
         rows.add(np.concatenate([lay.x(g, 0) + i + lay.n * np.arange(length) for g in gs]),
                  np.ones(len(gs) * length), 1.0, 1.0)
     for g in range(g_count):

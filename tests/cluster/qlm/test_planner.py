@@ -2,6 +2,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from andante.cluster.qlm.estimator import OutputLengthModel, RCTEstimator
 from andante.cluster.qlm.groups import form_groups
@@ -149,3 +151,48 @@ def test_options_and_problem_validation():
                     p.completion, p.swap_in, p.on_device, p.base, np.zeros((2, 1), dtype=bool))
     with pytest.raises(ValueError, match="exactly once"):
         evaluate_queues(p, [[0]], PlannerOptions())
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 7), st.integers(1, 3), st.integers(0, 10**6),
+       st.sampled_from([0.6, 1.0, 3.0]), st.sampled_from([None, 3]))
+def test_any_plan_places_each_group_once_where_it_fits(n, g, seed, slo_scale, horizon):
+    p = random_problem(n, g, 3, seed, slo_scale, num_models=3)
+    allowed = p.allowed.copy()
+    allowed[:, 0] = np.random.default_rng(seed).random(n) < 0.5
+    allowed[~allowed.any(axis=1), -1] = True
+    p = PlanProblem(p.group_ids, p.instance_ids, p.models, p.group_model, p.slo, p.drain,
+                    p.completion, p.swap_in, p.on_device, p.base, allowed)
+    options = PlannerOptions(num_samples=3, time_limit_s=5.0, horizon_groups=horizon)
+    plan = solve_problem(p, options)
+    placed = [gid for q in plan.queues for gid in q.group_ids]
+    assert sorted(placed) == sorted(p.group_ids)
+    for gi, q in enumerate(plan.queues):
+        assert all(allowed[p.group_ids.index(gid), gi] for gid in q.group_ids)
+    edf = evaluate_queues(p, edf_queues(p), options)
+    assert plan.needs_capacity == (plan.fallback and not edf.feasible)
+    if edf.feasible:
+        assert plan.feasible and plan.objective <= edf.objective + 1e-6
+
+
+@pytest.mark.parametrize(("seed", "level", "swap_weight"), [(0, 1.0, 0.0), (3, 0.6, 1.0),
+                                                            (5, 0.9, 0.3)])
+def test_milp_encoding_agrees_with_the_evaluator_on_a_given_plan(seed, level, swap_weight):
+    # The MILP vector of the EDF plan satisfies every row and bound, and its cost is the
+    # evaluator's eq. 13 objective (plus Σ slo, a constant left out of the program).
+    from andante.cluster.qlm.planner import _build_milp, _start_values, queue_length
+
+    p = random_problem(6, 2, 5, seed, slo_scale=3.0, num_models=3)
+    options = PlannerOptions(num_samples=5, chance_level=level, swap_weight=swap_weight)
+    model = _build_milp(p, options, queue_length(p, options))
+    queues = edf_queues(p)
+    ev = evaluate_queues(p, queues, options)
+    assert ev.feasible
+    v = _start_values(p, model.layout, queues)
+    start, index, value = model.matrix
+    rows = np.zeros(len(model.row_lower))
+    for col in range(len(v)):
+        rows[index[start[col]:start[col + 1]]] += value[start[col]:start[col + 1]] * v[col]
+    assert np.all(rows >= model.row_lower - 1e-6) and np.all(rows <= model.row_upper + 1e-6)
+    assert np.all(v >= model.lower) and np.all(v <= model.upper)
+    assert float(model.cost @ v) == pytest.approx(ev.objective + p.slo.sum(), rel=1e-9)
