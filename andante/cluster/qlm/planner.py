@@ -226,37 +226,35 @@ def edf_queues(problem: PlanProblem, start: Sequence[Sequence[int]] | None = Non
     first (mean times, model switches included). `start` are queues to extend and
     `groups` the indices to place (default: every group, on empty queues)."""
     g = len(problem.instance_ids)
+    drain = problem.drain.mean(axis=2).tolist()
+    swap, on_device = problem.swap_in.tolist(), problem.on_device.tolist()
     queues = [list(q) for q in start] if start is not None else [[] for _ in range(g)]
-    free, last = np.zeros(g), [None if not q else int(problem.group_model[q[-1]]) for q in queues]
+    free = problem.base.astype(float).tolist()
+    last: list[int | None] = [None] * g
     for gi, queue in enumerate(queues):
-        free[gi] = _mean_busy(problem, gi, queue)
+        for i in queue:
+            free[gi], last[gi] = _after(problem, drain, swap, on_device, gi, i, free[gi],
+                                        last[gi])
     todo = edf_order(problem) if groups is None else sorted(
         groups, key=lambda i: (problem.slo[i], problem.group_ids[i]))
     for i in todo:
-        m = int(problem.group_model[i])
-
-        def finish(gi: int, m: int = m, i: int = i) -> float:
-            prev = last[gi]
-            switch = (not problem.on_device[gi, m]) if prev is None else m != prev
-            return free[gi] + (problem.swap_in[gi, m] if switch else 0.0) \
-                + float(problem.drain[i, gi].mean())
-
-        best = min((gi for gi in range(g) if problem.allowed[i, gi]), key=lambda gi: finish(gi))
-        free[best] = finish(best)
-        last[best] = m
+        choices = []
+        for gi in np.flatnonzero(problem.allowed[i]).tolist():
+            finish, model = _after(problem, drain, swap, on_device, gi, i, free[gi], last[gi])
+            choices.append((finish, gi, model))
+        finish, best, model = min(choices)
+        free[best], last[best] = finish, model
         queues[best].append(i)
     return queues
 
 
-def _mean_busy(problem: PlanProblem, g: int, queue: Sequence[int]) -> float:
-    """Mean time from now until instance g has served `queue`."""
-    busy, previous = float(problem.base[g]), None
-    for i in queue:
-        m = int(problem.group_model[i])
-        switch = (not problem.on_device[g, m]) if previous is None else m != previous
-        busy += (problem.swap_in[g, m] if switch else 0.0) + float(problem.drain[i, g].mean())
-        previous = m
-    return busy
+def _after(problem: PlanProblem, drain: list[list[float]], swap: list[list[float]],
+           on_device: list[list[bool]], g: int, i: int, free: float, last: int | None
+           ) -> tuple[float, int]:
+    """(mean time instance g is done with group i appended, the model it then holds)."""
+    m = int(problem.group_model[i])
+    switch = (not on_device[g][m]) if last is None else m != last
+    return free + (swap[g][m] if switch else 0.0) + drain[i][g], m
 
 
 def subproblem(problem: PlanProblem, indices: Sequence[int]) -> PlanProblem:
@@ -546,6 +544,27 @@ def _solve_milp(p: PlanProblem, options: PlannerOptions) -> tuple[str, list[list
     return status, None if x is None else _extract(x, model.layout)
 
 
+def _solve_horizon(p: PlanProblem, options: PlannerOptions, horizon: int,
+                   edf: Sequence[Sequence[int]]
+                   ) -> tuple[str, list[list[int]] | None, Evaluation | None]:
+    """The program over the `horizon` most urgent groups; the others follow in deadline
+    order, either list-scheduled again or on the instance EDF gave them (the better)."""
+    order = edf_order(p)
+    urgent, rest = order[:horizon], order[horizon:]
+    status, head = _solve_milp(subproblem(p, urgent), options)
+    if head is None:
+        return status, None, None
+    head = [[urgent[i] for i in q] for q in head]
+    where = {i: g for g, q in enumerate(edf) for i in q}
+    rest_set = set(rest)
+    candidates = [edf_queues(p, head, rest),
+                  [q + [i for i in order if i in rest_set and where[i] == g]
+                   for g, q in enumerate(head)]]
+    scored = [(evaluate_queues(p, c, options), c) for c in candidates]
+    ev, queues = min(scored, key=lambda e: (not e[0].feasible, e[0].objective))
+    return status, queues, ev
+
+
 def solve_problem(p: PlanProblem, options: PlannerOptions) -> Plan:
     """Solve the §7 program with HiGHS; EDF over groups when it has no answer (§A.3).
 
@@ -562,13 +581,10 @@ def solve_problem(p: PlanProblem, options: PlannerOptions) -> Plan:
     if horizon is None or n <= horizon:
         status, queues = _solve_milp(p, options)
         scope = "all groups"
+        ev = evaluate_queues(p, queues, options) if queues is not None else None
     else:
-        urgent = edf_order(p)[:horizon]
-        status, head = _solve_milp(subproblem(p, urgent), options)
-        queues = None if head is None else edf_queues(
-            p, [[urgent[i] for i in q] for q in head], edf_order(p)[horizon:])
+        status, queues, ev = _solve_horizon(p, options, horizon, edf)
         scope = f"the {horizon} most urgent of {n} groups, the rest by EDF"
-    ev = evaluate_queues(p, queues, options) if queues is not None else None
     if ev is not None and queues is not None and ev.feasible and (
             not edf_ev.feasible or ev.objective <= edf_ev.objective + 1e-9):
         return _plan(p, queues, ev, fallback=False, needs_capacity=False, status=status,
