@@ -193,13 +193,19 @@ class RCTEstimator:
         """Swap time before serving `model` next: zero when it is on the device."""
         return 0.0 if view.tier(model) == "device" else self.swap_in_time(view, model)
 
-    def group_times(self, view: InstanceView, group: RequestGroup, num_samples: int,
-                    rng: np.random.Generator) -> GroupTimes:
-        """S samples of eqs. 1-5 for `group` run at the head of `view`'s queue."""
+    def sample_outputs(self, group: RequestGroup, num_samples: int,
+                       rng: np.random.Generator) -> np.ndarray:
+        """[S, members] output lengths of `group` (eq. 3), capped by their max_tokens."""
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples!r}")
+        return self.outputs.sample(group.key, (num_samples, group.num_requests), rng)
+
+    def group_times(self, view: InstanceView, group: RequestGroup, num_samples: int,
+                    rng: np.random.Generator, outputs: np.ndarray | None = None) -> GroupTimes:
+        """S samples of eqs. 1-5 for `group` run at the head of `view`'s queue; pass
+        `outputs` ([S, members], from `sample_outputs`) to reuse one draw across instances."""
+        outs = self.sample_outputs(group, num_samples, rng) if outputs is None else outputs
         theta = self.throughput(view, group.model)
-        outs = self.outputs.sample(group.key, (num_samples, group.num_requests), rng)
         waiting = (np.cumsum(outs, axis=1) - outs) / theta  # eq. 2 inside the group (FCFS)
         lengths, where = np.unique(group.prompt_tokens, return_inverse=True)
         prefill = np.array([self.cost.prefill_time(view.instance_id, group.model, int(p))

@@ -156,7 +156,10 @@ class Plan:
 
 def build_problem(groups: Sequence[RequestGroup], views: Sequence[InstanceView],
                   estimator: RCTEstimator, now: float, options: PlannerOptions) -> PlanProblem:
-    """Sample every group on every instance it fits (S samples, seeded by options.seed)."""
+    """Sample every group on every instance it fits (S samples, seeded by options.seed).
+
+    Each group's output lengths are drawn once and shared by all instances (common random
+    numbers), so the program compares instances on the same scenarios."""
     rng = np.random.default_rng(options.seed)
     n, g, s = len(groups), len(views), options.num_samples
     models = tuple(sorted({gr.model for gr in groups} | {m for v in views
@@ -165,11 +168,12 @@ def build_problem(groups: Sequence[RequestGroup], views: Sequence[InstanceView],
     drain, completion = np.zeros((n, g, s)), np.zeros((n, g, s))
     allowed = np.zeros((n, g), dtype=bool)
     for i, group in enumerate(groups):
+        outputs = estimator.sample_outputs(group, s, rng)  # common to every instance
         for gi, view in enumerate(views):
             if estimator.weight_bytes(group.model) > view.device_memory_bytes:
                 continue
             allowed[i, gi] = True
-            times = estimator.group_times(view, group, s, rng)
+            times = estimator.group_times(view, group, s, rng, outputs)
             drain[i, gi], completion[i, gi] = times.drain, times.completion
     swap_in = np.array([[estimator.swap_in_time(v, m) if m in estimator.model_bytes else 0.0
                          for m in models] for v in views]).reshape(g, len(models))
