@@ -51,6 +51,10 @@ from andante.cluster.qlm.groups import RequestGroup
 from andante.cluster.qlm.types import InstanceView, check_non_negative, check_positive
 from andante.cluster.qlm.virtual_queue import VirtualQueue
 
+# A completion time within this of its SLO counts as meeting it (HiGHS's feasibility
+# tolerance is 1e-7 on rows carrying big-M terms).
+SLO_TOLERANCE_S = 1e-6
+
 
 @dataclass(frozen=True, slots=True)
 class PlannerOptions:
@@ -211,7 +215,7 @@ def evaluate_queues(problem: PlanProblem, queues: Sequence[Sequence[int]],
             busy = busy + problem.drain[i, g]
             switches += int(switch)
             mean_ct[i] = ct.mean()
-            feasible &= int((ct > problem.slo[i] + 1e-9).sum()) <= k
+            feasible &= int((ct > problem.slo[i] + SLO_TOLERANCE_S).sum()) <= k
             previous = m
     objective = (options.completion_weight * float((mean_ct - problem.slo).sum())
                  + options.swap_weight * switches)
@@ -478,7 +482,7 @@ def _start_values(p: PlanProblem, lay: _Layout, queues: Sequence[Sequence[int]]
             v[lay.t(g, k) + m] = float(switch)
             v[lay.b(g, k):lay.b(g, k) + lay.s] = busy
             if lay.uses_z:
-                late = busy - p.drain[i, g] + p.completion[i, g] > p.slo[i] + 1e-9
+                late = busy - p.drain[i, g] + p.completion[i, g] > p.slo[i] + SLO_TOLERANCE_S
                 v[lay.z(g, k):lay.z(g, k) + lay.s] = late
             previous = m
     return v

@@ -54,7 +54,8 @@ class InstanceView:
 
     `throughput` is tokens/s generated per model when that model is active (Θ, eq. 2).
     `busy_s` is the estimated time to drain the batch it is running now. Bandwidths are
-    bytes/s: `host_link_bandwidth` host->device (PCIe), `disk_bandwidth` disk->host.
+    bytes/s: `host_link_bandwidth` host->device (PCIe), `disk_bandwidth` disk->host;
+    `host_memory_bytes` is the host memory for warm models.
     """
 
     instance_id: str
@@ -68,7 +69,7 @@ class InstanceView:
     num_running_tokens: int = 0
     busy_s: float = 0.0
     avg_batch_size: int = 32
-    host_memory_bytes: int = 0
+    host_memory_bytes: int | None = None  # None: no limit known
 
     def __post_init__(self) -> None:
         if not self.instance_id:

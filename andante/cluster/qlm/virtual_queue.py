@@ -84,16 +84,26 @@ class ModelActions:
     warm_start: str | None  # the next model to load into host memory ahead of need
 
 
-def model_actions(queue: VirtualQueue, by_id: Mapping[str, RequestGroup],
-                  view: InstanceView) -> ModelActions:
-    """Model swap for the head group and warm start for the next cold model (§5 LSO 5)."""
+def model_actions(queue: VirtualQueue, by_id: Mapping[str, RequestGroup], view: InstanceView,
+                  model_bytes: Mapping[str, int] | None = None) -> ModelActions:
+    """Model swap for the head group and warm start for the next cold model (§5 LSO 5).
+
+    Warm models fill host memory in queue order "until all the CPU memory is exhausted"
+    (§5): with `model_bytes` and a known `view.host_memory_bytes`, the warm-start
+    candidate is the first cold model that fits in the host memory left.
+    """
     groups = queue.groups(by_id)
     if not groups:
         return ModelActions(None, None)
     head_model = groups[0].model
     swap_to = None if head_model in view.models_on_device else head_model
+    free = None
+    if model_bytes is not None and view.host_memory_bytes is not None:
+        free = view.host_memory_bytes - sum(model_bytes.get(m, 0) for m in view.models_on_host)
     warm = next((g.model for g in groups[1:]
-                 if g.model != head_model and view.tier(g.model) == "disk"), None)
+                 if g.model != head_model and view.tier(g.model) == "disk"
+                 and (free is None or model_bytes is None
+                      or model_bytes.get(g.model, 0) <= free)), None)
     return ModelActions(swap_to, warm)
 
 

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,6 +70,18 @@ def test_model_actions_swap_for_the_head_and_warm_start_the_next_cold_model():
     q2, by_id2 = queue_of(b, a)
     actions = model_actions(q2, by_id2, view(on_device=("m1",), on_host=("m2",)))
     assert (actions.swap_to, actions.warm_start) == (None, None)
+
+
+def test_warm_start_only_what_fits_in_host_memory():
+    a = form_groups([request("a", model="m1")], 8)[0]
+    b = form_groups([request("b", model="m3")], 8)[0]
+    c = form_groups([request("c", model="m2")], 8)[0]
+    q, by_id = queue_of(a, b, c)
+    sizes = {"m1": 10 * GB, "m2": 5 * GB, "m3": 30 * GB}
+    v = view(on_device=("m1",))
+    full = dataclasses.replace(v, host_memory_bytes=20 * GB)
+    assert model_actions(q, by_id, v, sizes).warm_start == "m3"  # no host limit known
+    assert model_actions(q, by_id, full, sizes).warm_start == "m2"  # m3 does not fit
 
 
 def test_state_swap_chosen_when_the_link_is_cheaper_than_recompute():
