@@ -198,7 +198,11 @@ class RCTEstimator:
         """[S, members] output lengths of `group` (eq. 3), capped by their max_tokens."""
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples!r}")
-        return self.outputs.sample(group.key, (num_samples, group.num_requests), rng)
+        outs = self.outputs.sample(group.key, (num_samples, group.num_requests), rng)
+        if any(c is not None for c in group.max_output_tokens):
+            caps = [self.outputs.max_tokens if c is None else c for c in group.max_output_tokens]
+            outs = np.minimum(outs, np.asarray(caps, dtype=float)[None, :])
+        return outs
 
     def group_times(self, view: InstanceView, group: RequestGroup, num_samples: int,
                     rng: np.random.Generator, outputs: np.ndarray | None = None) -> GroupTimes:

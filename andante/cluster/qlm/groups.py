@@ -46,6 +46,7 @@ class RequestGroup:
     num_prompt_tokens: int  # total over members
     prompt_tokens: tuple[int, ...]  # per member, same order as request_ids
     expected_output_tokens: float  # total expected output over members
+    max_output_tokens: tuple[int | None, ...] = ()  # per member; None: the model's limit
 
     @property
     def model(self) -> str:
@@ -157,6 +158,7 @@ def _make_group(key: GroupKey, members: Sequence[QueuedRequest],
         num_prompt_tokens=sum(prompts),
         prompt_tokens=prompts,
         expected_output_tokens=float(expected),
+        max_output_tokens=tuple(r.max_output_tokens for r in members),
     )
 
 

@@ -9,6 +9,7 @@ from andante.cluster.qlm.estimator import (
     waiting_time,
 )
 from andante.cluster.qlm.groups import form_groups
+from andante.cluster.qlm.types import QueuedRequest
 from andante.perf import catalog
 from andante.perf.cost_model import CostModel
 from tests.cluster.qlm.helpers import GB, FlatCost, request, view
@@ -76,6 +77,14 @@ def test_group_completion_is_the_max_over_members_and_drain_the_sum():
     times = est.group_times(view(), group, 500, np.random.default_rng(2))
     assert times.drain.mean() == pytest.approx(6 * 200 / 100.0, rel=0.05)
     assert np.all(times.completion >= times.drain - 1e-9)  # last request waits for the rest
+
+
+def test_sampled_outputs_respect_each_requests_max_tokens():
+    est = estimator(OutputLengthModel(prior_mean=500.0, prior_std=100.0))
+    capped = QueuedRequest("c", "m1", "interactive", 0.0, 30.0, 100, max_output_tokens=50)
+    group = form_groups([request("a"), capped], 8)[0]
+    outs = est.sample_outputs(group, 200, np.random.default_rng(3))
+    assert outs[:, 1].max() <= 50 and outs[:, 0].max() > 50
 
 
 def test_cost_model_table_adapts_the_perf_cost_model():
