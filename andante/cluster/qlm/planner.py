@@ -58,7 +58,11 @@ SLO_TOLERANCE_S = 1e-6
 
 @dataclass(frozen=True, slots=True)
 class PlannerOptions:
-    """The paper's knobs (§4 δ, §7 Δ and S) and the solver's limits."""
+    """The paper's knobs (§4 δ, §7 Δ and S), the penalty weights and the solver's limits.
+
+    `delta` is for the caller's grouping (`GroupTable.snapshot(avg_batch, options.delta)`);
+    with S = 8 and Δ = 0.9, k = ⌊0.8⌋ = 0: every sample must meet its SLO.
+    """
 
     delta: float = 4.0  # group size cap, in average batches (§4, §8.3)
     num_samples: int = 8  # S, SAA samples of the stochastic terms
