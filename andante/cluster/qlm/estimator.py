@@ -1,0 +1,262 @@
+"""Request completion time (RCT) estimator (QLM §6, eqs. 1-5; Insight #1 of §2.4).
+
+Design note. A request's completion time is C_q = W_q + P + D_q (eq. 1). The waiting time
+is the output tokens ahead of it divided by the instance's token throughput,
+W_q = Σ_{i<q} O_i / Θ (eq. 2), Θ taken as constant per (instance, model) (Insight #1).
+Output lengths are unknown, so O ~ N(μ_o, σ_o) per request group (eq. 3); the paper fits
+μ_o, σ_o offline, we fit them online from finished requests per group key with a
+normal-inverse-gamma-style prior (a prior mean and std worth `prior_weight`
+pseudo-observations), i.e. the posterior-mean estimates after n observations are
+μ = (w·μ0 + n·x̄)/(w + n) and σ² = (w·σ0² + M2 + w·n/(w+n)·(x̄ − μ0)²)/(w + n).
+Prefill P comes from the injected cost model for the request's own prompt (the paper
+takes it constant per model, §6; ours keeps the length dependence), decode time is
+D_q = O_q · ε · d (eq. 4), d one decode step of the instance's average batch. A group's
+completion time is the max over its members (eq. 5), sampled S times for the planner's
+sample-average approximation (§7). Model swap time (§5 warm start, §7 footnote 2) is
+added where the group's model is not on the device: weights / PCIe bandwidth from host
+memory (warm), plus weights / disk bandwidth from disk (cold).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from andante.cluster.qlm.groups import RequestGroup
+from andante.cluster.qlm.types import InstanceView, check_non_negative, check_positive
+from andante.perf.cost_model import CostModel
+
+DEFAULT_CONTEXT_TOKENS = 1024  # context of the decode step used to derive Θ when not given
+
+
+class ExecutionCost(Protocol):
+    """Seconds of execution of `model` on instance `instance_id` (injected cost model).
+
+    `prefill_time` is one step prefilling `num_tokens` prompt tokens; `decode_time` one
+    decode step of `batch_size` sequences of `context_len` tokens each.
+    """
+
+    def prefill_time(self, instance_id: str, model: str, num_tokens: int) -> float: ...
+
+    def decode_time(self, instance_id: str, model: str, batch_size: int,
+                    context_len: int) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CostModelTable:
+    """`ExecutionCost` backed by one `andante.perf.cost_model.CostModel` per (instance, model)."""
+
+    models: Mapping[tuple[str, str], CostModel]
+
+    def _get(self, instance_id: str, model: str) -> CostModel:
+        try:
+            return self.models[(instance_id, model)]
+        except KeyError:
+            raise ValueError(f"no cost model for instance {instance_id!r}, "
+                             f"model {model!r}") from None
+
+    def prefill_time(self, instance_id: str, model: str, num_tokens: int) -> float:
+        return self._get(instance_id, model).prefill_time(num_tokens)
+
+    def decode_time(self, instance_id: str, model: str, batch_size: int,
+                    context_len: int) -> float:
+        return self._get(instance_id, model).decode_time(batch_size, context_len)
+
+
+@dataclass(slots=True)
+class _Moments:
+    count: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+
+@dataclass(slots=True)
+class OutputLengthModel:
+    """Online normal fit of output lengths per group key (eq. 3), with a prior."""
+
+    prior_mean: float = 256.0
+    prior_std: float = 128.0
+    prior_weight: float = 8.0
+    max_tokens: int = 32768
+    _stats: dict[Hashable, _Moments] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_positive("prior_mean", self.prior_mean)
+        check_non_negative("prior_std", self.prior_std)
+        check_positive("prior_weight", self.prior_weight)
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+
+    def observe(self, key: Hashable, num_output_tokens: int) -> None:
+        """Record one finished request's output length (Welford's update)."""
+        if num_output_tokens < 0:
+            raise ValueError(f"num_output_tokens must be >= 0, got {num_output_tokens!r}")
+        s = self._stats.setdefault(key, _Moments())
+        s.count += 1
+        delta = num_output_tokens - s.mean
+        s.mean += delta / s.count
+        s.m2 += delta * (num_output_tokens - s.mean)
+
+    def num_observations(self, key: Hashable) -> int:
+        s = self._stats.get(key)
+        return s.count if s else 0
+
+    def distribution(self, key: Hashable) -> tuple[float, float]:
+        """(μ_o, σ_o) after the observations so far (the prior alone before any)."""
+        s = self._stats.get(key)
+        w, mu0, var0 = self.prior_weight, self.prior_mean, self.prior_std ** 2
+        if s is None or s.count == 0:
+            return mu0, math.sqrt(var0)
+        n = s.count
+        mean = (w * mu0 + n * s.mean) / (w + n)
+        var = (w * var0 + s.m2 + w * n / (w + n) * (s.mean - mu0) ** 2) / (w + n)
+        return mean, math.sqrt(var)
+
+    def mean(self, key: Hashable) -> float:
+        return self.distribution(key)[0]
+
+    def sample(self, key: Hashable, shape: tuple[int, ...], rng: np.random.Generator,
+               cap: int | None = None) -> np.ndarray:
+        """Output lengths drawn from N(μ_o, σ_o), clipped to [1, cap or max_tokens]."""
+        mu, sigma = self.distribution(key)
+        upper = min(cap, self.max_tokens) if cap is not None else self.max_tokens
+        return np.clip(rng.normal(mu, sigma, size=shape), 1.0, float(upper))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTimes:
+    """S samples of one group on one instance, from the moment the group starts.
+
+    `drain` is the time the group holds the instance (Σ O / Θ, its share of eq. 2 for the
+    groups behind it); `completion` its own completion time (eq. 5).
+    """
+
+    drain: np.ndarray
+    completion: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEstimate:
+    """Completion times of the groups of one virtual queue, in queue order."""
+
+    group_ids: tuple[str, ...]
+    samples: np.ndarray  # [num_groups, S], seconds from now
+
+    @property
+    def mean(self) -> tuple[float, ...]:
+        return tuple(float(v) for v in self.samples.mean(axis=1))
+
+
+@dataclass(frozen=True, slots=True)
+class RCTEstimator:
+    """Samples completion times of request groups on instances (§6)."""
+
+    cost: ExecutionCost
+    outputs: OutputLengthModel
+    model_bytes: Mapping[str, int]
+    inefficiency: float = 1.0  # ε of eq. 4
+
+    def __post_init__(self) -> None:
+        check_positive("inefficiency", self.inefficiency)
+        for model, size in self.model_bytes.items():
+            check_positive(f"model_bytes[{model!r}]", size)
+
+    def throughput(self, view: InstanceView, model: str) -> float:
+        """Θ: the view's figure, else a full average batch's decode rate from the cost model."""
+        theta = view.throughput.get(model)
+        if theta is not None:
+            return theta
+        step = self.cost.decode_time(view.instance_id, model, view.avg_batch_size,
+                                     DEFAULT_CONTEXT_TOKENS)
+        check_positive("decode_time", step)
+        return view.avg_batch_size / step
+
+    def weight_bytes(self, model: str) -> int:
+        try:
+            return self.model_bytes[model]
+        except KeyError:
+            raise ValueError(f"unknown model {model!r}; "
+                             f"known: {sorted(self.model_bytes)}") from None
+
+    def swap_in_time(self, view: InstanceView, model: str) -> float:
+        """Loading `model` onto the device: warm from host (or a model swapped out of the
+        device to host), cold from disk (disk -> host, then host -> device)."""
+        size = self.weight_bytes(model)
+        warm = size / view.host_link_bandwidth
+        return warm if view.tier(model) != "disk" else warm + size / view.disk_bandwidth
+
+    def model_load_time(self, view: InstanceView, model: str) -> float:
+        """Swap time before serving `model` next: zero when it is on the device."""
+        return 0.0 if view.tier(model) == "device" else self.swap_in_time(view, model)
+
+    def sample_outputs(self, group: RequestGroup, num_samples: int,
+                       rng: np.random.Generator) -> np.ndarray:
+        """[S, members] output lengths of `group` (eq. 3), capped by their max_tokens."""
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples!r}")
+        outs = self.outputs.sample(group.key, (num_samples, group.num_requests), rng)
+        if any(c is not None for c in group.max_output_tokens):
+            caps = [self.outputs.max_tokens if c is None else c for c in group.max_output_tokens]
+            outs = np.minimum(outs, np.asarray(caps, dtype=float)[None, :])
+        return outs
+
+    def group_times(self, view: InstanceView, group: RequestGroup, num_samples: int,
+                    rng: np.random.Generator, outputs: np.ndarray | None = None) -> GroupTimes:
+        """S samples of eqs. 1-5 for `group` run at the head of `view`'s queue; pass
+        `outputs` ([S, members], from `sample_outputs`) to reuse one draw across instances."""
+        outs = self.sample_outputs(group, num_samples, rng) if outputs is None else outputs
+        theta = self.throughput(view, group.model)
+        waiting = (np.cumsum(outs, axis=1) - outs) / theta  # eq. 2 inside the group (FCFS)
+        lengths, where = np.unique(group.prompt_tokens, return_inverse=True)
+        prefill = np.array([self.cost.prefill_time(view.instance_id, group.model, int(p))
+                            for p in lengths])[where]
+        context = int(np.mean(group.prompt_tokens) + self.outputs.mean(group.key) / 2)
+        step = self.cost.decode_time(view.instance_id, group.model, view.avg_batch_size,
+                                     max(1, context))
+        decode = outs * (self.inefficiency * step)  # eq. 4
+        completion = (waiting + prefill[None, :] + decode).max(axis=1)  # eqs. 1, 5
+        return GroupTimes(drain=outs.sum(axis=1) / theta, completion=completion)
+
+    def queue_times(self, view: InstanceView, groups: Sequence[RequestGroup], num_samples: int,
+                    rng: np.random.Generator) -> QueueEstimate:
+        """Completion times (from now) of `groups` served in this order on `view` (eq. 10)."""
+        ahead = np.full(num_samples, view.busy_s)
+        out = np.zeros((len(groups), num_samples))
+        previous: str | None = None
+        for j, group in enumerate(groups):
+            times = self.group_times(view, group, num_samples, rng)
+            if previous is None:
+                swap = self.model_load_time(view, group.model)
+            else:
+                swap = 0.0 if group.model == previous else self.swap_in_time(view, group.model)
+            out[j] = ahead + swap + times.completion
+            ahead = ahead + swap + times.drain
+            previous = group.model
+        return QueueEstimate(tuple(g.group_id for g in groups), out)
+
+
+def waiting_time(output_tokens_ahead: Sequence[float], throughput: float) -> float:
+    """Eq. 2: W_q = Σ_{i<q} O_i / Θ for the output lengths of the requests ahead."""
+    check_positive("throughput", throughput)
+    for o in output_tokens_ahead:
+        check_non_negative("output tokens", o)
+    return float(sum(output_tokens_ahead)) / throughput
+
+
+def r_squared(predicted: Sequence[float] | np.ndarray,
+              observed: Sequence[float] | np.ndarray) -> float:
+    """Coefficient of determination of `predicted` against `observed` (Fig. 17)."""
+    pred, obs = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
+    if pred.shape != obs.shape or pred.ndim != 1 or len(obs) < 2:
+        raise ValueError(f"need two equal-length 1-D series of >= 2 values, "
+                         f"got shapes {pred.shape} and {obs.shape}")
+    ss_tot = float(((obs - obs.mean()) ** 2).sum())
+    if ss_tot == 0.0:
+        raise ValueError("observed values are all equal; R² is undefined")
+    return 1.0 - float(((obs - pred) ** 2).sum()) / ss_tot
+
+

@@ -1,0 +1,173 @@
+"""Request groups (QLM §4, Algorithm 1).
+
+Design note. QLM groups requests that share performance characteristics (Def. 4.1:
+model, SLO value, input/output token distribution) and caps each group at δ × the
+average batch size (Algorithm 1 lines 2-6; δ = 4 per §8.3). Algorithm 1 clusters with
+k-means; we bucket instead, for the same effect and O(1) incremental updates: a request's
+key is (model, SLO class, prompt-length bucket), buckets being the half-open intervals
+between fixed prompt-length edges (default 256/1024/4096/16384 tokens, i.e. short, medium,
+long, very long and "mega" prompts as in W_C). k-means would re-cluster the whole queue
+on every arrival; a bucket edge never moves, so adding a request is a dict insert and
+removing a finished one a dict delete. Splitting "in half until small enough" (splitHalf)
+is done in one pass: a bucket of n requests becomes ceil(n / cap) FCFS-contiguous chunks
+of near-equal size, which is what repeated halving converges to. Within a group requests
+are served FCFS (§4), so members are kept in arrival order.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from andante.cluster.qlm.types import QueuedRequest, check_positive
+
+DEFAULT_LENGTH_EDGES: tuple[int, ...] = (256, 1024, 4096, 16384)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GroupKey:
+    """What makes requests homogeneous (Def. 4.1)."""
+
+    model: str
+    slo_class: str
+    length_bucket: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestGroup:
+    """An immutable snapshot of one request group; members in FCFS order."""
+
+    group_id: str
+    key: GroupKey
+    request_ids: tuple[str, ...]
+    deadline: float  # the tightest (earliest) deadline of its members
+    num_prompt_tokens: int  # total over members
+    prompt_tokens: tuple[int, ...]  # per member, same order as request_ids
+    expected_output_tokens: float  # total expected output over members
+    max_output_tokens: tuple[int | None, ...] = ()  # per member; None: the model's limit
+
+    @property
+    def model(self) -> str:
+        return self.key.model
+
+    @property
+    def slo_class(self) -> str:
+        return self.key.slo_class
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.request_ids)
+
+
+def length_bucket(num_prompt_tokens: int, edges: Sequence[int] = DEFAULT_LENGTH_EDGES) -> int:
+    """Index of the prompt-length bucket: 0 for < edges[0], len(edges) for >= edges[-1]."""
+    return bisect.bisect_right(edges, num_prompt_tokens)
+
+
+def _check_edges(edges: Sequence[int]) -> None:
+    if any(b <= a for a, b in zip(edges, edges[1:], strict=False)) or any(e < 1 for e in edges):
+        raise ValueError(f"length edges must be positive and strictly increasing, got {edges!r}")
+
+
+@dataclass(slots=True)
+class GroupTable:
+    """The global queue's requests by group key, kept incrementally.
+
+    `add` and `remove` are O(1); `snapshot` builds the immutable groups, splitting any
+    bucket larger than δ × the average batch size.
+    """
+
+    length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES
+    _buckets: dict[GroupKey, dict[str, QueuedRequest]] = field(default_factory=dict)
+    _key_of: dict[str, GroupKey] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_edges(self.length_edges)
+
+    def __len__(self) -> int:
+        return len(self._key_of)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._key_of
+
+    def key_for(self, request: QueuedRequest) -> GroupKey:
+        bucket = length_bucket(request.num_prompt_tokens, self.length_edges)
+        return GroupKey(request.model, request.slo_class, bucket)
+
+    def add(self, request: QueuedRequest) -> GroupKey:
+        if request.request_id in self._key_of:
+            raise ValueError(f"request {request.request_id!r} is already queued")
+        key = self.key_for(request)
+        self._buckets.setdefault(key, {})[request.request_id] = request
+        self._key_of[request.request_id] = key
+        return key
+
+    def remove(self, request_ids: Iterable[str]) -> None:
+        """Drop requests (pulled, finished or aborted); unknown ids are ignored."""
+        for rid in request_ids:
+            key = self._key_of.pop(rid, None)
+            if key is None:
+                continue
+            bucket = self._buckets[key]
+            del bucket[rid]
+            if not bucket:
+                del self._buckets[key]
+
+    def get(self, request_id: str) -> QueuedRequest:
+        return self._buckets[self._key_of[request_id]][request_id]
+
+    def snapshot(self, avg_batch_size: float, delta: float = 4.0,
+                 mean_output_tokens: Callable[[GroupKey], float] | None = None
+                 ) -> tuple[RequestGroup, ...]:
+        """The current groups, each at most ceil(δ × avg_batch_size) requests."""
+        check_positive("avg_batch_size", avg_batch_size)
+        check_positive("delta", delta)
+        cap = max(1, math.ceil(delta * avg_batch_size))
+        groups: list[RequestGroup] = []
+        for key in sorted(self._buckets):
+            members = sorted(self._buckets[key].values(), key=lambda r: (r.arrival, r.request_id))
+            per_request = mean_output_tokens(key) if mean_output_tokens else 0.0
+            groups.extend(_split(key, members, cap, per_request))
+        return tuple(groups)
+
+
+def _split(key: GroupKey, members: Sequence[QueuedRequest], cap: int,
+           mean_output: float) -> list[RequestGroup]:
+    num_chunks = math.ceil(len(members) / cap)
+    base, extra = divmod(len(members), num_chunks)
+    chunks, start = [], 0
+    for k in range(num_chunks):
+        size = base + (1 if k < extra else 0)
+        chunks.append(_make_group(key, members[start:start + size], mean_output))
+        start += size
+    return chunks
+
+
+def _make_group(key: GroupKey, members: Sequence[QueuedRequest],
+                mean_output: float) -> RequestGroup:
+    prompts = tuple(r.num_prompt_tokens for r in members)
+    expected = sum(mean_output if r.max_output_tokens is None
+                   else min(mean_output, r.max_output_tokens) for r in members)
+    return RequestGroup(
+        group_id=f"{key.model}|{key.slo_class}|b{key.length_bucket}|{members[0].request_id}",
+        key=key,
+        request_ids=tuple(r.request_id for r in members),
+        deadline=min(r.deadline for r in members),
+        num_prompt_tokens=sum(prompts),
+        prompt_tokens=prompts,
+        expected_output_tokens=float(expected),
+        max_output_tokens=tuple(r.max_output_tokens for r in members),
+    )
+
+
+def form_groups(requests: Iterable[QueuedRequest], avg_batch_size: float, delta: float = 4.0,
+                length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES,
+                mean_output_tokens: Callable[[GroupKey], float] | None = None
+                ) -> tuple[RequestGroup, ...]:
+    """Algorithm 1 in one call: group `requests` and split groups above δ × avg batch."""
+    table = GroupTable(length_edges)
+    for request in requests:
+        table.add(request)
+    return table.snapshot(avg_batch_size, delta, mean_output_tokens)
