@@ -14,7 +14,7 @@ from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.config import SchedulerConfig
 from andante.engine.plan import StepPlan
 from andante.engine.policy import Policy
-from andante.engine.stopping import StopChecker, StopLimits, stop_status
+from andante.engine.stopping import check_stop, max_num_tokens
 from andante.exec.batch import StepBatch, StepResult
 from andante.kv.block_manager import KVBlockManager
 
@@ -34,13 +34,14 @@ class Scheduler:
         kv: KVBlockManager,
         policy: Policy,
         clock: Clock,
-        stop_checker: StopChecker | None = None,
     ) -> None:
         self.config = config
         self.kv = kv
         self.policy = policy
         self.clock = clock
-        self.stop_checker = stop_checker
+        # the length (prompt + output) at which a request stops (andante.engine.stopping)
+        self.max_num_tokens = max_num_tokens(
+            config.max_model_len, kv.num_device_blocks * kv.block_size)
         self._init_queues()
 
     def _init_queues(self) -> None:
@@ -122,12 +123,15 @@ class Scheduler:
         self.policy.on_finish(req)
         return req
 
-    def abort_request(self, request_id: str) -> Request | None:
-        """Finish the request as aborted and free its KV now; None if unknown."""
+    def abort_request(
+        self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED
+    ) -> Request | None:
+        """Finish the request (as aborted, or as `status`: the front end stops it at a
+        stop string) and free its KV now; None if unknown."""
         req = self.requests.get(request_id)
         if req is None:
             return None
-        self._finish(req, RequestStatus.FINISHED_ABORTED, self.clock.now())
+        self._finish(req, status, self.clock.now())
         self._drop_finished()
         return req
 
@@ -205,48 +209,36 @@ class Scheduler:
         """Record the step's tokens; returns the requests that got a token or finished."""
         now = self.clock.now()
         touched: list[Request] = []
-        any_finished = False
+        finished = False
         discard_in_flight = self._in_flight_ids.discard
-        limits = self._stop_limits()
-        for req, n, samples, token in zip(
-            batch.requests, batch.num_new_tokens, batch.samples, result.sampled_token_ids,
-            strict=True,
+        record, limit = self.record_tokens, self.max_num_tokens
+        for req, n, token in zip(
+            batch.requests, batch.num_new_tokens, result.sampled_token_ids, strict=True
         ):
             discard_in_flight(req.request_id)
-            req.num_computed_tokens += n
-            if token is None or not samples or req.status >= _FINISHED:
+            got = record(req, n, token, now)
+            if got is None:
                 continue
-            req.output_token_ids.append(token)
-            req.timeline.token_times.append(now)
             touched.append(req)
-            any_finished |= self._stop_if_done(req, token, limits, now)
-        if any_finished:
+            status = check_stop(req, got, limit)
+            if status is not None:
+                self._finish(req, status, now)
+                finished = True
+        if finished:
             self._drop_finished()
         self.policy.on_step_end(batch, result)
         return touched
 
-    def check_stops(self, requests: list[Request]) -> list[Request]:
-        """Apply stop conditions to each request's newest token now (after a decode run
-        recorded several steps at once); returns the requests that finished."""
-        now, limits = self.clock.now(), self._stop_limits()
-        finished = [
-            r for r in requests
-            if not r.is_finished and self._stop_if_done(r, r.output_token_ids[-1], limits, now)
-        ]
-        if finished:
-            self._drop_finished()
-        return finished
-
-    def _stop_limits(self) -> StopLimits:
-        kv = self.kv
-        return StopLimits(self.config.max_model_len, kv.num_device_blocks * kv.block_size)
-
-    def _stop_if_done(self, req: Request, token: int, limits: StopLimits, now: float) -> bool:
-        status = stop_status(req, token, limits, self.stop_checker)
-        if status is None:
-            return False
-        self._finish(req, status, now)
-        return True
+    def record_tokens(self, req: Request, num_computed: int, token_id: int | None,
+                      now: float, *later: float) -> int | None:
+        """Advance `req` by `num_computed` tokens now in its KV cache and give it
+        `token_id` at `now` (and at each of `later`: the simulator's decode run of several
+        identical steps); returns the token it got (None: none, or it is finished)."""
+        req.num_computed_tokens += num_computed
+        if token_id is None or req.status >= _FINISHED:
+            return None
+        req.append_output_token(token_id, now, *later)
+        return token_id
 
     # ---- finishing ------------------------------------------------------------------
     def _finish(self, req: Request, status: RequestStatus, now: float) -> None:

@@ -1,41 +1,38 @@
-"""When a request stops: stop tokens, EOS, length limits, and KV capacity."""
+"""When a request stops: stop tokens, EOS, and length limits (including KV capacity).
+
+Design note (vLLM v1's `check_stop`, vllm/v1/core/sched/utils.py): one function decides,
+after each new token, whether the request is done. Stop strings are not here: they need
+the detokenizer, so the front end (the server's output processor, offline `generate`)
+checks them and finishes the request. The length rules are one count,
+`num_tokens_before_length_stop`, which the simulator's decode runs also read.
+"""
 
 from __future__ import annotations
-
-from typing import NamedTuple, Protocol
 
 from andante.core.request import Request, RequestStatus
 
 
-class StopChecker(Protocol):
-    """Extra stop rule applied after each new token (e.g. stop strings, which need the
-    detokenizer). Returns True when the request should stop."""
-
-    def __call__(self, req: Request) -> bool: ...
-
-
-class StopLimits(NamedTuple):
-    max_model_len: int  # prompt + output tokens
-    cache_tokens: int  # tokens the whole device KV cache holds
+def max_num_tokens(max_model_len: int, cache_tokens: int) -> int:
+    """The length (prompt + output) at which a request stops: the model's context, or
+    the whole device KV cache (its next token could never fit)."""
+    return min(max_model_len, cache_tokens)
 
 
-def stop_status(
-    req: Request,
-    token: int,
-    limits: StopLimits,
-    stop_checker: StopChecker | None,
-) -> RequestStatus | None:
-    """The finished status `req` reaches with its newest `token`, or None to go on."""
+def num_tokens_before_length_stop(req: Request, max_tokens_total: int) -> int:
+    """How many more tokens `req` may get before a length limit stops it: the n-th more
+    token stops it when this is n (0 or less: it has reached a limit now).
+    `max_tokens_total` comes from `max_num_tokens`."""
+    return (min(req.sampling.max_tokens, max_tokens_total - req.num_prompt_tokens)
+            - req.num_output_tokens)
+
+
+def check_stop(req: Request, token: int, max_tokens_total: int) -> RequestStatus | None:
+    """The finished status `req` reaches with its newest token `token`, or None."""
     sampling = req.sampling
     if token in sampling.stop_token_ids:
         return RequestStatus.FINISHED_STOPPED
     if not sampling.ignore_eos and token == sampling.eos_token_id:
         return RequestStatus.FINISHED_STOPPED
-    if stop_checker is not None and stop_checker(req):
-        return RequestStatus.FINISHED_STOPPED
-    num_tokens = req.num_tokens
-    if len(req.output_token_ids) >= sampling.max_tokens or num_tokens >= limits.max_model_len:
+    if num_tokens_before_length_stop(req, max_tokens_total) <= 0:
         return RequestStatus.FINISHED_LENGTH
-    if num_tokens + 1 > limits.cache_tokens:
-        return RequestStatus.FINISHED_LENGTH  # the next token could never fit the cache
     return None

@@ -49,7 +49,7 @@ def build_backend(options: ServeOptions) -> Backend:
     outputs = OutputProcessor()
     config = scheduler_config(options.engine, model_len)
     engine = build_engine(
-        executor, MonotonicClock(), options.policy, config, dict(options.policy_options), outputs
+        executor, MonotonicClock(), options.policy, config, dict(options.policy_options)
     )
     served = options.served_model_name or name
     return Backend(engine, tokenizer, outputs, served, config.max_model_len)

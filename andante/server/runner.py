@@ -108,6 +108,7 @@ class EngineRunner:
                 self._wake.wait()
                 continue
             out = engine.step()
+            engine.finish_stopped(out, self.outputs.stopped(out))
             deltas = self.outputs.deltas(out)
             self.snapshot = self._take_snapshot()
             if deltas and not loop.is_closed():

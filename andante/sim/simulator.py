@@ -22,9 +22,10 @@ from andante.cluster.instance import BASIC_CAPABILITIES, LaterOperations
 from andante.cluster.load import LoadReport
 from andante.core.clock import ManualClock
 from andante.core.request import Request
-from andante.engine.decode_run import apply_decode_run, decode_run_limit, fit_blocks
 from andante.engine.engine import Engine, StepOutput
+from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
+from andante.sim.decode_run import apply_decode_run, decode_run_limit, fit_blocks
 from andante.sim.events import EventKind, EventQueue
 
 
@@ -46,19 +47,21 @@ class SimHooks:
 
 
 class SimInstance(LaterOperations):
-    """An `andante.cluster.Instance` on the simulated clock."""
+    """An `andante.cluster.Instance` on the simulated clock. `runs`: the engine's
+    executor where it offers decode runs (None: the instance always steps)."""
 
     capabilities = BASIC_CAPABILITIES
 
-    def __init__(self, index: int, engine: Engine, role: str = "",
-                 drop_late: bool = False) -> None:
+    def __init__(self, index: int, engine: Engine, runs: DecodeRunExecutor | None = None,
+                 role: str = "", drop_late: bool = False) -> None:
         self.index = index
         self.engine = engine
+        self.runs = runs
         self.role = role
         self.host = EngineHost(engine, drop_late)
         self.stats = InstanceStats()
         self.in_flight: tuple[StepBatch, StepResult] | None = None
-        self.decode_run: StepBatch | None = None  # the batch a decode run repeats
+        self.decode_run: StepOutput | None = None  # a run's steps before its last
         self.kick_pending = False
         self.hooks = SimHooks()
         self._report: tuple[tuple[float, int, int, int], LoadReport] | None = None
@@ -100,7 +103,7 @@ class SimInstance(LaterOperations):
     # ---- stepping -------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return self.in_flight is not None or self.decode_run is not None
+        return self.in_flight is not None
 
     def begin_step(self, now: float) -> float | None:
         """Schedule and start a step; returns when it completes (None if nothing ran)."""
@@ -112,11 +115,29 @@ class SimInstance(LaterOperations):
         self.stats.busy_time += result.duration
         return now + result.duration
 
+    def begin_decode_run(self, runs: DecodeRunExecutor, batch: StepBatch,
+                         times: list[float]) -> None:
+        """Start the decode run of `batch` whose steps end at `times` (andante.sim.decode_run):
+        all but its last step are recorded now; the last one completes like any step."""
+        now = self.engine.clock.now()
+        apply_decode_run(self.engine.scheduler, batch, times, runs.token_id)
+        tokens: list[int | None] = [runs.token_id] * len(batch.requests)
+        last_start = times[-2] if len(times) > 1 else now
+        if len(times) > 1:
+            early = StepResult(tokens, last_start - now)
+            self.decode_run = StepOutput(batch, early, list(batch.requests), [], len(times) - 1)
+        self.in_flight = (batch, StepResult(tokens, times[-1] - last_start))
+        self.stats.num_steps += len(times) - 1
+        self.stats.busy_time += times[-1] - now
+
     def finish_step(self) -> tuple[StepBatch, StepOutput]:
         """Apply the step in flight that completes now (the earliest one started)."""
         assert self.in_flight is not None
         batch, result = self.in_flight
         self.in_flight = None
+        if self.decode_run is not None:
+            self.engine.notify(self.decode_run)
+            self.decode_run = None
         output = self.engine.finish_step(batch, result)
         self.stats.num_steps += 1
         return batch, output
@@ -138,7 +159,7 @@ class SimReport:
 
 class Simulator(SimHooks):
     """`decode_runs=True` applies runs of identical all-decode steps at once where that is
-    provably the same as stepping (see andante.engine.decode_run); False steps always."""
+    provably the same as stepping (see andante.sim.decode_run); False steps always."""
 
     def __init__(
         self,
@@ -244,9 +265,6 @@ class Simulator(SimHooks):
             self._events.push(wake, EventKind.KICK, inst)
 
     def _on_step_done(self, inst: SimInstance) -> None:
-        if inst.decode_run is not None:  # its tokens were recorded when it was planned
-            self._end_decode_run(inst, inst.decode_run)
-            return
         batch, output = inst.finish_step()
         if output.finished:
             self.finished(inst, output.finished)
@@ -259,12 +277,10 @@ class Simulator(SimHooks):
         """Apply the identical decode steps that certainly follow `batch` before the next
         arrival (or late drop); True if any were applied (the instance is then busy until
         they end)."""
-        executor = inst.engine.executor
-        durations_of = getattr(executor, "decode_run_durations", None)
-        if durations_of is None:
+        executor, scheduler = inst.runs, inst.engine.scheduler
+        if executor is None:
             return False
-        token_id: int = executor.token_id  # type: ignore[attr-defined]
-        max_steps = decode_run_limit(inst.engine.scheduler, batch, token_id)
+        max_steps = decode_run_limit(scheduler, batch)
         if max_steps == 0:
             return False
         now = self.clock.now()
@@ -273,28 +289,19 @@ class Simulator(SimHooks):
             stop_at = min(stop_at, inst.host.drop_horizon())
         times: list[float] = []
         t = now
-        for duration in durations_of(batch, max_steps, min(stop_at, self._until) - now):
+        for duration in executor.decode_run_durations(
+            batch, max_steps, min(stop_at, self._until) - now
+        ):
             t += duration
             if t >= stop_at or t > self._until:
                 break
             times.append(t)
-        del times[fit_blocks(inst.engine.scheduler, batch, len(times)):]
+        del times[fit_blocks(scheduler, batch, len(times)):]
         if not times:
             return False
-        apply_decode_run(inst.engine.scheduler, batch, times, token_id)
-        inst.stats.num_steps += len(times)
-        inst.stats.busy_time += times[-1] - now
-        inst.decode_run = batch
+        inst.begin_decode_run(executor, batch, times)
         self._events.push(times[-1], EventKind.STEP_DONE, inst)
         return True
-
-    def _end_decode_run(self, inst: SimInstance, batch: StepBatch) -> None:
-        inst.decode_run = None
-        finished = inst.engine.scheduler.check_stops(batch.requests)
-        if finished:
-            self.finished(inst, finished)
-        if not (self.decode_runs and not finished and self._decode_run(inst, batch)):
-            self._start_step(inst)
 
     def _close(self) -> SimReport:
         report = self._report

@@ -17,8 +17,7 @@ from andante.server.toy import TOY_TEXT, ByteTokenizer, ToyExecutor
 def _runner(step_time: float = 0.001) -> EngineRunner:
     outputs = OutputProcessor()
     engine = build_engine(ToyExecutor(step_time=step_time), MonotonicClock(), "vllm",
-                          SchedulerConfig(max_model_len=512, max_num_batched_tokens=512),
-                          None, outputs)
+                          SchedulerConfig(max_model_len=512, max_num_batched_tokens=512))
     return EngineRunner(engine, outputs)
 
 
@@ -114,8 +113,7 @@ def test_engine_failure_ends_every_stream() -> None:
     async def main() -> None:
         outputs = OutputProcessor()
         engine = build_engine(Broken(), MonotonicClock(), "vllm",
-                              SchedulerConfig(max_model_len=512, max_num_batched_tokens=512),
-                              None, outputs)
+                              SchedulerConfig(max_model_len=512, max_num_batched_tokens=512))
         runner = EngineRunner(engine, outputs)
         failed = asyncio.Event()
         runner.start(asyncio.get_running_loop(), lambda d: None, lambda exc: failed.set())

@@ -1,0 +1,80 @@
+"""Decode runs: applying k identical all-decode steps at once (simulation fast path).
+
+Design note: between two events that change a vLLM-style decision (an arrival, a
+finish, a block shortage), a stationary policy (`Policy.stationary`) schedules the same
+all-decode batch step after step, and a `DecodeRunExecutor` samples the same token for
+every request of it. `plan_decode_run` asks how many more such steps are certain: the
+stop rules passed the token each request just got, so only a length limit can stop one
+(`num_tokens_before_length_stop`, the count `check_stop` uses), on the last step of the
+run at the earliest; the blocks the steps need must be free. Their tokens go through
+`Scheduler.record_tokens` with the exact times step-by-step simulation would give, all
+but the last step's when the run begins; the last step completes as any step does
+(`Engine.finish_step`, whose `Scheduler.update` applies the stop rules), after the
+engine's observers got one output standing for the run's earlier steps
+(`StepOutput.num_steps`). A test checks that both modes produce identical timelines.
+"""
+
+from __future__ import annotations
+
+from andante.engine.scheduler import Scheduler
+from andante.engine.stopping import num_tokens_before_length_stop
+from andante.exec.batch import StepBatch
+
+
+def _is_all_decode(scheduler: Scheduler, batch: StepBatch) -> bool:
+    if not batch.requests or batch.swap_out or batch.swap_in:
+        return False
+    if len(batch.requests) != len(scheduler.running) or scheduler.last_step_preempted:
+        return False
+    if scheduler.added_since_schedule:  # the next decision sees a new request
+        return False
+    return batch.num_tokens == len(batch.requests) and all(batch.samples)
+
+
+def decode_run_limit(scheduler: Scheduler, batch: StepBatch) -> int:
+    """How many more all-decode steps like `batch` (just applied) are certain to follow,
+    as far as stop rules go: the last of them may finish requests, no earlier one does
+    (see `fit_blocks` for the KV blocks they need)."""
+    if not scheduler.policy.stationary or not _is_all_decode(scheduler, batch):
+        return 0
+    requests = batch.requests
+    if any(req.is_finished for req in requests):
+        return 0
+    total = scheduler.max_num_tokens
+    return max(0, min(num_tokens_before_length_stop(req, total) for req in requests))
+
+
+def _fits(scheduler: Scheduler, batch: StepBatch, k: int) -> bool:
+    kv = scheduler.kv
+    need = 0
+    for req in batch.requests:
+        need += kv.num_new_blocks_needed(req.request_id, req.num_computed_tokens + k)
+    return need <= kv.num_free_device_blocks
+
+
+def fit_blocks(scheduler: Scheduler, batch: StepBatch, num_steps: int) -> int:
+    """The largest k <= num_steps whose k decode steps find all their blocks free."""
+    if num_steps <= 0 or _fits(scheduler, batch, num_steps):
+        return max(0, num_steps)
+    lo, hi = 0, num_steps - 1  # need(k) grows with k: bisect
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _fits(scheduler, batch, mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def apply_decode_run(
+    scheduler: Scheduler, batch: StepBatch, token_times: list[float], token_id: int
+) -> None:
+    """Record the tokens of all but the last of len(token_times) more decode steps of
+    `batch`'s requests, and give them the blocks of all; `Scheduler.update` applies the
+    last step when it completes."""
+    early = token_times[:-1]
+    kv, record = scheduler.kv, scheduler.record_tokens
+    for req in batch.requests:
+        if early:
+            record(req, len(early), token_id, *early)
+        kv.append_slots(req.request_id, req.num_computed_tokens + 1)
