@@ -9,6 +9,8 @@ preempts it (the plan's `running` leaves it out). One batch at a time: nothing c
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from andante.core.clock import Clock
 from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.config import SchedulerConfig
@@ -207,38 +209,42 @@ class Scheduler:
 
     def update(self, batch: StepBatch, result: StepResult) -> list[Request]:
         """Record the step's tokens; returns the requests that got a token or finished."""
-        now = self.clock.now()
-        touched: list[Request] = []
-        finished = False
         discard_in_flight = self._in_flight_ids.discard
-        record, limit = self.record_tokens, self.max_num_tokens
-        for req, n, token in zip(
-            batch.requests, batch.num_new_tokens, result.sampled_token_ids, strict=True
-        ):
+        for req in batch.requests:
             discard_in_flight(req.request_id)
-            got = record(req, n, token, now)
-            if got is None:
-                continue
-            touched.append(req)
-            status = check_stop(req, got, limit)
-            if status is not None:
-                self._finish(req, status, now)
-                finished = True
-        if finished:
-            self._drop_finished()
+        touched = self.record_tokens(
+            batch.requests, batch.num_new_tokens, result.sampled_token_ids, self.clock.now()
+        )
         self.policy.on_step_end(batch, result)
         return touched
 
-    def record_tokens(self, req: Request, num_computed: int, token_id: int | None,
-                      now: float, *later: float) -> int | None:
-        """Advance `req` by `num_computed` tokens now in its KV cache and give it
-        `token_id` at `now` (and at each of `later`: the simulator's decode run of several
-        identical steps); returns the token it got (None: none, or it is finished)."""
-        req.num_computed_tokens += num_computed
-        if token_id is None or req.status >= _FINISHED:
-            return None
-        req.append_output_token(token_id, now, *later)
-        return token_id
+    def record_tokens(
+        self, requests: Sequence[Request], num_computed: Iterable[int],
+        token_ids: Iterable[int | None], now: float, *later: float,
+    ) -> list[Request]:
+        """Advance each request by its `num_computed` tokens now in its KV cache, give it
+        its token (None: none) at `now` (and at each of `later`: the simulator's decode
+        run of identical steps), and finish it if the token stops it (`check_stop`).
+        Returns the requests that got a token."""
+        got: list[Request] = []
+        finished = False
+        limit = self.max_num_tokens
+        for req, n, token in zip(requests, num_computed, token_ids, strict=False):
+            req.num_computed_tokens += n
+            if token is None or req.status >= _FINISHED:
+                continue
+            if later:
+                req.append_output_token(token, now, *later)
+            else:  # a step (a call without unpacking is faster)
+                req.append_output_token(token, now)
+            got.append(req)
+            status = check_stop(req, token, limit)
+            if status is not None:
+                self._finish(req, status, later[-1] if later else now)
+                finished = True
+        if finished:
+            self._drop_finished()
+        return got
 
     # ---- finishing ------------------------------------------------------------------
     def _finish(self, req: Request, status: RequestStatus, now: float) -> None:

@@ -3,11 +3,13 @@
 Design note (vLLM v1's `check_stop`, vllm/v1/core/sched/utils.py): one function decides,
 after each new token, whether the request is done. Stop strings are not here: they need
 the detokenizer, so the front end (the server's output processor, offline `generate`)
-checks them and finishes the request. The length rules are one count,
-`num_tokens_before_length_stop`, which the simulator's decode runs also read.
+checks them and finishes the request. The simulator's decode runs read the length rule
+in its count form, `num_tokens_before_length_stop` (a test checks that both agree).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from andante.core.request import Request, RequestStatus
 
@@ -18,12 +20,12 @@ def max_num_tokens(max_model_len: int, cache_tokens: int) -> int:
     return min(max_model_len, cache_tokens)
 
 
-def num_tokens_before_length_stop(req: Request, max_tokens_total: int) -> int:
-    """How many more tokens `req` may get before a length limit stops it: the n-th more
-    token stops it when this is n (0 or less: it has reached a limit now).
-    `max_tokens_total` comes from `max_num_tokens`."""
-    return (min(req.sampling.max_tokens, max_tokens_total - req.num_prompt_tokens)
-            - req.num_output_tokens)
+def num_tokens_before_length_stop(requests: Iterable[Request], max_tokens_total: int) -> int:
+    """How many more tokens each of `requests` may get before a length limit stops the
+    first of them: the n-th more token stops one when this is n (0 or less: one has
+    reached a limit now). `max_tokens_total` comes from `max_num_tokens`."""
+    return min((min(req.sampling.max_tokens, max_tokens_total - req.num_prompt_tokens)
+                - req.num_output_tokens for req in requests), default=max_tokens_total)
 
 
 def check_stop(req: Request, token: int, max_tokens_total: int) -> RequestStatus | None:
@@ -33,6 +35,6 @@ def check_stop(req: Request, token: int, max_tokens_total: int) -> RequestStatus
         return RequestStatus.FINISHED_STOPPED
     if not sampling.ignore_eos and token == sampling.eos_token_id:
         return RequestStatus.FINISHED_STOPPED
-    if num_tokens_before_length_stop(req, max_tokens_total) <= 0:
-        return RequestStatus.FINISHED_LENGTH
+    if req.num_output_tokens >= sampling.max_tokens or req.num_tokens >= max_tokens_total:
+        return RequestStatus.FINISHED_LENGTH  # as num_tokens_before_length_stop([req]) <= 0
     return None

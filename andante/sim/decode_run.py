@@ -7,10 +7,9 @@ every request of it. `plan_decode_run` asks how many more such steps are certain
 stop rules passed the token each request just got, so only a length limit can stop one
 (`num_tokens_before_length_stop`, the count `check_stop` uses), on the last step of the
 run at the earliest; the blocks the steps need must be free. Their tokens go through
-`Scheduler.record_tokens` with the exact times step-by-step simulation would give, all
-but the last step's when the run begins; the last step completes as any step does
-(`Engine.finish_step`, whose `Scheduler.update` applies the stop rules), after the
-engine's observers got one output standing for the run's earlier steps
+`Scheduler.record_tokens`, as a step's do, when the run ends, with the exact times
+step-by-step simulation would give (the stop rules then finish whoever stopped on its
+last step), and the engine's observers get one output standing for the run's steps
 (`StepOutput.num_steps`). A test checks that both modes produce identical timelines.
 """
 
@@ -40,8 +39,7 @@ def decode_run_limit(scheduler: Scheduler, batch: StepBatch) -> int:
     requests = batch.requests
     if any(req.is_finished for req in requests):
         return 0
-    total = scheduler.max_num_tokens
-    return max(0, min(num_tokens_before_length_stop(req, total) for req in requests))
+    return max(0, num_tokens_before_length_stop(requests, scheduler.max_num_tokens))
 
 
 def _fits(scheduler: Scheduler, batch: StepBatch, k: int) -> bool:
@@ -66,15 +64,9 @@ def fit_blocks(scheduler: Scheduler, batch: StepBatch, num_steps: int) -> int:
     return lo
 
 
-def apply_decode_run(
-    scheduler: Scheduler, batch: StepBatch, token_times: list[float], token_id: int
-) -> None:
-    """Record the tokens of all but the last of len(token_times) more decode steps of
-    `batch`'s requests, and give them the blocks of all; `Scheduler.update` applies the
-    last step when it completes."""
-    early = token_times[:-1]
-    kv, record = scheduler.kv, scheduler.record_tokens
+def reserve_blocks(scheduler: Scheduler, batch: StepBatch, num_steps: int) -> None:
+    """Give `batch`'s requests the blocks of `num_steps` more decode steps (when the run
+    begins; `fit_blocks` checked that they are free)."""
+    kv = scheduler.kv
     for req in batch.requests:
-        if early:
-            record(req, len(early), token_id, *early)
-        kv.append_slots(req.request_id, req.num_computed_tokens + 1)
+        kv.append_slots(req.request_id, req.num_computed_tokens + num_steps)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from andante.cluster.controller import Controller
 from andante.cluster.host import EngineHost
@@ -25,7 +26,7 @@ from andante.core.request import Request
 from andante.engine.engine import Engine, StepOutput
 from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
-from andante.sim.decode_run import apply_decode_run, decode_run_limit, fit_blocks
+from andante.sim.decode_run import decode_run_limit, fit_blocks, reserve_blocks
 from andante.sim.events import EventKind, EventQueue
 
 
@@ -61,7 +62,7 @@ class SimInstance(LaterOperations):
         self.host = EngineHost(engine, drop_late)
         self.stats = InstanceStats()
         self.in_flight: tuple[StepBatch, StepResult] | None = None
-        self.decode_run: StepOutput | None = None  # a run's steps before its last
+        self.decode_run: tuple[StepBatch, list[float], int, float] | None = None  # + start
         self.kick_pending = False
         self.hooks = SimHooks()
         self._report: tuple[tuple[float, int, int, int], LoadReport] | None = None
@@ -103,7 +104,7 @@ class SimInstance(LaterOperations):
     # ---- stepping -------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return self.in_flight is not None
+        return self.in_flight is not None or self.decode_run is not None
 
     def begin_step(self, now: float) -> float | None:
         """Schedule and start a step; returns when it completes (None if nothing ran)."""
@@ -117,29 +118,35 @@ class SimInstance(LaterOperations):
 
     def begin_decode_run(self, runs: DecodeRunExecutor, batch: StepBatch,
                          times: list[float]) -> None:
-        """Start the decode run of `batch` whose steps end at `times` (andante.sim.decode_run):
-        all but its last step are recorded now; the last one completes like any step."""
+        """Start the run of identical decode steps of `batch` ending at `times`
+        (andante.sim.decode_run): their blocks now, their tokens when it ends."""
         now = self.engine.clock.now()
-        apply_decode_run(self.engine.scheduler, batch, times, runs.token_id)
-        tokens: list[int | None] = [runs.token_id] * len(batch.requests)
-        last_start = times[-2] if len(times) > 1 else now
-        if len(times) > 1:
-            early = StepResult(tokens, last_start - now)
-            self.decode_run = StepOutput(batch, early, list(batch.requests), [], len(times) - 1)
-        self.in_flight = (batch, StepResult(tokens, times[-1] - last_start))
-        self.stats.num_steps += len(times) - 1
+        reserve_blocks(self.engine.scheduler, batch, len(times))
+        self.decode_run = (batch, times, runs.token_id, now)
+        self.stats.num_steps += len(times)
         self.stats.busy_time += times[-1] - now
 
     def finish_step(self) -> tuple[StepBatch, StepOutput]:
-        """Apply the step in flight that completes now (the earliest one started)."""
+        """Apply the step (or decode run) in flight that completes now (the earliest one
+        started)."""
+        if self.decode_run is not None:
+            return self._finish_decode_run(*self.decode_run)
         assert self.in_flight is not None
         batch, result = self.in_flight
         self.in_flight = None
-        if self.decode_run is not None:
-            self.engine.notify(self.decode_run)
-            self.decode_run = None
         output = self.engine.finish_step(batch, result)
         self.stats.num_steps += 1
+        return batch, output
+
+    def _finish_decode_run(self, batch: StepBatch, times: list[float], token_id: int,
+                           start: float) -> tuple[StepBatch, StepOutput]:
+        self.decode_run = None
+        requests, engine = batch.requests, self.engine
+        got = engine.scheduler.record_tokens(requests, repeat(len(times)), repeat(token_id),
+                                             *times)
+        result = StepResult([token_id] * len(requests), times[-1] - start)
+        output = StepOutput(batch, result, got, [r for r in got if r.is_finished], len(times))
+        engine.notify(output)
         return batch, output
 
     def next_start_time(self) -> float | None:
