@@ -92,8 +92,7 @@ def build_offline_engine(model: LoadedModel, policy: str = "vllm",
     return build_engine(executor, clock or MonotonicClock(), policy, config, policy_options)
 
 
-def run_to_completion(engine: Engine, on_step: Callable[[StepOutput], None] | None = None
-                      ) -> None:
+def run_to_completion(engine: Engine, on_step: Callable[[StepOutput], None] | None = None) -> None:
     while engine.has_work:
         output = engine.step()
         if on_step is not None:

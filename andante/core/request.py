@@ -7,7 +7,7 @@ previous state, so an illegal transition is a bug that fails loudly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -80,16 +80,8 @@ class TokenIds(Sequence[int]):
     def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
         return self._ids[index]
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._ids)
-
-    def __eq__(self, other: object) -> bool:
+    def __eq__(self, other: object) -> bool:  # (unhashable, as a list)
         return isinstance(other, Sequence) and self._ids == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"TokenIds({self._ids!r})"
 
 
 @dataclass(slots=True)
@@ -153,20 +145,12 @@ class Request:
         return self._num_prompt_tokens + len(self._output_token_ids) - self.num_computed_tokens
 
     @property
-    def is_prefilling(self) -> bool:
-        return self.num_uncomputed_tokens > 1 or not self._output_token_ids
-
-    @property
     def is_finished(self) -> bool:
         return self.status >= RequestStatus.FINISHED_STOPPED
 
     @property
     def finish_reason(self) -> str | None:
         return FINISH_REASONS.get(self.status)
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return [*self.prompt_token_ids, *self._output_token_ids]
 
     @property
     def num_remaining_output_tokens(self) -> int:

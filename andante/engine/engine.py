@@ -76,9 +76,8 @@ class Engine:
                 observer(output, stats)
 
     def finish_stopped(self, output: StepOutput, request_ids: list[str]) -> None:
-        """Finish (reason "stop") the requests in whose text the front end found a stop
-        string after this step, as vLLM's output processor aborts them; they join
-        `output.finished`."""
+        """Finish (reason "stop") the requests whose text the front end found a stop string
+        in after this step (as vLLM's output processor); they join `output.finished`."""
         for request_id in request_ids:
             req = self.scheduler.abort_request(request_id, RequestStatus.FINISHED_STOPPED)
             if req is not None:

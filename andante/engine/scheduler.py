@@ -16,7 +16,7 @@ from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.config import SchedulerConfig
 from andante.engine.plan import StepPlan
 from andante.engine.policy import Policy
-from andante.engine.stopping import check_stop, max_num_tokens
+from andante.engine.stopping import check_stop
 from andante.exec.batch import StepBatch, StepResult
 from andante.kv.block_manager import KVBlockManager
 
@@ -41,9 +41,9 @@ class Scheduler:
         self.kv = kv
         self.policy = policy
         self.clock = clock
-        # the length (prompt + output) at which a request stops (andante.engine.stopping)
-        self.max_num_tokens = max_num_tokens(
-            config.max_model_len, kv.num_device_blocks * kv.block_size)
+        # a request stops at this length (prompt + output): the model's context, or the
+        # whole device KV cache (its next token could never fit)
+        self.max_num_tokens = min(config.max_model_len, kv.num_device_blocks * kv.block_size)
         self._init_queues()
 
     def _init_queues(self) -> None:

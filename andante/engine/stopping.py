@@ -14,16 +14,10 @@ from collections.abc import Iterable
 from andante.core.request import Request, RequestStatus
 
 
-def max_num_tokens(max_model_len: int, cache_tokens: int) -> int:
-    """The length (prompt + output) at which a request stops: the model's context, or
-    the whole device KV cache (its next token could never fit)."""
-    return min(max_model_len, cache_tokens)
-
-
 def num_tokens_before_length_stop(requests: Iterable[Request], max_tokens_total: int) -> int:
     """How many more tokens each of `requests` may get before a length limit stops the
     first of them: the n-th more token stops one when this is n (0 or less: one has
-    reached a limit now). `max_tokens_total` comes from `max_num_tokens`."""
+    reached a limit now). `max_tokens_total`: `Scheduler.max_num_tokens`."""
     return min((min(req.sampling.max_tokens, max_tokens_total - req.num_prompt_tokens)
                 - req.num_output_tokens for req in requests), default=max_tokens_total)
 

@@ -30,14 +30,10 @@ class Executor(Protocol):
 
 
 class DecodeRunExecutor(Executor, Protocol):
-    """An executor whose all-decode steps are predictable (the simulator's).
-
-    Contract: every step samples `token_id` for each request that samples, and
-    `decode_run_durations(batch, max_steps, time_budget)` gives the durations that up
-    to `max_steps` more all-decode steps of `batch`'s requests (`batch` just applied)
-    will take, stopping once their sum reaches `time_budget`
-    (andante.sim.decode_run).
-    """
+    """An executor whose all-decode steps are predictable (andante.sim.decode_run): it
+    samples `token_id` for every request, and `decode_run_durations` gives the durations
+    of up to `max_steps` more all-decode steps of `batch`'s requests (`batch` just
+    applied), stopping once their sum reaches `time_budget`."""
 
     token_id: int
 

@@ -3,10 +3,10 @@
 Design note: between two events that change a vLLM-style decision (an arrival, a
 finish, a block shortage), a stationary policy (`Policy.stationary`) schedules the same
 all-decode batch step after step, and a `DecodeRunExecutor` samples the same token for
-every request of it. `plan_decode_run` asks how many more such steps are certain: the
+every request of it. `decode_run_limit` says how many more such steps are certain: the
 stop rules passed the token each request just got, so only a length limit can stop one
-(`num_tokens_before_length_stop`, the count `check_stop` uses), on the last step of the
-run at the earliest; the blocks the steps need must be free. Their tokens go through
+(`num_tokens_before_length_stop`, the count form of `check_stop`'s), on the last step of
+the run at the earliest; `fit_blocks`, how many find their blocks free. Their tokens go through
 `Scheduler.record_tokens`, as a step's do, when the run ends, with the exact times
 step-by-step simulation would give (the stop rules then finish whoever stopped on its
 last step), and the engine's observers get one output standing for the run's steps
@@ -14,6 +14,8 @@ last step), and the engine's observers get one output standing for the run's ste
 """
 
 from __future__ import annotations
+
+from bisect import bisect_left
 
 from andante.engine.scheduler import Scheduler
 from andante.engine.stopping import num_tokens_before_length_stop
@@ -44,9 +46,8 @@ def decode_run_limit(scheduler: Scheduler, batch: StepBatch) -> int:
 
 def _fits(scheduler: Scheduler, batch: StepBatch, k: int) -> bool:
     kv = scheduler.kv
-    need = 0
-    for req in batch.requests:
-        need += kv.num_new_blocks_needed(req.request_id, req.num_computed_tokens + k)
+    need = sum(kv.num_new_blocks_needed(r.request_id, r.num_computed_tokens + k)
+               for r in batch.requests)
     return need <= kv.num_free_device_blocks
 
 
@@ -54,14 +55,8 @@ def fit_blocks(scheduler: Scheduler, batch: StepBatch, num_steps: int) -> int:
     """The largest k <= num_steps whose k decode steps find all their blocks free."""
     if num_steps <= 0 or _fits(scheduler, batch, num_steps):
         return max(0, num_steps)
-    lo, hi = 0, num_steps - 1  # need(k) grows with k: bisect
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _fits(scheduler, batch, mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    # the blocks needed grow with k: bisect for the first k that does not fit
+    return bisect_left(range(num_steps), True, key=lambda k: not _fits(scheduler, batch, k)) - 1
 
 
 def reserve_blocks(scheduler: Scheduler, batch: StepBatch, num_steps: int) -> None:

@@ -75,7 +75,6 @@ class PipelineSimInstance(SimInstance):
     def begin_step(self, now: float) -> float | None:
         batch, result = self.engine.begin_step()
         if batch.is_empty:
-            self.stats.num_stalls += 1
             return None
         per_stage = result.duration
         hop = self._hop_latency + self._hop_per_token * batch.num_tokens

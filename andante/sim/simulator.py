@@ -34,7 +34,6 @@ from andante.sim.events import EventKind, EventQueue
 class InstanceStats:
     num_steps: int = 0
     busy_time: float = 0.0
-    num_stalls: int = 0  # times it had work but the policy scheduled nothing
 
 
 class SimHooks:
@@ -110,7 +109,6 @@ class SimInstance(LaterOperations):
         """Schedule and start a step; returns when it completes (None if nothing ran)."""
         batch, result = self.engine.begin_step()
         if batch.is_empty:
-            self.stats.num_stalls += 1
             return None
         self.in_flight = (batch, result)
         self.stats.busy_time += result.duration
@@ -161,7 +159,6 @@ class SimReport:
     unfinished: list[Request] = field(default_factory=list)
     end_time: float = 0.0
     instance_stats: list[InstanceStats] = field(default_factory=list)
-    num_events: int = 0
 
 
 class Simulator(SimHooks):
@@ -191,10 +188,6 @@ class Simulator(SimHooks):
         for inst in instances:
             inst.hooks = self
 
-    @property
-    def router(self) -> object:  # the controller's (older callers read it here)
-        return self.controller.router
-
     def run(
         self,
         requests: Iterable[Request],
@@ -212,7 +205,6 @@ class Simulator(SimHooks):
             if until is not None and event.time > until:
                 break
             self.clock.advance_to(event.time)
-            self._report.num_events += 1
             if event.kind == EventKind.ARRIVAL:
                 self.controller.submit(event.payload)
                 self._push_next_arrival(arrivals)

@@ -116,4 +116,3 @@ def test_append_output_token_records_one_token_per_time() -> None:
     assert req.output_token_ids == [5, 6, 6, 6]
     assert req.timeline.token_times == [1.0, 2.0, 2.5, 3.0]
     assert req.num_tokens == 7 and req.num_remaining_output_tokens == 4
-    assert req.all_token_ids == [1, 2, 3, 5, 6, 6, 6]

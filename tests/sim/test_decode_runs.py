@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from andante.core import PreemptionMode, Request, RequestStatus, SamplingParams
-from andante.engine.stopping import check_stop, max_num_tokens, num_tokens_before_length_stop
+from andante.engine.stopping import check_stop, num_tokens_before_length_stop
 from andante.policies import SchedulerConfig
 from andante.sim import ClusterSpec, build_simulator, simulate
 from andante.workload import WorkloadConfig, build_workload, to_requests
@@ -75,7 +75,7 @@ def test_observers_see_every_step_including_decode_runs() -> None:
 @pytest.mark.parametrize(("max_tokens", "prompt", "max_model_len"), [(5, 10, 100), (50, 10, 30)])
 def test_the_count_form_agrees_with_check_stop(max_tokens: int, prompt: int,
                                                max_model_len: int) -> None:
-    limit = max_num_tokens(max_model_len, cache_tokens=10_000)
+    limit = max_model_len  # Scheduler.max_num_tokens when the KV cache is larger
     req = Request("r", [1] * prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), 0.0)
     count = num_tokens_before_length_stop([req], limit)
     assert count == min(max_tokens, max_model_len - prompt)
