@@ -10,6 +10,7 @@ preempts it (the plan's `running` leaves it out). One batch at a time: nothing c
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 
 from andante.core.clock import Clock
 from andante.core.request import PreemptionMode, Request, RequestStatus
@@ -23,6 +24,7 @@ from andante.kv.block_manager import KVBlockManager
 _NO_KV = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and above are terminal
+_REQUEST_ID = attrgetter("request_id")
 
 
 class RequestRejected(ValueError):
@@ -209,9 +211,7 @@ class Scheduler:
 
     def update(self, batch: StepBatch, result: StepResult) -> list[Request]:
         """Record the step's tokens; returns the requests that got a token or finished."""
-        discard_in_flight = self._in_flight_ids.discard
-        for req in batch.requests:
-            discard_in_flight(req.request_id)
+        self._in_flight_ids.difference_update(map(_REQUEST_ID, batch.requests))
         touched = self.record_tokens(
             batch.requests, batch.num_new_tokens, result.sampled_token_ids, self.clock.now()
         )

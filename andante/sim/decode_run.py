@@ -25,6 +25,7 @@ from andante.exec.batch import StepBatch
 def _is_all_decode(scheduler: Scheduler, batch: StepBatch) -> bool:
     if not batch.requests or batch.swap_out or batch.swap_in:
         return False
+    # a request that finished (or was aborted) since has left `running`
     if len(batch.requests) != len(scheduler.running) or scheduler.last_step_preempted:
         return False
     if scheduler.added_since_schedule:  # the next decision sees a new request
@@ -38,10 +39,7 @@ def decode_run_limit(scheduler: Scheduler, batch: StepBatch) -> int:
     (see `fit_blocks` for the KV blocks they need)."""
     if not scheduler.policy.stationary or not _is_all_decode(scheduler, batch):
         return 0
-    requests = batch.requests
-    if any(req.is_finished for req in requests):
-        return 0
-    return max(0, num_tokens_before_length_stop(requests, scheduler.max_num_tokens))
+    return max(0, num_tokens_before_length_stop(batch.requests, scheduler.max_num_tokens))
 
 
 def _fits(scheduler: Scheduler, batch: StepBatch, k: int) -> bool:
