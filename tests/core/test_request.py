@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 
 import pytest
@@ -116,3 +117,11 @@ def test_append_output_token_records_one_token_per_time() -> None:
     assert req.output_token_ids == [5, 6, 6, 6]
     assert req.timeline.token_times == [1.0, 2.0, 2.5, 3.0]
     assert req.num_tokens == 7 and req.num_remaining_output_tokens == 4
+
+
+def test_a_pickled_request_keeps_its_output_view() -> None:  # Ray ships requests
+    req = _running()
+    req.append_output_token(5, 1.0)
+    copy = pickle.loads(pickle.dumps(req))
+    copy.append_output_token(6, 2.0)
+    assert copy.output_token_ids == [5, 6] and req.output_token_ids == [5]
