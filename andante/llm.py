@@ -19,10 +19,9 @@ from andante.core.clock import Clock, MonotonicClock
 from andante.core.request import Request
 from andante.core.sampling import SamplingParams
 from andante.engine.config import SchedulerConfig
-from andante.engine.engine import Engine
+from andante.engine.engine import Engine, StepOutput
 from andante.engine.policy import PolicyContext
 from andante.engine.scheduler import Scheduler
-from andante.engine.stopping import StopChecker
 from andante.exec.base import Executor
 from andante.kv.block_manager import KVBlockManager
 from andante.models.loader import LoadedModel, load_model
@@ -39,7 +38,6 @@ def build_engine(
     policy: str = "vllm",
     config: SchedulerConfig | None = None,
     policy_options: dict[str, Any] | None = None,
-    stop_checker: StopChecker | None = None,
 ) -> Engine:
     config = config or SchedulerConfig()
     num_device, num_host = executor.num_kv_blocks(config.block_size)
@@ -47,7 +45,7 @@ def build_engine(
         raise ValueError("the executor has no room for a single KV block")
     kv = KVBlockManager(config.block_size, num_device, num_host, config.watermark)
     ctx = PolicyContext(clock, config, executor.cost_model, dict(policy_options or {}))
-    scheduler = Scheduler(config, kv, make_policy(policy, ctx), clock, stop_checker)
+    scheduler = Scheduler(config, kv, make_policy(policy, ctx), clock)
     return Engine(scheduler, executor, clock)
 
 @dataclass(slots=True)
@@ -83,7 +81,7 @@ def build_offline_engine(model: LoadedModel, policy: str = "vllm",
                          config: SchedulerConfig | None = None,
                          executor: Any = None, policy_options: dict[str, Any] | None = None,
                          clock: MonotonicClock | None = None) -> Engine:
-    """An engine over `executor` (default: a new TorchExecutor) with stop strings."""
+    """An engine over `executor` (default: a new TorchExecutor)."""
     from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
 
     if executor is None:
@@ -91,11 +89,10 @@ def build_offline_engine(model: LoadedModel, policy: str = "vllm",
     if config is None:
         config = SchedulerConfig(max_model_len=executor.max_model_len,
                                  max_num_batched_tokens=max(8192, executor.max_model_len))
-    return build_engine(executor, clock or MonotonicClock(), policy, config,
-                        policy_options, StopStrings(model.tokenizer))
+    return build_engine(executor, clock or MonotonicClock(), policy, config, policy_options)
 
 
-def run_to_completion(engine: Engine, on_step: Callable[[Any], None] | None = None) -> None:
+def run_to_completion(engine: Engine, on_step: Callable[[StepOutput], None] | None = None) -> None:
     while engine.has_work:
         output = engine.step()
         if on_step is not None:
@@ -119,7 +116,9 @@ def generate(prompts: Sequence[Prompt], sampling: SamplingParams | None = None, 
                         params, now) for i, p in enumerate(prompts)]
     for req in requests:
         engine.add_request(req)
-    run_to_completion(engine)
+    stops = StopStrings(tokenizer)  # the front end's stop rule (andante.models.stopping)
+    run_to_completion(engine, lambda out: engine.finish_stopped(
+        out, [r.request_id for r in out.updated if not r.is_finished and stops(r)]))
     return [Completion(req, truncate_at_stop(tokenizer.decode(req.output_token_ids),
                                              params.stop),
                        list(req.output_token_ids), req.finish_reason) for req in requests]

@@ -2,16 +2,16 @@
 
 A `Job` is plain data (a cluster spec and a workload config), so jobs run in worker
 processes; each returns an `Outcome` with the summary figures and, on request, the
-per-request QoE/TTFT arrays and queue lengths over time. The probe wraps the policy's
-`schedule` (the policy itself never reads a clock): it samples the queues and times the
-decisions in which Andes' knapsack ran.
+per-request QoE/TTFT arrays and queue lengths over time. The probe observes the engine's
+steps (the policy itself never reads a clock): it samples the queues and times the
+steps in which Andes' knapsack ran.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from andante.engine.config import SchedulerConfig
-from andante.engine.plan import StepPlan
+from andante.engine.engine import StepOutput
+from andante.engine.stats import SchedulerStats
 from andante.metrics.latency import ttft
 from andante.metrics.qoe import qoe_all
 from andante.metrics.record import records_from_requests
@@ -84,29 +85,30 @@ class Outcome:
 
 
 class Probe:
-    """Wraps a policy's `schedule`: queue samples and the time of knapsack decisions."""
+    """A step observer: queue samples, and the wall time of the steps in which Andes'
+    knapsack ran (from the previous step's end: scheduling, the solve and applying the
+    step; the solve dominates)."""
 
     def __init__(self, policy: Any, sample_every: float) -> None:
-        self.policy = policy
-        self.inner: Callable[[StepPlan], None] = policy.schedule
+        self.policy_stats = getattr(policy, "stats", None)  # AndesStats (Andes only)
+        self.num_solves = 0
         self.sample_every = sample_every
         self.next_sample = 0.0
         self.samples: list[tuple[float, int, int, int, float]] = []
         self.solve_seconds: list[float] = []
-        policy.schedule = self.schedule  # an instance attribute shadows the method
+        self.last_step_end = time.perf_counter()
 
-    def schedule(self, plan: StepPlan) -> None:
-        stats = getattr(self.policy, "stats", None)
-        solves = stats.num_solves if stats is not None else 0
-        started = time.perf_counter()
-        self.inner(plan)
-        if stats is not None and stats.num_solves != solves:
-            self.solve_seconds.append(time.perf_counter() - started)
-        if self.sample_every > 0 and plan.now >= self.next_sample:
-            self.next_sample = plan.now + self.sample_every
-            used = 1.0 - plan.num_free_blocks / max(1, plan.num_total_blocks)
-            self.samples.append((plan.now, len(plan.waiting), len(plan.running),
-                                 len(plan.swapped), used))
+    def __call__(self, output: StepOutput, stats: SchedulerStats) -> None:
+        now = time.perf_counter()
+        solves = self.policy_stats.num_solves if self.policy_stats is not None else 0
+        if solves != self.num_solves:
+            self.num_solves = solves
+            self.solve_seconds.append(now - self.last_step_end)
+        if self.sample_every > 0 and stats.time >= self.next_sample:
+            self.next_sample = stats.time + self.sample_every
+            self.samples.append((stats.time, stats.num_waiting, stats.num_running,
+                                 stats.num_swapped, stats.kv_usage))
+        self.last_step_end = time.perf_counter()
 
 
 def run_job(job: Job) -> Outcome:
@@ -114,6 +116,8 @@ def run_job(job: Job) -> Outcome:
     sim = build_simulator(job.spec)
     probes = [Probe(inst.engine.scheduler.policy, 5.0 if job.detail else 0.0)
               for inst in sim.instances]
+    for inst, probe in zip(sim.instances, probes, strict=True):
+        inst.engine.add_observer(probe)
     started = time.perf_counter()
     report = sim.run(requests, until=job.until)
     wall = time.perf_counter() - started

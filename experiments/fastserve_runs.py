@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from andante.engine.config import SchedulerConfig
-from andante.exec.batch import StepBatch, StepResult
+from andante.engine.engine import Engine, StepOutput
+from andante.engine.stats import SchedulerStats
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.sim import ClusterSpec, build_simulator
@@ -112,20 +113,18 @@ def per_token_latencies(requests: Sequence[Any]) -> np.ndarray:
 
 
 class _StallMeter:
-    """Wraps an executor: Σ step durations and Σ (duration - forward pass)."""
+    """A step observer: Σ step durations and Σ (duration - forward pass)."""
 
-    def __init__(self, executor: Any) -> None:
-        self.inner_execute = executor.execute
-        self.cost = executor.cost_model
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
         self.busy = 0.0
         self.stalled = 0.0
 
-    def __call__(self, batch: StepBatch) -> StepResult:
-        result: StepResult = self.inner_execute(batch)
+    def __call__(self, output: StepOutput, stats: SchedulerStats) -> None:
+        batch, duration = output.batch, output.result.duration
         forward = self.cost.step_time(batch.shape()) if batch.requests else 0.0
-        self.busy += result.duration
-        self.stalled += max(0.0, result.duration - forward)
-        return result
+        self.busy += duration
+        self.stalled += max(0.0, duration - forward)
 
 
 def run_point(spec: ClusterSpec, workload: Sequence[RequestSpec], trace_kv: bool = False,
@@ -136,9 +135,9 @@ def run_point(spec: ClusterSpec, workload: Sequence[RequestSpec], trace_kv: bool
     trace: list[tuple[float, float, float]] = []
     for inst in sim.instances:
         engine = inst.engine
-        if measure_stalls:
-            meter = _StallMeter(engine.executor)
-            engine.executor.execute = meter  # type: ignore[method-assign]
+        if measure_stalls:  # per step: no decode runs
+            meter = _StallMeter(engine.executor.cost_model)
+            engine.add_observer(meter)
             meters.append(meter)
         if trace_kv:
             _trace_kv(engine, trace)
@@ -157,19 +156,17 @@ def run_point(spec: ClusterSpec, workload: Sequence[RequestSpec], trace_kv: bool
     )
 
 
-def _trace_kv(engine: Any, trace: list[tuple[float, float, float]]) -> None:
-    """After each step, record (time, device GB, host GB) of KV cache in use."""
-    kv = engine.scheduler.kv
-    bytes_per_block = kv.block_size * engine.executor.cost_model.kv_bytes_per_token
-    finish = engine.finish_step
+def _trace_kv(engine: Engine, trace: list[tuple[float, float, float]]) -> None:
+    """After each step (or decode run), record (time, device GB, host GB) of KV cache
+    in use."""
+    cost = engine.executor.cost_model
+    gb_per_block = engine.scheduler.kv.block_size * cost.kv_bytes_per_token / 1e9
 
-    def finish_step(batch: StepBatch, result: StepResult) -> Any:
-        output = finish(batch, result)
-        trace.append((engine.clock.now(), kv.device.num_used * bytes_per_block / 1e9,
-                      kv.host.num_used * bytes_per_block / 1e9))
-        return output
+    def observe(output: StepOutput, stats: SchedulerStats) -> None:
+        trace.append((stats.time, (stats.num_blocks - stats.num_free_blocks) * gb_per_block,
+                      (stats.num_host_blocks - stats.num_free_host_blocks) * gb_per_block))
 
-    engine.finish_step = finish_step
+    engine.add_observer(observe)
 
 
 def max_rate_within(rates: Sequence[float], values: Sequence[float],

@@ -66,6 +66,24 @@ class SyntheticTokens(Sequence[int]):
         return self._token_id
 
 
+class TokenIds(Sequence[int]):
+    """A read-only view of a list of token ids (slices are copies)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, ids: list[int]) -> None:
+        self._ids = ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        return self._ids[index]
+
+    def __eq__(self, other: object) -> bool:  # (unhashable, as a list)
+        return isinstance(other, Sequence) and self._ids == list(other)
+
+
 @dataclass(slots=True)
 class Timeline:
     """What happened to a request, in clock seconds. Metrics are pure functions of it."""
@@ -88,17 +106,19 @@ class Request:
     priority: int = 0
     model: str = ""
     slo: SLO = field(default_factory=SLO)
-    output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     timeline: Timeline = field(init=False)
     _num_prompt_tokens: int = field(init=False)
+    _output_token_ids: list[int] = field(init=False, default_factory=list)
+    _output_view: TokenIds = field(init=False)
 
     def __post_init__(self) -> None:
         self._num_prompt_tokens = len(self.prompt_token_ids)
         if self._num_prompt_tokens == 0:
             raise ValueError(f"request {self.request_id!r}: empty prompt")
         self.timeline = Timeline(arrival_time=self.arrival_time)
+        self._output_view = TokenIds(self._output_token_ids)
 
     # ---- derived values -------------------------------------------------------------
     @property
@@ -106,22 +126,23 @@ class Request:
         return self._num_prompt_tokens
 
     @property
+    def output_token_ids(self) -> TokenIds:
+        """The generated tokens, read-only (`append_output_token` is the one mutator)."""
+        return self._output_view
+
+    @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+        return len(self._output_token_ids)
 
     @property
     def num_tokens(self) -> int:
         """Prompt plus generated tokens: what a full (re)prefill would compute."""
-        return self._num_prompt_tokens + len(self.output_token_ids)
+        return self._num_prompt_tokens + len(self._output_token_ids)
 
     @property
     def num_uncomputed_tokens(self) -> int:
         """Tokens known but not yet in the KV cache (1 while decoding)."""
-        return self._num_prompt_tokens + len(self.output_token_ids) - self.num_computed_tokens
-
-    @property
-    def is_prefilling(self) -> bool:
-        return self.num_uncomputed_tokens > 1 or not self.output_token_ids
+        return self._num_prompt_tokens + len(self._output_token_ids) - self.num_computed_tokens
 
     @property
     def is_finished(self) -> bool:
@@ -132,12 +153,8 @@ class Request:
         return FINISH_REASONS.get(self.status)
 
     @property
-    def all_token_ids(self) -> list[int]:
-        return [*self.prompt_token_ids, *self.output_token_ids]
-
-    @property
     def num_remaining_output_tokens(self) -> int:
-        return self.sampling.max_tokens - len(self.output_token_ids)
+        return self.sampling.max_tokens - len(self._output_token_ids)
 
     # ---- transitions ----------------------------------------------------------------
     def _expect(self, *allowed: RequestStatus) -> None:
@@ -180,6 +197,11 @@ class Request:
         self.status = status
         self.timeline.finish_time = now
 
-    def append_output_token(self, token_id: int, now: float) -> None:
-        self.output_token_ids.append(token_id)
+    def append_output_token(self, token_id: int, now: float, *later: float) -> None:
+        """Record `token_id`, emitted at `now` (and once more at each of `later`: the
+        simulator's decode runs). The one place the output grows."""
+        self._output_token_ids.append(token_id)
         self.timeline.token_times.append(now)
+        if later:
+            self._output_token_ids += [token_id] * len(later)
+            self.timeline.token_times += later

@@ -21,12 +21,15 @@ from andante.exec.batch import StepBatch, StepResult
 @dataclass(slots=True)
 class StepOutput:
     """What one step produced: requests with a new token, and requests that finished
-    (including ones aborted or rejected at this step boundary)."""
+    (including ones aborted or rejected at this step boundary). A simulator's decode run
+    is one output standing for `num_steps` identical steps (`updated` got a token at
+    each, `result.duration` is their sum)."""
 
     batch: StepBatch
     result: StepResult
     updated: list[Request] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)
+    num_steps: int = 1
 
 
 class Engine:
@@ -66,12 +69,21 @@ class Engine:
                             kv.num_device_blocks * kv.block_size)
 
     def notify(self, output: StepOutput) -> None:
-        """Tell the observers about a step applied outside `finish_step` (a decode run
-        the simulator recorded at once)."""
+        """Count the output's steps and tell the observers (`finish_step` calls it; so
+        does the simulator for a decode run it recorded at once)."""
+        self.num_steps += output.num_steps
         if self._observers:
             stats = self.stats()
             for observer in self._observers:
                 observer(output, stats)
+
+    def finish_stopped(self, output: StepOutput, request_ids: list[str]) -> None:
+        """Finish (reason "stop") the requests whose text the front end found a stop string
+        in after this step (as vLLM's output processor); they join `output.finished`."""
+        for request_id in request_ids:
+            req = self.scheduler.abort_request(request_id, RequestStatus.FINISHED_STOPPED)
+            if req is not None:
+                output.finished.append(req)
 
     # ---- input --------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -113,7 +125,6 @@ class Engine:
         if self._ended:
             finished.extend(self._ended)
             self._ended = []
-        self.num_steps += 1
         output = StepOutput(batch, result, updated, finished)
         self.notify(output)
         return output

@@ -34,10 +34,14 @@ class Policy(Protocol):
     swapped requests to bring back. It must not mutate requests. The hooks tell it
     about arrivals, finished requests and completed steps; they must be cheap.
     A policy must make progress: if any request can run alone, some step must
-    schedule something.
+    schedule something. `stationary` is True if its decisions depend only on the
+    queues' contents and the free blocks (not on time) and it needs no `on_step_end`
+    for all-decode steps: the simulator may then apply runs of identical decode steps
+    at once (andante.sim.decode_run).
     """
 
     name: str
+    stationary: bool
 
     def schedule(self, plan: StepPlan) -> None: ...
 
@@ -62,10 +66,7 @@ class BasePolicy:
 
     name = "base"
     Options: ClassVar[type] = NoOptions
-    # True if decisions depend only on queue contents and free blocks (not on time) and
-    # the policy needs no on_step_end calls for all-decode steps: the simulator may then
-    # apply runs of identical decode steps at once (andante.engine.decode_run).
-    stationary: ClassVar[bool] = False
+    stationary = False  # see Policy
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx

@@ -9,18 +9,22 @@ preempts it (the plan's `running` leaves it out). One batch at a time: nothing c
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from operator import attrgetter
+
 from andante.core.clock import Clock
 from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.config import SchedulerConfig
 from andante.engine.plan import StepPlan
 from andante.engine.policy import Policy
-from andante.engine.stopping import StopChecker, StopLimits, stop_status
+from andante.engine.stopping import check_stop
 from andante.exec.batch import StepBatch, StepResult
 from andante.kv.block_manager import KVBlockManager
 
 _NO_KV = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and above are terminal
+_REQUEST_ID = attrgetter("request_id")
 
 
 class RequestRejected(ValueError):
@@ -34,13 +38,14 @@ class Scheduler:
         kv: KVBlockManager,
         policy: Policy,
         clock: Clock,
-        stop_checker: StopChecker | None = None,
     ) -> None:
         self.config = config
         self.kv = kv
         self.policy = policy
         self.clock = clock
-        self.stop_checker = stop_checker
+        # a request stops at this length (prompt + output): the model's context, or the
+        # whole device KV cache (its next token could never fit)
+        self.max_num_tokens = min(config.max_model_len, kv.num_device_blocks * kv.block_size)
         self._init_queues()
 
     def _init_queues(self) -> None:
@@ -122,12 +127,15 @@ class Scheduler:
         self.policy.on_finish(req)
         return req
 
-    def abort_request(self, request_id: str) -> Request | None:
-        """Finish the request as aborted and free its KV now; None if unknown."""
+    def abort_request(
+        self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED
+    ) -> Request | None:
+        """Finish the request (as aborted, or as `status`: the front end stops it at a
+        stop string) and free its KV now; None if unknown."""
         req = self.requests.get(request_id)
         if req is None:
             return None
-        self._finish(req, RequestStatus.FINISHED_ABORTED, self.clock.now())
+        self._finish(req, status, self.clock.now())
         self._drop_finished()
         return req
 
@@ -193,50 +201,40 @@ class Scheduler:
 
     def update(self, batch: StepBatch, result: StepResult) -> list[Request]:
         """Record the step's tokens; returns the requests that got a token or finished."""
-        now = self.clock.now()
-        touched: list[Request] = []
-        any_finished = False
-        discard_in_flight = self._in_flight_ids.discard
-        limits = self._stop_limits()
-        for req, n, samples, token in zip(
-            batch.requests, batch.num_new_tokens, batch.samples, result.sampled_token_ids,
-            strict=True,
-        ):
-            discard_in_flight(req.request_id)
-            req.num_computed_tokens += n
-            if token is None or not samples or req.status >= _FINISHED:
-                continue
-            req.output_token_ids.append(token)
-            req.timeline.token_times.append(now)
-            touched.append(req)
-            any_finished |= self._stop_if_done(req, token, limits, now)
-        if any_finished:
-            self._drop_finished()
+        self._in_flight_ids.difference_update(map(_REQUEST_ID, batch.requests))
+        touched = self.record_tokens(
+            batch.requests, batch.num_new_tokens, result.sampled_token_ids, self.clock.now()
+        )
         self.policy.on_step_end(batch, result)
         return touched
 
-    def check_stops(self, requests: list[Request]) -> list[Request]:
-        """Apply stop conditions to each request's newest token now (after a decode run
-        recorded several steps at once); returns the requests that finished."""
-        now, limits = self.clock.now(), self._stop_limits()
-        finished = [
-            r for r in requests
-            if not r.is_finished and self._stop_if_done(r, r.output_token_ids[-1], limits, now)
-        ]
+    def record_tokens(
+        self, requests: Sequence[Request], num_computed: Iterable[int],
+        token_ids: Iterable[int | None], now: float, *later: float,
+    ) -> list[Request]:
+        """Advance each request by its `num_computed` tokens now in its KV cache, give it
+        its token (None: none) at `now` (and at each of `later`: the simulator's decode
+        run of identical steps), and finish it if the token stops it (`check_stop`).
+        Returns the requests that got a token."""
+        got: list[Request] = []
+        finished = False
+        limit = self.max_num_tokens
+        for req, n, token in zip(requests, num_computed, token_ids, strict=False):
+            req.num_computed_tokens += n
+            if token is None or req.status >= _FINISHED:
+                continue
+            if later:
+                req.append_output_token(token, now, *later)
+            else:  # a step (a call without unpacking is faster)
+                req.append_output_token(token, now)
+            got.append(req)
+            status = check_stop(req, token, limit)
+            if status is not None:
+                self._finish(req, status, later[-1] if later else now)
+                finished = True
         if finished:
             self._drop_finished()
-        return finished
-
-    def _stop_limits(self) -> StopLimits:
-        kv = self.kv
-        return StopLimits(self.config.max_model_len, kv.num_device_blocks * kv.block_size)
-
-    def _stop_if_done(self, req: Request, token: int, limits: StopLimits, now: float) -> bool:
-        status = stop_status(req, token, limits, self.stop_checker)
-        if status is None:
-            return False
-        self._finish(req, status, now)
-        return True
+        return got
 
     # ---- finishing ------------------------------------------------------------------
     def _finish(self, req: Request, status: RequestStatus, now: float) -> None:

@@ -1,41 +1,34 @@
-"""When a request stops: stop tokens, EOS, length limits, and KV capacity."""
+"""When a request stops: stop tokens, EOS, and length limits (including KV capacity).
+
+Design note (vLLM v1's `check_stop`, vllm/v1/core/sched/utils.py): one function decides,
+after each new token, whether the request is done. Stop strings are not here: they need
+the detokenizer, so the front end (the server's output processor, offline `generate`)
+checks them and finishes the request. The simulator's decode runs read the length rule
+in its count form, `num_tokens_before_length_stop` (a test checks that both agree).
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from collections.abc import Iterable
 
 from andante.core.request import Request, RequestStatus
 
 
-class StopChecker(Protocol):
-    """Extra stop rule applied after each new token (e.g. stop strings, which need the
-    detokenizer). Returns True when the request should stop."""
-
-    def __call__(self, req: Request) -> bool: ...
-
-
-class StopLimits(NamedTuple):
-    max_model_len: int  # prompt + output tokens
-    cache_tokens: int  # tokens the whole device KV cache holds
+def num_tokens_before_length_stop(requests: Iterable[Request], max_tokens_total: int) -> int:
+    """How many more tokens each of `requests` may get before a length limit stops the
+    first of them: the n-th more token stops one when this is n (0 or less: one has
+    reached a limit now). `max_tokens_total`: `Scheduler.max_num_tokens`."""
+    return min((min(req.sampling.max_tokens, max_tokens_total - req.num_prompt_tokens)
+                - req.num_output_tokens for req in requests), default=max_tokens_total)
 
 
-def stop_status(
-    req: Request,
-    token: int,
-    limits: StopLimits,
-    stop_checker: StopChecker | None,
-) -> RequestStatus | None:
-    """The finished status `req` reaches with its newest `token`, or None to go on."""
+def check_stop(req: Request, token: int, max_tokens_total: int) -> RequestStatus | None:
+    """The finished status `req` reaches with its newest token `token`, or None."""
     sampling = req.sampling
     if token in sampling.stop_token_ids:
         return RequestStatus.FINISHED_STOPPED
     if not sampling.ignore_eos and token == sampling.eos_token_id:
         return RequestStatus.FINISHED_STOPPED
-    if stop_checker is not None and stop_checker(req):
-        return RequestStatus.FINISHED_STOPPED
-    num_tokens = req.num_tokens
-    if len(req.output_token_ids) >= sampling.max_tokens or num_tokens >= limits.max_model_len:
-        return RequestStatus.FINISHED_LENGTH
-    if num_tokens + 1 > limits.cache_tokens:
-        return RequestStatus.FINISHED_LENGTH  # the next token could never fit the cache
+    if req.num_output_tokens >= sampling.max_tokens or req.num_tokens >= max_tokens_total:
+        return RequestStatus.FINISHED_LENGTH  # as num_tokens_before_length_stop([req]) <= 0
     return None

@@ -14,7 +14,8 @@ class Executor(Protocol):
     Contract: `execute` first performs the batch's swap-outs then swap-ins (copying
     KV between the device and host tiers), then advances every request of the batch
     by its scheduled tokens, writing their KV into their block tables, and returns one
-    sampled token per request whose `samples` flag is set. It never changes request
+    sampled token per request whose `samples` flag is set (None for the others,
+    aligned with the batch's requests). It never changes request
     state: the scheduler does that from the result. `cost_model` predicts step, swap
     and recompute costs for policies (calibrated for the real backend).
     `num_kv_blocks(block_size)` says how many device and host blocks the executor
@@ -26,3 +27,16 @@ class Executor(Protocol):
     def execute(self, batch: StepBatch) -> StepResult: ...
 
     def num_kv_blocks(self, block_size: int) -> tuple[int, int]: ...
+
+
+class DecodeRunExecutor(Executor, Protocol):
+    """An executor whose all-decode steps are predictable (andante.sim.decode_run): it
+    samples `token_id` for every request, and `decode_run_durations` gives the durations
+    of up to `max_steps` more all-decode steps of `batch`'s requests (`batch` just
+    applied), stopping once their sum reaches `time_budget`."""
+
+    token_id: int
+
+    def decode_run_durations(
+        self, batch: StepBatch, max_steps: int, time_budget: float
+    ) -> list[float]: ...

@@ -68,8 +68,7 @@ class SimExecutor:
     def decode_run_durations(
         self, batch: StepBatch, max_steps: int, time_budget: float
     ) -> list[float]:
-        """Durations of up to `max_steps` more all-decode steps of the requests of
-        `batch` (just applied), stopping once their sum reaches `time_budget`."""
+        """See `andante.exec.base.DecodeRunExecutor`."""
         shape = BatchShape()
         for req in batch.requests:
             shape.add(1, req.num_computed_tokens, True)

@@ -1,9 +1,11 @@
-"""Stop strings: the engine's `StopChecker` hook, backed by incremental detokenization.
+"""Stop strings: found in the detokenized text by the front end, never by the scheduler.
 
-The scheduler calls the checker after every new token (andante.engine.stopping). Only
-requests with `sampling.stop` get a decoder; each call pushes the tokens it has not seen
-and searches the freshly extended tail of the text, so the cost per token is constant.
-Entries of requests that finished for another reason are swept periodically.
+Design note (vLLM v1 checks stop strings in its front end's output processor, after
+detokenizing, and aborts the request in the engine): the server's output processor
+and offline generation (`andante.llm.generate`) search each request's newly decoded
+text with `find_stop` after every step and finish the request (reason "stop"); the
+text returned ends before the stop string. Only the tail that new characters could have
+completed is searched, so the cost per token is constant.
 """
 
 from __future__ import annotations
@@ -14,59 +16,45 @@ from dataclasses import dataclass
 from andante.core.request import Request
 from andante.models.interface import IncrementalDecoder, Tokenizer
 
-SWEEP_EVERY = 256
 
-
-@dataclass(slots=True)
-class _Entry:
-    request: Request
-    decoder: IncrementalDecoder
-    num_seen: int = 0
+def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int | None:
+    """Where the earliest stop string occurring in `text[start:]` begins, or None."""
+    found = [i for i in (text.find(s, start) for s in stops if s) if i >= 0]
+    return min(found) if found else None
 
 
 def truncate_at_stop(text: str, stops: Sequence[str]) -> str:
     """`text` cut before the earliest stop string (unchanged if none occurs)."""
-    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
-    return text if cut < 0 else text[:cut]
+    cut = find_stop(text, stops)
+    return text if cut is None else text[:cut]
+
+
+@dataclass(slots=True)
+class _Entry:
+    decoder: IncrementalDecoder
+    num_seen: int = 0
 
 
 class StopStrings:
-    """Implements `andante.engine.stopping.StopChecker` for `SamplingParams.stop`."""
+    """Incremental detokenizers for the requests with `SamplingParams.stop`."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self._entries: dict[str, _Entry] = {}
-        self._num_calls = 0
 
     def __call__(self, req: Request) -> bool:
+        """Decode `req`'s new tokens; True if its text now contains a stop string."""
         stops = req.sampling.stop
         if not stops:
             return False
-        self._num_calls += 1
-        if self._num_calls % SWEEP_EVERY == 0:
-            self._sweep()
         entry = self._entries.get(req.request_id)
         if entry is None:
-            entry = _Entry(req, self.tokenizer.incremental_decoder())
-            self._entries[req.request_id] = entry
+            entry = self._entries[req.request_id] = _Entry(self.tokenizer.incremental_decoder())
         outputs = req.output_token_ids
         num_new_chars = 0
         for token in outputs[entry.num_seen:]:
             num_new_chars += len(entry.decoder.push(token))
         entry.num_seen = len(outputs)
-        if num_new_chars == 0:
-            return False
-        tail = entry.decoder.text[-(num_new_chars + max(len(s) for s in stops) - 1):]
-        if any(s and s in tail for s in stops):
-            del self._entries[req.request_id]
-            return True
-        return False
-
-    def _sweep(self) -> None:
-        done = [rid for rid, e in self._entries.items() if e.request.is_finished]
-        for rid in done:
-            del self._entries[rid]
-
-    @property
-    def num_tracked(self) -> int:
-        return len(self._entries)
+        text = entry.decoder.text
+        start = len(text) - num_new_chars - max(len(s) for s in stops) + 1
+        return num_new_chars > 0 and find_stop(text, stops, max(0, start)) is not None

@@ -33,10 +33,13 @@ class OutputAdapter(Protocol):
     """Turns a step's output into what the front end streams (the server: `Delta`s).
 
     `register(req)` is called before the request is added (from the stepping thread);
-    `outputs(step)` once per step; `discard(id)` when a request leaves the instance
-    without finishing (handed back)."""
+    `stopped(step)` once per step names the requests whose text reached a stop string
+    (the engine then finishes them); `outputs(step)` once per step; `discard(id)` when
+    a request leaves the instance without finishing (handed back)."""
 
     def register(self, req: Request) -> None: ...
+
+    def stopped(self, step: StepOutput) -> list[str]: ...
 
     def outputs(self, step: StepOutput) -> list[Any]: ...
 
@@ -48,6 +51,9 @@ class NoOutputs:
 
     def register(self, req: Request) -> None:
         return None
+
+    def stopped(self, step: StepOutput) -> list[str]:
+        return []
 
     def outputs(self, step: StepOutput) -> list[Any]:
         return []
@@ -129,7 +135,9 @@ class InstanceWorker:
                 self._wake.wait(timeout)
             self._apply_inbox()
         if self.engine.has_work:
-            return self._message(self.engine.step(), stepped=True)
+            out = self.engine.step()
+            self.engine.finish_stopped(out, self.adapter.stopped(out))
+            return self._message(out, stepped=True)
         if self._refused or self._withdrawn:
             return self._message(None, stepped=False)
         return None

@@ -83,6 +83,9 @@ class DeltaAdapter:
         decoder = self.tokenizer.incremental_decoder(skip_special_tokens=True)
         self.processor.register(req.request_id, decoder, tuple(req.sampling.stop))
 
+    def stopped(self, step: StepOutput) -> list[str]:
+        return self.processor.stopped(step)
+
     def outputs(self, step: StepOutput) -> list[Any]:
         return list(self.processor.deltas(step))
 
@@ -98,7 +101,7 @@ def build_worker(options: ServeOptions, index: int, clock: Clock,
     tokenizer, executor, name, model_len = engine_parts(options.model, opts, loaded)
     outputs = OutputProcessor()
     engine = build_engine(executor, clock, plan.policy, scheduler_config(opts, model_len),
-                          plan.policy_options, outputs)
+                          plan.policy_options)
     return InstanceWorker(index, engine, DeltaAdapter(tokenizer, outputs), model_name=name)
 
 

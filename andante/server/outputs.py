@@ -1,8 +1,8 @@
 """Engine-thread output processing: incremental detokenization, stop strings, deltas.
 
-`OutputProcessor` is the engine's `StopChecker`: the scheduler calls it once per new
-token (in the engine thread), so each token is detokenized exactly once, right where
-stop strings must be checked. After a step, `deltas()` turns the step's updated and
+After each step (in the engine thread) `stopped()` detokenizes the new tokens once and
+names the requests whose text reached a stop string, which the engine then finishes
+(`Engine.finish_stopped`); `deltas()` turns the step's updated and
 finished requests into `Delta`s: the text completed since the last delta (text that
 might still turn into a stop string is held back; a matched stop string and what
 follows it are never sent) and, at the end, a snapshot record for the metrics.
@@ -16,6 +16,7 @@ from andante.core.request import Request
 from andante.engine.engine import StepOutput
 from andante.metrics import RequestRecord
 from andante.models.interface import IncrementalDecoder
+from andante.models.stopping import find_stop
 
 
 @dataclass(slots=True, frozen=True)
@@ -63,21 +64,20 @@ class OutputProcessor:
     def num_tracked(self) -> int:
         return len(self._states)
 
-    def __call__(self, req: Request) -> bool:
-        """StopChecker: detokenize the newest token; True if a stop string appeared."""
+    def stopped(self, out: StepOutput) -> list[str]:
+        """Ids of the step's unfinished requests whose text now contains a stop string."""
+        return [r.request_id for r in out.updated if not r.is_finished and self._stops(r)]
+
+    def _stops(self, req: Request) -> bool:
         state = self._states.get(req.request_id)
         if state is None:
             return False
         self._catch_up(req, state)
         if not state.stop:
             return False
-        text = state.decoder.text
         start = max(0, state.num_sent_chars - state.hold - 1)
-        found = [i for i in (text.find(s, start) for s in state.stop) if i >= 0]
-        if found:
-            state.stop_at = min(found)
-            return True
-        return False
+        state.stop_at = find_stop(state.decoder.text, state.stop, start)
+        return state.stop_at is not None
 
     @staticmethod
     def _catch_up(req: Request, state: _TextState) -> None:

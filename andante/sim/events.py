@@ -36,8 +36,5 @@ class EventQueue:
     def pop(self) -> Event:
         return heapq.heappop(self._heap)
 
-    def __len__(self) -> int:
-        return len(self._heap)
-
     def __bool__(self) -> bool:
         return bool(self._heap)

@@ -47,24 +47,9 @@ def stage_model(model: ModelSpec, pp: int) -> ModelSpec:
     return dataclasses.replace(model, name=f"{model.name}/pp{pp}", num_layers=layers)
 
 
-class StageExecutor:
-    """One stage's `SimExecutor`. It offers no decode-run fast path: in a pipeline,
-    consecutive steps overlap, so runs of identical steps do not apply."""
-
-    def __init__(self, inner: SimExecutor) -> None:
-        self._inner = inner
-        self.cost_model = inner.cost_model
-        self.token_id = inner.token_id
-
-    def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
-        return self._inner.num_kv_blocks(block_size)
-
-    def execute(self, batch: StepBatch) -> StepResult:
-        return self._inner.execute(batch)
-
-
 class PipelineSimInstance(SimInstance):
-    """A `SimInstance` that keeps up to `num_stages` batches in flight."""
+    """A `SimInstance` that keeps up to `num_stages` batches in flight. It has no decode
+    runs: consecutive steps overlap, so runs of identical steps do not apply."""
 
     def __init__(self, index: int, engine: Engine, num_stages: int, hop_per_token: float,
                  hop_latency: float) -> None:
@@ -90,7 +75,6 @@ class PipelineSimInstance(SimInstance):
     def begin_step(self, now: float) -> float | None:
         batch, result = self.engine.begin_step()
         if batch.is_empty:
-            self.stats.num_stalls += 1
             return None
         per_stage = result.duration
         hop = self._hop_latency + self._hop_per_token * batch.num_tokens
@@ -119,16 +103,14 @@ def build_pipeline_instance(spec: ClusterSpec, index: int, clock: ManualClock) -
     hardware = get_hardware(spec.hardware)
     model = get_model(spec.model)
     stage_cost = CostModel(stage_model(model, spec.pp), hardware, tp=spec.tp)
-    inner = SimExecutor(
+    executor = SimExecutor(
         stage_cost,
         block_size=spec.scheduler.block_size,
         host_kv_bytes=int(spec.swap_space_gib * GIB * spec.tp),  # per stage
         gpu_memory_utilization=spec.gpu_memory_utilization,
         overlap_swaps=spec.overlap_swaps,
     )
-    engine = build_engine(
-        StageExecutor(inner), clock, spec.policy, spec.scheduler, spec.policy_options
-    )
+    engine = build_engine(executor, clock, spec.policy, spec.scheduler, spec.policy_options)
     # Hidden states cross to the next stage: every tp rank sends its replica's share.
     hop_per_token = model.hidden_size * model.dtype_bytes / (
         hardware.interconnect_bandwidth * spec.tp)

@@ -117,7 +117,7 @@ def build_instance(spec: ClusterSpec, index: int, clock: ManualClock) -> SimInst
             overlap_swaps=own.overlap_swaps,
         )
         engine = build_engine(executor, clock, own.policy, own.scheduler, own.policy_options)
-        inst = SimInstance(index, engine)
+        inst = SimInstance(index, engine, executor)
     inst.configure(spec.role_of(index), spec.drop_late)
     return inst
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from andante.cluster.controller import Controller
 from andante.cluster.host import EngineHost
@@ -22,9 +23,10 @@ from andante.cluster.instance import BASIC_CAPABILITIES, LaterOperations
 from andante.cluster.load import LoadReport
 from andante.core.clock import ManualClock
 from andante.core.request import Request
-from andante.engine.decode_run import apply_decode_run, decode_run_limit, fit_blocks
 from andante.engine.engine import Engine, StepOutput
+from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
+from andante.sim.decode_run import decode_run_limit, fit_blocks, reserve_blocks
 from andante.sim.events import EventKind, EventQueue
 
 
@@ -32,7 +34,6 @@ from andante.sim.events import EventKind, EventQueue
 class InstanceStats:
     num_steps: int = 0
     busy_time: float = 0.0
-    num_stalls: int = 0  # times it had work but the policy scheduled nothing
 
 
 class SimHooks:
@@ -46,19 +47,21 @@ class SimHooks:
 
 
 class SimInstance(LaterOperations):
-    """An `andante.cluster.Instance` on the simulated clock."""
+    """An `andante.cluster.Instance` on the simulated clock. `runs`: the engine's
+    executor where it offers decode runs (None: the instance always steps)."""
 
     capabilities = BASIC_CAPABILITIES
 
-    def __init__(self, index: int, engine: Engine, role: str = "",
-                 drop_late: bool = False) -> None:
+    def __init__(self, index: int, engine: Engine, runs: DecodeRunExecutor | None = None,
+                 role: str = "", drop_late: bool = False) -> None:
         self.index = index
         self.engine = engine
+        self.runs = runs
         self.role = role
         self.host = EngineHost(engine, drop_late)
         self.stats = InstanceStats()
         self.in_flight: tuple[StepBatch, StepResult] | None = None
-        self.decode_run: StepBatch | None = None  # the batch a decode run repeats
+        self.decode_run: tuple[StepBatch, list[float], int, float] | None = None  # + start
         self.kick_pending = False
         self.hooks = SimHooks()
         self._report: tuple[tuple[float, int, int, int], LoadReport] | None = None
@@ -106,19 +109,42 @@ class SimInstance(LaterOperations):
         """Schedule and start a step; returns when it completes (None if nothing ran)."""
         batch, result = self.engine.begin_step()
         if batch.is_empty:
-            self.stats.num_stalls += 1
             return None
         self.in_flight = (batch, result)
         self.stats.busy_time += result.duration
         return now + result.duration
 
+    def begin_decode_run(self, runs: DecodeRunExecutor, batch: StepBatch,
+                         times: list[float]) -> None:
+        """Start the run of identical decode steps of `batch` ending at `times`
+        (andante.sim.decode_run): their blocks now, their tokens when it ends."""
+        now = self.engine.clock.now()
+        reserve_blocks(self.engine.scheduler, batch, len(times))
+        self.decode_run = (batch, times, runs.token_id, now)
+        self.stats.num_steps += len(times)
+        self.stats.busy_time += times[-1] - now
+
     def finish_step(self) -> tuple[StepBatch, StepOutput]:
-        """Apply the step in flight that completes now (the earliest one started)."""
+        """Apply the step (or decode run) in flight that completes now (the earliest one
+        started)."""
+        if self.decode_run is not None:
+            return self._finish_decode_run(*self.decode_run)
         assert self.in_flight is not None
         batch, result = self.in_flight
         self.in_flight = None
         output = self.engine.finish_step(batch, result)
         self.stats.num_steps += 1
+        return batch, output
+
+    def _finish_decode_run(self, batch: StepBatch, times: list[float], token_id: int,
+                           start: float) -> tuple[StepBatch, StepOutput]:
+        self.decode_run = None
+        requests, engine = batch.requests, self.engine
+        got = engine.scheduler.record_tokens(requests, repeat(len(times)), repeat(token_id),
+                                             *times)
+        result = StepResult([token_id] * len(requests), times[-1] - start)
+        output = StepOutput(batch, result, got, [r for r in got if r.is_finished], len(times))
+        engine.notify(output)
         return batch, output
 
     def next_start_time(self) -> float | None:
@@ -133,12 +159,11 @@ class SimReport:
     unfinished: list[Request] = field(default_factory=list)
     end_time: float = 0.0
     instance_stats: list[InstanceStats] = field(default_factory=list)
-    num_events: int = 0
 
 
 class Simulator(SimHooks):
     """`decode_runs=True` applies runs of identical all-decode steps at once where that is
-    provably the same as stepping (see andante.engine.decode_run); False steps always."""
+    provably the same as stepping (see andante.sim.decode_run); False steps always."""
 
     def __init__(
         self,
@@ -163,10 +188,6 @@ class Simulator(SimHooks):
         for inst in instances:
             inst.hooks = self
 
-    @property
-    def router(self) -> object:  # the controller's (older callers read it here)
-        return self.controller.router
-
     def run(
         self,
         requests: Iterable[Request],
@@ -184,7 +205,6 @@ class Simulator(SimHooks):
             if until is not None and event.time > until:
                 break
             self.clock.advance_to(event.time)
-            self._report.num_events += 1
             if event.kind == EventKind.ARRIVAL:
                 self.controller.submit(event.payload)
                 self._push_next_arrival(arrivals)
@@ -244,9 +264,6 @@ class Simulator(SimHooks):
             self._events.push(wake, EventKind.KICK, inst)
 
     def _on_step_done(self, inst: SimInstance) -> None:
-        if inst.decode_run is not None:  # its tokens were recorded when it was planned
-            self._end_decode_run(inst, inst.decode_run)
-            return
         batch, output = inst.finish_step()
         if output.finished:
             self.finished(inst, output.finished)
@@ -259,12 +276,10 @@ class Simulator(SimHooks):
         """Apply the identical decode steps that certainly follow `batch` before the next
         arrival (or late drop); True if any were applied (the instance is then busy until
         they end)."""
-        executor = inst.engine.executor
-        durations_of = getattr(executor, "decode_run_durations", None)
-        if durations_of is None:
+        executor, scheduler = inst.runs, inst.engine.scheduler
+        if executor is None:
             return False
-        token_id: int = executor.token_id  # type: ignore[attr-defined]
-        max_steps = decode_run_limit(inst.engine.scheduler, batch, token_id)
+        max_steps = decode_run_limit(scheduler, batch)
         if max_steps == 0:
             return False
         now = self.clock.now()
@@ -273,28 +288,19 @@ class Simulator(SimHooks):
             stop_at = min(stop_at, inst.host.drop_horizon())
         times: list[float] = []
         t = now
-        for duration in durations_of(batch, max_steps, min(stop_at, self._until) - now):
+        for duration in executor.decode_run_durations(
+            batch, max_steps, min(stop_at, self._until) - now
+        ):
             t += duration
             if t >= stop_at or t > self._until:
                 break
             times.append(t)
-        del times[fit_blocks(inst.engine.scheduler, batch, len(times)):]
+        del times[fit_blocks(scheduler, batch, len(times)):]
         if not times:
             return False
-        apply_decode_run(inst.engine.scheduler, batch, times, token_id)
-        inst.stats.num_steps += len(times)
-        inst.stats.busy_time += times[-1] - now
-        inst.decode_run = batch
+        inst.begin_decode_run(executor, batch, times)
         self._events.push(times[-1], EventKind.STEP_DONE, inst)
         return True
-
-    def _end_decode_run(self, inst: SimInstance, batch: StepBatch) -> None:
-        inst.decode_run = None
-        finished = inst.engine.scheduler.check_stops(batch.requests)
-        if finished:
-            self.finished(inst, finished)
-        if not (self.decode_runs and not finished and self._decode_run(inst, batch)):
-            self._start_step(inst)
 
     def _close(self) -> SimReport:
         report = self._report

@@ -67,7 +67,7 @@ def test_dead_instance_requeues_unstarted_requests_and_fails_started_ones() -> N
     ctl, insts = _cluster(2)
     for i in range(4):
         ctl.submit(request(f"r{i}"))
-    insts[0].submitted[0].output_token_ids.append(7)  # r0 mutated by its engine
+    insts[0].submitted[0].append_output_token(7, 0.0)  # r0 mutated by its engine
     outcome = ctl.instance_failed(0, started=lambda rid: rid == "r0")
     assert outcome.failed == ["r0"] and outcome.requeued == ["r2"]
     moved = insts[1].submitted[-1]

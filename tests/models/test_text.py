@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from andante.core import ManualClock, Request, SamplingParams
+from andante.core import Request, SamplingParams
 from andante.llm import build_offline_engine, generate, with_eos
 from andante.models import LoadedModel, load_model
 from andante.models.stopping import StopStrings, truncate_at_stop
@@ -81,16 +81,17 @@ def test_with_eos_uses_every_end_token(byte_model: LoadedModel) -> None:
     assert with_eos(SamplingParams(ignore_eos=True), tok).eos_token_id is None
 
 
-def test_stop_checker_forgets_finished_requests(byte_model: LoadedModel) -> None:
-    checker = StopStrings(byte_model.tokenizer)
-    req = Request("a", [1, 2], SamplingParams(stop=("zzz",)), ManualClock().now())
-    req.append_output_token(300, 0.0)
-    assert checker(req) is False and checker.num_tracked == 1
+def test_stop_strings_find_a_stop_that_spans_tokens(byte_model: LoadedModel) -> None:
+    tok = byte_model.tokenizer
+    stops = StopStrings(tok)
+    ids = tok.encode("say héllo STOP now")
+    req = Request("a", [1, 2], SamplingParams(stop=("STOP",)), 0.0)
+    found = []
+    for i, token in enumerate(ids):
+        req.append_output_token(token, float(i))
+        found.append(stops(req))
+    first = found.index(True)
+    assert tok.decode(ids[:first + 1]).endswith("STOP") and not any(found[:first])
     plain = Request("b", [1], SamplingParams(), 0.0)
-    assert checker(plain) is False and checker.num_tracked == 1
-    from andante.core import RequestStatus
-    req.finish(RequestStatus.FINISHED_LENGTH, 0.0)
-    other = Request("c", [1], SamplingParams(stop=("q",)), 0.0)
-    for _ in range(300):
-        checker(other)
-    assert checker.num_tracked == 1  # "a" was swept
+    plain.append_output_token(ids[0], 0.0)
+    assert stops(plain) is False

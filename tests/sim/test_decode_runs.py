@@ -1,13 +1,15 @@
-"""Decode runs (applying identical decode steps at once) change nothing but speed."""
+"""Decode runs (applying identical decode steps at once) change nothing but speed; the
+stop rules they rely on."""
 
 from __future__ import annotations
 
 import pytest
 
-from andante.core import PreemptionMode
+from andante.core import PreemptionMode, Request, RequestStatus, SamplingParams
+from andante.engine.stopping import check_stop, num_tokens_before_length_stop
 from andante.policies import SchedulerConfig
-from andante.sim import ClusterSpec, simulate
-from andante.workload import WorkloadConfig, build_workload
+from andante.sim import ClusterSpec, build_simulator, simulate
+from andante.workload import WorkloadConfig, build_workload, to_requests
 
 
 def _timelines(run) -> dict[str, tuple]:  # type: ignore[no-untyped-def]
@@ -45,3 +47,53 @@ def test_until_is_respected_by_decode_runs() -> None:
     stepped = simulate(ClusterSpec(), workload, until=3.0, decode_runs=False)
     fast = simulate(ClusterSpec(), workload, until=3.0, decode_runs=True)
     assert _timelines(fast) == _timelines(stepped)
+
+
+def test_observers_see_every_step_including_decode_runs() -> None:
+    workload = build_workload(WorkloadConfig(kind="poisson", rate=4.0, num_requests=30,
+                                             lengths="uniform:32:400:1:300", seed=5))
+    seen: dict[bool, list[tuple[int, int, float]]] = {}
+    for runs in (False, True):
+        sim = build_simulator(ClusterSpec(), decode_runs=runs)
+        engine = sim.instances[0].engine
+        outputs: list[tuple[int, int, float]] = []
+        engine.add_observer(lambda out, stats, o=outputs: o.append(
+            (out.num_steps, len(out.updated), stats.time)))
+        requests = to_requests(workload)
+        sim.run(requests)
+        assert sum(n for n, _, _ in outputs) == engine.num_steps
+        assert engine.num_steps == sim.instances[0].stats.num_steps
+        assert sum(n * k for n, k, _ in outputs) == sum(r.num_output_tokens for r in requests)
+        times = [t for _, _, t in outputs]
+        assert times == sorted(times)
+        seen[runs] = outputs
+    assert max(n for n, _, _ in seen[True]) > 1  # some runs stood for several steps
+    assert len(seen[True]) < len(seen[False])
+    assert seen[True][-1][2] == seen[False][-1][2]
+
+
+@pytest.mark.parametrize(("max_tokens", "prompt", "max_model_len"), [(5, 10, 100), (50, 10, 30)])
+def test_the_count_form_agrees_with_check_stop(max_tokens: int, prompt: int,
+                                               max_model_len: int) -> None:
+    limit = max_model_len  # Scheduler.max_num_tokens when the KV cache is larger
+    req = Request("r", [1] * prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), 0.0)
+    count = num_tokens_before_length_stop([req], limit)
+    assert count == min(max_tokens, max_model_len - prompt)
+    for i in range(count):
+        req.append_output_token(7, float(i))
+        expected = RequestStatus.FINISHED_LENGTH if i == count - 1 else None
+        assert check_stop(req, 7, limit) == expected
+        assert num_tokens_before_length_stop([req], limit) == count - i - 1
+
+
+def test_stop_tokens_come_before_length() -> None:
+    sampling = SamplingParams(max_tokens=1, stop_token_ids=(9,), eos_token_id=3)
+    req = Request("r", [1], sampling, 0.0)
+    req.append_output_token(9, 0.0)
+    assert check_stop(req, 9, 100) == RequestStatus.FINISHED_STOPPED
+    assert check_stop(req, 3, 100) == RequestStatus.FINISHED_STOPPED
+    assert check_stop(req, 4, 100) == RequestStatus.FINISHED_LENGTH
+    long = Request("l", [1], SamplingParams(max_tokens=10), 0.0)
+    long.append_output_token(4, 0.0)
+    assert check_stop(long, 4, 3) is None
+    assert check_stop(long, 4, 2) == RequestStatus.FINISHED_LENGTH  # context or KV cache
