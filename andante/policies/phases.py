@@ -117,6 +117,20 @@ def swap_in_in_order(
         plan.schedule(req, n)
 
 
+def prefill_first_step(
+    plan: StepPlan, admit: Callable[[StepPlan], object], mixed: bool = False
+) -> None:
+    """vLLM v0's step: admit new prefills (never while requests are swapped out); a step
+    that admitted nothing advances the running requests, preempting from the back, and
+    swaps requests back in if it preempted nobody. `mixed`: advance them in any case."""
+    if not plan.swapped:
+        admit(plan)
+    if not plan.scheduled or mixed:
+        advance_with_preemption(plan, plan.running, remaining_tokens)
+        if not plan.preemptions:
+            swap_in_in_order(plan, plan.swapped)
+
+
 def preempt_for(plan: StepPlan, req: Request, victims: list[Request]) -> bool:
     """Preempt `victims` (in order) until `req`'s whole prefill fits; True if it does.
 

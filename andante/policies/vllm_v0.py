@@ -22,10 +22,8 @@ from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.policies.phases import (
     admit_in_order,
-    advance_with_preemption,
     preempt_for,
-    remaining_tokens,
-    swap_in_in_order,
+    prefill_first_step,
 )
 
 
@@ -52,12 +50,7 @@ class OrderedPolicy(BasePolicy):
 
     def schedule(self, plan: StepPlan) -> None:
         self._order(plan)
-        if not plan.swapped:
-            self._admit(plan)
-        if not plan.scheduled:  # prefill-first: a prefill step runs no decodes
-            advance_with_preemption(plan, plan.running, remaining_tokens)
-            if not plan.preemptions:
-                swap_in_in_order(plan, plan.swapped)
+        prefill_first_step(plan, self._admit)
         if plan.preemptions:
             self._waiting_sorted = False  # recomputed requests went to the front
 

@@ -24,10 +24,8 @@ from andante.policies.ascendra.common import AscendraBase, MeanMeter
 from andante.policies.ascendra.options import HPOptions
 from andante.policies.phases import (
     admit_in_order,
-    advance_with_preemption,
     by_arrival,
-    remaining_tokens,
-    swap_in_in_order,
+    prefill_first_step,
 )
 
 
@@ -52,12 +50,7 @@ class AscendraHPPolicy(AscendraBase):
         if not self._sorted:
             plan.waiting.sort(key=by_arrival)
             self._sorted = True
-        if not plan.swapped:
-            self._admit(plan)
-        if not plan.scheduled or self.options.mixed:  # else prefill-first: decodes wait
-            advance_with_preemption(plan, plan.running, remaining_tokens)
-            if not plan.preemptions:
-                swap_in_in_order(plan, plan.swapped)
+        prefill_first_step(plan, self._admit, mixed=self.options.mixed)
         if plan.preemptions:
             self._sorted = False  # recomputed requests went to the front
 
