@@ -13,8 +13,8 @@ from andante.cli.progress import Progress
 from andante.cli.workload_args import add_workload_args, workload_from_args
 from andante.core.request import PreemptionMode
 from andante.metrics import format_table
-from andante.perf.catalog import hardware_names, model_names
-from andante.policies import SchedulerConfig, policy_names
+from andante.perf.catalog import get_model, hardware_names, model_names
+from andante.policies import SchedulerConfig, policy_class, policy_names
 from andante.sim import ClusterSpec, SimRun, simulate
 from andante.sim.setup import with_router
 from andante.workload import build_workload
@@ -50,20 +50,44 @@ def add_parser(subparsers: Any) -> None:
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--max-num-seqs", type=positive_int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=positive_int, default=8192)
-    g.add_argument("--max-model-len", type=positive_int, default=8192)
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
+                   help="step token budget; raised to --max-model-len for policies that "
+                   "prefill whole prompts (as vLLM v0 without chunked prefill)")
+    g.add_argument("--max-model-len", type=positive_int,
+                   help="prompt + output limit (default and maximum: the model's context)")
     g.add_argument("--block-size", type=positive_int, default=16)
     g.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
     g.add_argument("--swap-space", type=float, default=4.0, help="host KV GiB per GPU")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
 
 
+def max_model_len_from_args(args: argparse.Namespace) -> int:
+    """`--max-model-len`, by default the model's context; never above it."""
+    context = get_model(args.model).max_model_len
+    if args.max_model_len is None:
+        return context
+    if args.max_model_len > context:
+        raise ValueError(f"--max-model-len {args.max_model_len} exceeds the context of "
+                         f"{args.model} ({context} tokens)")
+    return int(args.max_model_len)
+
+
+def token_budget(policy: str, requested: int, max_model_len: int, router: str) -> int:
+    """The step budget: as requested for a policy that chunks prefills; raised to
+    max_model_len for one that prefills whole prompts (vLLM v0's rule without chunked
+    prefill), or a long prompt could never be scheduled."""
+    chunks = router != "ascendra" and getattr(policy_class(policy), "chunks_prefill", False)
+    return requested if chunks else max(requested, max_model_len)
+
+
 def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
+    max_model_len = max_model_len_from_args(args)
+    budget = token_budget(policy, args.max_num_batched_tokens, max_model_len, args.router)
     scheduler = SchedulerConfig(
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_model_len),
-        max_model_len=args.max_model_len,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
         preemption_mode=PreemptionMode[args.preemption_mode.upper()],
     )
     spec = ClusterSpec(
@@ -85,8 +109,6 @@ def run(args: argparse.Namespace) -> int:
     policies = args.compare.split(",") if args.compare else [args.policy]
     config = workload_from_args(args)
     workload = build_workload(config)
-    if args.max_context is None:  # never feed the engine prompts it must refuse
-        workload = [w for w in workload if w.prompt_len < args.max_model_len]
     goodput = parse_goodput(args.goodput)
     runs: dict[str, SimRun] = {}
     for policy in policies:
@@ -122,3 +144,9 @@ def _print(runs: dict[str, SimRun], args: argparse.Namespace) -> None:
         f"workload {args.workload} rate {args.rate}/s x{args.rate_scale}, seed {args.seed}"
     )
     print(format_table({p: r.summary for p, r in runs.items()}))
+    for policy, sim_run in runs.items():
+        summary = sim_run.summary
+        if summary.num_rejected:
+            print(f"{policy}: {summary.num_rejected} rejected; the first:")
+            for line in summary.first_rejections:
+                print(f"  {line}")

@@ -37,11 +37,13 @@ class Policy(Protocol):
     schedule something. `stationary` is True if its decisions depend only on the
     queues' contents and the free blocks (not on time) and it needs no `on_step_end`
     for all-decode steps: the simulator may then apply runs of identical decode steps
-    at once (andante.sim.decode_run).
+    at once (andante.sim.decode_run). `chunks_prefill` is True if it splits a prefill
+    longer than the step's token budget (else the budget must cover max_model_len).
     """
 
     name: str
     stationary: bool
+    chunks_prefill: bool
 
     def schedule(self, plan: StepPlan) -> None: ...
 
@@ -67,6 +69,7 @@ class BasePolicy:
     name = "base"
     Options: ClassVar[type] = NoOptions
     stationary = False  # see Policy
+    chunks_prefill = False  # see Policy
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx

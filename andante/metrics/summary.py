@@ -27,16 +27,25 @@ __all__ = ["Stats", "Summary", "format_table", "percentiles", "pooled_itls", "su
 _LATENCIES = ("ttft", "tpot", "itl", "e2el")
 _LATENCY_STATS = ("mean", "median", "std", "p90", "p99")
 _QOE_STATS = ("mean", "median", "p10", "min")
+NUM_FIRST_REJECTIONS = 3
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """Figures of one run; latencies in seconds (to_dict gives ms, as vllm)."""
+    """Figures of one run; latencies in seconds (to_dict gives ms, as vllm).
+
+    Every request is counted once: num_finished (completed, num_truncated of them cut
+    short by the context or KV limit) + num_aborted (num_rejected of them refused) +
+    num_unfinished == num_requests.
+    """
 
     num_requests: int
     num_finished: int
     num_aborted: int
     num_unfinished: int
+    num_truncated: int  # of num_finished: cut by a length limit before max_tokens
+    num_rejected: int  # of num_aborted: refused, never run
+    first_rejections: tuple[str, ...]  # "request_id: reason" of the first few rejected
     duration: float
     total_input_tokens: int
     total_output_tokens: int
@@ -108,6 +117,13 @@ def _count_good(records: Sequence[RequestRecord], thresholds: Mapping[str, float
     return sum(1 for r in records if is_good(r, **checked))
 
 
+def first_rejections(records: Sequence[RequestRecord]) -> tuple[str, ...]:
+    """"request_id: reason" of the first `NUM_FIRST_REJECTIONS` rejected records."""
+    rejected = (r for r in records if r.is_rejected)
+    return tuple(f"{r.request_id}: {r.rejection_reason or 'no reason given'}"
+                 for r, _ in zip(rejected, range(NUM_FIRST_REJECTIONS), strict=False))
+
+
 def summarize(
     records: Sequence[RequestRecord],
     duration: float | None = None,
@@ -142,6 +158,9 @@ def summarize(
         num_finished=len(done),
         num_aborted=num_aborted,
         num_unfinished=n - len(done) - num_aborted,
+        num_truncated=sum(1 for r in done if r.is_truncated),
+        num_rejected=sum(1 for r in records if r.is_rejected),
+        first_rejections=first_rejections(records),
         duration=duration,
         total_input_tokens=num_in,
         total_output_tokens=num_out,
