@@ -17,7 +17,7 @@ from andante.perf.catalog import get_model, hardware_names, model_names
 from andante.policies import SchedulerConfig, policy_class, policy_names
 from andante.sim import ClusterSpec, SimRun, simulate
 from andante.sim.setup import with_router
-from andante.workload import build_workload
+from andante.workload import Trace, build_workload_traced
 
 
 def add_parser(subparsers: Any) -> None:
@@ -108,7 +108,7 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
 def run(args: argparse.Namespace) -> int:
     policies = args.compare.split(",") if args.compare else [args.policy]
     config = workload_from_args(args)
-    workload = build_workload(config)
+    workload, trace = build_workload_traced(config)
     goodput = parse_goodput(args.goodput)
     runs: dict[str, SimRun] = {}
     for policy in policies:
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         progress = Progress(len(workload), f"{policy:>10}", enabled=args.progress)
         runs[policy] = simulate(spec, workload, args.until, None, progress.on_item, goodput)
         progress.close()
-    _print(runs, args)
+    _print(runs, args, _workload_line(args, trace, len(workload)))
     if args.output is not None:
         for policy, sim_run in runs.items():
             write_run(args.output / policy, sim_run.records, sim_run.summary, _meta(sim_run))
@@ -133,16 +133,22 @@ def _meta(sim_run: SimRun) -> dict[str, Any]:
     }
 
 
-def _print(runs: dict[str, SimRun], args: argparse.Namespace) -> None:
+def _workload_line(args: argparse.Namespace, trace: Trace | None, num: int) -> str:
+    """The workload part of the header: a synthetic rate, or a trace's rows and format."""
+    if trace is None:
+        return f"workload {args.workload} rate {args.rate}/s x{args.rate_scale}, seed {args.seed}"
+    return (f"trace {trace.source} ({trace.format} columns): {trace.num_rows} rows read, "
+            f"{num} replayed x{args.rate_scale} speed, seed {args.seed}")
+
+
+def _print(runs: dict[str, SimRun], args: argparse.Namespace, workload: str) -> None:
     if args.json:
         for policy, sim_run in runs.items():
             print(json.dumps({"policy": policy, **_meta(sim_run), **sim_run.summary.to_dict()}))
         return
     first = next(iter(runs.values())).spec
-    print(
-        f"{first.model} on {first.num_instances} x {first.hardware} (tp={first.tp}), "
-        f"workload {args.workload} rate {args.rate}/s x{args.rate_scale}, seed {args.seed}"
-    )
+    print(f"{first.model} on {first.num_instances} x {first.hardware} (tp={first.tp}), "
+          f"{workload}")
     print(format_table({p: r.summary for p, r in runs.items()}))
     for policy, sim_run in runs.items():
         summary = sim_run.summary

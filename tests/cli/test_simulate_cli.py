@@ -67,3 +67,14 @@ def test_whole_prompt_policy_with_a_small_budget_is_refused_not_stuck() -> None:
         simulate(ClusterSpec(policy="vllm-v0", scheduler=config), [RequestSpec(0.0, 3000, 4)])
     run = simulate(ClusterSpec(policy="vllm", scheduler=config), [RequestSpec(0.0, 3000, 4)])
     assert run.summary.num_finished == 1
+
+
+def test_trace_header_counts_rows_and_shows_no_rate(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "t.csv"  # type: ignore[operator]
+    path.write_text("Timestamp,Request tokens,Response tokens\n0,10,2\n1,20,3\n2,30,4\n")
+    assert main(["simulate", "--no-progress", "--workload", f"trace:{path}"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "3 rows read, 3 replayed" in header and "burstgpt" in header
+    assert "rate" not in header
