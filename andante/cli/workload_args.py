@@ -36,7 +36,8 @@ def add_workload_args(parser: argparse.ArgumentParser, default_num: int = 2000) 
     g.add_argument("--duration", type=positive_float, help="stop arrivals after this many s")
     g.add_argument(
         "--lengths",
-        help="default: a replayed trace's own lengths, else sharegpt. sharegpt (the ShareGPT lengths under --traces-dir), sharegpt:PATH (a CSV with "
+        help="default: a replayed trace's own lengths, else sharegpt. sharegpt (the "
+        "ShareGPT lengths under --traces-dir), sharegpt:PATH (a CSV with "
         "num_prefill_tokens, num_decode_tokens), fixed:P:O, uniform:a:b:c:d (prompt in "
         "[a,b], output in [c,d]), trace (the replayed trace's own lengths), azure-conv, "
         "azure-code, or trace:PATH (lengths sampled from any trace file above)",

@@ -19,6 +19,7 @@ from andante.workload.builder import (
     parse_lengths,
     resolve_traces_dir,
 )
+from andante.workload.formats import KNOWN_FORMATS, TraceColumns, parse_trace_columns
 from andante.workload.slo import (
     READING,
     READING_LISTENING,
@@ -29,7 +30,6 @@ from andante.workload.slo import (
     ttft_targets,
 )
 from andante.workload.spec import RequestSpec, to_request, to_requests
-from andante.workload.formats import KNOWN_FORMATS, TraceColumns, parse_trace_columns
 from andante.workload.traces import Trace, load_trace, parse_timestamp_ns
 
 __all__ = [
