@@ -12,12 +12,15 @@ from andante.cli.output import write_run
 from andante.cli.progress import Progress
 from andante.cli.workload_args import add_workload_args, workload_from_args
 from andante.core.request import PreemptionMode
+from andante.engine.policy import parse_options
 from andante.metrics import format_table
 from andante.perf.catalog import get_model, hardware_names, model_names
 from andante.policies import SchedulerConfig, policy_class, policy_names
 from andante.sim import ClusterSpec, SimRun, simulate
 from andante.sim.setup import with_router
 from andante.workload import Trace, build_workload_traced
+
+ASCENDRA = "ascendra"
 
 
 def add_parser(subparsers: Any) -> None:
@@ -33,10 +36,14 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--instances", type=positive_int, default=1)
     p.add_argument("--router", default="round-robin",
                    help="round-robin, least-loaded, power-of-two, ascendra (LP/HP pools)")
-    p.add_argument("--hp-instances", type=positive_int, default=1, help="router ascendra")
-    p.add_argument("--policy", default="vllm", help=f"one of {', '.join(policy_names())}")
+    p.add_argument("--hp-instances", type=positive_int, default=1,
+                   help="router ascendra: instances in the HP pool (the rest are LP)")
+    p.add_argument("--policy", help=f"one of {', '.join(policy_names())} (default vllm; "
+                   "router ascendra runs its own ascendra-lp and ascendra-hp)")
     p.add_argument("--compare", help="comma-separated policies to run on the same workload")
-    p.add_argument("--policy-option", action="append", metavar="KEY=VALUE")
+    p.add_argument("--policy-option", action="append", metavar="KEY=VALUE",
+                   help="a policy tunable, read as its declared type (none/null where allowed); "
+                   "router ascendra: lp.KEY=VALUE or hp.KEY=VALUE")
     _add_engine_args(p)
     add_workload_args(p)
     p.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="e.g. ttft:1000 tpot:100")
@@ -56,7 +63,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=positive_int,
                    help="prompt + output limit (default and maximum: the model's context)")
     g.add_argument("--block-size", type=positive_int, default=16)
-    g.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
+    g.add_argument("--preemption-mode", choices=["recompute", "swap"],
+                   help="default: recompute, or the policy's own choice (andes: the cheaper "
+                   "per request; fastserve: proactive swap)")
     g.add_argument("--swap-space", type=float, default=4.0, help="host KV GiB per GPU")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
 
@@ -80,7 +89,48 @@ def token_budget(policy: str, requested: int, max_model_len: int, router: str) -
     return requested if chunks else max(requested, max_model_len)
 
 
+def policies_from_args(args: argparse.Namespace) -> list[str]:
+    """The runs' labels, each checked before any runs: the policies of --policy or
+    --compare, or "ascendra" (its own LP/HP policies) under --router ascendra."""
+    if args.router == ASCENDRA:
+        if args.policy is not None or args.compare:
+            raise ValueError("--router ascendra runs its own policies (ascendra-lp on the LP "
+                             "pool, ascendra-hp on the HP pool): drop --policy/--compare")
+        if args.instances < 2:
+            raise ValueError(f"--router ascendra needs --instances >= 2 (an LP and an HP "
+                             f"pool), got {args.instances}")
+        if args.hp_instances >= args.instances:
+            raise ValueError(f"--router ascendra: --hp-instances {args.hp_instances} must be "
+                             f"below --instances {args.instances} (the rest form the LP pool)")
+        return [ASCENDRA]
+    names = [n.strip() for n in args.compare.split(",")] if args.compare else [
+        args.policy or "vllm"]
+    for name in names:
+        policy_options_from_args(args, name)
+    return names
+
+
+def policy_options_from_args(args: argparse.Namespace, policy: str) -> dict[str, Any]:
+    """--policy-option values (checked against the policy's declared types), plus what
+    makes the policy honour an explicit --preemption-mode."""
+    options = parse_key_values(args.policy_option)
+    if args.router == ASCENDRA:
+        return options  # "lp."/"hp." keys, checked by the pools' policies
+    cls = policy_class(policy)
+    if args.preemption_mode is not None and hasattr(cls, "preemption_options"):
+        mode = PreemptionMode[args.preemption_mode.upper()]
+        for key, value in cls.preemption_options(mode).items():
+            if str(options.setdefault(key, value)) != str(value):
+                raise ValueError(f"--preemption-mode {args.preemption_mode} contradicts "
+                                 f"--policy-option {key}={options[key]} of {policy}")
+    if hasattr(cls, "Options"):
+        parse_options(cls.Options, options, policy)
+    return options
+
+
 def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
+    if args.router == ASCENDRA:
+        policy = "ascendra-lp"  # the pools' policies replace it (with_router)
     max_model_len = max_model_len_from_args(args)
     budget = token_budget(policy, args.max_num_batched_tokens, max_model_len, args.router)
     scheduler = SchedulerConfig(
@@ -88,7 +138,7 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
-        preemption_mode=PreemptionMode[args.preemption_mode.upper()],
+        preemption_mode=PreemptionMode[(args.preemption_mode or "recompute").upper()],
     )
     spec = ClusterSpec(
         model=args.model,
@@ -97,7 +147,7 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
         pp=args.pp,
         num_instances=args.instances,
         policy=policy,
-        policy_options=parse_key_values(args.policy_option),
+        policy_options=policy_options_from_args(args, policy),
         scheduler=scheduler,
         swap_space_gib=args.swap_space,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -106,28 +156,29 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
 
 
 def run(args: argparse.Namespace) -> int:
-    policies = args.compare.split(",") if args.compare else [args.policy]
+    policies = policies_from_args(args)
     config = workload_from_args(args)
     workload, trace = build_workload_traced(config)
     goodput = parse_goodput(args.goodput)
     runs: dict[str, SimRun] = {}
     for policy in policies:
-        spec = cluster_from_args(args, policy.strip())
+        spec = cluster_from_args(args, policy)
         progress = Progress(len(workload), f"{policy:>10}", enabled=args.progress)
         runs[policy] = simulate(spec, workload, args.until, None, progress.on_item, goodput)
         progress.close()
     _print(runs, args, _workload_line(args, trace, len(workload)))
     if args.output is not None:
         for policy, sim_run in runs.items():
-            write_run(args.output / policy, sim_run.records, sim_run.summary, _meta(sim_run))
+            write_run(args.output / policy, sim_run.records, sim_run.summary,
+                      _meta(sim_run, policy))
     return 0
 
 
-def _meta(sim_run: SimRun) -> dict[str, Any]:
+def _meta(sim_run: SimRun, label: str) -> dict[str, Any]:
     spec = sim_run.spec
     return {
         "model": spec.model, "hardware": spec.hardware, "tp": spec.tp,
-        "instances": spec.num_instances, "policy": spec.policy,
+        "instances": spec.num_instances, "policy": label,
         "simulated_seconds": sim_run.report.end_time, "wall_seconds": sim_run.wall_seconds,
         "num_unfinished": len(sim_run.report.unfinished),
     }
@@ -144,7 +195,7 @@ def _workload_line(args: argparse.Namespace, trace: Trace | None, num: int) -> s
 def _print(runs: dict[str, SimRun], args: argparse.Namespace, workload: str) -> None:
     if args.json:
         for policy, sim_run in runs.items():
-            print(json.dumps({"policy": policy, **_meta(sim_run), **sim_run.summary.to_dict()}))
+            print(json.dumps({**_meta(sim_run, policy), **sim_run.summary.to_dict()}))
         return
     first = next(iter(runs.values())).spec
     print(f"{first.model} on {first.num_instances} x {first.hardware} (tp={first.tp}), "
