@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from andante.cli.options import parse_goodput, parse_key_values, positive_int
-from andante.cli.output import write_run
+from andante.cli.output import record_files, write_summary
 from andante.cli.progress import Progress
 from andante.cli.workload_args import add_workload_args, workload_from_args
 from andante.core.request import PreemptionMode
 from andante.engine.policy import parse_options
-from andante.metrics import format_table
+from andante.metrics import Summary, format_table
 from andante.perf.catalog import get_model, hardware_names, model_names
 from andante.policies import SchedulerConfig, policy_class, policy_names
 from andante.sim import ClusterSpec, SimRun, simulate
 from andante.sim.setup import with_router
-from andante.workload import Trace, build_workload_traced
+from andante.workload import RequestSpec, Trace, build_workload_traced
 
 ASCENDRA = "ascendra"
 
@@ -155,23 +157,42 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
     return with_router(spec, args.router, args.hp_instances)
 
 
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """What a run leaves once its records are written: the summary and its context."""
+
+    summary: Summary
+    meta: dict[str, Any]
+    header: str
+
+
 def run(args: argparse.Namespace) -> int:
     policies = policies_from_args(args)
     config = workload_from_args(args)
     workload, trace = build_workload_traced(config)
     goodput = parse_goodput(args.goodput)
-    runs: dict[str, SimRun] = {}
-    for policy in policies:
-        spec = cluster_from_args(args, policy)
-        progress = Progress(len(workload), f"{policy:>10}", enabled=args.progress)
-        runs[policy] = simulate(spec, workload, args.until, None, progress.on_item, goodput)
-        progress.close()
-    _print(runs, args, _workload_line(args, trace, len(workload)))
-    if args.output is not None:
-        for policy, sim_run in runs.items():
-            write_run(args.output / policy, sim_run.records, sim_run.summary,
-                      _meta(sim_run, policy))
+    outcomes = {policy: _run_one(args, policy, workload, goodput) for policy in policies}
+    _print(outcomes, args, _workload_line(args, trace, len(workload)))
     return 0
+
+
+def _run_one(args: argparse.Namespace, policy: str, workload: list[RequestSpec],
+             goodput: dict[str, float] | None) -> _Outcome:
+    """Simulate one policy, streaming its records (to --output if given): only the
+    summary is held, so memory does not grow with the requests or the policies."""
+    spec = cluster_from_args(args, policy)
+    progress = Progress(len(workload), f"{policy:>10}", enabled=args.progress)
+    with ExitStack() as stack:
+        sink = None if args.output is None else stack.enter_context(
+            record_files(args.output / policy))
+        sim_run = simulate(spec, workload, args.until, None, progress.on_item, goodput,
+                           keep_records=False, on_record=sink)
+    progress.close()
+    meta = _meta(sim_run, policy)
+    if args.output is not None:
+        write_summary(args.output / policy, sim_run.summary, meta)
+    header = f"{spec.model} on {spec.num_instances} x {spec.hardware} (tp={spec.tp})"
+    return _Outcome(sim_run.summary, meta, header)
 
 
 def _meta(sim_run: SimRun, label: str) -> dict[str, Any]:
@@ -192,17 +213,15 @@ def _workload_line(args: argparse.Namespace, trace: Trace | None, num: int) -> s
             f"{num} replayed x{args.rate_scale} speed, seed {args.seed}")
 
 
-def _print(runs: dict[str, SimRun], args: argparse.Namespace, workload: str) -> None:
+def _print(outcomes: dict[str, _Outcome], args: argparse.Namespace, workload: str) -> None:
     if args.json:
-        for policy, sim_run in runs.items():
-            print(json.dumps({**_meta(sim_run, policy), **sim_run.summary.to_dict()}))
+        for outcome in outcomes.values():
+            print(json.dumps({**outcome.meta, **outcome.summary.to_dict()}))
         return
-    first = next(iter(runs.values())).spec
-    print(f"{first.model} on {first.num_instances} x {first.hardware} (tp={first.tp}), "
-          f"{workload}")
-    print(format_table({p: r.summary for p, r in runs.items()}))
-    for policy, sim_run in runs.items():
-        summary = sim_run.summary
+    print(f"{next(iter(outcomes.values())).header}, {workload}")
+    print(format_table({p: o.summary for p, o in outcomes.items()}))
+    for policy, outcome in outcomes.items():
+        summary = outcome.summary
         if summary.num_rejected:
             print(f"{policy}: {summary.num_rejected} rejected; the first:")
             for line in summary.first_rejections:
