@@ -12,9 +12,9 @@ if TYPE_CHECKING:
 DEFAULT_ROWS: tuple[tuple[str, str, str], ...] = (
     ("num_requests", "requests", "d"),
     ("num_finished", "completed", "d"),
-    ("num_truncated", "  truncated (length)", "d"),
+    ("num_truncated", "  of which truncated", "d"),
     ("num_aborted", "aborted", "d"),
-    ("num_rejected", "  rejected", "d"),
+    ("num_rejected", "  of which rejected", "d"),
     ("num_unfinished", "unfinished", "d"),
     ("duration", "duration (s)", ".2f"),
     ("request_throughput", "throughput (req/s)", ".3f"),
