@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from andante.cli.options import parse_goodput, parse_key_values, positive_int
-from andante.cli.output import write_run
+from andante.cli.output import record_files, write_summary
 from andante.cli.progress import Progress
 from andante.cli.workload_args import add_workload_args, workload_from_args
 from andante.core.request import PreemptionMode
-from andante.metrics import format_table
-from andante.perf.catalog import hardware_names, model_names
-from andante.policies import SchedulerConfig, policy_names
+from andante.engine.policy import parse_options
+from andante.metrics import Summary, format_table
+from andante.perf.catalog import get_model, hardware_names, model_names
+from andante.policies import SchedulerConfig, policy_class, policy_names
 from andante.sim import ClusterSpec, SimRun, simulate
 from andante.sim.setup import with_router
-from andante.workload import build_workload
+from andante.workload import RequestSpec, Trace, build_workload_traced
+
+ASCENDRA = "ascendra"
 
 
 def add_parser(subparsers: Any) -> None:
@@ -33,10 +38,14 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--instances", type=positive_int, default=1)
     p.add_argument("--router", default="round-robin",
                    help="round-robin, least-loaded, power-of-two, ascendra (LP/HP pools)")
-    p.add_argument("--hp-instances", type=positive_int, default=1, help="router ascendra")
-    p.add_argument("--policy", default="vllm", help=f"one of {', '.join(policy_names())}")
+    p.add_argument("--hp-instances", type=positive_int, default=1,
+                   help="router ascendra: instances in the HP pool (the rest are LP)")
+    p.add_argument("--policy", help=f"one of {', '.join(policy_names())} (default vllm; "
+                   "router ascendra runs its own ascendra-lp and ascendra-hp)")
     p.add_argument("--compare", help="comma-separated policies to run on the same workload")
-    p.add_argument("--policy-option", action="append", metavar="KEY=VALUE")
+    p.add_argument("--policy-option", action="append", metavar="KEY=VALUE",
+                   help="a policy tunable, read as its declared type (none/null where allowed); "
+                   "router ascendra: lp.KEY=VALUE or hp.KEY=VALUE")
     _add_engine_args(p)
     add_workload_args(p)
     p.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="e.g. ttft:1000 tpot:100")
@@ -50,21 +59,88 @@ def add_parser(subparsers: Any) -> None:
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--max-num-seqs", type=positive_int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=positive_int, default=8192)
-    g.add_argument("--max-model-len", type=positive_int, default=8192)
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
+                   help="step token budget; raised to --max-model-len for policies that "
+                   "prefill whole prompts (as vLLM v0 without chunked prefill)")
+    g.add_argument("--max-model-len", type=positive_int,
+                   help="prompt + output limit (default and maximum: the model's context)")
     g.add_argument("--block-size", type=positive_int, default=16)
-    g.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
+    g.add_argument("--preemption-mode", choices=["recompute", "swap"],
+                   help="default: recompute, or the policy's own choice (andes: the cheaper "
+                   "per request; fastserve: proactive swap)")
     g.add_argument("--swap-space", type=float, default=4.0, help="host KV GiB per GPU")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
 
 
+def max_model_len_from_args(args: argparse.Namespace) -> int:
+    """`--max-model-len`, by default the model's context; never above it."""
+    context = get_model(args.model).max_model_len
+    if args.max_model_len is None:
+        return context
+    if args.max_model_len > context:
+        raise ValueError(f"--max-model-len {args.max_model_len} exceeds the context of "
+                         f"{args.model} ({context} tokens)")
+    return int(args.max_model_len)
+
+
+def token_budget(policy: str, requested: int, max_model_len: int, router: str) -> int:
+    """The step budget: as requested for a policy that chunks prefills; raised to
+    max_model_len for one that prefills whole prompts (vLLM v0's rule without chunked
+    prefill), or a long prompt could never be scheduled."""
+    chunks = router != "ascendra" and getattr(policy_class(policy), "chunks_prefill", False)
+    return requested if chunks else max(requested, max_model_len)
+
+
+def policies_from_args(args: argparse.Namespace) -> list[str]:
+    """The runs' labels, each checked before any runs: the policies of --policy or
+    --compare, or "ascendra" (its own LP/HP policies) under --router ascendra."""
+    if args.router == ASCENDRA:
+        if args.policy is not None or args.compare:
+            raise ValueError("--router ascendra runs its own policies (ascendra-lp on the LP "
+                             "pool, ascendra-hp on the HP pool): drop --policy/--compare")
+        if args.instances < 2:
+            raise ValueError(f"--router ascendra needs --instances >= 2 (an LP and an HP "
+                             f"pool), got {args.instances}")
+        if args.hp_instances >= args.instances:
+            raise ValueError(f"--router ascendra: --hp-instances {args.hp_instances} must be "
+                             f"below --instances {args.instances} (the rest form the LP pool)")
+        return [ASCENDRA]
+    names = [n.strip() for n in args.compare.split(",")] if args.compare else [
+        args.policy or "vllm"]
+    for name in names:
+        policy_options_from_args(args, name)
+    return names
+
+
+def policy_options_from_args(args: argparse.Namespace, policy: str) -> dict[str, Any]:
+    """--policy-option values (checked against the policy's declared types), plus what
+    makes the policy honour an explicit --preemption-mode."""
+    options = parse_key_values(args.policy_option)
+    if args.router == ASCENDRA:
+        return options  # "lp."/"hp." keys, checked by the pools' policies
+    cls = policy_class(policy)
+    if args.preemption_mode is not None and hasattr(cls, "preemption_options"):
+        mode = PreemptionMode[args.preemption_mode.upper()]
+        for key, value in cls.preemption_options(mode).items():
+            if str(options.setdefault(key, value)) != str(value):
+                raise ValueError(f"--preemption-mode {args.preemption_mode} contradicts "
+                                 f"--policy-option {key}={options[key]} of {policy}")
+    if hasattr(cls, "Options"):
+        parse_options(cls.Options, options, policy)
+    return options
+
+
 def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
+    if args.router == ASCENDRA:
+        policy = "ascendra-lp"  # the pools' policies replace it (with_router)
+    max_model_len = max_model_len_from_args(args)
+    budget = token_budget(policy, args.max_num_batched_tokens, max_model_len, args.router)
     scheduler = SchedulerConfig(
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_model_len),
-        max_model_len=args.max_model_len,
-        preemption_mode=PreemptionMode[args.preemption_mode.upper()],
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        preemption_mode=PreemptionMode[(args.preemption_mode or "recompute").upper()],
     )
     spec = ClusterSpec(
         model=args.model,
@@ -73,7 +149,7 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
         pp=args.pp,
         num_instances=args.instances,
         policy=policy,
-        policy_options=parse_key_values(args.policy_option),
+        policy_options=policy_options_from_args(args, policy),
         scheduler=scheduler,
         swap_space_gib=args.swap_space,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -81,44 +157,72 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
     return with_router(spec, args.router, args.hp_instances)
 
 
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """What a run leaves once its records are written: the summary and its context."""
+
+    summary: Summary
+    meta: dict[str, Any]
+    header: str
+
+
 def run(args: argparse.Namespace) -> int:
-    policies = args.compare.split(",") if args.compare else [args.policy]
+    policies = policies_from_args(args)
     config = workload_from_args(args)
-    workload = build_workload(config)
-    if args.max_context is None:  # never feed the engine prompts it must refuse
-        workload = [w for w in workload if w.prompt_len < args.max_model_len]
+    workload, trace = build_workload_traced(config)
     goodput = parse_goodput(args.goodput)
-    runs: dict[str, SimRun] = {}
-    for policy in policies:
-        spec = cluster_from_args(args, policy.strip())
-        progress = Progress(len(workload), f"{policy:>10}", enabled=args.progress)
-        runs[policy] = simulate(spec, workload, args.until, None, progress.on_item, goodput)
-        progress.close()
-    _print(runs, args)
-    if args.output is not None:
-        for policy, sim_run in runs.items():
-            write_run(args.output / policy, sim_run.records, sim_run.summary, _meta(sim_run))
+    outcomes = {policy: _run_one(args, policy, workload, goodput) for policy in policies}
+    _print(outcomes, args, _workload_line(args, trace, len(workload)))
     return 0
 
 
-def _meta(sim_run: SimRun) -> dict[str, Any]:
+def _run_one(args: argparse.Namespace, policy: str, workload: list[RequestSpec],
+             goodput: dict[str, float] | None) -> _Outcome:
+    """Simulate one policy, streaming its records (to --output if given): only the
+    summary is held, so memory does not grow with the requests or the policies."""
+    spec = cluster_from_args(args, policy)
+    progress = Progress(len(workload), f"{policy:>10}", enabled=args.progress)
+    with ExitStack() as stack:
+        sink = None if args.output is None else stack.enter_context(
+            record_files(args.output / policy))
+        sim_run = simulate(spec, workload, args.until, None, progress.on_item, goodput,
+                           keep_records=False, on_record=sink)
+    progress.close()
+    meta = _meta(sim_run, policy)
+    if args.output is not None:
+        write_summary(args.output / policy, sim_run.summary, meta)
+    header = f"{spec.model} on {spec.num_instances} x {spec.hardware} (tp={spec.tp})"
+    return _Outcome(sim_run.summary, meta, header)
+
+
+def _meta(sim_run: SimRun, label: str) -> dict[str, Any]:
     spec = sim_run.spec
     return {
         "model": spec.model, "hardware": spec.hardware, "tp": spec.tp,
-        "instances": spec.num_instances, "policy": spec.policy,
+        "instances": spec.num_instances, "policy": label,
         "simulated_seconds": sim_run.report.end_time, "wall_seconds": sim_run.wall_seconds,
         "num_unfinished": len(sim_run.report.unfinished),
     }
 
 
-def _print(runs: dict[str, SimRun], args: argparse.Namespace) -> None:
+def _workload_line(args: argparse.Namespace, trace: Trace | None, num: int) -> str:
+    """The workload part of the header: a synthetic rate, or a trace's rows and format."""
+    if trace is None:
+        return f"workload {args.workload} rate {args.rate}/s x{args.rate_scale}, seed {args.seed}"
+    return (f"trace {trace.source} ({trace.format} columns): {trace.num_rows} rows read, "
+            f"{num} replayed x{args.rate_scale} speed, seed {args.seed}")
+
+
+def _print(outcomes: dict[str, _Outcome], args: argparse.Namespace, workload: str) -> None:
     if args.json:
-        for policy, sim_run in runs.items():
-            print(json.dumps({"policy": policy, **_meta(sim_run), **sim_run.summary.to_dict()}))
+        for outcome in outcomes.values():
+            print(json.dumps({**outcome.meta, **outcome.summary.to_dict()}))
         return
-    first = next(iter(runs.values())).spec
-    print(
-        f"{first.model} on {first.num_instances} x {first.hardware} (tp={first.tp}), "
-        f"workload {args.workload} rate {args.rate}/s x{args.rate_scale}, seed {args.seed}"
-    )
-    print(format_table({p: r.summary for p, r in runs.items()}))
+    print(f"{next(iter(outcomes.values())).header}, {workload}")
+    print(format_table({p: o.summary for p, o in outcomes.items()}))
+    for policy, outcome in outcomes.items():
+        summary = outcome.summary
+        if summary.num_rejected:
+            print(f"{policy}: {summary.num_rejected} rejected; the first:")
+            for line in summary.first_rejections:
+                print(f"  {line}")

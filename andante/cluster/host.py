@@ -81,9 +81,9 @@ class EngineHost:
         self.num_received += 1
         try:
             self.engine.scheduler.add_request(req)
-        except RequestRejected:
+        except RequestRejected as exc:
             if not req.is_finished:
-                req.finish(RequestStatus.FINISHED_REJECTED, self.engine.clock.now())
+                req.reject(str(exc), self.engine.clock.now())
             return False
         if self.dropper is not None:
             self.dropper.watch(req)

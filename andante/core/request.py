@@ -95,6 +95,7 @@ class Timeline:
     preemption_times: list[float] = field(default_factory=list)
     num_swaps_out: int = 0
     num_recomputes: int = 0
+    rejection_reason: str | None = None  # why it was refused (FINISHED_REJECTED)
 
 
 @dataclass(slots=True, eq=False)
@@ -196,6 +197,11 @@ class Request:
             raise RuntimeError(f"request {self.request_id!r} already {self.status.name}")
         self.status = status
         self.timeline.finish_time = now
+
+    def reject(self, reason: str, now: float) -> None:
+        """WAITING -> FINISHED_REJECTED: it can never be served here, for `reason`."""
+        self.finish(RequestStatus.FINISHED_REJECTED, now)
+        self.timeline.rejection_reason = reason
 
     def append_output_token(self, token_id: int, now: float, *later: float) -> None:
         """Record `token_id`, emitted at `now` (and once more at each of `later`: the

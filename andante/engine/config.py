@@ -11,7 +11,8 @@ from andante.core.request import PreemptionMode
 class SchedulerConfig:
     """Budgets of one engine instance.
 
-    max_num_seqs and max_num_batched_tokens bound one step's batch (vLLM's names);
+    max_num_seqs and max_num_batched_tokens bound one step's batch (vLLM's names); a
+    budget below max_model_len needs a policy that chunks prefills (the Scheduler checks);
     max_model_len bounds a request's prompt + output; watermark is the share of device
     blocks kept free when admitting; preemption_mode is the default mechanism.
     """
@@ -28,10 +29,5 @@ class SchedulerConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                f"max_model_len ({self.max_model_len}) so any prompt can be prefilled"
-            )
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")

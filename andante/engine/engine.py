@@ -95,9 +95,9 @@ class Engine:
         with the next step's output."""
         try:
             self.scheduler.add_request(req)
-        except RequestRejected:
+        except RequestRejected as exc:
             if not req.is_finished:
-                req.finish(RequestStatus.FINISHED_REJECTED, self.clock.now())
+                req.reject(str(exc), self.clock.now())
             self._ended.append(req)
 
     def abort(self, request_id: str) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from andante.core.clock import Clock
-from andante.core.request import Request
+from andante.core.request import PreemptionMode, Request
 from andante.engine.config import SchedulerConfig
 from andante.engine.plan import StepPlan
 from andante.exec.batch import StepBatch, StepResult
@@ -37,11 +38,13 @@ class Policy(Protocol):
     schedule something. `stationary` is True if its decisions depend only on the
     queues' contents and the free blocks (not on time) and it needs no `on_step_end`
     for all-decode steps: the simulator may then apply runs of identical decode steps
-    at once (andante.sim.decode_run).
+    at once (andante.sim.decode_run). `chunks_prefill` is True if it splits a prefill
+    longer than the step's token budget (else the budget must cover max_model_len).
     """
 
     name: str
     stationary: bool
+    chunks_prefill: bool
 
     def schedule(self, plan: StepPlan) -> None: ...
 
@@ -67,10 +70,17 @@ class BasePolicy:
     name = "base"
     Options: ClassVar[type] = NoOptions
     stationary = False  # see Policy
+    chunks_prefill = False  # see Policy
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
         self.options = parse_options(self.Options, ctx.options, self.name)
+
+    @classmethod
+    def preemption_options(cls, mode: PreemptionMode) -> dict[str, Any]:
+        """The options that make this policy preempt by `mode`; {} when it follows
+        `SchedulerConfig.preemption_mode` (as the default does)."""
+        return {}
 
     @property
     def now(self) -> float:
@@ -90,11 +100,58 @@ class BasePolicy:
 
 
 def parse_options(options_cls: type, values: dict[str, Any], policy_name: str) -> Any:
-    """Build `options_cls(**values)`, naming the policy and the valid keys on error."""
+    """Build `options_cls(**values)`, each value read as its field's declared type (text
+    such as "2.5", "true" or "none" from a command line included); ValueError naming the
+    policy, the option and the valid keys or the expected type."""
     valid = {f.name: f for f in dataclasses.fields(options_cls)}
     unknown = sorted(set(values) - set(valid))
     if unknown:
         raise ValueError(
             f"policy {policy_name!r}: unknown option(s) {unknown}; valid: {sorted(valid)}"
         )
-    return options_cls(**values)
+    hints = typing.get_type_hints(options_cls)
+    typed = {}
+    for key, value in values.items():
+        try:
+            typed[key] = _as_type(value, hints[key])
+        except (TypeError, ValueError, KeyError):
+            raise ValueError(f"policy {policy_name!r}: option {key}={value!r}: expected "
+                             f"{_type_name(hints[key])}") from None
+    return options_cls(**typed)
+
+
+_NONE_TEXTS = ("none", "null")
+_BOOL_TEXTS = {"true": True, "1": True, "yes": True, "on": True,
+               "false": False, "0": False, "no": False, "off": False}
+
+
+def _type_name(hint: Any) -> str:
+    names = [getattr(a, "__name__", str(a)) for a in typing.get_args(hint) or (hint,)]
+    return " or ".join("none" if name == "NoneType" else name for name in names)
+
+
+def _as_type(value: Any, hint: Any) -> Any:
+    """`value` as `hint` (bool, int, float, str, or one of them | None); other hints
+    pass the value through unchanged."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        if value is None or (isinstance(value, str) and value.strip().lower() in _NONE_TEXTS):
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        return _BOOL_TEXTS[str(value).strip().lower()]
+    if hint is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(value)
+        return int(value) if not isinstance(value, str) else int(value.strip())
+    if hint is float:
+        if isinstance(value, bool) or value is None:
+            raise ValueError(value)
+        return float(value)
+    if hint is str:
+        if value is None or isinstance(value, bool):
+            raise ValueError(value)
+        return str(value)
+    return value

@@ -31,6 +31,18 @@ class RequestRejected(ValueError):
     """The request can never be served here (too long for the context or the KV cache)."""
 
 
+def _check_budget(config: SchedulerConfig, policy: Policy) -> None:
+    """A policy that prefills whole prompts needs a step budget of max_model_len (as vLLM
+    v0 without chunked prefill), or a long prompt, or a long request's recompute, would
+    wait forever."""
+    budget, max_len = config.max_num_batched_tokens, config.max_model_len
+    if budget < max_len and not getattr(policy, "chunks_prefill", False):
+        raise ValueError(
+            f"policy {policy.name!r} prefills whole prompts: max_num_batched_tokens "
+            f"({budget}) must be >= max_model_len ({max_len})"
+        )
+
+
 class Scheduler:
     def __init__(
         self,
@@ -46,6 +58,7 @@ class Scheduler:
         # a request stops at this length (prompt + output): the model's context, or the
         # whole device KV cache (its next token could never fit)
         self.max_num_tokens = min(config.max_model_len, kv.num_device_blocks * kv.block_size)
+        _check_budget(config, policy)
         self._init_queues()
 
     def _init_queues(self) -> None:

@@ -18,7 +18,7 @@ from andante.metrics.slo import (
     meets_ttft,
 )
 from andante.metrics.stats import Stats, percentiles
-from andante.metrics.summary import Summary, pooled_itls, summarize
+from andante.metrics.summary import Summary, SummaryStream, pooled_itls, summarize
 from andante.metrics.table import DEFAULT_ROWS, format_table
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "RequestRecord",
     "Stats",
     "Summary",
+    "SummaryStream",
     "e2el",
     "format_table",
     "has_slo",

@@ -31,7 +31,8 @@ import numpy as np
 from andante.core.sampling import DEFAULT_TDS, DEFAULT_TTFT_TARGET
 from andante.metrics.record import RequestRecord
 
-__all__ = ["DEFAULT_TDS", "DEFAULT_TTFT_TARGET", "qoe", "qoe_all", "qoe_of", "qoe_params"]
+__all__ = ["DEFAULT_TDS", "DEFAULT_TTFT_TARGET", "final_qoe", "qoe", "qoe_all", "qoe_of",
+           "qoe_params"]
 
 #: Streams at least this long use the numpy kernels (faster from about 64 tokens on).
 NUMPY_MIN_TOKENS = 64
@@ -52,10 +53,7 @@ def qoe(
     tokens, up to `max_tokens` if given; tokens with times after `now` count as
     undelivered.
     """
-    if not (math.isfinite(tds) and tds > 0):
-        raise ValueError(f"tds must be a positive finite number, got {tds!r}")
-    if not (math.isfinite(ttft_target) and ttft_target >= 0):
-        raise ValueError(f"ttft_target must be a finite number >= 0, got {ttft_target!r}")
+    _check_params(ttft_target, tds)
     num_tokens = len(token_times)
     if max_tokens is not None and num_tokens > max_tokens:
         raise ValueError(f"{num_tokens} tokens exceed max_tokens={max_tokens}")
@@ -68,6 +66,13 @@ def qoe(
         if now >= last_consumed:  # every token consumed: the value is final
             return final
     return _midflight_qoe(token_times, start, inv, now, max_tokens)
+
+
+def _check_params(ttft_target: float, tds: float) -> None:
+    if not (math.isfinite(tds) and tds > 0):
+        raise ValueError(f"tds must be a positive finite number, got {tds!r}")
+    if not (math.isfinite(ttft_target) and ttft_target >= 0):
+        raise ValueError(f"ttft_target must be a finite number >= 0, got {ttft_target!r}")
 
 
 def _final_qoe(times: Sequence[float], start: float, inv: float) -> tuple[float, float]:
@@ -194,6 +199,21 @@ def qoe_of(
     if now is None:
         raise ValueError(f"request {record.request_id!r} is in flight: pass `now`")
     return qoe(record.arrival_time, times, ttft_target, tds, now, record.max_tokens)
+
+
+def final_qoe(
+    record: RequestRecord,
+    default_ttft: float = DEFAULT_TTFT_TARGET,
+    default_tds: float = DEFAULT_TDS,
+) -> tuple[float, float]:
+    """(final QoE, T_n^actual) of a finished record: `qoe_of(record, now)` equals the
+    final value for every `now` >= T_n^actual (-inf for a record without tokens)."""
+    times = record.token_times
+    if not times:
+        return 0.0, -math.inf
+    ttft_target, tds = qoe_params(record, default_ttft, default_tds)
+    _check_params(ttft_target, tds)
+    return _final_qoe(times, record.arrival_time + ttft_target, 1.0 / tds)
 
 
 def qoe_all(

@@ -24,7 +24,8 @@ class RequestRecord:
     token_times: each output token's arrival at the client (or stream), non-decreasing.
     finish_reason: None while in flight; "stop"/"length" (or any other OpenAI reason)
     when it completed; one of `ABORTED_REASONS` when it was aborted or refused.
-    max_tokens: the output cap, if known; only used to bound mid-flight QoE.
+    max_tokens: the output cap, if known; bounds mid-flight QoE and tells a request cut
+    by a length limit (`is_truncated`). rejection_reason: why it was refused, if it was.
     """
 
     request_id: str
@@ -35,6 +36,7 @@ class RequestRecord:
     finish_reason: str | None = None
     num_preemptions: int = 0
     max_tokens: int | None = None
+    rejection_reason: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.token_times, tuple):
@@ -66,6 +68,7 @@ class RequestRecord:
             finish_reason=req.finish_reason,
             num_preemptions=len(req.timeline.preemption_times),
             max_tokens=req.sampling.max_tokens,
+            rejection_reason=req.timeline.rejection_reason,
         )
 
     @property
@@ -80,6 +83,16 @@ class RequestRecord:
     @property
     def is_aborted(self) -> bool:
         return self.finish_reason in ABORTED_REASONS
+
+    @property
+    def is_rejected(self) -> bool:
+        return self.finish_reason == "rejected"
+
+    @property
+    def is_truncated(self) -> bool:
+        """Stopped by a length limit (the context or the KV cache) before `max_tokens`."""
+        return (self.finish_reason == "length" and self.max_tokens is not None
+                and len(self.token_times) < self.max_tokens)
 
     @property
     def is_completed(self) -> bool:

@@ -7,7 +7,9 @@ request; a request still in flight is judged at `now` (its QoE mid-flight).
 
 from __future__ import annotations
 
+import heapq
 import math
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from itertools import chain
@@ -16,27 +18,38 @@ import numpy as np
 import numpy.typing as npt
 
 from andante.metrics.latency import e2el, tpot, ttft
-from andante.metrics.qoe import DEFAULT_TDS, DEFAULT_TTFT_TARGET, qoe_all
+from andante.metrics.qoe import DEFAULT_TDS, DEFAULT_TTFT_TARGET, final_qoe, qoe_all
 from andante.metrics.record import RequestRecord
+from andante.metrics.sketch import LogHistogram, Moments, sketched_stats
 from andante.metrics.slo import check_goodput_thresholds, is_good, is_good_by_slo, meets_slo
 from andante.metrics.stats import Stats, percentiles
 from andante.metrics.table import format_table
 
-__all__ = ["Stats", "Summary", "format_table", "percentiles", "pooled_itls", "summarize"]
+__all__ = ["Stats", "Summary", "SummaryStream", "format_table", "percentiles", "pooled_itls",
+           "summarize"]
 
 _LATENCIES = ("ttft", "tpot", "itl", "e2el")
 _LATENCY_STATS = ("mean", "median", "std", "p90", "p99")
 _QOE_STATS = ("mean", "median", "p10", "min")
+NUM_FIRST_REJECTIONS = 3
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """Figures of one run; latencies in seconds (to_dict gives ms, as vllm)."""
+    """Figures of one run; latencies in seconds (to_dict gives ms, as vllm).
+
+    Every request is counted once: num_finished (completed, num_truncated of them cut
+    short by the context or KV limit) + num_aborted (num_rejected of them refused) +
+    num_unfinished == num_requests.
+    """
 
     num_requests: int
     num_finished: int
     num_aborted: int
     num_unfinished: int
+    num_truncated: int  # of num_finished: cut by a length limit before max_tokens
+    num_rejected: int  # of num_aborted: refused, never run
+    first_rejections: tuple[str, ...]  # "request_id: reason" of the first few rejected
     duration: float
     total_input_tokens: int
     total_output_tokens: int
@@ -85,27 +98,186 @@ def pooled_itls(records: Sequence[RequestRecord]) -> npt.NDArray[np.float64]:
     return gaps[keep]
 
 
-def _default_duration(records: Sequence[RequestRecord]) -> float:
-    last = max((r.token_times[-1] for r in records if r.token_times), default=None)
-    if last is None or not records:
-        return 0.0
-    return last - min(r.arrival_time for r in records)
-
-
 def _rate(count: float, duration: float) -> float:
     return count / duration if duration > 0 else 0.0
 
 
-def _values(records: Sequence[RequestRecord], metric: str) -> list[float]:
-    fn = {"ttft": ttft, "tpot": tpot, "e2el": e2el}[metric]
-    return [v for v in map(fn, records) if v is not None]
+def _ratio(count: int, total: int) -> float:
+    return count / total if total else math.nan
 
 
-def _count_good(records: Sequence[RequestRecord], thresholds: Mapping[str, float] | None) -> int:
-    if thresholds is None:
-        return sum(1 for r in records if is_good_by_slo(r))
-    checked = check_goodput_thresholds(thresholds)
-    return sum(1 for r in records if is_good(r, **checked))
+def _float_stats(values: array[float]) -> Stats:
+    return percentiles(np.frombuffer(values, dtype=np.float64) if len(values) else [])
+
+
+@dataclass(slots=True)
+class _Counts:
+    requests: int = 0
+    completed: int = 0
+    aborted: int = 0
+    rejected: int = 0
+    truncated: int = 0
+    good: int = 0
+    slo_met: int = 0
+    preemptions: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class SummaryStream:
+    """A `Summary` built one record at a time (see `summarize` for the figures).
+
+    exact=True keeps what `summarize` keeps (every inter-token gap, every record until
+    `summary`) and gives exactly its figures. exact=False bounds memory by the number of
+    requests (8-byte floats per request): the pooled ITL percentiles come from a
+    `LogHistogram` (relative error at most `ITL_RELATIVE_ERROR`; its count, mean, std,
+    min and max stay exact), and a finished record is judged as soon as the clock (the
+    latest token or arrival of a finished record) passes its reader's last consumption,
+    after which its QoE at any later `now` is final; records whose reader is still
+    behind wait for `summary`, which then needs `now` >= that clock.
+    """
+
+    def __init__(
+        self,
+        goodput_thresholds: Mapping[str, float] | None = None,
+        exact: bool = False,
+        qoe_threshold: float = 0.95,
+        default_ttft: float = DEFAULT_TTFT_TARGET,
+        default_tds: float = DEFAULT_TDS,
+    ) -> None:
+        self._thresholds = (None if goodput_thresholds is None
+                            else check_goodput_thresholds(goodput_thresholds))
+        self._exact = exact
+        self._qoe_args = (default_ttft, default_tds)
+        self.qoe_threshold = qoe_threshold
+        self._init_aggregates()
+
+    def _init_aggregates(self) -> None:
+        self._counts = _Counts()
+        self._latencies = {name: array("d") for name in ("ttft", "tpot", "e2el")}
+        self._qoes = array("d")
+        self._itl_parts: list[npt.NDArray[np.float64]] = []  # exact only
+        self._itl_moments = Moments()
+        self._itl_histogram = LogHistogram()
+        self._unjudged: list[tuple[float, int, RequestRecord]] = []  # heap by reader end
+        self._rejections: list[str] = []
+        self.first_arrival = math.inf
+        self.last_token = -math.inf
+        self.clock = -math.inf
+
+    def add(self, record: RequestRecord) -> None:
+        """Count one request (finished, or still in flight at the end of a run)."""
+        c = self._counts
+        c.requests += 1
+        c.preemptions += record.num_preemptions
+        c.good += self._is_good(record)
+        c.slo_met += meets_slo(record)
+        if record.is_completed:
+            self._add_completed(record)
+        elif record.is_aborted:
+            c.aborted += 1
+            if record.is_rejected:
+                c.rejected += 1
+                if len(self._rejections) < NUM_FIRST_REJECTIONS:
+                    reason = record.rejection_reason or "no reason given"
+                    self._rejections.append(f"{record.request_id}: {reason}")
+        self.first_arrival = min(self.first_arrival, record.arrival_time)
+        if record.token_times:
+            self.last_token = max(self.last_token, record.token_times[-1])
+        if record.is_finished:
+            self.clock = max(self.clock, self.last_token, record.arrival_time)
+        self._judge(record)
+
+    def _is_good(self, record: RequestRecord) -> bool:
+        if self._thresholds is None:
+            return is_good_by_slo(record)
+        return is_good(record, **self._thresholds)
+
+    def _add_completed(self, record: RequestRecord) -> None:
+        c = self._counts
+        c.completed += 1
+        c.truncated += record.is_truncated
+        c.input_tokens += record.num_prompt_tokens
+        c.output_tokens += record.num_output_tokens
+        for name, fn in (("ttft", ttft), ("tpot", tpot), ("e2el", e2el)):
+            value = fn(record)
+            if value is not None:
+                self._latencies[name].append(value)
+        if len(record.token_times) > 1:
+            gaps = np.diff(np.asarray(record.token_times, dtype=np.float64))
+            if self._exact:
+                self._itl_parts.append(gaps)
+            else:
+                self._itl_moments.add(gaps)
+                self._itl_histogram.add(gaps)
+
+    def _judge(self, record: RequestRecord) -> None:
+        """Fix the QoE of the records whose reader is done by the clock; hold the rest."""
+        unjudged = self._unjudged
+        if self._exact or not record.is_finished:
+            heapq.heappush(unjudged, (math.inf, self._counts.requests, record))
+            return
+        value, done = final_qoe(record, *self._qoe_args)
+        if done <= self.clock:
+            self._qoes.append(value)
+        else:
+            heapq.heappush(unjudged, (done, self._counts.requests, record))
+        while unjudged and unjudged[0][0] <= self.clock:
+            self._qoes.append(final_qoe(heapq.heappop(unjudged)[2], *self._qoe_args)[0])
+
+    def _itl_stats(self) -> Stats:
+        if self._exact:
+            return percentiles(np.concatenate(self._itl_parts) if self._itl_parts else [])
+        return sketched_stats(self._itl_moments, self._itl_histogram)
+
+    def summary(self, duration: float | None = None, now: float | None = None) -> Summary:
+        """The figures so far. duration: seconds of the run, default last token time -
+        first arrival; now: when unjudged and in-flight requests are judged, default
+        first arrival + duration."""
+        if duration is None:
+            span = self.last_token - self.first_arrival
+            duration = span if span > 0 else 0.0
+        elif not duration > 0:
+            raise ValueError(f"duration must be > 0, got {duration!r}")
+        if now is None and self._counts.requests:
+            now = self.first_arrival + duration
+        if not self._exact and now is not None and now < self.clock:
+            raise ValueError(f"now={now!r} precedes records already judged (up to {self.clock!r})")
+        records = [item[2] for item in sorted(self._unjudged, key=lambda item: item[1])]
+        qoes = np.concatenate([np.frombuffer(self._qoes, dtype=np.float64) if self._qoes
+                               else np.empty(0),
+                               np.array(qoe_all(records, now, *self._qoe_args), dtype=float)])
+        return self._summary(duration, qoes)
+
+    def _summary(self, duration: float, qoes: npt.NDArray[np.float64]) -> Summary:
+        c = self._counts
+        n = c.requests
+        return Summary(
+            num_requests=n,
+            num_finished=c.completed,
+            num_aborted=c.aborted,
+            num_unfinished=n - c.completed - c.aborted,
+            num_truncated=c.truncated,
+            num_rejected=c.rejected,
+            first_rejections=tuple(self._rejections),
+            duration=duration,
+            total_input_tokens=c.input_tokens,
+            total_output_tokens=c.output_tokens,
+            request_throughput=_rate(c.completed, duration),
+            output_throughput=_rate(c.output_tokens, duration),
+            total_token_throughput=_rate(c.input_tokens + c.output_tokens, duration),
+            ttft=_float_stats(self._latencies["ttft"]),
+            tpot=_float_stats(self._latencies["tpot"]),
+            itl=self._itl_stats(),
+            e2el=_float_stats(self._latencies["e2el"]),
+            qoe=percentiles(qoes),
+            qoe_threshold=self.qoe_threshold,
+            qoe_attainment=_ratio(int(np.count_nonzero(qoes >= self.qoe_threshold)), n),
+            slo_attainment=_ratio(c.slo_met, n),
+            num_good=c.good,
+            request_goodput=_rate(c.good, duration),
+            mean_preemptions=_ratio(c.preemptions, n),
+        )
 
 
 def summarize(
@@ -124,39 +296,8 @@ def summarize(
     request by its own SLO. now: when in-flight requests are judged; default first
     arrival + duration.
     """
-    if duration is None:
-        duration = _default_duration(records)
-    elif not duration > 0:
-        raise ValueError(f"duration must be > 0, got {duration!r}")
-    if now is None and records:
-        now = min(r.arrival_time for r in records) + duration
-    done = [r for r in records if r.is_completed]
-    num_aborted = sum(1 for r in records if r.is_aborted)
-    num_in = sum(r.num_prompt_tokens for r in done)
-    num_out = sum(r.num_output_tokens for r in done)
-    qoes = qoe_all(records, now, default_ttft, default_tds)
-    num_good = _count_good(records, goodput_thresholds)
-    n = len(records)
-    return Summary(
-        num_requests=n,
-        num_finished=len(done),
-        num_aborted=num_aborted,
-        num_unfinished=n - len(done) - num_aborted,
-        duration=duration,
-        total_input_tokens=num_in,
-        total_output_tokens=num_out,
-        request_throughput=_rate(len(done), duration),
-        output_throughput=_rate(num_out, duration),
-        total_token_throughput=_rate(num_in + num_out, duration),
-        ttft=percentiles(_values(done, "ttft")),
-        tpot=percentiles(_values(done, "tpot")),
-        itl=percentiles(pooled_itls(done)),
-        e2el=percentiles(_values(done, "e2el")),
-        qoe=percentiles(qoes),
-        qoe_threshold=qoe_threshold,
-        qoe_attainment=sum(1 for q in qoes if q >= qoe_threshold) / n if n else math.nan,
-        slo_attainment=sum(1 for r in records if meets_slo(r)) / n if n else math.nan,
-        num_good=num_good,
-        request_goodput=_rate(num_good, duration),
-        mean_preemptions=sum(r.num_preemptions for r in records) / n if n else math.nan,
-    )
+    stream = SummaryStream(goodput_thresholds, exact=True, qoe_threshold=qoe_threshold,
+                           default_ttft=default_ttft, default_tds=default_tds)
+    for record in records:
+        stream.add(record)
+    return stream.summary(duration, now)

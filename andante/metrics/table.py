@@ -11,8 +11,11 @@ if TYPE_CHECKING:
 #: (key of Summary.to_dict(), row label, format spec) in display order.
 DEFAULT_ROWS: tuple[tuple[str, str, str], ...] = (
     ("num_requests", "requests", "d"),
-    ("num_finished", "finished", "d"),
+    ("num_finished", "completed", "d"),
+    ("num_truncated", "  of which truncated", "d"),
     ("num_aborted", "aborted", "d"),
+    ("num_rejected", "  of which rejected", "d"),
+    ("num_unfinished", "unfinished", "d"),
     ("duration", "duration (s)", ".2f"),
     ("request_throughput", "throughput (req/s)", ".3f"),
     ("output_throughput", "output (tok/s)", ".1f"),

@@ -3,7 +3,7 @@
 from andante.engine.config import SchedulerConfig
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, Policy, PolicyContext
-from andante.policies.registry import make_policy, policy_names
+from andante.policies.registry import make_policy, policy_class, policy_names
 
 __all__ = [
     "BasePolicy",
@@ -12,5 +12,6 @@ __all__ = [
     "SchedulerConfig",
     "StepPlan",
     "make_policy",
+    "policy_class",
     "policy_names",
 ]

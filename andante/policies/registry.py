@@ -34,12 +34,18 @@ def policy_names() -> list[str]:
     return sorted(POLICIES)
 
 
-def make_policy(name: str, ctx: PolicyContext) -> Policy:
-    """Instantiate the policy registered as `name` (or a "module:Class" path)."""
+def policy_class(name: str) -> type:
+    """The class registered as `name` (or a "module:Class" path); ValueError if unknown."""
     target = POLICIES.get(name)
     if target is None and ":" in name:
         target = name
     if target is None:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(policy_names())}")
-    policy: Policy = load_class(target)(ctx)
+    cls: type = load_class(target)
+    return cls
+
+
+def make_policy(name: str, ctx: PolicyContext) -> Policy:
+    """Instantiate the policy registered as `name` (or a "module:Class" path)."""
+    policy: Policy = policy_class(name)(ctx)
     return policy

@@ -31,6 +31,7 @@ from andante.policies.phases import (
 class VLLMPolicy(BasePolicy):
     name = "vllm"
     stationary = True  # queue order and blocks alone decide: same state, same decision
+    chunks_prefill = True  # `budgeted`: any prompt advances by the budget left
 
     def schedule(self, plan: StepPlan) -> None:
         num_tokens = budgeted(plan)

@@ -90,13 +90,14 @@ class ClusterSpec:
 
 def with_router(spec: ClusterSpec, router: str, num_hp: int = 1) -> ClusterSpec:
     """`spec` behind `router`; "ascendra" splits its instances into the LP and HP pools
-    of `andante.cluster.ascendra.pool_plan`."""
+    of `andante.cluster.ascendra.pool_plan` ("lp."/"hp." keys of `spec.policy_options`
+    reach that pool's policy)."""
     if router != "ascendra":
         return dataclasses.replace(spec, router=router)
     seqs = spec.scheduler.max_num_seqs
     members = tuple(InstanceSpec(m.role, m.policy, m.policy_options, dataclasses.replace(
         spec.scheduler, max_num_seqs=m.batch_factor * seqs))
-        for m in pool_plan(spec.num_instances, num_hp))
+        for m in pool_plan(spec.num_instances, num_hp, spec.policy_options))
     return dataclasses.replace(spec, router=router, num_instances=1, instances=members)
 
 

@@ -3,7 +3,8 @@
 `WorkloadConfig.kind` picks the arrivals: "poisson", "gamma" (rate, cv), "burst" (Andes'
 cyclic bursts: rate = the cycle's mean rate, burst_intensity, burst_share,
 cycle_length), "azure-conv" / "azure-code" (replay of the Azure 2023 traces under
-`traces_dir`) or "trace:<path>" (replay of any file in the Azure format).
+`traces_dir`) or "trace:<path>" (replay of a CSV or JSONL trace in any format of
+`andante.workload.formats`, or mapped by `trace_columns`).
 `lengths` picks the lengths (see `parse_lengths`). `rate_scale` multiplies the request
 rate of every kind (a trace replays rate_scale× faster). Synthetic kinds stop at
 `num_requests` or `duration` s, whichever comes first; traces are cut the same way
@@ -27,9 +28,10 @@ import numpy as np
 
 from andante.workload import lengths as length_samplers
 from andante.workload.arrivals import burst_rates, cyclic_burst, gamma, poisson
+from andante.workload.formats import TraceColumns, parse_trace_columns
 from andante.workload.slo import SLOConfig, assign_slos
 from andante.workload.spec import RequestSpec
-from andante.workload.traces import Trace, load_azure_trace
+from andante.workload.traces import Trace, load_trace
 
 TRACES_ENV_VAR = "ANDANTE_TRACES"
 DEFAULT_TRACES_DIR = Path("..") / "shared" / "traces"
@@ -92,8 +94,8 @@ def parse_lengths(text: str) -> LengthSpec:
 
     "sharegpt[:<path>]", "fixed:P:O", "uniform:a:b:c:d" (prompt in [a, b], output in
     [c, d], inclusive), "trace" (the replayed trace's own lengths, trace kinds only),
-    "azure-conv", "azure-code", "trace:<path>" (lengths sampled from an Azure-format
-    trace, arrivals ignored).
+    "azure-conv", "azure-code", "trace:<path>" (lengths sampled from a trace in any
+    known format, or mapped by `trace_columns`; arrivals ignored).
     """
     head, _, rest = text.partition(":")
     if head == "fixed":
@@ -139,7 +141,8 @@ class WorkloadConfig:
     num_requests / duration: count and time bounds (s), whichever comes first.
     lengths: see `parse_lengths`; max_context filters sampled rows (prompt + output).
     slo: per-request SLO assignment. traces_dir: see `resolve_traces_dir`.
-    model, priority: copied onto every request.
+    model, priority: copied onto every request. trace_columns: an explicit column mapping
+    ("time=...,prompt=...,output=...[,unit=ms]") for the files named by "trace:<path>".
     """
 
     kind: str = "poisson"
@@ -158,9 +161,11 @@ class WorkloadConfig:
     traces_dir: str | None = None
     model: str = ""
     priority: int = 0
+    trace_columns: str | None = None
 
     def __post_init__(self) -> None:
         kind, _ = parse_kind(self.kind)
+        self.columns()
         for name in ("rate", "cv", "cycle_length", "rate_scale"):
             _check_positive(name, getattr(self, name))
         if kind == "burst":
@@ -182,6 +187,10 @@ class WorkloadConfig:
             )
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"max_context must be >= 2, got {self.max_context!r}")
+
+    def columns(self) -> TraceColumns | None:
+        """The parsed `trace_columns` mapping (None: recognise the columns by name)."""
+        return None if self.trace_columns is None else parse_trace_columns(self.trace_columns)
 
     def trace_path(self, name: str) -> Path:
         """The file of a named trace ("azure-conv", "azure-code", "sharegpt")."""
@@ -208,8 +217,9 @@ def _arrivals(cfg: WorkloadConfig, rng: np.random.Generator) -> tuple[np.ndarray
             duration=duration,
         )
         return times, None
-    file = Path(path) if path is not None else cfg.trace_path(kind)
-    trace = load_azure_trace(file, cfg.rate_scale, max_requests=num, max_duration=duration)
+    file, columns = (Path(path), cfg.columns()) if path is not None else (
+        cfg.trace_path(kind), None)
+    trace = load_trace(file, cfg.rate_scale, num, duration, columns)
     return trace.arrival_times, trace
 
 
@@ -228,19 +238,25 @@ def _lengths(
     if spec.kind == "trace" and spec.path is None:
         assert trace is not None  # WorkloadConfig rejects 'trace' with synthetic arrivals
         return trace.prompt_lens, trace.output_lens
-    file = Path(spec.path) if spec.path else cfg.trace_path(spec.kind)
-    return length_samplers.azure(file, num, rng, cfg.max_context)
+    if spec.path:
+        return length_samplers.from_trace(spec.path, num, rng, cfg.max_context, cfg.columns())
+    return length_samplers.from_trace(cfg.trace_path(spec.kind), num, rng, cfg.max_context)
 
 
 def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
     """The workload `cfg` describes, sorted by arrival time; same cfg ⇒ same list."""
+    return build_workload_traced(cfg)[0]
+
+
+def build_workload_traced(cfg: WorkloadConfig) -> tuple[list[RequestSpec], Trace | None]:
+    """`build_workload`, with the replayed trace (None for synthetic arrivals)."""
     arrival_rng, length_rng, slo_rng = (
         np.random.default_rng(seed) for seed in np.random.SeedSequence(cfg.seed).spawn(3)
     )
     times, trace = _arrivals(cfg, arrival_rng)
     prompts, outputs = _lengths(cfg, len(times), trace, length_rng)
     slos = assign_slos(prompts, outputs, cfg.slo, slo_rng)
-    return [
+    specs = [
         RequestSpec(
             arrival_time=float(times[i]),
             prompt_len=int(prompts[i]),
@@ -251,3 +267,4 @@ def build_workload(cfg: WorkloadConfig) -> list[RequestSpec]:
         )
         for i in range(len(times))
     ]
+    return specs, trace

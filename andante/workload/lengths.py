@@ -12,13 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from andante.workload._csv import read_columns, to_int_array
+from andante.workload.formats import TraceColumns, read_trace_table
 
 Lengths = tuple[np.ndarray, np.ndarray]
 
 SHAREGPT_PROMPT_COLUMN = "num_prefill_tokens"
 SHAREGPT_OUTPUT_COLUMN = "num_decode_tokens"
-AZURE_PROMPT_COLUMN = "ContextTokens"
-AZURE_OUTPUT_COLUMN = "GeneratedTokens"
 
 
 def _check_num(num: int) -> None:
@@ -89,10 +88,17 @@ def sharegpt(
     return sample_rows(prompts, outputs, num, rng, max_context=max_context, source=str(path))
 
 
-def azure(
-    path: str | Path, num: int, rng: np.random.Generator, max_context: int | None = None
+def from_trace(
+    path: str | Path,
+    num: int,
+    rng: np.random.Generator,
+    max_context: int | None = None,
+    columns: TraceColumns | None = None,
 ) -> Lengths:
-    """Rows of an Azure LLM inference trace (ContextTokens, GeneratedTokens), arrivals
-    ignored: the trace's length distribution under any arrival process."""
-    prompts, outputs = read_length_pairs(path, AZURE_PROMPT_COLUMN, AZURE_OUTPUT_COLUMN)
+    """Rows of a trace in any format of `andante.workload.formats` (recognised by name
+    unless `columns` maps them), arrivals ignored: the trace's length distribution under
+    any arrival process."""
+    used, table = read_trace_table(path, columns, need_time=False)
+    prompts = to_int_array(path, used.prompt, table[used.prompt])
+    outputs = to_int_array(path, used.output, table[used.output])
     return sample_rows(prompts, outputs, num, rng, max_context=max_context, source=str(path))

@@ -1,11 +1,12 @@
-"""Replay of Azure LLM inference traces (TIMESTAMP, ContextTokens, GeneratedTokens).
+"""Replay of request traces (CSV or JSONL; the formats of `andante.workload.formats`).
 
 Arrival times are seconds since the trace's earliest timestamp, divided by `rate_scale`
 (rate_scale = 2 replays the trace twice as fast: double the request rate, half the span).
 Timestamps are parsed exactly, with integer nanoseconds, from ISO-like text with any
 number of fraction digits ('2023-11-16 18:15:46.6805900' has seven, more than
 `datetime` accepts), an optional 'T' separator and an optional 'Z' or ±HH:MM offset; a
-plain number is taken as seconds. Rows are sorted by time (stable) if the file is not.
+numeric time column is read in its format's unit (seconds unless stated). Rows are sorted
+by time (stable) if the file is not.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from andante.workload._csv import read_columns, to_int_array
-from andante.workload.lengths import AZURE_OUTPUT_COLUMN, AZURE_PROMPT_COLUMN
+from andante.workload._csv import to_int_array
+from andante.workload.formats import TIME_UNITS, TraceColumns, read_trace_table
 
-TIMESTAMP_COLUMN = "TIMESTAMP"
 _TIMESTAMP = re.compile(
     r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[.,](\d+))?\s*(Z|[+-]\d{2}:?\d{2})?$"
 )
@@ -31,12 +31,17 @@ _NS_PER_S = 1_000_000_000
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Trace:
-    """A replayable trace: arrival times (s from 0, sorted) and per-request lengths."""
+    """A replayable trace: arrival times (s from 0, sorted) and per-request lengths.
+
+    num_rows: rows read from the file (before any cut to a count or duration);
+    format: the name of the columns' format ("azure", "mooncake", ..., "custom")."""
 
     arrival_times: np.ndarray
     prompt_lens: np.ndarray
     output_lens: np.ndarray
     source: str = ""
+    num_rows: int = 0
+    format: str = ""
 
     def __len__(self) -> int:
         return len(self.arrival_times)
@@ -74,41 +79,57 @@ def parse_timestamp_ns(text: str) -> int:
     return whole * _NS_PER_S + nanos
 
 
-def _offsets_seconds(path: Path, texts: list[str]) -> np.ndarray:
+def _offsets_seconds(path: Path, column: str, unit: str, texts: list[str]) -> np.ndarray:
+    """Seconds since the earliest time of a column of numbers (in `unit`) or date-times."""
+    try:
+        numbers = np.array(texts, dtype=np.float64)
+    except ValueError:
+        numbers = None
+    if numbers is not None:
+        if not np.all(np.isfinite(numbers)):
+            raise ValueError(f"{path}: column {column} has a non-finite time")
+        return (numbers - numbers.min()) * TIME_UNITS[unit]
     stamps: list[int] = []
     for row_number, text in enumerate(texts, start=1):
         try:
             stamps.append(parse_timestamp_ns(text))
         except ValueError as exc:
-            where = f"{path}: column {TIMESTAMP_COLUMN}, data row {row_number}"
-            raise ValueError(f"{where}: {exc}") from None
+            raise ValueError(f"{path}: column {column}, data row {row_number}: {exc}") from None
     first = min(stamps)
     return np.array([stamp - first for stamp in stamps], dtype=np.int64) / _NS_PER_S
 
 
-def load_azure_trace(
-    path: str | Path,
-    rate_scale: float = 1.0,
-    max_requests: int | None = None,
-    max_duration: float | None = None,
-) -> Trace:
-    """Read an Azure trace CSV and return its (rate-scaled) arrivals and lengths.
-
-    max_duration: keep arrivals at or before this many seconds of the *scaled* timeline;
-    max_requests: then keep the first this many. Token counts below 1 are raised to 1
-    (a request needs a prompt token and produces at least one token).
-    """
-    file = Path(path)
+def _check_cuts(rate_scale: float, max_requests: int | None, max_duration: float | None) -> None:
     if not (math.isfinite(rate_scale) and rate_scale > 0):
         raise ValueError(f"rate_scale must be a positive finite number, got {rate_scale!r}")
     if max_requests is not None and max_requests < 0:
         raise ValueError(f"max_requests must be >= 0, got {max_requests!r}")
     if max_duration is not None and not max_duration >= 0:
         raise ValueError(f"max_duration must be >= 0, got {max_duration!r}")
-    columns = read_columns(file, (TIMESTAMP_COLUMN, AZURE_PROMPT_COLUMN, AZURE_OUTPUT_COLUMN))
-    times = _offsets_seconds(file, columns[TIMESTAMP_COLUMN]) / rate_scale
-    prompts = to_int_array(file, AZURE_PROMPT_COLUMN, columns[AZURE_PROMPT_COLUMN])
-    outputs = to_int_array(file, AZURE_OUTPUT_COLUMN, columns[AZURE_OUTPUT_COLUMN])
+
+
+def load_trace(
+    path: str | Path,
+    rate_scale: float = 1.0,
+    max_requests: int | None = None,
+    max_duration: float | None = None,
+    columns: TraceColumns | None = None,
+) -> Trace:
+    """Read a trace (columns recognised by name unless `columns` maps them) and return its
+    (rate-scaled) arrivals and lengths.
+
+    max_duration: keep arrivals at or before this many seconds of the *scaled* timeline;
+    max_requests: then keep the first this many. Token counts below 1 are raised to 1
+    (a request needs a prompt token and produces at least one token).
+    """
+    file = Path(path)
+    _check_cuts(rate_scale, max_requests, max_duration)
+    used, table = read_trace_table(file, columns, need_time=True)
+    time_column = used.time
+    assert time_column is not None  # need_time=True
+    times = _offsets_seconds(file, time_column, used.unit, table[time_column]) / rate_scale
+    prompts = to_int_array(file, used.prompt, table[used.prompt])
+    outputs = to_int_array(file, used.output, table[used.output])
     order = np.argsort(times, kind="stable")
     times, prompts, outputs = times[order], prompts[order], outputs[order]
     keep = len(times)
@@ -121,4 +142,6 @@ def load_azure_trace(
         prompt_lens=np.maximum(prompts[:keep], 1),
         output_lens=np.maximum(outputs[:keep], 1),
         source=str(file),
+        num_rows=len(times),
+        format=used.name,
     )

@@ -19,6 +19,7 @@ from andante.metrics import (
     qoe_of,
     summarize,
 )
+from andante.metrics.sketch import ITL_RELATIVE_ERROR, LogHistogram
 from tests.metrics.reference import MakeRecord
 
 
@@ -134,3 +135,16 @@ def test_format_table_side_by_side(run: list[RequestRecord]) -> None:
     row = next(line for line in lines if line.startswith("requests"))
     assert row.split()[-2:] == ["4", "2"]
     assert len({len(line) for line in lines[:2]}) == 1  # header and rule are aligned
+
+
+def test_log_histogram_percentiles_within_the_stated_error() -> None:
+    values = np.random.default_rng(5).lognormal(-3.0, 1.5, 20_000)
+    values[:50] = 0.0
+    hist = LogHistogram()
+    for part in np.array_split(values, 7):
+        hist.add(part)
+    qs = (0.0, 10.0, 50.0, 90.0, 99.0, 100.0)
+    exact = np.percentile(values, qs)
+    assert hist.count == len(values)
+    for got, want in zip(hist.quantiles(qs), exact, strict=True):
+        assert abs(got - want) <= ITL_RELATIVE_ERROR * want

@@ -4,6 +4,7 @@ import pytest
 
 from andante.core import RequestStatus
 from andante.engine.scheduler import Scheduler
+from andante.metrics.sketch import ITL_RELATIVE_ERROR
 from andante.sim import ClusterSpec, build_simulator, simulate
 from andante.workload import WorkloadConfig, build_workload
 
@@ -57,3 +58,27 @@ def test_until_stops_early_and_reports_unfinished() -> None:
 def test_bad_cluster_spec_is_refused() -> None:
     with pytest.raises(ValueError, match="num_instances"):
         ClusterSpec(num_instances=0)
+
+
+def _close(a: float | None, b: float | None, rel: float) -> bool:
+    return a == b or (a is not None and b is not None and abs(a - b) <= rel * abs(a) + 1e-12)
+
+
+@pytest.mark.parametrize("until", [None, 8.0])
+def test_streamed_summary_matches_the_kept_one(until: float | None) -> None:
+    """Streaming keeps no records, yet gives the same summary: exact but for the pooled
+    ITL percentiles, within the stated relative error."""
+    workload = build_workload(WorkloadConfig(kind="poisson", rate=30.0, num_requests=300,
+                                             lengths="uniform:16:2000:8:200", seed=3))
+    spec = ClusterSpec(hardware="a10-24g")
+    kept = simulate(spec, workload, until=until).summary.to_dict()
+    seen: list[str] = []
+    streamed_run = simulate(spec, workload, until=until, keep_records=False,
+                            on_record=lambda r: seen.append(r.request_id))
+    streamed = streamed_run.summary.to_dict()
+    assert streamed_run.records == [] and streamed_run.report.finished == []
+    assert sorted(seen) == sorted(f"req-{i}" for i in range(300))
+    assert streamed["num_requests"] == 300
+    for key, value in kept.items():
+        rel = ITL_RELATIVE_ERROR if key.endswith("_itl_ms") else 1e-9
+        assert _close(value, streamed[key], rel), (key, value, streamed[key])

@@ -39,7 +39,7 @@ def test_sharegpt_max_context(sharegpt_csv: Path, rng: np.random.Generator) -> N
 
 def test_azure_lengths(traces_dir: Path, rng: np.random.Generator) -> None:
     path = traces_dir / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
-    prompts, outputs = lengths.azure(path, 20_000, rng)
+    prompts, outputs = lengths.from_trace(path, 20_000, rng)
     assert prompts.mean() == pytest.approx(2048, rel=0.05)
     assert outputs.mean() == pytest.approx(28, rel=0.08)
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import groupby
+from typing import Any
 
 import numpy as np
 
@@ -158,6 +159,11 @@ class Decision:
 class AndesPolicy(BasePolicy):
     name = "andes"
     Options = AndesOptions
+
+    @classmethod
+    def preemption_options(cls, mode: PreemptionMode) -> dict[str, Any]:
+        """A fixed mechanism instead of the per-request cheaper one (§4.3)."""
+        return {"preemption": "swap" if mode == PreemptionMode.SWAP else "recompute"}
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)

@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from andante.core.request import Request
+from andante.core.request import PreemptionMode, Request
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
@@ -109,6 +109,11 @@ class JobOrder(Protocol):
 class FastServePolicy(BasePolicy):
     name = "fastserve"
     Options = FastServeOptions
+
+    @classmethod
+    def preemption_options(cls, mode: PreemptionMode) -> dict[str, Any]:
+        """Swap: the paper's proactive KV swapping (§4.2); recompute: drop paused KV."""
+        return {"kv_mode": "proactive" if mode == PreemptionMode.SWAP else "recompute"}
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)

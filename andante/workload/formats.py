@@ -1,0 +1,171 @@
+"""Trace file formats: CSV or JSONL, with the columns of common public traces known by name.
+
+A trace is a table with one row per request: an arrival time, a prompt length and an
+output length (tokens). The file is JSONL (one JSON object per line) if its name ends in
+.jsonl or .json or its first character is '{', else CSV with a header row. The columns
+are recognised by name (the first of `KNOWN_FORMATS` whose columns are all present):
+
+* azure — Azure LLM inference traces 2023 and 2024 (TIMESTAMP as date-time text,
+  ContextTokens, GeneratedTokens); Splitwise replays these same files;
+* burstgpt — BurstGPT (Timestamp in seconds, Request tokens, Response tokens);
+* mooncake — Mooncake's JSONL (timestamp in milliseconds, input_length, output_length;
+  its hash_ids, the prompt's 512-token block hashes, are not used: simulated prompts
+  share no prefix);
+* vidur — Vidur's and Splitwise's processed traces (arrived_at in seconds,
+  num_prefill_tokens, num_decode_tokens);
+* sharegpt — lengths only (num_prefill_tokens, num_decode_tokens), no arrival times.
+
+Any other table is read through an explicit mapping, "time=COL,prompt=COL,output=COL"
+plus optionally "unit=s|ms|us|ns" (the unit of a numeric time column; date-time text
+needs none).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from andante.workload._csv import read_columns
+
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_JSONL_SUFFIXES = (".jsonl", ".json")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceColumns:
+    """Which columns hold a trace's arrival time (None: none), prompt and output lengths;
+    `unit` is the unit of a numeric time column."""
+
+    name: str
+    time: str | None
+    prompt: str
+    output: str
+    unit: str = "s"
+    about: str = ""  # which public traces use these columns
+
+    def __post_init__(self) -> None:
+        if self.unit not in TIME_UNITS:
+            raise ValueError(f"trace time unit {self.unit!r}: expected one of "
+                             f"{', '.join(TIME_UNITS)}")
+        if not (self.prompt and self.output and self.time != ""):
+            raise ValueError(f"trace columns {self}: every column needs a name")
+
+    def names(self, need_time: bool) -> tuple[str, ...]:
+        if need_time:
+            if self.time is None:
+                raise ValueError(f"a {self.name} table has lengths only, no arrival times")
+            return self.time, self.prompt, self.output
+        return self.prompt, self.output
+
+
+KNOWN_FORMATS: tuple[TraceColumns, ...] = (
+    TraceColumns("azure", "TIMESTAMP", "ContextTokens", "GeneratedTokens",
+                 about="Azure LLM inference 2023 and 2024, Splitwise"),
+    TraceColumns("burstgpt", "Timestamp", "Request tokens", "Response tokens",
+                 about="BurstGPT"),
+    TraceColumns("mooncake", "timestamp", "input_length", "output_length", unit="ms",
+                 about="Mooncake (hash_ids not used)"),
+    TraceColumns("vidur", "arrived_at", "num_prefill_tokens", "num_decode_tokens",
+                 about="Vidur and Splitwise processed traces"),
+    TraceColumns("sharegpt", None, "num_prefill_tokens", "num_decode_tokens",
+                 about="ShareGPT lengths, no arrival times"),
+)
+MAPPING_FORM = "time=COL,prompt=COL,output=COL[,unit=s|ms|us|ns]"
+
+
+def parse_trace_columns(text: str) -> TraceColumns:
+    """An explicit mapping "time=...,prompt=...,output=...,unit=ms" (unit optional)."""
+    fields: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key not in ("time", "prompt", "output", "unit") or not value:
+            raise ValueError(f"trace columns {text!r}: bad item {item!r}; expected {MAPPING_FORM}")
+        fields[key] = value
+    missing = [key for key in ("time", "prompt", "output") if key not in fields]
+    if missing:
+        raise ValueError(f"trace columns {text!r}: missing {', '.join(missing)}; "
+                         f"expected {MAPPING_FORM}")
+    return TraceColumns("custom", fields["time"], fields["prompt"], fields["output"],
+                        fields.get("unit", "s"))
+
+
+def is_jsonl(path: Path) -> bool:
+    if path.suffix.lower() in _JSONL_SUFFIXES:
+        return True
+    with path.open("rb") as handle:
+        return handle.read(64).lstrip().startswith(b"{")
+
+
+def _jsonl_rows(path: Path) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: line {line_number} is not JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}: line {line_number} is not a JSON object")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no data rows")
+    return rows
+
+
+def _header(path: Path) -> list[str]:
+    if is_jsonl(path):
+        with path.open(encoding="utf-8") as handle:
+            first = next((line for line in handle if line.strip()), "{}")
+        try:
+            row = json.loads(first)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: line 1 is not JSON ({exc})") from None
+        return list(row) if isinstance(row, dict) else []
+    with path.open(newline="", encoding="utf-8") as handle:
+        return [name.strip() for name in next(csv.reader(handle), [])]
+
+
+def detect_columns(path: Path, need_time: bool) -> TraceColumns:
+    """The first known format whose columns the file has; ValueError naming them if none."""
+    header = set(_header(path))
+    for columns in KNOWN_FORMATS:
+        if (columns.time is not None or not need_time) and set(
+            columns.names(need_time)) <= header:
+            return columns
+    known = "; ".join(f"{c.name}: {', '.join(c.names(c.time is not None))}"
+                      for c in KNOWN_FORMATS)
+    raise ValueError(f"{path}: columns {sorted(header)} match no known trace format ({known}); "
+                     f"map them with --trace-columns {MAPPING_FORM}")
+
+
+def _jsonl_columns(path: Path, names: tuple[str, ...]) -> dict[str, list[str]]:
+    values: dict[str, list[str]] = {name: [] for name in names}
+    for row_number, row in enumerate(_jsonl_rows(path), start=1):
+        for name in names:
+            if name not in row:
+                raise ValueError(f"{path}: record {row_number} has no {name!r}")
+            values[name].append(str(row[name]))
+    return values
+
+
+def read_trace_table(
+    path: str | Path, columns: TraceColumns | None = None, need_time: bool = True
+) -> tuple[TraceColumns, dict[str, list[str]]]:
+    """The raw text of a trace's columns (recognised by name unless `columns` maps them),
+    keyed by column name, with the columns used."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{file}: no such file")
+    try:
+        chosen = columns or detect_columns(file, need_time)
+        names = chosen.names(need_time)
+        if is_jsonl(file):
+            return chosen, _jsonl_columns(file, names)
+        return chosen, read_columns(file, names)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{file}: cannot read ({exc})") from exc
