@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from andante.cli.options import parse_key_values, positive_float, positive_int
@@ -32,9 +33,23 @@ def add_parser(subparsers: Any) -> None:
                    "429 (default 256)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
+    _add_http_args(p)
     _add_engine_args(p)
     _add_cluster_args(p)
     p.set_defaults(run=run)
+
+
+def _add_http_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("HTTP limits")
+    g.add_argument("--max-body-bytes", type=positive_int, default=4 << 20,
+                   help="largest request body; larger ones get 413 (default 4 MiB)")
+    g.add_argument("--header-timeout", type=positive_float, default=10.0,
+                   help="seconds a client may take to send its request headers (408)")
+    g.add_argument("--body-timeout", type=positive_float, default=30.0,
+                   help="seconds a client may take to send its request body (408)")
+    g.add_argument("--public-metrics", action="store_true",
+                   help="with --api-key, leave /, /metrics, /api/stats and /openapi.json "
+                   "open (/health always is)")
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -74,7 +89,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> Any:
-    from andante.server.config import EngineOptions, ServeOptions, env_defaults
+    from andante.server.config import EngineOptions, HTTPLimits, ServeOptions, env_defaults
 
     engine = EngineOptions(
         max_num_seqs=args.max_num_seqs,
@@ -107,11 +122,16 @@ def options_from_args(args: argparse.Namespace) -> Any:
         hp_instances=args.hp_instances,
         ray_address=args.ray_address,
         max_restarts=args.max_restarts,
+        limits=HTTPLimits(max_body_bytes=args.max_body_bytes, header_timeout=args.header_timeout,
+                          body_timeout=args.body_timeout, public_metrics=args.public_metrics),
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from andante.server import serve  # the web stack is an optional extra
+    from andante.server.launch import PortUnavailable, serve  # the web stack is an extra
 
-    serve(options_from_args(args))
-    return 0
+    try:
+        return serve(options_from_args(args))
+    except PortUnavailable as exc:
+        print(f"andante serve: {exc}", file=sys.stderr)
+        return 1

@@ -34,6 +34,25 @@ class EngineOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class HTTPLimits:
+    """The HTTP edge: the largest request body (413 beyond), the seconds a client may
+    take to send its request headers and its body (408 beyond), and whether `/metrics`,
+    `/`, `/api/stats` and `/openapi.json` stay open when an API key is set."""
+
+    max_body_bytes: int = 4 << 20
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    public_metrics: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        for name in ("header_timeout", "body_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
 class ServeOptions:
     """model: None for the embedded default, "toy" for the byte-level toy backend
     (no weights; for tests and demos), else a model path."""
@@ -56,6 +75,7 @@ class ServeOptions:
     hp_instances: int = 1  # router "ascendra": the size of the HP pool
     ray_address: str = "local"  # "local" (embedded), "auto" or "ray://HOST:PORT"
     max_restarts: int = 3  # Ray actor restarts per instance
+    limits: HTTPLimits = field(default_factory=lambda: HTTPLimits())
 
     def __post_init__(self) -> None:
         if self.instances < 1:
