@@ -78,10 +78,14 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=positive_int, default=16)
     g.add_argument("--num-kv-blocks", type=positive_int, help="KV-cache size in blocks "
                    "(overrides --kv-cache-gib)")
-    g.add_argument("--kv-cache-gib", type=positive_float, default=1.0,
-                   help="KV-cache memory (default 1 GiB)")
-    g.add_argument("--swap-space", type=float, default=1.0, help="host KV GiB for swapping")
-    g.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    g.add_argument("--kv-cache-gib", type=positive_float,
+                   help="KV-cache memory (default: enough for --max-num-seqs full contexts, "
+                   "at most 5%% of the available memory; the startup log says how much)")
+    g.add_argument("--swap-space", type=float, default=0.25,
+                   help="host KV GiB for swapping (default 0.25)")
+    g.add_argument("--dtype", choices=["bfloat16", "float32"], default="float32",
+                   help="weights and KV (default float32: bfloat16's greedy answers to "
+                   "near-ties vary with the CPU's kernels)")
     g.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
     g.add_argument("--threads", type=positive_int, help="torch threads (default: all cores)")
     g.add_argument("--toy-step-ms", type=positive_float, default=5.0,

@@ -17,8 +17,9 @@ API_KEY_ENV_VAR = "ANDANTE_API_KEY"
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
     """Engine limits (vLLM's names). `max_model_len` None: the model's own context;
-    KV cache: `num_kv_blocks` blocks if given, else `kv_cache_gib` GiB (real model) or
-    4096 blocks (toy); `swap_space_gib`: host tier for swapped-out KV."""
+    KV cache: `num_kv_blocks` blocks if given, else `kv_cache_gib` GiB (real model; None:
+    sized from the model and the machine, `andante.server.kv_budget`) or 4096 blocks
+    (toy); `swap_space_gib`: host tier for swapped-out KV."""
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
@@ -26,9 +27,9 @@ class EngineOptions:
     block_size: int = 16
     preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
     num_kv_blocks: int | None = None
-    kv_cache_gib: float = 1.0
-    swap_space_gib: float = 1.0
-    dtype: str = "bfloat16"
+    kv_cache_gib: float | None = None
+    swap_space_gib: float = 0.25
+    dtype: str = "float32"  # on a CPU exact and (without bf16 units) faster than bfloat16
     num_threads: int | None = None
     toy_step_time: float = 0.005
 

@@ -9,6 +9,7 @@ others serve on; see `runner.ClusterRunner`).
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -67,9 +68,21 @@ def _exit_status(app: FastAPI) -> int:
     return EXIT_ENGINE_DOWN if state.runner.error is not None else 0
 
 
+def _log_to_stderr(level: str) -> None:
+    """andante's own log lines (KV sizing, clients gone, failures) on stderr, in
+    uvicorn's format and at its level."""
+    logger = logging.getLogger("andante")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())
+
+
 def serve(options: ServeOptions, backend: Backend | None = None) -> int:
     """Serve until interrupted (Ctrl-C / SIGTERM): 0, or 1 once every engine is down.
     Raises `PortUnavailable` before loading anything when the port is taken."""
+    _log_to_stderr(options.log_level)
     sock = bind(options.host, options.port)
     app = create_app(options, backend)
     host, port = sock.getsockname()[:2]
