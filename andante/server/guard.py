@@ -23,7 +23,8 @@ JSON = "application/json"
 
 
 def too_large(size: int, limit: int) -> APIError:
-    return APIError(413, f"the request body has {size} bytes; the limit is {limit} "
+    """413 for a body of `size` bytes (declared, or read so far) over `limit`."""
+    return APIError(413, f"the request body has at least {size} bytes; the limit is {limit} "
                     "(--max-body-bytes)", None, "request_too_large")
 
 

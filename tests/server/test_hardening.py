@@ -32,11 +32,12 @@ def _raw(srv: ServerThread, data: bytes, timeout: float = 5.0) -> socket.socket:
     return sock
 
 
-def _read_all(sock: socket.socket) -> bytes:
-    chunks = []
-    while chunk := sock.recv(65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
+def _read_until(sock: socket.socket, marker: bytes) -> bytes:
+    """What the server sends until `marker` arrives or it closes the connection."""
+    reply = b""
+    while marker not in reply and (chunk := sock.recv(65536)):
+        reply += chunk
+    return reply
 
 
 def test_accepted_connections_send_without_nagle_delay(server: ServerThread) -> None:
@@ -197,12 +198,13 @@ def test_slow_headers_and_bodies_time_out() -> None:
     limits = HTTPLimits(header_timeout=0.3, body_timeout=0.3)
     with toy_server(limits=limits) as srv:
         sock = _raw(srv, b"GET /health HTTP/1.1\r\nHost: x\r\n")
-        reply = _read_all(sock)
+        reply = _read_until(sock, b"--header-timeout")
         assert reply.startswith(b"HTTP/1.1 408") and b"--header-timeout" in reply
+        assert sock.recv(65536) == b""  # and closed
         head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                 b"\r\nContent-Length: 100\r\n\r\n")
         sock = _raw(srv, head + b'{"prompt": ')
-        reply = sock.recv(65536)
+        reply = _read_until(sock, b"--body-timeout")
         assert reply.startswith(b"HTTP/1.1 408") and b"--body-timeout" in reply
         assert httpx.get(srv.url + "/health").status_code == 200
 
