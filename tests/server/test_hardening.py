@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from andante.runtime.local import LocalInstance
-from andante.server import ServerThread, build_backend
+from andante.server import Backend, ServerThread, build_backend
 from andante.server.admission import Admission
 from andante.server.config import HTTPLimits
 from andante.server.protocol import CompletionRequest
@@ -168,22 +168,26 @@ def test_a_busy_port_fails_before_loading_with_one_line() -> None:
         f"andante serve: cannot listen on 127.0.0.1:{port}: Address already in use"]
 
 
-def test_the_server_fails_streams_and_exits_when_its_engine_dies() -> None:
-    options = toy_options(toy_step_time=0.05)
-    backend = build_backend(options)
-    inst = backend.runner.instances[0]
+def _dies_on_third_step(backend: Backend, index: int) -> None:
+    inst = backend.runner.instances[index]
     assert isinstance(inst, LocalInstance)
     executor = inst.worker.engine.executor
     real = executor.execute
     calls = [0]
 
-    def dies_on_third_step(batch: Any) -> Any:
+    def execute(batch: Any) -> Any:
         calls[0] += 1
         if calls[0] == 3:
             raise RuntimeError("boom")
         return real(batch)
 
-    executor.execute = dies_on_third_step  # type: ignore[method-assign]
+    executor.execute = execute  # type: ignore[method-assign]
+
+
+def test_the_server_fails_streams_and_exits_when_its_engine_dies() -> None:
+    options = toy_options(toy_step_time=0.05)
+    backend = build_backend(options)
+    _dies_on_third_step(backend, 0)
     srv = ServerThread(options, backend).start()
     try:
         body = {"prompt": "hi", "max_tokens": 50, "stream": True}
@@ -194,6 +198,21 @@ def test_the_server_fails_streams_and_exits_when_its_engine_dies() -> None:
         assert srv.exit_status == 1
     finally:
         srv.stop()
+
+
+def test_one_dead_instance_of_two_leaves_the_server_serving() -> None:
+    options = dataclasses.replace(toy_options(toy_step_time=0.02), instances=2)
+    backend = build_backend(options)
+    _dies_on_third_step(backend, 0)
+    with ServerThread(options, backend) as srv:
+        body = {"prompt": "hi", "max_tokens": 20}
+        replies = [httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
+                   for _ in range(2)]  # round-robin: one on each instance
+        wait_for(lambda: not backend.runner.instances[0].alive)
+        assert sorted(r.status_code for r in replies) == [200, 500]
+        again = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
+        assert again.status_code == 200
+        assert srv.is_running and srv.exit_status == 0
 
 
 def test_slow_headers_and_bodies_time_out() -> None:
