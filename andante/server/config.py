@@ -76,7 +76,7 @@ class ServeOptions:
     hp_instances: int = 1  # router "ascendra": the size of the HP pool
     ray_address: str = "local"  # "local" (embedded), "auto" or "ray://HOST:PORT"
     max_restarts: int = 3  # Ray actor restarts per instance
-    limits: HTTPLimits = field(default_factory=lambda: HTTPLimits())
+    limits: HTTPLimits = field(default_factory=HTTPLimits)
 
     def __post_init__(self) -> None:
         if self.instances < 1:
