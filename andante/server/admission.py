@@ -18,6 +18,11 @@ from andante.server.backend import Backend
 from andante.server.errors import APIError
 from andante.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
+# vLLM's _SAMPLING_EPS: a temperature this small is greedy (dividing the logits by it
+# would overflow them to inf and sample nothing)
+GREEDY_BELOW = 1e-5
+MAX_STOP_CHARS = 1024  # the stop strings' total length (each step scans for them)
+
 
 def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
@@ -106,14 +111,19 @@ class Admission:
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(body, name) != 0:
                 raise APIError(400, f"{name}: only 0 is supported", name, "unsupported_value")
+        stops = body.stop_strings
+        if sum(map(len, stops)) > MAX_STOP_CHARS:
+            raise APIError(400, f"stop: the stop strings have {sum(map(len, stops))} "
+                           f"characters in all; the limit is {MAX_STOP_CHARS}", "stop",
+                           "invalid_value")
         eos = tuple(self.backend.tokenizer.eos_token_ids)
         stop_ids = tuple(body.stop_token_ids or ())
         if not body.ignore_eos:
             stop_ids += tuple(t for t in eos[1:] if t not in stop_ids)
         top_k = body.top_k if body.top_k is not None and body.top_k > 0 else None
         return SamplingParams(
-            max_tokens=max_tokens, temperature=body.temperature, top_k=top_k,
-            top_p=body.top_p, seed=body.seed, stop=body.stop_strings,
+            max_tokens=max_tokens, top_k=top_k, top_p=body.top_p, seed=body.seed, stop=stops,
+            temperature=0.0 if body.temperature < GREEDY_BELOW else body.temperature,
             stop_token_ids=stop_ids, ignore_eos=body.ignore_eos,
             eos_token_id=eos[0] if eos else None,
         )

@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from andante.server.backend import Backend, build_backend
 from andante.server.config import ServeOptions
 from andante.server.errors import install_error_handlers
+from andante.server.guard import EdgeGuard
 from andante.server.metrics import CONTENT_TYPE
 from andante.server.openai_api import install_openai_routes
 from andante.server.state import ServerState
@@ -34,6 +35,7 @@ def create_app(options: ServeOptions, backend: Backend | None = None) -> FastAPI
 
     app = FastAPI(title="andante", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.andante = state
+    app.add_middleware(EdgeGuard, api_key=options.api_key, limits=options.limits)
     install_error_handlers(app)
     install_openai_routes(app, state)
     _install_ops_routes(app, state)

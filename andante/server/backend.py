@@ -18,6 +18,7 @@ path loads that checkpoint; `"toy"` builds the byte-level toy backend
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,10 +35,12 @@ from andante.models.interface import Tokenizer
 from andante.runtime.clock import WallClock
 from andante.runtime.worker import HostedInstance, InstanceWorker
 from andante.server.config import TOY_MODEL, EngineOptions, ServeOptions
+from andante.server.kv_budget import available_memory, plan_kv
 from andante.server.outputs import OutputProcessor
 from andante.server.runner import ClusterRunner
 from andante.server.toy import ByteTokenizer, ToyExecutor
 
+log = logging.getLogger("andante.server")
 TOY_MAX_MODEL_LEN = 4096
 GIB = 1 << 30
 
@@ -184,11 +187,16 @@ def _model_parts(path: str | None, opts: EngineOptions, loaded: Any = None
     from andante.models import load_model
 
     loaded = loaded or load_model(path, opts.dtype)
+    token_bytes = loaded.config.kv_bytes_per_token(4 if opts.dtype == "float32" else 2)
     kv_gib = opts.kv_cache_gib
     if opts.num_kv_blocks is not None:
-        itemsize = 4 if opts.dtype == "float32" else 2
-        block_bytes = loaded.config.kv_bytes_per_token(itemsize) * opts.block_size
-        kv_gib = (opts.num_kv_blocks + 0.5) * block_bytes / GIB
+        kv_gib = (opts.num_kv_blocks + 0.5) * token_bytes * opts.block_size / GIB
+    elif kv_gib is None:
+        model_len = min(opts.max_model_len or loaded.config.max_model_len,
+                        loaded.config.max_model_len)
+        budget = plan_kv(token_bytes, model_len, opts.max_num_seqs, available_memory())
+        log.info("%s", budget.describe())
+        kv_gib = budget.gib + 0.5 * token_bytes * opts.block_size / GIB
     executor = TorchExecutor(loaded, TorchExecutorOptions(
         dtype=opts.dtype, num_threads=opts.num_threads, kv_cache_gib=kv_gib,
         swap_space_gib=opts.swap_space_gib, block_size=opts.block_size,

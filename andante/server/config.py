@@ -17,8 +17,9 @@ API_KEY_ENV_VAR = "ANDANTE_API_KEY"
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
     """Engine limits (vLLM's names). `max_model_len` None: the model's own context;
-    KV cache: `num_kv_blocks` blocks if given, else `kv_cache_gib` GiB (real model) or
-    4096 blocks (toy); `swap_space_gib`: host tier for swapped-out KV."""
+    KV cache: `num_kv_blocks` blocks if given, else `kv_cache_gib` GiB (real model; None:
+    sized from the model and the machine, `andante.server.kv_budget`) or 4096 blocks
+    (toy); `swap_space_gib`: host tier for swapped-out KV."""
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
@@ -26,11 +27,30 @@ class EngineOptions:
     block_size: int = 16
     preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
     num_kv_blocks: int | None = None
-    kv_cache_gib: float = 1.0
-    swap_space_gib: float = 1.0
-    dtype: str = "bfloat16"
+    kv_cache_gib: float | None = None
+    swap_space_gib: float = 0.25
+    dtype: str = "float32"  # on a CPU exact and (without bf16 units) faster than bfloat16
     num_threads: int | None = None
     toy_step_time: float = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPLimits:
+    """The HTTP edge: the largest request body (413 beyond), the seconds a client may
+    take to send its request headers and its body (408 beyond), and whether `/metrics`,
+    `/`, `/api/stats` and `/openapi.json` stay open when an API key is set."""
+
+    max_body_bytes: int = 4 << 20
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    public_metrics: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        for name in ("header_timeout", "body_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +76,7 @@ class ServeOptions:
     hp_instances: int = 1  # router "ascendra": the size of the HP pool
     ray_address: str = "local"  # "local" (embedded), "auto" or "ray://HOST:PORT"
     max_restarts: int = 3  # Ray actor restarts per instance
+    limits: HTTPLimits = field(default_factory=HTTPLimits)
 
     def __post_init__(self) -> None:
         if self.instances < 1:

@@ -1,8 +1,15 @@
 """Run a server: in the foreground (`andante serve`) or in a background thread
-(tests, benchmarks, notebooks) on an already bound socket, so port 0 just works."""
+(tests, benchmarks, notebooks) on an already bound socket, so port 0 just works.
+
+The port is bound before the model loads, so a busy port fails at once. When every
+engine instance is down the open streams end with an error and the server stops with
+exit status 1, for a supervisor to restart it (one instance down of several: the
+others serve on; see `runner.ClusterRunner`).
+"""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -14,54 +21,105 @@ from andante.server.app import create_app
 from andante.server.backend import Backend
 from andante.server.config import ServeOptions
 from andante.server.state import ServerState
+from andante.server.timeouts import h11_protocol
+
+EXIT_ENGINE_DOWN = 1
+
+
+class PortUnavailable(Exception):
+    """The server cannot listen on its host and port (the message says why)."""
 
 
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    # accepted connections inherit it: without it Nagle's algorithm holds a small
+    # reply on a kept-alive connection until the client's delayed ACK (~40 ms)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PortUnavailable(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 
 
-def _uvicorn_config(app: FastAPI, options: ServeOptions) -> uvicorn.Config:
-    return uvicorn.Config(
+def _uvicorn_server(app: FastAPI, options: ServeOptions) -> uvicorn.Server:
+    """The uvicorn server of `app`; it stops when every engine instance is down."""
+    config = uvicorn.Config(
         app, log_level=options.log_level, timeout_graceful_shutdown=5, access_log=False,
-        timeout_keep_alive=30, lifespan="on",
+        timeout_keep_alive=30, lifespan="on", http=h11_protocol(options.limits.header_timeout),
     )
+    server = uvicorn.Server(config)
+    state: ServerState = app.state.andante
+
+    def on_fatal() -> None:
+        server.should_exit = True
+
+    state.on_fatal = on_fatal
+    return server
 
 
-def serve(options: ServeOptions, backend: Backend | None = None) -> None:
-    """Serve until interrupted (Ctrl-C / SIGTERM)."""
-    app = create_app(options, backend)  # loads the model first: bind only once ready
+def _exit_status(app: FastAPI) -> int:
+    state: ServerState = app.state.andante
+    return EXIT_ENGINE_DOWN if state.runner.error is not None else 0
+
+
+def _log_to_stderr(level: str) -> None:
+    """andante's own log lines (KV sizing, clients gone, failures) on stderr, in
+    uvicorn's format and at its level."""
+    logger = logging.getLogger("andante")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())
+
+
+def serve(options: ServeOptions, backend: Backend | None = None) -> int:
+    """Serve until interrupted (Ctrl-C / SIGTERM): 0, or 1 once every engine is down.
+    Raises `PortUnavailable` before loading anything when the port is taken."""
+    _log_to_stderr(options.log_level)
     sock = bind(options.host, options.port)
+    app = create_app(options, backend)
     host, port = sock.getsockname()[:2]
     state: ServerState = app.state.andante
     print(f"andante: serving {state.backend.model_name} on http://{host}:{port} "
           f"(policy {options.policy}; live page at /, metrics at /metrics)", flush=True)
-    uvicorn.Server(_uvicorn_config(app, options)).run(sockets=[sock])
+    _uvicorn_server(app, options).run(sockets=[sock])
+    return _exit_status(app)
 
 
 class ServerThread:
     """A live server on 127.0.0.1 in a background thread; a context manager.
 
-    `url` is its base URL; `state` the server's `ServerState` (engine, hub, metrics).
+    `url` is its base URL; `state` the server's `ServerState` (engine, hub, metrics);
+    `exit_status` what `serve` would return once the thread has ended.
     """
 
     def __init__(self, options: ServeOptions, backend: Backend | None = None) -> None:
         self._sock = bind(options.host, options.port)
         self.host, self.port = self._sock.getsockname()[:2]
-        app = create_app(options, backend)
-        self.state: ServerState = app.state.andante
-        self._server = uvicorn.Server(_uvicorn_config(app, options))
+        self._app = create_app(options, backend)
+        self.state: ServerState = self._app.state.andante
+        self._server = _uvicorn_server(self._app, options)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name="andante-uvicorn", daemon=True)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def exit_status(self) -> int:
+        return _exit_status(self._app)
 
     def start(self, timeout: float = 30.0) -> ServerThread:
         self._thread.start()

@@ -3,27 +3,58 @@
 from __future__ import annotations
 
 import asyncio
-import secrets
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from andante.server.admission import new_request_id
+from andante.server.config import HTTPLimits
 from andante.server.errors import APIError, from_pydantic
-from andante.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from andante.server.guard import too_large
+from andante.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    _Sampling,
+    request_schema,
+)
 from andante.server.responses import FAILED, Reply, collect, stream_events
 from andante.server.state import ServerState
 
 Body = TypeVar("Body", bound=_Sampling)
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request whose client went away
+log = logging.getLogger("andante.server")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def parse_body(request: Request, model: type[Body]) -> Body:
-    raw = await request.body()
+async def read_body(request: Request, limits: HTTPLimits) -> bytes:
+    """The raw body: at most `limits.max_body_bytes` (413), within `limits.body_timeout`
+    seconds (408). A client gone mid-upload is a normal event: one log line, a 499."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(limits.body_timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise too_large(size, limits.max_body_bytes)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {limits.body_timeout:g} s "
+                       "(--body-timeout)", None, "request_timeout") from None
+    except ClientDisconnect:
+        client = request.client.host if request.client else "?"
+        log.info("client %s went away while sending its request body", client)
+        raise APIError(CLIENT_CLOSED_REQUEST, "the client closed the connection", None,
+                       "client_closed_request") from None
+    return b"".join(chunks)
+
+
+def parse_body(raw: bytes, model: type[Body]) -> Body:
     try:
         return model.model_validate_json(raw or b"{}")
     except ValidationError as exc:
@@ -37,19 +68,6 @@ async def _watch_disconnect(request: Request, on_disconnect: Callable[[], None])
         if message["type"] == "http.disconnect":
             on_disconnect()
             return
-
-
-def _api_key_check(api_key: str | None) -> Callable[[Request], None]:
-    def check(request: Request) -> None:
-        if api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), api_key):
-            raise APIError(401, "invalid or missing API key (Authorization: Bearer KEY)",
-                           None, "invalid_api_key")
-
-    return check
 
 
 async def _generate(
@@ -89,20 +107,29 @@ async def _generate(
 
 
 def openai_router(state: ServerState) -> APIRouter:
-    router = APIRouter(prefix="/v1", dependencies=[Depends(_api_key_check(state.options.api_key))])
+    router = APIRouter(prefix="/v1")
+    admission = state.admission
 
-    @router.post("/completions", response_model=None)
+    def completion(raw: bytes) -> tuple[CompletionRequest, list[int]]:
+        body = parse_body(raw, CompletionRequest)
+        admission.check_model(body.model)
+        return body, admission.completion_prompt(body)
+
+    def chat(raw: bytes) -> tuple[ChatCompletionRequest, list[int]]:
+        body = parse_body(raw, ChatCompletionRequest)
+        admission.check_model(body.model)
+        return body, admission.chat_prompt(body)
+
+    @router.post("/completions", response_model=None,
+                 openapi_extra=request_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
-        body = await parse_body(request, CompletionRequest)
-        state.admission.check_model(body.model)
-        prompt = state.admission.completion_prompt(body)
+        body, prompt = await state.prepare(completion, await read_body(request, state.limits))
         return await _generate(state, request, body, prompt, body.max_tokens, chat=False)
 
-    @router.post("/chat/completions", response_model=None)
+    @router.post("/chat/completions", response_model=None,
+                 openapi_extra=request_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
-        body = await parse_body(request, ChatCompletionRequest)
-        state.admission.check_model(body.model)
-        prompt = state.admission.chat_prompt(body)
+        body, prompt = await state.prepare(chat, await read_body(request, state.limits))
         return await _generate(state, request, body, prompt, body.max_output_tokens, chat=True)
 
     @router.get("/models")

@@ -8,11 +8,13 @@ Beyond OpenAI's fields: vLLM's `top_k`, `ignore_eos`, `stop_token_ids` and `prio
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 PositiveSeconds = Field(default=None, gt=0, allow_inf_nan=False)
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+INT64 = 1 << 63
 
 
 class _Strict(BaseModel):
@@ -38,8 +40,8 @@ class _Sampling(_Strict):
     temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(default=None, ge=-1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=-INT64, lt=INT64)
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     stream: bool = False
@@ -48,7 +50,7 @@ class _Sampling(_Strict):
     presence_penalty: float = Field(default=0.0, allow_inf_nan=False)  # only 0 is served
     frequency_penalty: float = Field(default=0.0, allow_inf_nan=False)  # only 0 is served
     user: str | None = None
-    priority: int = 0
+    priority: int = Field(default=0, ge=-INT64, lt=INT64)
     slo: SLOBody | None = None
 
     @property
@@ -106,3 +108,22 @@ FIELD_NAMES: frozenset[str] = frozenset(
     for model in (CompletionRequest, ChatCompletionRequest, ChatMessage, SLOBody, StreamOptions)
     for name in model.model_fields
 )
+
+
+def request_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """FastAPI's `openapi_extra` declaring `model` as a route's JSON body (the routes read
+    the raw body themselves), with its sub-models inlined (no `$defs` to resolve)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+    content = {"application/json": {"schema": _inline(schema, defs)}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        if "$ref" in node:
+            return _inline(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+        return {key: _inline(value, defs) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_inline(value, defs) for value in node]
+    return node

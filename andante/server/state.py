@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from andante.core.request import Request
 from andante.server.admission import Admission
 from andante.server.backend import Backend
-from andante.server.config import ServeOptions
+from andante.server.config import HTTPLimits, ServeOptions
 from andante.server.errors import APIError
 from andante.server.live import LiveStats
 from andante.server.metrics import ServerMetrics
 from andante.server.runner import ClusterRunner
 from andante.server.streams import RequestStream, StreamHub
+
+log = logging.getLogger("andante.server")
+T = TypeVar("T")
+EXIT_GRACE_S = 1.0  # for the failed streams' error events to reach their clients
 
 
 @dataclass(slots=True)
@@ -26,6 +34,11 @@ class ServerState:
     metrics: ServerMetrics
     live: LiveStats
     admission: Admission
+    # parsing and tokenising (chat templates too) run here, off the event loop: one
+    # thread, as the tokenizer is not safe to share between several
+    prep_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        1, thread_name_prefix="andante-prepare"))
+    on_fatal: Callable[[], None] | None = None  # every engine is down (launch: exit)
 
     @classmethod
     def create(cls, options: ServeOptions, backend: Backend) -> ServerState:
@@ -37,11 +50,27 @@ class ServerState:
         hub.add_observer(live.observe)
         return cls(options, backend, runner, hub, metrics, live, Admission(backend))
 
+    @property
+    def limits(self) -> HTTPLimits:
+        return self.options.limits
+
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.runner.start(loop, self.hub.deliver, lambda _exc: self.hub.fail_all())
+        def on_failure(exc: BaseException) -> None:
+            log.critical("every engine instance is down (%s): open requests fail, and the "
+                         "server exits", exc)
+            self.hub.fail_all()
+            if self.on_fatal is not None:
+                loop.call_later(EXIT_GRACE_S, self.on_fatal)
+
+        self.runner.start(loop, self.hub.deliver, on_failure)
 
     def stop(self) -> None:
         self.runner.stop()
+        self.prep_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def prepare(self, fn: Callable[[bytes], T], raw: bytes) -> T:
+        """`fn(raw)` (parse and tokenise a request body) on the preparation thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.prep_pool, fn, raw)
 
     def check_accepting(self) -> None:
         """503 if the engine is down; 429 with Retry-After if the queue is full."""

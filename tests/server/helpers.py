@@ -12,13 +12,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from andante.server import EngineOptions, ServeOptions, ServerThread
+from andante.server.config import HTTPLimits
 
 
 def toy_options(max_queued: int = 256, api_key: str | None = None, policy: str = "vllm",
-                **engine: Any) -> ServeOptions:
+                limits: HTTPLimits | None = None, **engine: Any) -> ServeOptions:
     engine.setdefault("toy_step_time", 0.002)
     return ServeOptions(model="toy", port=0, max_queued=max_queued, api_key=api_key,
-                        policy=policy, engine=EngineOptions(**engine), log_level="warning")
+                        policy=policy, engine=EngineOptions(**engine), log_level="warning",
+                        limits=limits or HTTPLimits())
 
 
 @contextmanager

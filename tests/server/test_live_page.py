@@ -23,7 +23,8 @@ webdriver = pytest.importorskip("selenium.webdriver")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-                       reason="needs Debian chromium and chromium-driver (scripts/bootstrap.sh)"),
+                       reason="needs Debian chromium and chromium-driver "
+                       "(scripts/bootstrap-test.sh)"),
 ]
 
 

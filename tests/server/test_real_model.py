@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -19,11 +23,12 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerThread]:
-    # float32: bfloat16's greedy answer to a near-tie depends on the CPU's GEMM kernels
-    # (the same prompt answered "Paris" on one machine and "Le Grand Château" on
-    # another); this test is about serving the real model, so it uses exact arithmetic.
+    # the default dtype, float32: bfloat16's greedy answer to a near-tie depends on the
+    # CPU's GEMM kernels (the README's question answered "Paris" on one machine and
+    # "Le Grand Château" on another)
     options = ServeOptions(port=0, log_level="warning", engine=EngineOptions(
-        max_model_len=1024, kv_cache_gib=0.25, swap_space_gib=0.0, dtype="float32"))
+        max_model_len=1024, kv_cache_gib=0.25, swap_space_gib=0.0))
+    assert options.engine.dtype == "float32"
     with ServerThread(options) as srv:
         yield srv
 
@@ -54,3 +59,22 @@ def test_prompt_over_context_is_refused(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="smollm2-135m", prompt="word " * 1500, max_tokens=1)
     assert "context" in str(err.value)
+
+
+def readme_chat_example() -> dict[str, object]:
+    """The JSON body of the README's curl example."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"/v1/chat/completions .*?-d '(\{.*?\})'", text, re.S)
+    assert match, "the README has no curl example"
+    body: dict[str, object] = json.loads(match.group(1))
+    return body
+
+
+def test_the_readme_example_answers_correctly_every_time(server: ServerThread) -> None:
+    answers = set()
+    for _ in range(5):
+        r = httpx.post(server.url + "/v1/chat/completions", json=readme_chat_example(),
+                       timeout=300)
+        assert r.status_code == 200, r.text
+        answers.add(r.json()["choices"][0]["message"]["content"])
+    assert len(answers) == 1 and "Paris" in answers.pop()

@@ -1,0 +1,71 @@
+"""The HTTP edge, checked before any route runs: the API key, the POST body's type and
+declared size. A refusal is an OpenAI-style JSON error, never a traceback.
+
+With an API key every path but `/health` needs it (the live page, `/metrics`,
+`/api/stats` and `/openapi.json` too, unless `public_metrics`). A POST must say
+`Content-Type: application/json`: a web page can make a visitor's browser send a form or
+`text/plain` to a local server without asking, but not JSON (the CORS preflight).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from andante.server.config import HTTPLimits
+from andante.server.errors import APIError, error_response
+
+OPEN_PATHS = frozenset({"/health"})
+PUBLIC_PATHS = frozenset({"/", "/metrics", "/api/stats", "/openapi.json"})
+JSON = "application/json"
+
+
+def too_large(size: int, limit: int) -> APIError:
+    """413 for a body of `size` bytes (declared, or read so far) over `limit`."""
+    return APIError(413, f"the request body has at least {size} bytes; the limit is {limit} "
+                    "(--max-body-bytes)", None, "request_too_large")
+
+
+class EdgeGuard:
+    """ASGI middleware: refuses unauthenticated, non-JSON or oversized requests."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, limits: HTTPLimits) -> None:
+        self.app = app
+        self.key = None if api_key is None else api_key.encode("utf-8")
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            error = self.check(scope["path"], scope["method"], Headers(scope=scope))
+            if error is not None:
+                await error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def check(self, path: str, method: str, headers: Headers) -> APIError | None:
+        return self._auth(path, headers) or (self._body(headers) if method == "POST" else None)
+
+    def _auth(self, path: str, headers: Headers) -> APIError | None:
+        if self.key is None or path in OPEN_PATHS:
+            return None
+        if self.limits.public_metrics and path in PUBLIC_PATHS:
+            return None
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        # headers arrive decoded as latin-1: encoding back gives the bytes the client sent
+        sent = token.strip().encode("latin-1", errors="replace")
+        if scheme.lower() == "bearer" and secrets.compare_digest(sent, self.key):
+            return None
+        return APIError(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                        None, "invalid_api_key")
+
+    def _body(self, headers: Headers) -> APIError | None:
+        kind = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind != JSON:
+            return APIError(415, f"Content-Type must be {JSON}, got {kind or 'none'!r}",
+                            None, "unsupported_media_type")
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.limits.max_body_bytes:
+            return too_large(int(declared), self.limits.max_body_bytes)
+        return None

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# What `make test` needs beyond `make run`: the dev and ray extras (pytest, schemathesis,
+# the multi-node backend and its CI failure test) and headless Chromium + its WebDriver
+# (Debian packages) for the live-page browser test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ANDANTE_EXTRAS="${ANDANTE_EXTRAS:-all,dev,ray}" ./scripts/bootstrap.sh
+
+# CI runs as root on a fresh machine; elsewhere a missing browser only skips that test.
+if ! [ -x /usr/bin/chromium ] || ! [ -x /usr/bin/chromedriver ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "bootstrap-test: installing chromium and chromium-driver (apt)" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "bootstrap-test: chromium/chromium-driver missing; the browser test will be skipped" >&2
+  fi
+fi

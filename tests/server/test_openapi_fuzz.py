@@ -1,0 +1,56 @@
+"""Fuzz the OpenAPI schema (schemathesis): no generated request, valid or not, may get
+a 5xx. Bounded: a fixed number of examples per operation, on a toy server with a short
+context so that no accepted request runs long."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from schemathesis import GenerationMode  # noqa: E402
+from schemathesis.checks import not_a_server_error  # noqa: E402
+
+from andante.server import ServerThread  # noqa: E402
+from tests.server.helpers import toy_server  # noqa: E402
+
+EXAMPLES_PER_OPERATION = 100
+
+
+@pytest.fixture(scope="module")
+def fuzzed_server() -> Iterator[ServerThread]:
+    with toy_server(max_model_len=64, toy_step_time=0.0005) as srv:
+        yield srv
+
+
+def _operations(url: str) -> list[Any]:
+    schema = schemathesis.openapi.from_url(url + "/openapi.json")
+    return [result.ok() for result in schema.get_all_operations()]
+
+
+@pytest.mark.timeout(120)
+def test_no_request_gets_a_server_error(fuzzed_server: ServerThread) -> None:
+    operations = _operations(fuzzed_server.url)
+    paths = {op.path for op in operations}
+    assert {"/v1/completions", "/v1/chat/completions", "/health"} <= paths
+    for operation in operations:
+        _fuzz(operation, fuzzed_server)
+
+
+def _fuzz(operation: Any, srv: ServerThread) -> None:
+    """Valid requests, then (for bodies) invalid ones (schemathesis' negative mode)."""
+    modes = [GenerationMode.POSITIVE]
+    if operation.method.lower() == "post":
+        modes.append(GenerationMode.NEGATIVE)
+    for mode in modes:
+        @given(case=operation.as_strategy(generation_mode=mode))
+        @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def check(case: Any) -> None:
+            case.call_and_validate(base_url=srv.url, checks=[not_a_server_error], timeout=10)
+
+        check()
+        assert srv.state.runner.is_alive
