@@ -23,7 +23,6 @@ from andante.cluster.load import (
 )
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine
-from andante.engine.scheduler import RequestRejected
 from andante.perf.cost_model import CostModel
 
 
@@ -77,13 +76,10 @@ class EngineHost:
         self._handoffs = policy if isinstance(policy, HandsOff) else None
 
     def add(self, req: Request) -> bool:
-        """Add now; a request that can never fit is finished as rejected (False)."""
+        """Add now through `Engine.submit`; False if refused (the engine finished it as
+        rejected and reports it, see `Engine.take_ended`)."""
         self.num_received += 1
-        try:
-            self.engine.scheduler.add_request(req)
-        except RequestRejected:
-            if not req.is_finished:
-                req.finish(RequestStatus.FINISHED_REJECTED, self.engine.clock.now())
+        if not self.engine.submit(req):
             return False
         if self.dropper is not None:
             self.dropper.watch(req)

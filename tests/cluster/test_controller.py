@@ -5,6 +5,7 @@ import pytest
 from andante.cluster import Controller, UnsupportedOperation
 from andante.cluster.instance import BASIC_CAPABILITIES, Instance
 from andante.cluster.router import RoundRobinRouter
+from andante.core.request import RequestStatus
 from andante.server.backend import build_backend
 from andante.sim import ClusterSpec
 from andante.sim.setup import build_simulator
@@ -96,3 +97,17 @@ def test_real_instances_offer_only_the_basic_operations(make: str) -> None:
 def test_instance_indices_must_count_from_zero() -> None:
     with pytest.raises(ValueError, match="indices"):
         Controller([FakeInstance(1)], RoundRobinRouter())
+
+
+def test_the_simulator_reports_a_refused_request_once() -> None:
+    """A request refused by its engine (`Engine.submit`) is finished as rejected and
+    reported at once, not again with the engine's next step output."""
+    sim = build_simulator(ClusterSpec())
+    reqs = [request("ok", arrival=0.0), request("huge", prompt=10**7, arrival=0.0),
+            request("after", arrival=0.001)]
+    seen: list[str] = []
+    report = sim.run(reqs, on_finish=lambda r: seen.append(r.request_id))
+    assert sorted(seen) == ["after", "huge", "ok"]
+    assert sorted(r.request_id for r in report.finished) == ["after", "huge", "ok"]
+    assert reqs[1].status == RequestStatus.FINISHED_REJECTED
+    assert sim.controller.num_owned == 0
