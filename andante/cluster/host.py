@@ -15,12 +15,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from andante.cluster.instance import HandsOff
-from andante.cluster.load import (
-    LoadReport,
-    OutputLengthMeter,
-    num_prefilling,
-    predicted_drain_time,
-)
+from andante.cluster.load import LoadReport, OutputLengthMeter, predicted_drain_time
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine
 from andante.perf.cost_model import CostModel
@@ -122,10 +117,9 @@ class EngineHost:
 
     def report(self) -> LoadReport:
         """The engine's stats now, with what the cluster side adds to them."""
-        engine, cost = self.engine, self.cost_model
-        drain = 0.0 if cost is None else predicted_drain_time(
-            cost, engine.scheduler, self.outputs.mean)
+        stats, cost = self.engine.stats(), self.cost_model
+        drain = 0.0 if cost is None else predicted_drain_time(cost, stats, self.outputs.mean)
         return LoadReport(
-            engine.stats(), self.num_received, drain, num_prefilling(engine.scheduler),
+            stats, self.num_received, drain,
             0 if self.dropper is None else self.dropper.num_dropped, self.prediction_error(),
         )

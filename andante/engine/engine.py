@@ -49,6 +49,8 @@ class Engine:
     def stats(self) -> SchedulerStats:
         """The engine's figures now (O(1))."""
         sched, kv = self.scheduler, self.scheduler.kv
+        totals = sched.totals
+        num_tokens = totals.num_prompt_tokens + totals.num_output_tokens
         return SchedulerStats(
             time=self.clock.now(),
             num_running=sched.num_running,
@@ -61,6 +63,11 @@ class Engine:
             num_preemptions=sched.num_preemptions,
             num_steps=self.num_steps,
             max_num_seqs=sched.config.max_num_seqs,
+            num_prefilling=totals.num_without_output,
+            num_tokens=num_tokens,
+            num_uncomputed_tokens=num_tokens - totals.num_computed_tokens,
+            num_output_tokens=totals.num_output_tokens,
+            num_remaining_output_tokens=totals.num_max_output_tokens - totals.num_output_tokens,
         )
 
     def limits(self) -> EngineLimits:
