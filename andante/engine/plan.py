@@ -200,7 +200,8 @@ class StepPlan:
         """Take `num_tokens` of the step's token budget and one sequence for `req` now,
         before its blocks exist (the request may still be swapped or need evictions)."""
         rid = req.request_id
-        if num_tokens < 1 or not self.can_claim(num_tokens) or rid in self._claimed_ids:
+        if not 1 <= num_tokens <= self.token_budget or self.seq_budget < 1 \
+                or rid in self._claimed_ids:
             raise ValueError(f"cannot claim {num_tokens} tokens of {rid!r}")
         self.token_budget -= num_tokens
         self.seq_budget -= 1

@@ -254,7 +254,7 @@ class Scheduler:
             num_computed_total += n
             if token is None:
                 continue
-            if not req.num_output_tokens:
+            if not req.timeline.token_times:  # its first token (cheaper than the output)
                 num_first += 1
             if later:
                 req.append_output_token(token, now, *later)

@@ -36,15 +36,9 @@ _SWAPPED = RequestStatus.SWAPPED
 class StepChoice:
     """One step's places (lists in priority order); the batch is the plan's claims."""
 
-    plan: StepPlan
     to_fetch: list[Request] = field(default_factory=list)  # swapped jobs with a place
     unplaced: list[Request] = field(default_factory=list)  # paused on the device, no place
     any_new: bool = False  # does the batch admit a job that holds no KV?
-
-    def add(self, req: Request, num_tokens: int) -> None:
-        """Put `req` in the batch (claiming its share of the plan's budgets)."""
-        self.plan.claim(req, num_tokens)
-        self.any_new |= req.status in _NO_KV
 
 
 def device_capacity(plan: StepPlan, order: Sequence[Request]) -> int:
@@ -58,7 +52,7 @@ def device_capacity(plan: StepPlan, order: Sequence[Request]) -> int:
 def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: bool,
            bound_by_host: bool = True) -> StepChoice:
     """Places and the batch of placed jobs, from the top of `order`."""
-    choice = StepChoice(plan)
+    choice = StepChoice()
     bs = plan.block_size
     capacity = device_capacity(plan, order)
     held_capacity = capacity - reserve
@@ -103,13 +97,14 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
         if status == _SWAPPED:
             choice.to_fetch.append(req)
         if ready:
-            choice.add(req, n)
+            plan.claim(req, n)
             if new:
+                choice.any_new = True
                 room -= blocks
     return choice
 
 
-def fill(plan: StepPlan, choice: StepChoice, spared: Sequence[Request], free: int) -> None:
+def fill(plan: StepPlan, spared: Sequence[Request], free: int) -> None:
     """Let paused jobs without a place that stay on the device run too, in order, while
     the budgets and the `free` device blocks allow."""
     for req in spared:
@@ -118,5 +113,5 @@ def fill(plan: StepPlan, choice: StepChoice, spared: Sequence[Request], free: in
         n = req.num_uncomputed_tokens
         need = plan.blocks_needed(req, n)
         if need <= free and plan.can_claim(n):
-            choice.add(req, n)
+            plan.claim(req, n)
             free -= need

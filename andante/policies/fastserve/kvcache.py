@@ -107,9 +107,9 @@ class KVPlanner:
             fetch = self._fetch_order(plan, choice, get_ranks)
             budget -= self._make_room(plan, reserve, spare, fetch, budget)
         free = plan.num_free_blocks - need - wm
-        fill(plan, choice, [r for r in choice.unplaced if not plan.is_preempted(r)], free)
+        fill(plan, [r for r in choice.unplaced if not plan.is_preempted(r)], free)
         if not plan.claimed:  # nothing ready fits: run the best job, whatever it costs
-            self._run_first(plan, choice, order, spare)
+            self._run_first(plan, order, spare)
         self._place(plan)
         if fetch and (self.swap_in_after_swap_out or not _swapped_out(plan)):
             self._prefetch(plan, reserve, fetch, budget)
@@ -182,7 +182,7 @@ class KVPlanner:
             moved += self._evict(plan, spare.pop(), swap_only=True)
         return moved
 
-    def _run_first(self, plan: StepPlan, choice: StepChoice, order: Sequence[Request],
+    def _run_first(self, plan: StepPlan, order: Sequence[Request],
                    spare: list[Request]) -> None:
         """Progress when no ready job fits: the first job of the order on the device (else
         on the host) runs, evicting paused jobs (largest ENST first; recompute if the host
@@ -207,7 +207,7 @@ class KVPlanner:
                 break
             self._evict(plan, victim)
         if plan.can_claim(n) and need <= plan.num_free_blocks:
-            choice.add(req, n)
+            plan.claim(req, n)
 
     @staticmethod
     def _place(plan: StepPlan) -> None:
