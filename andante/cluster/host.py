@@ -1,7 +1,8 @@
 """What every instance does around its engine, in the thread that steps it.
 
 `EngineHost` is shared by the simulator's `SimInstance` and the server's workers (local
-thread or Ray actor): it adds requests (refusing those that can never fit), counts what
+thread or Ray actor): it adds requests (through `Engine.submit`, which refuses those that
+can never fit), counts what
 it received (so the controller knows what is still in transit), drops requests already
 past their TTFT SLO when asked to (Ascendra §6.3), withdraws requests for the controller
 (migration, and the offloads a `HandsOff` policy picks) and builds the load report

@@ -14,11 +14,12 @@ expected to produce about max(1, m - its output so far) more tokens, at most its
 max_tokens left. It is a routing signal (least-loaded, power-of-two), not a promise,
 computed in O(1) from the stats' sums over the requests, so it approximates the
 per-request form: for N requests with O output tokens and R max_tokens left in all,
-the decode tokens are min(R, max(N, N·m - O)) (a sum of minima is at most the minimum
-of the sums: never fewer than the per-request form, more when some requests near their
-max_tokens while others are far below it) and the longest request is taken to need
-max(1, m) of them (an upper bound: a request that has just started), capped by that
-total.
+the decode tokens are min(R, max(N, N·m - O)) and the longest request is taken to need
+max(1, m) of them (one that has just started), capped by that total. The two agree while
+every request expects between 1 and its max_tokens left and one has no output yet;
+otherwise the closed form counts fewer decode tokens where requests past the mean (each
+still expecting 1) offset those short of it, more where a request's max_tokens caps it
+below the mean, and a longer longest request when all have made progress.
 """
 
 from __future__ import annotations
