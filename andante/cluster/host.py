@@ -2,11 +2,10 @@
 
 `EngineHost` is shared by the simulator's `SimInstance` and the server's workers (local
 thread or Ray actor): it adds requests (through `Engine.submit`, which refuses those that
-can never fit), counts what
-it received (so the controller knows what is still in transit), drops requests already
-past their TTFT SLO when asked to (Ascendra §6.3), withdraws requests for the controller
-(migration, and the offloads a `HandsOff` policy picks) and builds the load report
-from the engine's stats.
+can never fit), counts what it received (so the controller knows what is still in
+transit), drops requests already past their TTFT SLO when asked to (Ascendra §6.3),
+withdraws requests for the controller (migration, and the offloads a `HandsOff` policy
+picks) and builds the load report from the engine's stats.
 """
 
 from __future__ import annotations
