@@ -1,11 +1,11 @@
 """What every instance does around its engine, in the thread that steps it.
 
 `EngineHost` is shared by the simulator's `SimInstance` and the server's workers (local
-thread or Ray actor): it adds requests (refusing those that can never fit), counts what
-it received (so the controller knows what is still in transit), drops requests already
-past their TTFT SLO when asked to (Ascendra §6.3), withdraws requests for the controller
-(migration, and the offloads a `HandsOff` policy picks) and builds the load report
-from the engine's stats.
+thread or Ray actor): it adds requests (through `Engine.submit`, which refuses those that
+can never fit), counts what it received (so the controller knows what is still in
+transit), drops requests already past their TTFT SLO when asked to (Ascendra §6.3),
+withdraws requests for the controller (migration, and the offloads a `HandsOff` policy
+picks) and builds the load report from the engine's stats.
 """
 
 from __future__ import annotations
@@ -15,15 +15,9 @@ import math
 from collections.abc import Iterable, Sequence
 
 from andante.cluster.instance import HandsOff
-from andante.cluster.load import (
-    LoadReport,
-    OutputLengthMeter,
-    num_prefilling,
-    predicted_drain_time,
-)
+from andante.cluster.load import LoadReport, OutputLengthMeter, predicted_drain_time
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine
-from andante.engine.scheduler import RequestRejected
 from andante.perf.cost_model import CostModel
 
 
@@ -77,13 +71,10 @@ class EngineHost:
         self._handoffs = policy if isinstance(policy, HandsOff) else None
 
     def add(self, req: Request) -> bool:
-        """Add now; a request that can never fit is finished as rejected (False)."""
+        """Add now through `Engine.submit`; False if refused (the engine finished it as
+        rejected and reports it, see `Engine.take_ended`)."""
         self.num_received += 1
-        try:
-            self.engine.scheduler.add_request(req)
-        except RequestRejected as exc:
-            if not req.is_finished:
-                req.reject(str(exc), self.engine.clock.now())
+        if not self.engine.submit(req):
             return False
         if self.dropper is not None:
             self.dropper.watch(req)
@@ -126,10 +117,9 @@ class EngineHost:
 
     def report(self) -> LoadReport:
         """The engine's stats now, with what the cluster side adds to them."""
-        engine, cost = self.engine, self.cost_model
-        drain = 0.0 if cost is None else predicted_drain_time(
-            cost, engine.scheduler, self.outputs.mean)
+        stats, cost = self.engine.stats(), self.cost_model
+        drain = 0.0 if cost is None else predicted_drain_time(cost, stats, self.outputs.mean)
         return LoadReport(
-            engine.stats(), self.num_received, drain, num_prefilling(engine.scheduler),
+            stats, self.num_received, drain,
             0 if self.dropper is None else self.dropper.num_dropped, self.prediction_error(),
         )

@@ -49,6 +49,8 @@ class Engine:
     def stats(self) -> SchedulerStats:
         """The engine's figures now (O(1))."""
         sched, kv = self.scheduler, self.scheduler.kv
+        totals = sched.totals
+        num_tokens = totals.num_prompt_tokens + totals.num_output_tokens
         return SchedulerStats(
             time=self.clock.now(),
             num_running=sched.num_running,
@@ -61,6 +63,11 @@ class Engine:
             num_preemptions=sched.num_preemptions,
             num_steps=self.num_steps,
             max_num_seqs=sched.config.max_num_seqs,
+            num_prefilling=totals.num_without_output,
+            num_tokens=num_tokens,
+            num_uncomputed_tokens=num_tokens - totals.num_computed_tokens,
+            num_output_tokens=totals.num_output_tokens,
+            num_remaining_output_tokens=totals.num_max_output_tokens - totals.num_output_tokens,
         )
 
     def limits(self) -> EngineLimits:
@@ -90,21 +97,30 @@ class Engine:
         """Add now; raises RequestRejected if it can never be served."""
         self.scheduler.add_request(req)
 
-    def submit(self, req: Request) -> None:
-        """Add now; one that can never be served is finished as rejected and reported
-        with the next step's output."""
+    def submit(self, req: Request) -> bool:
+        """Add now (the one way in for served and simulated instances); False if it can
+        never be served: it is then finished as rejected and reported with the next
+        step's output, or by `take_ended`."""
         try:
             self.scheduler.add_request(req)
         except RequestRejected as exc:
             if not req.is_finished:
                 req.reject(str(exc), self.clock.now())
             self._ended.append(req)
+            return False
+        return True
 
     def abort(self, request_id: str) -> None:
         """Abort now (its KV is freed); reported with the next step's output."""
         req = self.scheduler.abort_request(request_id)
         if req is not None:
             self._ended.append(req)
+
+    def take_ended(self) -> list[Request]:
+        """The requests aborted or refused since the last step output, taken now: the
+        caller reports them (the simulator, at once) and the next output will not."""
+        ended, self._ended = self._ended, []
+        return ended
 
     @property
     def has_work(self) -> bool:
@@ -123,8 +139,7 @@ class Engine:
         updated = self.scheduler.update(batch, result) if not batch.is_empty else []
         finished = [r for r in batch.requests if r.is_finished]
         if self._ended:
-            finished.extend(self._ended)
-            self._ended = []
+            finished.extend(self.take_ended())
         output = StepOutput(batch, result, updated, finished)
         self.notify(output)
         return output

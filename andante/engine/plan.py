@@ -8,6 +8,10 @@ of KV feasibility (vLLM v1's `allocate_slots`): `schedule` allocates the blocks,
 what free blocks remain is always the block manager's own figure. The plan keeps only
 the step's token and sequence budgets; the scheduler then changes request states and
 queues. Running requests the plan does not schedule simply pause with their KV in place.
+A policy that picks its whole batch before making room for it (FastServe §4.1-4.2:
+the batch first, then the evictions it needs) `claim`s each request's share of the
+budgets as it picks, records its evictions, then `schedule_claims` allocates the
+batch's blocks in the order claimed.
 With pipeline parallelism several batches are in flight at once: requests of a batch
 that has not completed yet (`in_flight_ids`) are left out of `running` by the
 scheduler and can be neither scheduled nor preempted until their batch completes.
@@ -59,6 +63,9 @@ class StepPlan:
         self._scheduled_ids: set[str] = set()
         self._preempted_ids: set[str] = set()
         self._swapped_in_ids: set[str] = set()
+        self.claimed: list[Request] = []  # claimed, not scheduled yet (claim order)
+        self.num_claimed_tokens: list[int] = []
+        self._claimed_ids: set[str] = set()
 
     # ---- the block manager's figures ------------------------------------------------
     @property
@@ -184,6 +191,44 @@ class StepPlan:
         self._scheduled_ids.add(req.request_id)
         self.scheduled.append(req)
         self.num_scheduled_tokens.append(num_tokens)
+
+    def can_claim(self, num_tokens: int) -> bool:
+        """Would one more request advancing `num_tokens` fit the budgets left?"""
+        return self.seq_budget >= 1 and num_tokens <= self.token_budget
+
+    def claim(self, req: Request, num_tokens: int) -> None:
+        """Take `num_tokens` of the step's token budget and one sequence for `req` now,
+        before its blocks exist (the request may still be swapped or need evictions)."""
+        rid = req.request_id
+        if not 1 <= num_tokens <= self.token_budget or self.seq_budget < 1 \
+                or rid in self._claimed_ids:
+            raise ValueError(f"cannot claim {num_tokens} tokens of {rid!r}")
+        self.token_budget -= num_tokens
+        self.seq_budget -= 1
+        self._claimed_ids.add(rid)
+        self.claimed.append(req)
+        self.num_claimed_tokens.append(num_tokens)
+
+    def is_claimed(self, req: Request) -> bool:
+        """Was `req` claimed this step (whether scheduled since or not)?"""
+        return req.request_id in self._claimed_ids
+
+    def schedule_claims(self) -> None:
+        """Schedule the claimed requests in claim order, allocating their blocks now
+        (runs of decodes on the fast path); a claim that cannot be scheduled (its blocks
+        are not free, or it is still swapped) lapses and its budget returns."""
+        requests, num_tokens = self.claimed, self.num_claimed_tokens
+        self.claimed, self.num_claimed_tokens = [], []
+        self.token_budget += sum(num_tokens)  # the schedules below take them again
+        self.seq_budget += len(requests)
+        index = 0
+        while index < len(requests):
+            index = self.schedule_decodes(requests, index)
+            if index < len(requests):
+                req, n = requests[index], num_tokens[index]
+                if self.can_schedule(req, n):
+                    self.schedule(req, n)
+                index += 1
 
     def schedule_decodes(self, order: list[Request], start: int = 0) -> int:
         """Fast path: one token for each running, decoding request of `order[start:]`, in

@@ -10,6 +10,7 @@ preempts it (the plan's `running` leaves it out). One batch at a time: nothing c
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from operator import attrgetter
 
 from andante.core.clock import Clock
@@ -43,6 +44,28 @@ def _check_budget(config: SchedulerConfig, policy: Policy) -> None:
         )
 
 
+@dataclass(slots=True)
+class WorkTotals:
+    """Sums over the scheduler's unfinished requests, kept where requests are added,
+    advance, are preempted by recompute and leave, so that stats (and the load reports
+    built on them) never walk the queues."""
+
+    num_without_output: int = 0  # requests still waiting for their first token
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_computed_tokens: int = 0  # tokens in a KV cache (device or host)
+    num_max_output_tokens: int = 0  # the sum of the requests' max_tokens
+
+    def add(self, req: Request, sign: int = 1) -> None:
+        """Count `req` in (sign 1) or out (sign -1) with its figures now."""
+        num_output = req.num_output_tokens
+        self.num_without_output += sign * (num_output == 0)
+        self.num_prompt_tokens += sign * req.num_prompt_tokens
+        self.num_output_tokens += sign * num_output
+        self.num_computed_tokens += sign * req.num_computed_tokens
+        self.num_max_output_tokens += sign * req.sampling.max_tokens
+
+
 class Scheduler:
     def __init__(
         self,
@@ -72,6 +95,7 @@ class Scheduler:
         self._last_step_preempted = False
         self._num_added = 0  # requests ever added
         self._num_added_at_schedule = 0
+        self.totals = WorkTotals()
 
     # ---- figures --------------------------------------------------------------------
     @property
@@ -121,6 +145,7 @@ class Scheduler:
             raise RequestRejected(f"request {req.request_id!r} is {req.status.name}")
         self.check_fits(req.num_prompt_tokens)
         self.requests[req.request_id] = req
+        self.totals.add(req)
         self.waiting.append(req)
         self._num_added += 1
         self.policy.on_arrival(req)
@@ -136,6 +161,7 @@ class Scheduler:
         if req.num_computed_tokens or request_id in self._in_flight_ids:
             return None
         del self.requests[request_id]
+        self.totals.add(req, -1)
         self.waiting = [r for r in self.waiting if r is not req]
         self.policy.on_finish(req)
         return req
@@ -189,6 +215,7 @@ class Scheduler:
                 req.swap_out(now)
                 self.swapped.append(req)
             else:
+                self.totals.num_computed_tokens -= req.num_computed_tokens
                 req.preempt_by_recompute(now)
                 batch.released_ids.append(req.request_id)
                 recomputed.append(req)
@@ -232,10 +259,16 @@ class Scheduler:
         got: list[Request] = []
         finished = False
         limit = self.max_num_tokens
+        num_computed_total = num_first = 0
         for req, n, token in zip(requests, num_computed, token_ids, strict=False):
             req.num_computed_tokens += n
-            if token is None or req.status >= _FINISHED:
+            if req.status >= _FINISHED:  # aborted while its batch was in flight
                 continue
+            num_computed_total += n
+            if token is None:
+                continue
+            if not req.timeline.token_times:  # its first token (cheaper than the output)
+                num_first += 1
             if later:
                 req.append_output_token(token, now, *later)
             else:  # a step (a call without unpacking is faster)
@@ -245,6 +278,10 @@ class Scheduler:
             if status is not None:
                 self._finish(req, status, later[-1] if later else now)
                 finished = True
+        totals = self.totals
+        totals.num_computed_tokens += num_computed_total
+        totals.num_output_tokens += len(got) * (1 + len(later))
+        totals.num_without_output -= num_first
         if finished:
             self._drop_finished()
         return got
@@ -256,6 +293,7 @@ class Scheduler:
         if self.kv.free(req.request_id):
             self._released_ids.append(req.request_id)
         del self.requests[req.request_id]
+        self.totals.add(req, -1)
         self.policy.on_finish(req)
 
     def _drop_finished(self) -> None:

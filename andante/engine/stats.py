@@ -32,6 +32,12 @@ class SchedulerStats:
     num_preemptions: int = 0  # since the engine started
     num_steps: int = 0
     max_num_seqs: int = 0
+    # sums over the unfinished requests (the scheduler keeps them: `WorkTotals`)
+    num_prefilling: int = 0  # requests still waiting for their first token
+    num_tokens: int = 0  # context: prompt + output tokens
+    num_uncomputed_tokens: int = 0  # known tokens not in a KV cache yet
+    num_output_tokens: int = 0  # generated so far
+    num_remaining_output_tokens: int = 0  # max_tokens left
 
     @property
     def num_requests(self) -> int:

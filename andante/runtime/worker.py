@@ -26,7 +26,6 @@ from andante.cluster.load import LoadReport
 from andante.core.request import Request
 from andante.engine.engine import Engine, StepOutput
 from andante.engine.stats import EngineLimits
-from andante.exec.batch import StepBatch, StepResult
 
 
 class OutputAdapter(Protocol):
@@ -104,7 +103,6 @@ class InstanceWorker:
         self.host = EngineHost(engine, drop_late)
         self._inbox: deque[tuple[str, Any]] = deque()  # appends are thread-safe
         self._wake = threading.Event()
-        self._refused: list[Request] = []
         self._withdrawn: list[Request] = []
 
     # ---- any thread ---------------------------------------------------------------
@@ -138,7 +136,7 @@ class InstanceWorker:
             out = self.engine.step()
             self.engine.finish_stopped(out, self.adapter.stopped(out))
             return self._message(out, stepped=True)
-        if self._refused or self._withdrawn:
+        if self._withdrawn:
             return self._message(None, stepped=False)
         return None
 
@@ -148,8 +146,7 @@ class InstanceWorker:
             kind, item = inbox.popleft()
             if kind == "add":
                 self.adapter.register(item)
-                if not self.host.add(item):
-                    self._refused.append(item)
+                self.host.add(item)  # a refused one comes with the next step's output
             elif kind == "abort":
                 self.engine.abort(item)
             else:
@@ -157,19 +154,12 @@ class InstanceWorker:
 
     def _message(self, out: StepOutput | None, stepped: bool) -> StepMessage:
         finished = [] if out is None else out.finished
-        if self._refused:
-            finished.extend(self._refused)
-            self._refused = []
         handoffs, self._withdrawn = self._withdrawn, []
         handoffs.extend(self.host.take_handoffs())
         for req in handoffs:
             self.adapter.discard(req.request_id)
         self.host.observe_finished(finished)
-        outputs: list[Any] = []
-        if out is not None:
-            outputs = self.adapter.outputs(out)
-        elif finished:
-            outputs = self.adapter.outputs(_only_finished(finished))
+        outputs: list[Any] = [] if out is None else self.adapter.outputs(out)
         return StepMessage(self.index, outputs, [r.request_id for r in finished], handoffs,
                            self.host.report(), stepped)
 
@@ -181,6 +171,3 @@ class InstanceWorker:
         """What the engine could ever serve, and the model's name."""
         return self.engine.limits(), self.model_name
 
-
-def _only_finished(finished: list[Request]) -> StepOutput:
-    return StepOutput(StepBatch(), StepResult([], 0.0), [], finished)

@@ -78,8 +78,8 @@ class SimInstance(LaterOperations):
     def submit(self, req: Request) -> None:
         if self.host.add(req):
             self.hooks.wake(self)
-        else:
-            self.hooks.finished(self, [req])
+        else:  # refused: reported now, so the engine's next output does not repeat it
+            self.hooks.finished(self, self.engine.take_ended())
 
     def abort(self, request_id: str) -> None:
         req = self.engine.scheduler.abort_request(request_id)  # at once: one thread here

@@ -52,19 +52,6 @@ def test_v1_preempts_from_the_back_and_admits_nothing_in_that_step() -> None:
     assert all(r.num_output_tokens == r.sampling.max_tokens for r in (a, b, c))
 
 
-def test_v1_swap_mode_swaps_the_back_out_and_brings_it_back() -> None:
-    engine, executor, clock = make_engine(
-        "vllm", num_device_blocks=4, num_host_blocks=8, preemption_mode=PreemptionMode.SWAP
-    )
-    a, b = make_request("a", 4, 8), make_request("b", 4, 8, arrival=0.001)
-    engine.add_request(a)
-    engine.add_request(b)
-    run_to_completion(engine, clock)
-    assert b.timeline.num_swaps_out >= 1 and a.timeline.num_swaps_out == 0
-    assert any(batch.swap_in for batch in executor.batches)
-    assert b.output_token_ids == [1000 + 4 + i for i in range(8)]
-
-
 # ---- vllm-v0: prefill-first -----------------------------------------------------------
 
 
@@ -106,15 +93,17 @@ def test_block_shortage_recomputes_newest_and_output_continues(policy: str) -> N
     assert engine.scheduler.num_preemptions >= 1
 
 
-def test_v0_swap_mode_moves_kv_to_host_and_back() -> None:
+@pytest.mark.parametrize("policy", ["vllm", "vllm-v0"])
+def test_swap_mode_swaps_the_newest_out_and_brings_it_back(policy: str) -> None:
     engine, executor, clock = make_engine(
-        "vllm-v0", num_device_blocks=4, num_host_blocks=8, preemption_mode=PreemptionMode.SWAP
+        policy, num_device_blocks=4, num_host_blocks=8, preemption_mode=PreemptionMode.SWAP
     )
     a, b = make_request("a", 4, 8), make_request("b", 4, 8, arrival=0.001)
     engine.add_request(a)
     engine.add_request(b)
     run_to_completion(engine, clock)
-    assert b.timeline.num_swaps_out >= 1 and b.timeline.num_recomputes == 0
+    assert b.timeline.num_swaps_out >= 1 and a.timeline.num_swaps_out == 0
+    assert b.timeline.num_recomputes == 0
     assert any(batch.swap_out for batch in executor.batches)
     assert any(batch.swap_in for batch in executor.batches)
     assert b.output_token_ids == [1000 + 4 + i for i in range(8)]

@@ -57,7 +57,7 @@ def test_proactive_swaps_in_the_smallest_enst_first_without_running_them() -> No
     assert [r.status for r in reqs[1:]] == [RequestStatus.SWAPPED] * 3
     plan = _plan(engine)
     choice = choose(plan, reqs, reserve=0, run_swapped=False)
-    assert choice.requests == [r0] and choice.to_fetch == [r1, r2, r3]
+    assert plan.claimed == [r0] and choice.to_fetch == [r1, r2, r3]
     enst = {r0: 0.0, r1: 5.0, r2: 1.0, r3: 3.0}
     KVPlanner("proactive", None, 1.0).apply(plan, choice, reqs, 0,
                                             lambda jobs: {r: enst[r] for r in jobs})

@@ -12,7 +12,8 @@ jobs likely to run next). Walking the job order, highest priority first:
   every admission would cost a recompute);
 - a placed job is in the batch if it is ready (its KV is on the device, or it has none
   yet; a swapped one only where the step may wait for its swap-in) and fits the step's
-  token and sequence budgets;
+  token and sequence budgets: it is claimed on the plan (`StepPlan.claim`), which
+  schedules it once the evictions that make room for it are recorded;
 - paused jobs on the device without a place are the eviction candidates; those not
   evicted still run if the budgets allow (work conservation: their KV is there).
 """
@@ -33,27 +34,11 @@ _SWAPPED = RequestStatus.SWAPPED
 
 @dataclass(slots=True)
 class StepChoice:
-    """One step's decision before it is recorded on the plan (lists in priority order)."""
+    """One step's places (lists in priority order); the batch is the plan's claims."""
 
-    requests: list[Request] = field(default_factory=list)  # the batch
-    num_tokens: list[int] = field(default_factory=list)
-    batch_ids: set[str] = field(default_factory=set)
     to_fetch: list[Request] = field(default_factory=list)  # swapped jobs with a place
     unplaced: list[Request] = field(default_factory=list)  # paused on the device, no place
     any_new: bool = False  # does the batch admit a job that holds no KV?
-    token_budget: int = 0  # what the batch leaves of the step's budgets
-    seq_budget: int = 0
-
-    def add(self, req: Request, num_tokens: int) -> None:
-        self.requests.append(req)
-        self.num_tokens.append(num_tokens)
-        self.batch_ids.add(req.request_id)
-        self.any_new |= req.status in _NO_KV
-        self.token_budget -= num_tokens
-        self.seq_budget -= 1
-
-    def fits(self, num_tokens: int) -> bool:
-        return self.seq_budget >= 1 and num_tokens <= self.token_budget
 
 
 def device_capacity(plan: StepPlan, order: Sequence[Request]) -> int:
@@ -67,7 +52,7 @@ def device_capacity(plan: StepPlan, order: Sequence[Request]) -> int:
 def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: bool,
            bound_by_host: bool = True) -> StepChoice:
     """Places and the batch of placed jobs, from the top of `order`."""
-    choice = StepChoice(token_budget=plan.token_budget, seq_budget=plan.seq_budget)
+    choice = StepChoice()
     bs = plan.block_size
     capacity = device_capacity(plan, order)
     held_capacity = capacity - reserve
@@ -82,10 +67,10 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
         status = req.status
         new = status in _NO_KV
         if new:  # a new job gets a place only with one in the batch: cheap exits first
-            if choice.seq_budget < 1 or choice.token_budget < 1 or used >= capacity:
+            if plan.seq_budget < 1 or plan.token_budget < 1 or used >= capacity:
                 continue
             n = req.num_uncomputed_tokens
-            if n > choice.token_budget or n > room * bs:
+            if n > plan.token_budget or n > room * bs:
                 continue
         elif status == _RUNNING and in_flight and req.request_id in in_flight:
             continue
@@ -104,7 +89,7 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
                 capacity = held_capacity
             continue
         ready = new or status == _RUNNING or run_swapped
-        if ready and not choice.fits(n):
+        if ready and not plan.can_claim(n):
             if new:
                 continue  # no KV yet and no room in this step: no place either
             ready = False
@@ -112,20 +97,21 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
         if status == _SWAPPED:
             choice.to_fetch.append(req)
         if ready:
-            choice.add(req, n)
+            plan.claim(req, n)
             if new:
+                choice.any_new = True
                 room -= blocks
     return choice
 
 
-def fill(plan: StepPlan, choice: StepChoice, spared: Sequence[Request], free: int) -> None:
+def fill(plan: StepPlan, spared: Sequence[Request], free: int) -> None:
     """Let paused jobs without a place that stay on the device run too, in order, while
     the budgets and the `free` device blocks allow."""
     for req in spared:
-        if choice.seq_budget < 1:
+        if plan.seq_budget < 1:
             return
         n = req.num_uncomputed_tokens
         need = plan.blocks_needed(req, n)
-        if need <= free and choice.fits(n):
-            choice.add(req, n)
+        if need <= free and plan.can_claim(n):
+            plan.claim(req, n)
             free -= need

@@ -94,30 +94,30 @@ class KVPlanner:
             enst_of = get_ranks()
             spare.sort(key=enst_of.__getitem__)
         wm = plan.watermark_blocks if choice.any_new else 0
-        need = self._blocks_to_place(plan, choice)
+        need = self._blocks_to_place(plan)
         deficit = need + wm - plan.num_free_blocks
         while deficit > 0 and spare:
             deficit -= self._evict(plan, spare.pop())
         if deficit > 0:  # last resort: placed jobs that do not run this step
-            self._evict_placed(plan, choice, deficit, enst)
+            self._evict_placed(plan, deficit, enst)
         fetch: list[Request] = []
         budget = math.inf
         if self.mode == "proactive" and (spare or choice.to_fetch):
-            budget = self._transfer_budget(plan, choice)
-            fetch = self._fetch_order(choice, get_ranks)
-            budget -= self._make_room(plan, choice, reserve, spare, fetch, budget)
+            budget = self._transfer_budget(plan)
+            fetch = self._fetch_order(plan, choice, get_ranks)
+            budget -= self._make_room(plan, reserve, spare, fetch, budget)
         free = plan.num_free_blocks - need - wm
-        fill(plan, choice, [r for r in choice.unplaced if not plan.is_preempted(r)], free)
-        if not choice.requests:  # nothing ready fits: run the best job, whatever it costs
-            self._run_first(plan, choice, order, spare)
-        self._place(plan, choice)
+        fill(plan, [r for r in choice.unplaced if not plan.is_preempted(r)], free)
+        if not plan.claimed:  # nothing ready fits: run the best job, whatever it costs
+            self._run_first(plan, order, spare)
+        self._place(plan)
         if fetch and (self.swap_in_after_swap_out or not _swapped_out(plan)):
-            self._prefetch(plan, choice, reserve, fetch, budget)
+            self._prefetch(plan, reserve, fetch, budget)
 
     @staticmethod
-    def _blocks_to_place(plan: StepPlan, choice: StepChoice) -> int:
+    def _blocks_to_place(plan: StepPlan) -> int:
         need = 0
-        for req, n in zip(choice.requests, choice.num_tokens, strict=True):
+        for req, n in zip(plan.claimed, plan.num_claimed_tokens, strict=True):
             need += plan.blocks_needed(req, n)
             if req.status == _SWAPPED:
                 need += plan.num_blocks_of(req)
@@ -134,10 +134,9 @@ class KVPlanner:
         plan.preempt(victim, _SWAP if swap else PreemptionMode.RECOMPUTE)
         return blocks
 
-    def _evict_placed(self, plan: StepPlan, choice: StepChoice, deficit: int,
-                      enst: Enst) -> None:
+    def _evict_placed(self, plan: StepPlan, deficit: int, enst: Enst) -> None:
         paused = [r for r in plan.running
-                  if r.request_id not in choice.batch_ids and not plan.is_preempted(r)]
+                  if not plan.is_claimed(r) and not plan.is_preempted(r)]
         ranks = enst(paused)
         paused.sort(key=ranks.__getitem__, reverse=True)
         for victim in paused:
@@ -145,29 +144,29 @@ class KVPlanner:
                 return
             deficit -= self._evict(plan, victim)
 
-    def _transfer_budget(self, plan: StepPlan, choice: StepChoice) -> float:
+    def _transfer_budget(self, plan: StepPlan) -> float:
         """Blocks that can move while this step's forward pass runs."""
         cost = self.cost_model
-        if cost is None or not choice.requests:
+        if cost is None or not plan.claimed:
             return math.inf if cost is None else 0.0
         shape = BatchShape()
-        for req, n in zip(choice.requests, choice.num_tokens, strict=True):
+        for req, n in zip(plan.claimed, plan.num_claimed_tokens, strict=True):
             cached = req.num_computed_tokens
             shape.add(n, cached, cached + n == req.num_tokens)
         per_block = cost.swap_time(plan.block_size)
         return self.swap_budget * cost.step_time(shape) / per_block if per_block else math.inf
 
     @staticmethod
-    def _fetch_order(choice: StepChoice,
+    def _fetch_order(plan: StepPlan, choice: StepChoice,
                      get_ranks: Callable[[], dict[Request, float]]) -> list[Request]:
-        fetch = [r for r in choice.to_fetch if r.request_id not in choice.batch_ids]
+        fetch = [r for r in choice.to_fetch if not plan.is_claimed(r)]
         if fetch:
             ranks = get_ranks()
             fetch.sort(key=lambda r: ranks.get(r, math.inf))  # smallest ENST first
         return fetch
 
-    def _make_room(self, plan: StepPlan, choice: StepChoice, reserve: int,
-                   spare: list[Request], fetch: list[Request], budget: float) -> int:
+    def _make_room(self, plan: StepPlan, reserve: int, spare: list[Request],
+                   fetch: list[Request], budget: float) -> int:
         """Swap out spare jobs until the reserve and the next swap-ins fit; returns the
         blocks moved. Always moves at least one job if it must."""
         want = reserve + plan.watermark_blocks
@@ -183,7 +182,7 @@ class KVPlanner:
             moved += self._evict(plan, spare.pop(), swap_only=True)
         return moved
 
-    def _run_first(self, plan: StepPlan, choice: StepChoice, order: Sequence[Request],
+    def _run_first(self, plan: StepPlan, order: Sequence[Request],
                    spare: list[Request]) -> None:
         """Progress when no ready job fits: the first job of the order on the device (else
         on the host) runs, evicting paused jobs (largest ENST first; recompute if the host
@@ -207,31 +206,23 @@ class KVPlanner:
             if need <= plan.num_free_blocks:
                 break
             self._evict(plan, victim)
-        if choice.fits(n) and need <= plan.num_free_blocks:
-            choice.add(req, n)
+        if plan.can_claim(n) and need <= plan.num_free_blocks:
+            plan.claim(req, n)
 
     @staticmethod
-    def _place(plan: StepPlan, choice: StepChoice) -> None:
-        requests, num_tokens = choice.requests, choice.num_tokens
-        for req in requests:
+    def _place(plan: StepPlan) -> None:
+        for req in plan.claimed:
             if req.status == _SWAPPED and plan.can_swap_in(req):
                 plan.swap_in(req)
-        index = 0
-        while index < len(requests):
-            index = plan.schedule_decodes(requests, index)  # runs of decodes, kept cheap
-            if index < len(requests):
-                req, n = requests[index], num_tokens[index]
-                if plan.can_schedule(req, n):
-                    plan.schedule(req, n)
-                index += 1
+        plan.schedule_claims()
 
     @staticmethod
-    def _prefetch(plan: StepPlan, choice: StepChoice, reserve: int, fetch: list[Request],
+    def _prefetch(plan: StepPlan, reserve: int, fetch: list[Request],
                   budget: float) -> None:
         floor = reserve + plan.watermark_blocks
         moved = 0
         for req in fetch:
-            if req.request_id in choice.batch_ids:
+            if plan.is_claimed(req):
                 continue
             blocks = plan.num_blocks_of(req)
             if moved and moved + blocks > budget:

@@ -180,7 +180,7 @@ class FastServePolicy(BasePolicy):
         reserve = self.reserve_blocks(plan)
         choice = choose(plan, order, reserve, self.kv.runs_swapped,
                         bound_by_host=self.kv.mode != "recompute")
-        size = max(1, len(choice.requests))
+        size = max(1, len(plan.claimed))
         self.kv.apply(plan, choice, order, reserve,
                       lambda jobs: self.order.enst(size, now, jobs))
         for req in plan.scheduled:
