@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,10 @@ from andante.metrics import format_table
 from andante.perf.catalog import hardware_names, model_names
 from andante.policies import SchedulerConfig, policy_names
 from andante.sim import ClusterSpec, SimRun, simulate
+from andante.sim.cluster_file import load_cluster_file
 from andante.sim.setup import with_router
 from andante.workload import build_workload
+from andante.workload.mixes import assign_models, parse_model_mix
 
 
 def add_parser(subparsers: Any) -> None:
@@ -34,6 +37,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--router", default="round-robin",
                    help="round-robin, least-loaded, power-of-two, ascendra (LP/HP pools)")
     p.add_argument("--hp-instances", type=positive_int, default=1, help="router ascendra")
+    p.add_argument("--router-option", action="append", metavar="KEY=VALUE")
+    p.add_argument("--cluster", type=Path, metavar="FILE",
+                   help="TOML cluster file (andante.sim.cluster_file); flags: its defaults")
+    p.add_argument("--model-mix", metavar="NAME:WEIGHT,...",
+                   help="each request asks for one of these models (QLM multi-model)")
     p.add_argument("--policy", default="vllm", help=f"one of {', '.join(policy_names())}")
     p.add_argument("--compare", help="comma-separated policies to run on the same workload")
     p.add_argument("--policy-option", action="append", metavar="KEY=VALUE")
@@ -78,13 +86,20 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
         swap_space_gib=args.swap_space,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
-    return with_router(spec, args.router, args.hp_instances)
+    spec = with_router(spec, args.router, args.hp_instances)
+    spec = dataclasses.replace(spec, router_options=parse_key_values(args.router_option))
+    if args.cluster is None:
+        return spec
+    spec = load_cluster_file(args.cluster, spec)
+    return dataclasses.replace(spec, policy=policy) if args.compare else spec
 
 
 def run(args: argparse.Namespace) -> int:
     policies = args.compare.split(",") if args.compare else [args.policy]
     config = workload_from_args(args)
     workload = build_workload(config)
+    if args.model_mix:
+        workload = assign_models(workload, parse_model_mix(args.model_mix), args.seed)
     if args.max_context is None:  # never feed the engine prompts it must refuse
         workload = [w for w in workload if w.prompt_len < args.max_model_len]
     goodput = parse_goodput(args.goodput)
