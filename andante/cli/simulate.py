@@ -123,6 +123,8 @@ def _meta(sim_run: SimRun) -> dict[str, Any]:
         "instances": spec.num_instances, "policy": spec.policy,
         "simulated_seconds": sim_run.report.end_time, "wall_seconds": sim_run.wall_seconds,
         "num_unfinished": len(sim_run.report.unfinished),
+        "router": spec.router, "num_model_swaps": len(sim_run.report.model_swaps),
+        **sim_run.report.router_counters,
     }
 
 

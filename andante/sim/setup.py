@@ -12,6 +12,7 @@ from typing import Any
 
 from andante.cluster.ascendra import pool_plan
 from andante.cluster.controller import Controller
+from andante.cluster.qlm.router import preemption_mode_for
 from andante.cluster.registry import make_router
 from andante.cluster.router import Router
 from andante.core.clock import ManualClock
@@ -72,6 +73,7 @@ class ClusterSpec:
     drop_late: bool = False
     models: tuple[str, ...] = ()
     host_memory_gib: float = 256.0
+    auto_preemption: bool = False  # recompute or swap by cost per model (QLM Insight #2)
 
     def __post_init__(self) -> None:
         if self.instances and self.num_instances not in (1, len(self.instances)):
@@ -118,6 +120,8 @@ class ClusterSpec:
 def with_router(spec: ClusterSpec, router: str, num_hp: int = 1) -> ClusterSpec:
     """`spec` behind `router`; "ascendra" splits its instances into the LP and HP pools
     of `andante.cluster.ascendra.pool_plan`."""
+    if router == "qlm":  # eviction or state swap chosen by cost (QLM Insight #2)
+        return dataclasses.replace(spec, router=router, auto_preemption=True)
     if router != "ascendra":
         return dataclasses.replace(spec, router=router)
     seqs = spec.scheduler.max_num_seqs
@@ -132,8 +136,12 @@ def build_cost_model(spec: ClusterSpec) -> CostModel:
 
 
 def _engine_of(own: ClusterSpec, clock: ManualClock) -> tuple[Engine, SimExecutor]:
+    cost = build_cost_model(own)
+    if own.auto_preemption:
+        own = dataclasses.replace(own, scheduler=dataclasses.replace(
+            own.scheduler, preemption_mode=preemption_mode_for(cost)))
     executor = SimExecutor(
-        build_cost_model(own),
+        cost,
         block_size=own.scheduler.block_size,
         host_kv_bytes=int(own.swap_space_gib * GIB * own.tp),
         gpu_memory_utilization=own.gpu_memory_utilization,

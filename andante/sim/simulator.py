@@ -25,16 +25,24 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Protocol, runtime_checkable
 
 from andante.cluster.controller import Controller
 from andante.cluster.host import EngineHost
-from andante.cluster.instance import BASIC_CAPABILITIES, SWAP_MODEL, LaterOperations
+from andante.cluster.instance import (
+    BASIC_CAPABILITIES,
+    SWAP_MODEL,
+    LaterOperations,
+    ModelState,
+)
 from andante.cluster.load import LoadReport
 from andante.core.clock import ManualClock
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
 from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
+from andante.perf.catalog import get_model
+from andante.perf.cost_model import CostModel
 from andante.sim.decode_run import decode_run_limit, fit_blocks, reserve_blocks
 from andante.sim.events import EventKind, EventQueue
 from andante.sim.tiers import ModelSwap, ModelTiers
@@ -91,6 +99,7 @@ class SimInstance(LaterOperations):
         self.parked: deque[Request] = deque()  # requests for another model, FCFS
         self.swaps: list[ModelSwap] = []
         self.drop_late = False
+        self._cost_models: dict[str, CostModel] = {}
 
     def configure(self, role: str, drop_late: bool) -> None:
         self.role = role
@@ -115,6 +124,7 @@ class SimInstance(LaterOperations):
     def submit(self, req: Request) -> None:
         if self.tiers is not None and (self.parked or not self._serves_now(req)):
             self.parked.append(req)
+            self.host.num_received += 1  # taken in; handed to the engine later
             self.swap_when_dry()
             return
         self._add(req)
@@ -168,6 +178,30 @@ class SimInstance(LaterOperations):
         """Start loading `model` into host memory ahead of need (warm start)."""
         return self.tiers is not None and self.tiers.warm(model, self.engine.clock.now())
 
+    def model_state(self) -> ModelState:
+        """The models here (a single-model instance: its engine's, nothing warm)."""
+        now, cost = self.engine.clock.now(), self.engine.executor.cost_model
+        hw, tiers = cost.hardware, self.tiers
+        host = () if tiers is None else tuple(tiers.host)
+        models = {cost.model.name: cost.model.weight_bytes} if tiers is None \
+            else dict(tiers.weight_bytes)
+        costs = {m: (cost if m == cost.model.name else self._costs(m)) for m in models}
+        return ModelState(
+            device=self.pending_swap or cost.model.name, host=host,
+            loading_s=max(0.0, self.loading_until - now), costs=costs, weight_bytes=models,
+            host_link_bandwidth=hw.host_link_bandwidth * cost.tp,
+            disk_bandwidth=hw.disk_bandwidth, device_memory_bytes=hw.mem_capacity * cost.tp,
+            host_memory_bytes=0 if tiers is None else tiers.host_capacity_bytes,
+            block_size=self.engine.scheduler.config.block_size)
+
+    def _costs(self, model: str) -> CostModel:
+        cached = self._cost_models.get(model)
+        if cached is None:
+            base = self.engine.executor.cost_model
+            cached = CostModel(get_model(model), base.hardware, tp=base.tp)
+            self._cost_models[model] = cached
+        return cached
+
     @property
     def num_unfinished(self) -> int:
         return len(self.engine.scheduler.requests) + len(self.parked)
@@ -220,6 +254,7 @@ class SimInstance(LaterOperations):
     def _release_parked(self) -> None:
         """Parked requests for the device model, in order, up to the first of another."""
         while self.parked and self._serves_now(self.parked[0]):
+            self.host.num_received -= 1  # counted when parked; `_add` counts it again
             self._add(self.parked.popleft())
 
     # ---- stepping -------------------------------------------------------------------
@@ -276,6 +311,13 @@ class SimInstance(LaterOperations):
         return None
 
 
+@runtime_checkable
+class Counted(Protocol):
+    """A router's counters for the report (QLM: plans, EDF fallbacks, swaps)."""
+
+    def summary(self) -> dict[str, int]: ...
+
+
 @dataclass(slots=True)
 class SimReport:
     finished: list[Request] = field(default_factory=list)
@@ -283,6 +325,7 @@ class SimReport:
     end_time: float = 0.0
     instance_stats: list[InstanceStats] = field(default_factory=list)
     model_swaps: list[ModelSwap] = field(default_factory=list)
+    router_counters: dict[str, int] = field(default_factory=dict)  # e.g. QLM's plans
 
 
 class Simulator(SimHooks):
@@ -379,6 +422,8 @@ class Simulator(SimHooks):
         if not inst.engine.has_work:
             if inst.parked:
                 inst.swap_when_dry()
+            elif self.controller.holds_queue and self.controller.queue:
+                self.controller.dispatch_queue()  # an idle instance may pull or swap now
             return
         done = inst.begin_step(now)
         handoffs = inst.host.take_handoffs()
@@ -444,4 +489,7 @@ class Simulator(SimHooks):
             report.model_swaps.extend(inst.swaps)
             report.instance_stats.append(inst.stats)
         report.unfinished.extend(self.controller.queue)
+        counters = getattr(self.controller.router, "counters", None)
+        if isinstance(counters, Counted):
+            report.router_counters = counters.summary()
         return report
