@@ -14,6 +14,7 @@ ROUTERS = MappingProxyType({
     "power-of-two": "andante.cluster.router:PowerOfTwoRouter",
     "ascendra": "andante.cluster.ascendra:AscendraRouter",
     "qlm": "andante.cluster.qlm.router:QLMRouter",
+    "shepherd": "andante.cluster.shepherd:ShepherdRouter",
 })
 
 
