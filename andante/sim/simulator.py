@@ -122,6 +122,11 @@ class SimInstance(LaterOperations):
         return True
 
     def submit(self, req: Request) -> None:
+        if self.tiers is not None and req.model and req.model not in self.tiers.weight_bytes:
+            req.finish(RequestStatus.FINISHED_REJECTED, self.engine.clock.now())
+            self.host.num_received += 1
+            self.hooks.finished(self, [req])  # a model this instance cannot hold
+            return
         if self.tiers is not None and (self.parked or not self._serves_now(req)):
             self.parked.append(req)
             self.host.num_received += 1  # taken in; handed to the engine later

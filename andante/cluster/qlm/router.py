@@ -100,7 +100,8 @@ class QLMCounters:
 class QLMRouter:
     """Options are the paper's knobs (δ, S, Δ, the solver's time limit and horizon) and
     one switch per operation, for the ablation: `pull`, `load_balance`, `warm_start`,
-    `plan` (False: EDF over groups only)."""
+    `plan` (False: EDF over groups only). `pull_reserve`: KV tokens a pulled request
+    reserves for its output, in mean outputs of its group."""
 
     name = "qlm"
 
@@ -109,9 +110,11 @@ class QLMRouter:
                  horizon_groups: int = 12, replan_interval: float = 5.0,
                  default_deadline: float = 3600.0, pull: bool = True,
                  load_balance: bool = True, warm_start: bool = True, plan: bool = True,
-                 seed: int = 0) -> None:
+                 pull_reserve: float = 1.0, seed: int = 0) -> None:
         if avg_batch < 1:
             raise ValueError(f"qlm: avg_batch must be >= 1, got {avg_batch!r}")
+        if pull_reserve < 0:
+            raise ValueError(f"qlm: pull_reserve must be >= 0, got {pull_reserve!r}")
         if replan_interval < 0 or default_deadline <= 0:
             raise ValueError(f"qlm: replan_interval must be >= 0 and default_deadline > 0, "
                              f"got {replan_interval!r}, {default_deadline!r}")
@@ -123,13 +126,14 @@ class QLMRouter:
         self.default_deadline = default_deadline
         self.pull, self.load_balance = pull, load_balance
         self.warm_start, self.plan = warm_start, plan
+        self.pull_reserve = pull_reserve
         self.counters = QLMCounters()
         self.outputs = OutputLengthModel()
         self._table = GroupTable()
         self._keys: dict[str, GroupKey] = {}  # placed request id -> its group key
-        self._home: dict[GroupKey, int] = {}  # key -> instance index (sticky placement)
         self._order: dict[str, tuple[int, int]] = {}  # group id -> (instance, position)
         self._last_check = -math.inf
+        self._last_swap: dict[int, tuple[float, float]] = {}  # instance -> (when, load s)
 
     # ---- Router -----------------------------------------------------------------------
     def route(self, req: Request, instances: Sequence[Any]) -> int | None:
@@ -152,13 +156,20 @@ class QLMRouter:
         now = max(v.load.stats.time for v in views)
         self._sync(queue, states[views[0].index].device, now)
         groups = self._table.snapshot(self.avg_batch, self.options.delta, self.outputs.mean)
+        servable = {m for state in states.values() for m in state.costs}
+        refused = tuple((rid, views[0].index) for g in groups if g.model not in servable
+                        for rid in g.request_ids)  # no instance holds the model: refused
+        groups = tuple(g for g in groups if g.model in servable)
         qviews = {v.index: self._qlm_view(v, states[v.index]) for v in views}
         estimator = self._estimator(states)
-        queues = self._queues(groups, qviews, estimator)
+        holds = {i: frozenset(s.costs) for i, s in states.items()}
+        queues = self._queues(groups, qviews, estimator, holds)
         if self.plan and now - self._last_check >= self.replan_interval:
             self._last_check = now
-            queues = self._check_and_plan(groups, queues, qviews, estimator, now)
-        return self._act(queues, views, states, qviews, now)
+            if self._plan_if_late(groups, queues, qviews, estimator, now):
+                queues = self._queues(groups, qviews, estimator, holds)
+        decision = self._act(queues, views, states, qviews, now)
+        return dataclasses.replace(decision, placements=decision.placements + refused)
 
     # ---- groups and virtual queues ------------------------------------------------------
     def _sync(self, queue: Sequence[Request], default_model: str, now: float) -> None:
@@ -197,45 +208,50 @@ class QLMRouter:
         return RCTEstimator(CostModelTable(costs), self.outputs, sizes)
 
     def _queues(self, groups: Sequence[RequestGroup], views: dict[int, QLMView],
-                estimator: RCTEstimator) -> dict[int, list[RequestGroup]]:
-        """Each group on its planned instance, its key's home, or (load balancing) where
-        it is expected to finish first; planned groups in plan order, then by deadline."""
+                estimator: RCTEstimator, servable: dict[int, frozenset[str]]
+                ) -> dict[int, list[RequestGroup]]:
+        """Each group on its planned instance or (load balancing) where it is expected
+        to finish first; planned groups in plan order, then by deadline."""
         queues: dict[int, list[RequestGroup]] = {i: [] for i in views}
         drains = {i: v.busy_s for i, v in views.items()}
         for group in sorted(groups, key=lambda g: g.deadline):
-            where = self._placement(group, views, drains, estimator)
+            where = self._placement(group, views, drains, estimator, servable, queues)
             queues[where].append(group)
             theta = estimator.throughput(views[where], group.model)
             drains[where] += group.expected_output_tokens / theta
-            self._home[group.key] = where
         for index, queue in queues.items():
             queue.sort(key=lambda g: (self._order.get(g.group_id, (index, math.inf))[1],
                                       g.deadline))
         return queues
 
     def _placement(self, group: RequestGroup, views: dict[int, QLMView],
-                   drains: dict[int, float], estimator: RCTEstimator) -> int:
+                   drains: dict[int, float], estimator: RCTEstimator,
+                   servable: dict[int, frozenset[str]],
+                   queues: dict[int, list[RequestGroup]]) -> int:
+        """The planned instance, else (LSO 4) the one where the group would finish
+        first: its queue's drain plus a model swap unless the model is already on the
+        device or queued there; without load balancing, a static instance per model."""
         planned = self._order.get(group.group_id)
-        if planned is not None and planned[0] in views:
+        if planned is not None and planned[0] in views and group.model in servable[planned[0]]:
             return planned[0]
-        home = self._home.get(group.key)
-        fits = [i for i, v in views.items() if group.model in estimator.model_bytes
-                and estimator.model_bytes[group.model] <= v.device_memory_bytes]
-        if home in fits:
-            return home
-        if not fits:
-            return next(iter(views))
+        fits = [i for i in views if group.model in servable[i]]
         if not self.load_balance:
             return fits[zlib.crc32(group.model.encode()) % len(fits)]  # static, by model
-        return min(fits, key=lambda i: (drains[i] + estimator.model_load_time(
-            views[i], group.model), i))
+
+        def finish(i: int) -> tuple[float, int]:
+            queued = any(g.model == group.model for g in queues[i])
+            swap = 0.0 if queued else estimator.model_load_time(views[i], group.model)
+            return drains[i] + swap, i
+
+        return min(fits, key=finish)
 
     # ---- estimator and plan generator ---------------------------------------------------
-    def _check_and_plan(self, groups: Sequence[RequestGroup],
-                        queues: dict[int, list[RequestGroup]], views: dict[int, QLMView],
-                        estimator: RCTEstimator, now: float) -> dict[int, list[RequestGroup]]:
+    def _plan_if_late(self, groups: Sequence[RequestGroup],
+                      queues: dict[int, list[RequestGroup]], views: dict[int, QLMView],
+                      estimator: RCTEstimator, now: float) -> bool:
+        """Plan when the estimator expects a violation; True if the orders changed."""
         if not self._violates(queues, views, estimator, now):
-            return queues
+            return False
         plan = generate_plan(groups, [views[i] for i in views], estimator, now, self.options)
         self.counters.num_plans += 1
         if plan.fallback:
@@ -243,11 +259,9 @@ class QLMRouter:
             log.warning("qlm: %s", plan.reason)
         if plan.needs_capacity:
             self.counters.num_needs_capacity += 1
-        by_id = {g.group_id: g for g in groups}
         self._order = {gid: (int(vq.instance_id), pos) for vq in plan.queues
                        for pos, gid in enumerate(vq.group_ids)}
-        return {int(vq.instance_id): [by_id[g] for g in vq.group_ids if g in by_id]
-                for vq in plan.queues}
+        return True
 
     def _violates(self, queues: dict[int, list[RequestGroup]], views: dict[int, QLMView],
                   estimator: RCTEstimator, now: float) -> bool:
@@ -287,6 +301,7 @@ class QLMRouter:
                     continue
                 swaps.append((view.index, actions.swap_to))
                 self.counters.num_swaps += 1
+                self._last_swap[view.index] = (now, self._load_time(state, actions.swap_to))
                 qview = dataclasses.replace(qview, models_on_device=(actions.swap_to,),
                                             num_running_tokens=0)  # its KV is flushed
             placements += [(rid, view.index) for rid in self._pulled(view, vq, by_id, qview)]
@@ -298,13 +313,24 @@ class QLMRouter:
     def _should_swap(self, view: ModelView, head: RequestGroup, state: ModelState,
                      now: float) -> bool:
         """Swap once the instance has drained, or at once when the head group cannot
-        wait for the running batch (its slack is shorter than the drain time)."""
+        wait for the running batch (its slack is shorter than the drain time) and the
+        model on the device has served at least as long as it took to load (so swaps
+        never take more than half of an instance's time: no ping-pong between models)."""
         if state.loading_s > 0:
             return False
         load = view.load
         drained = load.stats.num_running + load.stats.num_waiting == 0 \
             and view.num_in_transit == 0
-        return drained or head.deadline - now < load.drain_time
+        if drained:
+            return True
+        since, cost = self._last_swap.get(view.index, (-math.inf, 0.0))
+        return head.deadline - now < load.drain_time and now - since >= 2 * cost
+
+    @staticmethod
+    def _load_time(state: ModelState, model: str) -> float:
+        size = state.weight_bytes.get(model, 0)
+        warm = size / state.host_link_bandwidth
+        return warm if model in state.host else warm + size / state.disk_bandwidth
 
     def _pulled(self, view: ModelView, vq: VirtualQueue, by_id: dict[str, RequestGroup],
                 qview: QLMView) -> tuple[str, ...]:
@@ -319,6 +345,6 @@ class QLMRouter:
         elif stats.num_waiting or view.num_in_transit:
             return ()
         head = vq.groups(by_id)[0]
-        reserve = int(self.outputs.mean(head.key))
+        reserve = int(self.pull_reserve * self.outputs.mean(head.key))
         room = max(0, stats.max_num_seqs - stats.num_running)
         return pull_requests(vq, by_id, qview, reserve)[:room]
