@@ -134,3 +134,29 @@ def estimator_r2(run: SimRun, router: QLMRouter) -> float | None:
     if len(pairs) < 3:
         return None
     return r_squared([p for p, _ in pairs], [o for _, o in pairs])
+
+
+def estimator_accuracy(num_requests: int, seed: int) -> dict[str, float | int]:
+    """Fig. 3 / Fig. 17 setting: W_B as two bursts on one Mistral-7B instance (at most
+    32 running, so a queue forms); the first burst trains the estimator (output lengths,
+    Θ measured), the second is measured: R² of each request's first predicted start
+    (W_q) and completion against the observed ones."""
+    first = w_b("mistral-7b", 0.3, 2000.0, num_requests, seed)
+    gap = 400.0
+    second = [dataclasses.replace(s, arrival_time=s.arrival_time + gap)
+              for s in w_b("mistral-7b", 0.3, 2000.0, num_requests, seed + 1)]
+    spec = system_spec(base_spec(("mistral-7b",), 1), "qlm", replan_interval=0.05)
+    spec = dataclasses.replace(spec, scheduler=dataclasses.replace(spec.scheduler,
+                                                                   max_num_seqs=32))
+    router = make_router(spec.router, spec.router_options)
+    assert isinstance(router, QLMRouter)
+    run = simulate(spec, first + second, router=router)
+    starts, done = router.counters.predicted_start, router.counters.predicted
+    rows = [(starts[r.request_id], r.timeline.first_scheduled_time, done[r.request_id],
+             r.timeline.finish_time) for r in run.report.finished
+            if r.arrival_time >= gap and r.request_id in starts and r.request_id in done
+            and r.timeline.first_scheduled_time is not None
+            and r.timeline.finish_time is not None]
+    return {"num_requests": len(rows),
+            "r2_waiting": r_squared([r[0] for r in rows], [r[1] for r in rows]),
+            "r2_completion": r_squared([r[2] for r in rows], [r[3] for r in rows])}

@@ -50,9 +50,11 @@ from andante.cluster.qlm.virtual_queue import (
 )
 from andante.cluster.router import QueueDecision
 from andante.core.request import PreemptionMode, Request
+from andante.engine.stats import SchedulerStats
 from andante.perf.cost_model import CostModel
 
 log = logging.getLogger(__name__)
+MIN_RATE_SAMPLES = 16  # finished requests before a measured Θ replaces the cost model's
 
 
 class ModelView(Protocol):
@@ -81,6 +83,34 @@ def preemption_mode_for(cost: CostModel, context_tokens: int = 1024) -> Preempti
 
 
 @dataclass(slots=True)
+class _Rate:
+    """Θ measured (Insight #1: profiled over time): output tokens finished on one
+    instance for one model over the time since its first request was placed there."""
+
+    start: float
+    num_tokens: int = 0
+    num_requests: int = 0
+    end: float = 0.0
+
+    def resume(self, when: float, idle: bool) -> None:
+        """A placement at `when`; an idle instance's gap since `end` is not serving."""
+        if idle and self.num_requests and when > self.end:
+            self.start += when - self.end
+            self.end = when
+
+    def observe(self, num_tokens: int, when: float) -> None:
+        self.num_tokens += num_tokens
+        self.num_requests += 1
+        self.end = max(self.end, when)
+
+    def throughput(self) -> float | None:
+        span = self.end - self.start
+        if self.num_requests < MIN_RATE_SAMPLES or span <= 0:
+            return None
+        return self.num_tokens / span
+
+
+@dataclass(slots=True)
 class QLMCounters:
     """What the router did: plans, EDF fallbacks, "more capacity is needed", swaps."""
 
@@ -90,6 +120,7 @@ class QLMCounters:
     num_swaps: int = 0
     num_warm_starts: int = 0
     predicted: dict[str, float] = field(default_factory=dict)  # request id -> completion
+    predicted_start: dict[str, float] = field(default_factory=dict)  # id -> W_q + now
 
     def summary(self) -> dict[str, int]:
         return {"num_plans": self.num_plans, "num_fallbacks": self.num_fallbacks,
@@ -133,6 +164,8 @@ class QLMRouter:
         self._keys: dict[str, GroupKey] = {}  # placed request id -> its group key
         self._order: dict[str, tuple[int, int]] = {}  # group id -> (instance, position)
         self._last_check = -math.inf
+        self._placed: dict[str, tuple[int, float]] = {}  # request id -> (instance, when)
+        self._rates: dict[tuple[int, str], _Rate] = {}
         self._last_swap: dict[int, tuple[float, float]] = {}  # instance -> (when, load s)
 
     # ---- Router -----------------------------------------------------------------------
@@ -144,8 +177,13 @@ class QLMRouter:
 
     def on_finished(self, req: Request) -> None:
         key = self._keys.pop(req.request_id, None)
-        if key is not None and req.num_output_tokens:
-            self.outputs.observe(key, req.num_output_tokens)
+        placed = self._placed.pop(req.request_id, None)
+        if key is None or not req.num_output_tokens or req.timeline.finish_time is None:
+            return
+        self.outputs.observe(key, req.num_output_tokens)
+        if placed is not None:
+            self._rates.setdefault((placed[0], key.model), _Rate(placed[1])).observe(
+                req.num_output_tokens, req.timeline.finish_time)
 
     # ---- QueueRouter ------------------------------------------------------------------
     def dispatch(self, queue: Sequence[Request], instances: Sequence[Any]) -> QueueDecision:
@@ -160,7 +198,8 @@ class QLMRouter:
         refused = tuple((rid, views[0].index) for g in groups if g.model not in servable
                         for rid in g.request_ids)  # no instance holds the model: refused
         groups = tuple(g for g in groups if g.model in servable)
-        qviews = {v.index: self._qlm_view(v, states[v.index]) for v in views}
+        share = -(-len(queue) // len(views))  # queued requests per instance
+        qviews = {v.index: self._qlm_view(v, states[v.index], share) for v in views}
         estimator = self._estimator(states)
         holds = {i: frozenset(s.costs) for i, s in states.items()}
         queues = self._queues(groups, qviews, estimator, holds)
@@ -188,19 +227,31 @@ class QLMRouter:
                              req.arrival_time, req.arrival_time + budget,
                              req.num_prompt_tokens, req.sampling.max_tokens)
 
-    def _qlm_view(self, view: ModelView, state: ModelState) -> QLMView:
+    def _qlm_view(self, view: ModelView, state: ModelState, share: int) -> QLMView:
         load = view.load
         stats = load.stats
         used = (stats.num_blocks - stats.num_free_blocks) * state.block_size
         return QLMView(
             instance_id=str(view.index), models_on_device=(state.device,),
             models_on_host=state.host,
-            token_capacity=max(1, stats.num_blocks * state.block_size), throughput={},
+            token_capacity=max(1, stats.num_blocks * state.block_size),
+            throughput=self._measured(view.index),
             device_memory_bytes=state.device_memory_bytes,
             host_link_bandwidth=state.host_link_bandwidth,
             disk_bandwidth=state.disk_bandwidth, num_running_tokens=max(0, used),
-            busy_s=load.drain_time + state.loading_s, avg_batch_size=self.avg_batch,
+            busy_s=load.drain_time + state.loading_s,
+            avg_batch_size=self._batch_size(stats, share),
             host_memory_bytes=state.host_memory_bytes or None)
+
+    def _measured(self, index: int) -> dict[str, float]:
+        rates = {m: r.throughput() for (i, m), r in self._rates.items() if i == index}
+        return {m: theta for m, theta in rates.items() if theta is not None}
+
+    @staticmethod
+    def _batch_size(stats: SchedulerStats, num_queued: int) -> int:
+        """The batch the instance will run (d of eq. 4 is one decode step of it, Θ its
+        token rate): what it runs now plus its share of the queue, up to its limit."""
+        return max(1, min(max(stats.max_num_seqs, 1), stats.num_running + num_queued))
 
     def _estimator(self, states: dict[int, ModelState]) -> RCTEstimator:
         costs = {(str(i), m): c for i, s in states.items() for m, c in s.costs.items()}
@@ -277,6 +328,8 @@ class QLMRouter:
                 late = late or now + mean > group.deadline
                 for rid in group.request_ids:
                     self.counters.predicted.setdefault(rid, now + mean)
+            for rid, wait in est.waits.items():
+                self.counters.predicted_start.setdefault(rid, now + wait)
         return late
 
     # ---- per-instance agents (§5) -------------------------------------------------------
@@ -284,6 +337,7 @@ class QLMRouter:
              states: dict[int, ModelState], qviews: dict[int, QLMView], now: float
              ) -> QueueDecision:
         placements: list[tuple[str, int]] = []
+        views_by = {v.index: v for v in views}
         swaps: list[tuple[int, str]] = []
         warm: list[tuple[int, str]] = []
         for view in views:
@@ -305,8 +359,13 @@ class QLMRouter:
                 qview = dataclasses.replace(qview, models_on_device=(actions.swap_to,),
                                             num_running_tokens=0)  # its KV is flushed
             placements += [(rid, view.index) for rid in self._pulled(view, vq, by_id, qview)]
-        for rid, _ in placements:
-            self._keys[rid] = self._table.key_for(self._table.get(rid))
+        for rid, index in placements:
+            key = self._keys[rid] = self._table.key_for(self._table.get(rid))
+            self._placed[rid] = (index, now)
+            rate = self._rates.get((index, key.model))
+            if rate is not None:
+                stats = views_by[index].load.stats
+                rate.resume(now, stats.num_running + stats.num_waiting == 0)
         self._table.remove(rid for rid, _ in placements)
         return QueueDecision(tuple(placements), tuple(swaps), tuple(warm))
 
