@@ -108,6 +108,11 @@ def _sweep(scale: Scale, xs: Sequence[float], spec: ClusterSpec,
     return {"xs": list(xs), "curves": curves, "estimator_r2": r2}
 
 
+def _figure(report: Report, name: str, fig: Any, caption: str) -> None:
+    report.figure(name, fig, caption)
+    plots.close(fig)
+
+
 def _multiples(panel: dict[str, Any]) -> list[dict[str, Any]]:
     """QLM over each baseline, at every point of the sweep: SLO gain, throughput ratio."""
     rows = []
@@ -130,7 +135,7 @@ def _sweep_section(report: Report, name: str, title: str, xlabel: str,
     report.table(rows)
     report.text("QLM's multiples over each baseline:")
     report.table(_multiples(panel))
-    report.figure(name, plots.sweep(panel["xs"], panel["curves"], xlabel, METRICS), title)
+    _figure(report, name, plots.sweep(panel["xs"], panel["curves"], xlabel, METRICS), title)
     report.result(name, panel)
 
 
@@ -170,8 +175,8 @@ def ablation_section(report: Report, scale: Scale, name: str, spec: ClusterSpec,
                    "host memory keeping models warm, replaced by no host memory for weights: every "
                    "swap is a cold start from disk).")
     report.table(rows)
-    report.figure(name, plots.bars(rows, "variant", (("SLO attainment", "SLO attainment"),
-                                                     ("throughput (req/s)", "req/s"))), title)
+    _figure(report, name, plots.bars(rows, "variant", (("SLO attainment", "SLO attainment"),
+                                                       ("throughput (req/s)", "req/s"))), title)
     report.result(name, rows)
     return rows
 

@@ -54,3 +54,8 @@ def bars(rows: Sequence[Mapping[str, Any]], label_key: str,
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     return fig
+
+
+def close(fig: Any) -> None:
+    """Free a saved figure (the experiment draws many)."""
+    _pyplot().close(fig)
