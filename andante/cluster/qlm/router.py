@@ -372,9 +372,10 @@ class QLMRouter:
     def _should_swap(self, view: ModelView, head: RequestGroup, state: ModelState,
                      now: float) -> bool:
         """Swap once the instance has drained, or at once when the head group cannot
-        wait for the running batch (its slack is shorter than the drain time) and the
-        model on the device has served at least as long as it took to load (so swaps
-        never take more than half of an instance's time: no ping-pong between models)."""
+        wait for the running batch but can still meet its deadline after the load (its
+        slack is shorter than the drain time, longer than the load), and the model on
+        the device has served at least twice as long as it took to load (swaps take at
+        most a third of an instance's time: no ping-pong between models)."""
         if state.loading_s > 0:
             return False
         load = view.load
@@ -383,7 +384,9 @@ class QLMRouter:
         if drained:
             return True
         since, cost = self._last_swap.get(view.index, (-math.inf, 0.0))
-        return head.deadline - now < load.drain_time and now - since >= 2 * cost
+        slack = head.deadline - now
+        return (self._load_time(state, head.model) <= slack < load.drain_time
+                and now - since >= 2 * cost)
 
     @staticmethod
     def _load_time(state: ModelState, model: str) -> float:
