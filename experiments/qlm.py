@@ -258,6 +258,48 @@ def estimator_section(report: Report, panels: dict[str, Any], scale: Scale) -> N
     report.result("fig17_estimator", {"bursts": burst, "sweeps": in_runs})
 
 
+def _range(rows: Sequence[dict[str, Any]], key: str, baseline: str) -> str:
+    values = [r[key] for r in rows if r["baseline"] == baseline]
+    return f"{min(values):.2f} to {max(values):.2f}" if values else "-"
+
+
+def headline_section(report: Report, panels: dict[str, Any],
+                     ablation: Sequence[dict[str, Any]]) -> None:
+    """Our multiples beside the paper's, and why they differ."""
+    rows = []
+    for name, label in (("tail", "W_A (tail share)"), ("latency", "W_A (latency share)"),
+                        ("single", "W_B")):
+        multiples = _multiples(panels[name])
+        for baseline in SYSTEMS[1:]:
+            rows.append({"workload": label, "baseline": baseline,
+                         "SLO gain (points)": _range(multiples, "SLO gain (points)", baseline),
+                         "throughput x": _range(multiples, "throughput x", baseline)})
+    full, cold = ablation[0], next(r for r in ablation if "warm start" in r["variant"])
+    warm_x = full["throughput (req/s)"] / max(cold["throughput (req/s)"], 1e-9)
+    report.section("Our multiples beside the paper's", (
+        "Ranges over each sweep (QLM minus baseline SLO attainment, in points of the share "
+        "of requests; QLM's throughput over the baseline's). Paper: +40-90% SLO "
+        "attainment, 20-400% more throughput; warm start about 3x throughput in "
+        f"multi-model serving. Ours, warm start (full QLM over QLM with every swap cold): "
+        f"{warm_x:.2f}x throughput."))
+    report.table(rows)
+    report.text(
+        "Why they differ. (1) Multi-model (W_A): our baselines swap per run of same-model "
+        "requests in FCFS order (the instance swaps when its engine runs dry), which is "
+        "where QLM's grouping pays; the paper's exact baseline swap rule is not given. "
+        "(2) Single model (W_B): an A100-80G running Mistral-7B holds hundreds of requests' "
+        "KV, so every system admits the whole queue into its engines and the engines' own "
+        "order (FCFS or EDF) decides; QLM adds nothing there and its pulling costs a few "
+        "percent of throughput. The paper's +20% comes from reordering a real queue. "
+        "(3) Warm start: our outgoing model always stays in host memory, so 'without warm "
+        "start' means no host memory for weights at all (every swap cold, NVMe 7 GB/s); "
+        "the gain is bounded by the share of time spent loading. (4) SHEPHERD is our "
+        "reading (static model placement, deadline-ordered static batches run to "
+        "completion), not its ILP; static batches cost it most of its throughput on "
+        "long ShareGPT outputs.")
+    report.result("headline", rows)
+
+
 def run(ctx: ExperimentContext) -> Report:
     report = Report(ctx.output_dir, "QLM: queue management for multi-model LLM serving")
     scale = Scale.of(ctx)
@@ -274,7 +316,7 @@ def run(ctx: ExperimentContext) -> Report:
     _log("workload sweeps")
     panels = workload_sections(report, scale)
     _log("ablations")
-    ablation_section(report, scale, "fig10_ablation_wa", scale.cluster(),
+    ablation = ablation_section(report, scale, "fig10_ablation_wa", scale.cluster(),
                      w_a(scale.models, 0.6, 0.2, scale.rate, scale.num_requests, scale.seed),
                      "Ablation, W_A multi-model (Fig. 10)")
     ablation_section(report, scale, "fig13_ablation_wb",
@@ -286,6 +328,7 @@ def run(ctx: ExperimentContext) -> Report:
     mega_section(report, scale)
     delta_section(report, scale)
     estimator_section(report, panels, scale)
+    headline_section(report, panels, ablation)
     planner_section(report, ctx.quick)
     report.result("quick", ctx.quick)
     return report
