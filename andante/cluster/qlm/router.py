@@ -141,7 +141,9 @@ class QLMRouter:
                  horizon_groups: int = 12, replan_interval: float = 5.0,
                  default_deadline: float = 3600.0, pull: bool = True,
                  load_balance: bool = True, warm_start: bool = True, plan: bool = True,
-                 pull_reserve: float = 1.0, seed: int = 0) -> None:
+                 pull_reserve: float = 1.0, seed: int = 0, **unknown: Any) -> None:
+        if unknown:
+            raise ValueError(f"router 'qlm': unknown option(s) {sorted(unknown)}")
         if avg_batch < 1:
             raise ValueError(f"qlm: avg_batch must be >= 1, got {avg_batch!r}")
         if pull_reserve < 0:

@@ -82,7 +82,7 @@ def test_qlm_is_registered_with_its_knobs() -> None:
     assert isinstance(router, QLMRouter) and router.options.delta == 2.0
     with pytest.raises(ValueError, match="avg_batch must be >= 1"):
         make_router("qlm", {"avg_batch": 0})
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['colour'\]"):
         make_router("qlm", {"colour": 1})
 
 
