@@ -246,7 +246,8 @@ def estimator_section(report: Report, panels: dict[str, Any], scale: Scale) -> N
     burst = estimator_accuracy(150 if len(scale.shares) < 5 else 400, scale.seed)
     in_runs = [v for p in panels.values() for v in p["estimator_r2"] if v is not None]
     report.section("Estimator accuracy (Fig. 17; paper: R² 0.99 for waiting time)", (
-        "W_B in two bursts on one Mistral-7B instance (at most 32 running, so a queue "
+        "W_B (batch SLO only) in two bursts on one Mistral-7B instance (at most 32 "
+        "running, so a queue "
         "forms); the first burst trains the estimator (output lengths, measured Θ), the "
         "second is measured: R² of each request's first predicted start time (W_q, eq. 2) "
         "and completion time (its group's, eq. 5) against the observed ones. Below it, "
