@@ -3,8 +3,8 @@ predicted vs observed waiting and completion times on W_B, paper ≈ 0.99 for wa
 
 W_B (one Mistral-7B instance on a simulated A100-80G, at most 32 running, ShareGPT
 lengths, one SLO class as in §2.4's Insight #1) arrives as two bursts; the first trains
-the estimator's output-length model and measured throughput Θ, the second is measured
-(experiments.qlm_runs.estimator_accuracy). Prints one JSON line.
+the estimator's output-length model and measured throughput Θ, the second (all at
+one instant) is measured (experiments.qlm_runs.estimator_accuracy). Prints one JSON line.
 
 Run from the repo root: python benchmarks/qlm_estimator.py
 """

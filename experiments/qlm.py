@@ -249,7 +249,8 @@ def estimator_section(report: Report, panels: dict[str, Any], scale: Scale) -> N
         "W_B (batch SLO only) in two bursts on one Mistral-7B instance (at most 32 "
         "running, so a queue "
         "forms); the first burst trains the estimator (output lengths, measured Θ), the "
-        "second is measured: R² of each request's first predicted start time (W_q, eq. 2) "
+        "second arrives at one instant and is measured: R² of each request's first "
+        "predicted start time (W_q, eq. 2) "
         "and completion time (its group's, eq. 5) against the observed ones. Below it, "
         "the R² of first-predicted completion (from arrival) in QLM's W_A/W_B runs."))
     report.table([{"setting": "W_B bursts", **burst},

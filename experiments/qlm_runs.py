@@ -139,12 +139,12 @@ def estimator_r2(run: SimRun, router: QLMRouter) -> float | None:
 def estimator_accuracy(num_requests: int, seed: int) -> dict[str, float | int]:
     """Fig. 3 / Fig. 17 setting: W_B (batch SLO only: no later arrival overtakes a
     request by deadline) as two bursts on one Mistral-7B instance (at most 32 running,
-    so a queue forms); the first burst trains the estimator (output lengths,
-    Θ measured), the second is measured: R² of each request's first predicted start
-    (W_q) and completion against the observed ones."""
+    so a queue forms); the first burst trains the estimator (output lengths, Θ
+    measured), the second, all at one instant, is measured: R² of each request's first
+    predicted start (W_q) and completion against the observed ones."""
     first = w_b("mistral-7b", 0.0, 2000.0, num_requests, seed)
     gap = 400.0
-    second = [dataclasses.replace(s, arrival_time=s.arrival_time + gap)
+    second = [dataclasses.replace(s, arrival_time=gap)  # one queue, estimated at once
               for s in w_b("mistral-7b", 0.0, 2000.0, num_requests, seed + 1)]
     spec = system_spec(base_spec(("mistral-7b",), 1), "qlm", replan_interval=0.05)
     spec = dataclasses.replace(spec, scheduler=dataclasses.replace(spec.scheduler,
