@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -29,6 +31,24 @@ def test_simulate_builds_ascendra_pools() -> None:
     spec = cluster_from_args(args, "vllm")
     assert [i.role for i in spec.instances] == ["lp", "lp", "hp"]
     assert spec.router == "ascendra" and spec.num_instances == 3
+
+
+def test_simulate_reads_a_cluster_file_and_qlm_options(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.toml"
+    path.write_text('models = ["mistral-7b", "vicuna-13b"]\n[[instances]]\n'
+                    'hardware = "a10-24g"\nmodel = "mistral-7b"\n[[instances]]\n'
+                    'model = "vicuna-13b"\n')
+    args = build_parser().parse_args(
+        ["simulate", "--cluster", str(path), "--router", "qlm", "--router-option",
+         "delta=2", "--model-mix", "mistral-7b:3,vicuna-13b:1"])
+    spec = cluster_from_args(args, "edf")
+    assert spec.num_instances == 2 and spec.models == ("mistral-7b", "vicuna-13b")
+    assert (spec.router, spec.router_options, spec.auto_preemption) == ("qlm", {"delta": 2},
+                                                                        True)
+    assert [spec.instance_spec(i).hardware for i in range(2)] == ["a10-24g", "a100-80g"]
+    bad = build_parser().parse_args(["simulate", "--cluster", str(tmp_path / "none.toml")])
+    with pytest.raises(ValueError, match="cannot read cluster file"):
+        cluster_from_args(bad, "vllm")
 
 
 def test_serve_process_fronts_three_instances() -> None:

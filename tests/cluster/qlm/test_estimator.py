@@ -44,6 +44,9 @@ def test_queue_completion_times_on_a_hand_computed_queue():
     # Group b waits 2 + 2 s, loads m2 from host (1 GB / 10 GB/s) and runs 1.5 s.
     assert q.mean[1] == pytest.approx(2.0 + 2.0 + 0.1 + 1.5)
     assert q.group_ids == (a.group_id, b.group_id)
+    # Eq. 2 per request, from now: a1 starts after the busy 2 s, a2 1 s later; b1 after
+    # group a's 2 s and the 0.1 s model load.
+    assert q.waits == pytest.approx({"a1": 2.0, "a2": 3.0, "b1": 4.1})
 
 
 def test_swap_time_is_included_only_when_the_model_is_off_device():
