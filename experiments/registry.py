@@ -19,6 +19,7 @@ EXPERIMENTS: MappingProxyType[str, str] = MappingProxyType({
     "fastserve": "experiments.fastserve:run",
     "andes": "experiments.andes:run",
     "ascendra": "experiments.ascendra:run",
+    "qlm": "experiments.qlm:run",
 })
 
 

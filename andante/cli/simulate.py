@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -19,8 +20,11 @@ from andante.metrics import Summary, format_table
 from andante.perf.catalog import get_model, hardware_names, model_names
 from andante.policies import SchedulerConfig, policy_class, policy_names
 from andante.sim import ClusterSpec, SimRun, simulate
+from andante.sim.cluster_file import load_cluster_file
 from andante.sim.setup import with_router
 from andante.workload import RequestSpec, Trace, build_workload_traced
+
+from andante.workload.mixes import assign_models, parse_model_mix
 
 ASCENDRA = "ascendra"
 
@@ -42,6 +46,11 @@ def add_parser(subparsers: Any) -> None:
                    help="router ascendra: instances in the HP pool (the rest are LP)")
     p.add_argument("--policy", help=f"one of {', '.join(policy_names())} (default vllm; "
                    "router ascendra runs its own ascendra-lp and ascendra-hp)")
+    p.add_argument("--router-option", action="append", metavar="KEY=VALUE")
+    p.add_argument("--cluster", type=Path, metavar="FILE",
+                   help="TOML cluster file (andante.sim.cluster_file); flags: its defaults")
+    p.add_argument("--model-mix", metavar="NAME:WEIGHT,...",
+                   help="each request asks for one of these models (QLM multi-model)")
     p.add_argument("--compare", help="comma-separated policies to run on the same workload")
     p.add_argument("--policy-option", action="append", metavar="KEY=VALUE",
                    help="a policy tunable, read as its declared type (none/null where allowed); "
@@ -154,7 +163,12 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
         swap_space_gib=args.swap_space,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
-    return with_router(spec, args.router, args.hp_instances)
+    spec = with_router(spec, args.router, args.hp_instances)
+    spec = dataclasses.replace(spec, router_options=parse_key_values(args.router_option))
+    if args.cluster is None:
+        return spec
+    spec = load_cluster_file(args.cluster, spec)
+    return dataclasses.replace(spec, policy=policy) if args.compare else spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     policies = policies_from_args(args)
     config = workload_from_args(args)
     workload, trace = build_workload_traced(config)
+    if args.model_mix:
+        workload = assign_models(workload, parse_model_mix(args.model_mix), args.seed)
     goodput = parse_goodput(args.goodput)
     outcomes = {policy: _run_one(args, policy, workload, goodput) for policy in policies}
     _print(outcomes, args, _workload_line(args, trace, len(workload)))
@@ -202,6 +218,8 @@ def _meta(sim_run: SimRun, label: str) -> dict[str, Any]:
         "instances": spec.num_instances, "policy": label,
         "simulated_seconds": sim_run.report.end_time, "wall_seconds": sim_run.wall_seconds,
         "num_unfinished": len(sim_run.report.unfinished),
+        "router": spec.router, "num_model_swaps": len(sim_run.report.model_swaps),
+        **sim_run.report.router_counters,
     }
 
 

@@ -14,6 +14,10 @@ one, place an offloaded one (Ascendra: LP hands the prompt back, the router pick
 instance) and re-queue the unfinished requests of a dead instance: those that have not
 streamed a token yet start again elsewhere, the others fail with a clear error (their
 client already holds part of an answer that cannot be resumed bit for bit).
+
+A `QueueRouter` (QLM) holds the queue instead: every request waits in the global queue
+and the router's `dispatch` decides which to place where, and which instances swap or
+warm a model (QLM §5's per-instance agents, here one call per event).
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from andante.cluster.instance import Instance, fresh_copy
+from andante.cluster.instance import SWAP_MODEL, Instance, MultiModel, fresh_copy
 from andante.cluster.load import LoadReport
-from andante.cluster.router import Router
+from andante.cluster.router import QueueDecision, QueueRouter, Router
 from andante.core.request import Request
 
 
@@ -47,6 +51,10 @@ class InstanceSlot:
     @property
     def load(self) -> LoadReport:
         return self.instance.load()
+
+    @property
+    def multi_model(self) -> MultiModel | None:
+        return self.instance if isinstance(self.instance, MultiModel) else None
 
     @property
     def num_in_transit(self) -> int:
@@ -75,10 +83,16 @@ class Controller:
         self._moves: dict[str, int] = {}  # request id -> target of a pending migration
         self.num_handoffs = 0
         self.num_requeued = 0
+        self.num_model_swaps = 0
+        self._holder = router if isinstance(router, QueueRouter) else None
 
     # ---- requests in --------------------------------------------------------------
     def submit(self, req: Request) -> None:
         """Place a new request (or keep it in the global queue)."""
+        if self._holder is not None:
+            self.queue.append(req)
+            self.dispatch_queue()
+            return
         if not self._place(req, self.router.route(req, self.slots)):
             self.queue.append(req)
 
@@ -99,6 +113,11 @@ class Controller:
         return None if owned is None else owned[0]
 
     @property
+    def holds_queue(self) -> bool:
+        """The router orders the global queue itself (a `QueueRouter`)."""
+        return self._holder is not None
+
+    @property
     def num_owned(self) -> int:
         return len(self._owned)
 
@@ -115,7 +134,9 @@ class Controller:
             self.dispatch_queue()
 
     def on_finished(self, request_id: str) -> None:
-        self._owned.pop(request_id, None)
+        owned = self._owned.pop(request_id, None)
+        if owned is not None and self._holder is not None:
+            self._holder.on_finished(owned[1])
         self._moves.pop(request_id, None)
 
     def on_handoff(self, index: int, reqs: Sequence[Request]) -> None:
@@ -132,7 +153,11 @@ class Controller:
                 self.queue.append(req)
 
     def dispatch_queue(self) -> None:
-        """Place queued requests, oldest first, while the router accepts them."""
+        """Place queued requests, oldest first, while the router accepts them (a
+        `QueueRouter` chooses which)."""
+        if self._holder is not None:
+            self._apply(self._holder.dispatch(list(self.queue), self.slots))
+            return
         while self.queue:
             req = self.queue[0]
             if not self._place(req, self.router.route(req, self.slots)):
@@ -177,6 +202,26 @@ class Controller:
         self.dispatch_queue()
 
     # ---- internals ----------------------------------------------------------------
+    def _apply(self, decision: QueueDecision) -> None:
+        for index, model in decision.swaps:
+            instance = self.slots[index].instance
+            if SWAP_MODEL in instance.capabilities:
+                self.num_model_swaps += 1
+                instance.swap_model(model)
+        for index, model in decision.warm:
+            multi = self.slots[index].multi_model
+            if multi is not None:
+                multi.warm_model(model)
+        if not decision.placements:
+            return
+        by_id = {req.request_id: req for req in self.queue}
+        placed = set()
+        for rid, index in decision.placements:
+            req = by_id.get(rid)
+            if req is not None and rid not in placed and self._place(req, index):
+                placed.add(rid)
+        self.queue = deque(req for req in self.queue if req.request_id not in placed)
+
     def _place(self, req: Request, index: int | None) -> bool:
         if index is None:
             return False

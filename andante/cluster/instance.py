@@ -9,11 +9,13 @@ in the simulator and in the server.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from andante.cluster.load import LoadReport
 from andante.core.request import Request
+from andante.perf.cost_model import CostModel
 
 # Operations an instance may support (its `capabilities`); the controller checks before
 # asking. Only the first three exist today; the others are the seams QLM and KunServe use.
@@ -77,6 +79,34 @@ class LaterOperations:
 
     def restore_layers(self) -> None:
         raise UnsupportedOperation(f"{type(self).__name__} cannot restore layers yet")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """Where an instance's models are (QLM §5): the one on its device, the warm ones in
+    host memory, and what a router needs to estimate serving any of them there: a cost
+    model per servable model, the weights' bytes and the tier bandwidths (B/s)."""
+
+    device: str
+    host: tuple[str, ...]
+    loading_s: float  # seconds until the device model has loaded (0: serving)
+    costs: Mapping[str, CostModel]
+    weight_bytes: Mapping[str, int]
+    host_link_bandwidth: float
+    disk_bandwidth: float
+    device_memory_bytes: int
+    host_memory_bytes: int
+    block_size: int
+
+
+@runtime_checkable
+class MultiModel(Protocol):
+    """An instance that reports its models (`model_state`) and loads one into host
+    memory ahead of need (`warm_model`, QLM's warm start; False when it cannot)."""
+
+    def model_state(self) -> ModelState: ...
+
+    def warm_model(self, model: str) -> bool: ...
 
 
 @runtime_checkable

@@ -13,6 +13,8 @@ ROUTERS = MappingProxyType({
     "least-loaded": "andante.cluster.router:LeastLoadedRouter",
     "power-of-two": "andante.cluster.router:PowerOfTwoRouter",
     "ascendra": "andante.cluster.ascendra:AscendraRouter",
+    "qlm": "andante.cluster.qlm.router:QLMRouter",
+    "shepherd": "andante.cluster.shepherd:ShepherdRouter",
 })
 
 

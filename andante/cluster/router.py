@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 from andante.cluster.load import LoadReport
 from andante.core.request import Request
@@ -26,6 +27,8 @@ __all__ = [
     "LeastLoadedRouter",
     "LoadReport",
     "PowerOfTwoRouter",
+    "QueueDecision",
+    "QueueRouter",
     "RoundRobinRouter",
     "Router",
     "expected_wait",
@@ -61,6 +64,29 @@ class Router(Protocol):
     def place_handoff(
         self, req: Request, source: int, instances: Sequence[InstanceView]
     ) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDecision:
+    """What a queue-holding router asks for now: requests to place (id, instance),
+    model swaps (instance, model) and warm starts (instance, model)."""
+
+    placements: tuple[tuple[str, int], ...] = ()
+    swaps: tuple[tuple[int, str], ...] = ()
+    warm: tuple[tuple[int, str], ...] = ()
+
+
+@runtime_checkable
+class QueueRouter(Protocol):
+    """A router that orders the global queue itself (QLM's virtual queues). Its `route`
+    and `place_handoff` keep requests in the controller's queue (None); the controller
+    asks `dispatch` with the whole queue after every event that may change a decision
+    and applies the answer; `on_finished` reports each request it placed that ended."""
+
+    def dispatch(self, queue: Sequence[Request], instances: Sequence[InstanceView]
+                 ) -> QueueDecision: ...
+
+    def on_finished(self, req: Request) -> None: ...
 
 
 def expected_wait(view: InstanceView) -> float:

@@ -117,7 +117,7 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
             raise RequestRejected(f"duplicate request id {req.request_id!r}")
-        if req.status != RequestStatus.WAITING:
+        if req.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             raise RequestRejected(f"request {req.request_id!r} is {req.status.name}")
         self.check_fits(req.num_prompt_tokens)
         self.requests[req.request_id] = req

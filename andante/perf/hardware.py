@@ -56,6 +56,13 @@ HOPPER_COEFFICIENTS = CostCoefficients(c1=0.0, c2=1.0, c3=0.25, c4=1.5, c5=1.1e-
 # reaches ~25 GB/s (CUDA bandwidthTest). PCIe 5.0 x16 doubles that (~50 GB/s).
 PCIE4_EFFECTIVE = 25e9
 PCIE5_EFFECTIVE = 50e9
+# Model weights from local disk (QLM §5 cold start: storage -> CPU memory -> GPU): a
+# PCIe 4.0 x4 NVMe SSD reads sequentially at up to 7,450 MB/s (Samsung 990 PRO
+# datasheet); 7 GB/s is that rounded down. A PCIe 5.0 x4 drive reads up to 14.5 GB/s
+# (Samsung 9100 PRO datasheet); 12 GB/s. The host -> device copy of warm weights uses
+# the host link above (pinned memory, cudaMemcpy: the same ~25 / ~50 GB/s).
+NVME4_READ = 7.0e9
+NVME5_READ = 12.0e9
 # All-reduce bus bandwidth: ~80% of the per-direction NVLink rate (A100: NVLink3
 # 600 GB/s both ways = 300 GB/s; H100: NVLink4 900 GB/s = 450 GB/s). A10 has no
 # NVLink: peer traffic goes over PCIe 4.0.
@@ -74,21 +81,25 @@ BUILTIN_HARDWARE: tuple[HardwareSpec, ...] = (
     HardwareSpec(name="a10-24g", peak_flops=125e12, mem_bandwidth=600e9,
                  mem_capacity=23028 * MiB, host_link_bandwidth=PCIE4_EFFECTIVE,
                  interconnect_bandwidth=PCIE4_BUSBW, coefficients=AMPERE_COEFFICIENTS,
-                 collective_latency=PCIE_COLLECTIVE_LATENCY),
+                 collective_latency=PCIE_COLLECTIVE_LATENCY,
+                 disk_bandwidth=NVME4_READ),
     # NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 1,555 GB/s HBM2.
     HardwareSpec(name="a100-40g", peak_flops=312e12, mem_bandwidth=1555e9,
                  mem_capacity=40960 * MiB, host_link_bandwidth=PCIE4_EFFECTIVE,
                  interconnect_bandwidth=NVLINK3_BUSBW, coefficients=AMPERE_COEFFICIENTS,
-                 collective_latency=NVLINK_COLLECTIVE_LATENCY),
+                 collective_latency=NVLINK_COLLECTIVE_LATENCY,
+                 disk_bandwidth=NVME4_READ),
     # NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 2,039 GB/s HBM2e.
     HardwareSpec(name="a100-80g", peak_flops=312e12, mem_bandwidth=2039e9,
                  mem_capacity=81920 * MiB, host_link_bandwidth=PCIE4_EFFECTIVE,
                  interconnect_bandwidth=NVLINK3_BUSBW, coefficients=AMPERE_COEFFICIENTS,
-                 collective_latency=NVLINK_COLLECTIVE_LATENCY),
+                 collective_latency=NVLINK_COLLECTIVE_LATENCY,
+                 disk_bandwidth=NVME4_READ),
     # NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense, 3.35 TB/s HBM3, 80 GB
     # (81559 MiB as nvidia-smi reports).
     HardwareSpec(name="h100-80g", peak_flops=989e12, mem_bandwidth=3350e9,
                  mem_capacity=81559 * MiB, host_link_bandwidth=PCIE5_EFFECTIVE,
                  interconnect_bandwidth=NVLINK4_BUSBW, coefficients=HOPPER_COEFFICIENTS,
-                 collective_latency=NVLINK_COLLECTIVE_LATENCY),
+                 collective_latency=NVLINK_COLLECTIVE_LATENCY,
+                 disk_bandwidth=NVME5_READ),
 )

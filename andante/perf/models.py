@@ -20,6 +20,11 @@ BUILTIN_MODELS: tuple[ModelSpec, ...] = (
     ModelSpec(name="mistral-7b", num_layers=32, hidden_size=4096, num_heads=32,
               num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32768,
               mlp_kind="gated", tie_word_embeddings=False, max_model_len=32768),
+    # lmsys/vicuna-13b-v1.5 (a Llama-2-13B fine-tune: MHA, 4096-token context); the
+    # Vicuna-13B of QLM §8
+    ModelSpec(name="vicuna-13b", num_layers=40, hidden_size=5120, num_heads=40,
+              num_kv_heads=40, head_dim=128, intermediate_size=13824, vocab_size=32000,
+              mlp_kind="gated", tie_word_embeddings=False, max_model_len=4096),
     # Qwen/Qwen2.5-14B-Instruct (QKV biases not counted)
     ModelSpec(name="qwen2.5-14b", num_layers=48, hidden_size=5120, num_heads=40,
               num_kv_heads=8, head_dim=128, intermediate_size=13824, vocab_size=152064,

@@ -173,6 +173,7 @@ class HardwareSpec:
     interconnect_bandwidth: float  # effective all-reduce bus bandwidth between GPUs, B/s
     coefficients: CostCoefficients = CostCoefficients()
     collective_latency: float = 10e-6  # fixed cost of one small all-reduce, s
+    disk_bandwidth: float = 7.0e9  # model weights read from local disk, B/s (hardware.py)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -183,6 +184,7 @@ class HardwareSpec:
         _require_positive_int("HardwareSpec", "mem_capacity", self.mem_capacity)
         _require_rate("HardwareSpec", "collective_latency", self.collective_latency,
                       allow_zero=True)
+        _require_rate("HardwareSpec", "disk_bandwidth", self.disk_bandwidth)
         if not isinstance(self.coefficients, CostCoefficients):
             raise ValueError(f"HardwareSpec.coefficients must be CostCoefficients, "
                              f"got {self.coefficients!r}")
@@ -210,7 +212,8 @@ class HardwareSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown hardware profile keys {unknown}")
-        missing = sorted(known - set(data) - {"coefficients", "collective_latency"})
+        missing = sorted(known - set(data) - {"coefficients", "collective_latency",
+                                               "disk_bandwidth"})
         if missing:
             raise ValueError(f"hardware profile lacks keys {missing}")
         if "coefficients" in data:

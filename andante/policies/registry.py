@@ -20,6 +20,7 @@ POLICIES = MappingProxyType(
         "priority": "andante.policies.priority:PriorityPolicy",
         "edf": "andante.policies.edf:EDFPolicy",
         "sjf": "andante.policies.sjf:SJFPolicy",
+        "static-batch": "andante.policies.static_batch:StaticBatchPolicy",
         "andes": "andante.policies.andes:AndesPolicy",
         "lqsf": "andante.policies.lqsf:LQSFPolicy",
         "fastserve": "andante.policies.fastserve:FastServePolicy",

@@ -8,26 +8,47 @@ t + duration, when the STEP_DONE event applies them. Arrivals at one instant are
 delivered before an idle instance starts its next step (KICK sorts after ARRIVAL).
 Requests an instance hands back (Ascendra's offloads) go to the controller at the start
 of the step that picked them; late requests are dropped (if enabled) at step starts.
+
+Multi-model instances (QLM §5, andante.sim.tiers): a `SWAP_MODEL` replaces the engine by
+one built for the incoming model (its block pool sized for that model's KV), after the
+step in flight; the outgoing engine's unfinished requests go back to the controller
+(preempted by recompute: their KV is flushed with the engine, nothing is lost), and the
+instance starts no step until the weights have loaded. Without a router that drives
+swaps, an instance holds requests for other models (FCFS, "parked") and swaps to the
+oldest one's model when its engine runs dry, one request run of a model at a time.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Protocol, runtime_checkable
 
 from andante.cluster.controller import Controller
 from andante.cluster.host import EngineHost
-from andante.cluster.instance import BASIC_CAPABILITIES, LaterOperations
+from andante.cluster.instance import (
+    BASIC_CAPABILITIES,
+    SWAP_MODEL,
+    LaterOperations,
+    ModelState,
+)
 from andante.cluster.load import LoadReport
 from andante.core.clock import ManualClock
-from andante.core.request import Request
+from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
 from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
+from andante.perf.catalog import get_model
+from andante.perf.cost_model import CostModel
 from andante.sim.decode_run import decode_run_limit, fit_blocks, reserve_blocks
 from andante.sim.events import EventKind, EventQueue
+from andante.sim.tiers import ModelSwap, ModelTiers
+
+# Builds the engine (and its decode-run executor) of one model on an instance.
+EngineLoader = Callable[[str], tuple[Engine, DecodeRunExecutor | None]]
 
 
 @dataclass(slots=True)
@@ -45,10 +66,13 @@ class SimHooks:
 
     def handoff(self, inst: SimInstance, reqs: Sequence[Request]) -> None: ...
 
+    def wake_at(self, inst: SimInstance, when: float) -> None: ...
+
 
 class SimInstance(LaterOperations):
     """An `andante.cluster.Instance` on the simulated clock. `runs`: the engine's
-    executor where it offers decode runs (None: the instance always steps)."""
+    executor where it offers decode runs (None: the instance always steps). With
+    `tiers` and `loader` it serves several models, one at a time (`swap_model`)."""
 
     capabilities = BASIC_CAPABILITIES
 
@@ -64,11 +88,33 @@ class SimInstance(LaterOperations):
         self.decode_run: tuple[StepBatch, list[float], int, float] | None = None  # + start
         self.kick_pending = False
         self.hooks = SimHooks()
-        self._report: tuple[tuple[float, int, int, int], LoadReport] | None = None
+        self._report: tuple[tuple[float, int, int, int, int], LoadReport] | None = None
+        self._init_models()
+
+    def _init_models(self) -> None:
+        self.tiers: ModelTiers | None = None
+        self.loader: EngineLoader | None = None
+        self.loading_until = -math.inf
+        self.pending_swap: str | None = None
+        self.parked: deque[Request] = deque()  # requests for another model, FCFS
+        self.swaps: list[ModelSwap] = []
+        self.drop_late = False
+        self._cost_models: dict[str, CostModel] = {}
 
     def configure(self, role: str, drop_late: bool) -> None:
         self.role = role
+        self.drop_late = drop_late
         self.host = EngineHost(self.engine, drop_late)
+
+    def serve_models(self, tiers: ModelTiers, loader: EngineLoader) -> None:
+        """Serve every model of `tiers` (the engine built so far serves `tiers.device`)."""
+        self.tiers, self.loader = tiers, loader
+        self.capabilities = BASIC_CAPABILITIES | {SWAP_MODEL}
+
+    @property
+    def model(self) -> str | None:
+        """The model on the device (None: a single-model instance)."""
+        return None if self.tiers is None else self.tiers.device
 
     # ---- the Instance seam ----------------------------------------------------------
     @property
@@ -76,6 +122,22 @@ class SimInstance(LaterOperations):
         return True
 
     def submit(self, req: Request) -> None:
+        if self.tiers is not None and req.model and req.model not in self.tiers.weight_bytes:
+            req.finish(RequestStatus.FINISHED_REJECTED, self.engine.clock.now())
+            self.host.num_received += 1
+            self.hooks.finished(self, [req])  # a model this instance cannot hold
+            return
+        if self.tiers is not None and (self.parked or not self._serves_now(req)):
+            self.parked.append(req)
+            self.host.num_received += 1  # taken in; handed to the engine later
+            self.swap_when_dry()
+            return
+        self._add(req)
+
+    def _serves_now(self, req: Request) -> bool:
+        return self.tiers is None or not req.model or req.model == self.tiers.device
+
+    def _add(self, req: Request) -> None:
         if self.host.add(req):
             self.hooks.wake(self)
         else:
@@ -83,8 +145,13 @@ class SimInstance(LaterOperations):
 
     def abort(self, request_id: str) -> None:
         req = self.engine.scheduler.abort_request(request_id)  # at once: one thread here
-        if req is not None:
-            self.hooks.finished(self, [req])
+        if req is None:
+            req = next((r for r in self.parked if r.request_id == request_id), None)
+            if req is None:
+                return
+            self.parked.remove(req)
+            req.finish(RequestStatus.FINISHED_ABORTED, self.engine.clock.now())
+        self.hooks.finished(self, [req])
 
     def withdraw(self, request_ids: Sequence[str]) -> None:
         reqs = self.host.withdraw(request_ids)
@@ -95,15 +162,111 @@ class SimInstance(LaterOperations):
         """Computed on demand (and cached until the instance's state changes)."""
         now = self.engine.clock.now()
         key = (now, self.stats.num_steps, self.host.num_received,
-               len(self.engine.scheduler.requests))
+               len(self.engine.scheduler.requests), len(self.swaps))
         if self._report is None or self._report[0] != key:
             self._report = (key, self.host.report())
         return self._report[1]
 
+    # ---- model swaps (QLM LSO 5) --------------------------------------------------------
+    def swap_model(self, model: str) -> None:
+        """Serve `model` next: at once when no step is in flight, else after it."""
+        if self.tiers is None or self.loader is None:
+            super().swap_model(model)
+            return
+        self.tiers.tier(model)  # a ValueError naming the known models
+        if self.in_flight is not None or self.decode_run is not None:
+            self.pending_swap = model
+            return
+        self._swap(model)
+
+    def warm_model(self, model: str) -> bool:
+        """Start loading `model` into host memory ahead of need (warm start)."""
+        return self.tiers is not None and self.tiers.warm(model, self.engine.clock.now())
+
+    def model_state(self) -> ModelState:
+        """The models here (a single-model instance: its engine's, nothing warm)."""
+        now, cost = self.engine.clock.now(), self.engine.executor.cost_model
+        hw, tiers = cost.hardware, self.tiers
+        host = () if tiers is None else tuple(tiers.host)
+        models = {cost.model.name: cost.model.weight_bytes} if tiers is None \
+            else dict(tiers.weight_bytes)
+        costs = {m: (cost if m == cost.model.name else self._costs(m)) for m in models}
+        return ModelState(
+            device=self.pending_swap or cost.model.name, host=host,
+            loading_s=max(0.0, self.loading_until - now), costs=costs, weight_bytes=models,
+            host_link_bandwidth=hw.host_link_bandwidth * cost.tp,
+            disk_bandwidth=hw.disk_bandwidth, device_memory_bytes=hw.mem_capacity * cost.tp,
+            host_memory_bytes=0 if tiers is None else tiers.host_capacity_bytes,
+            block_size=self.engine.scheduler.config.block_size)
+
+    def _costs(self, model: str) -> CostModel:
+        cached = self._cost_models.get(model)
+        if cached is None:
+            base = self.engine.executor.cost_model
+            cached = CostModel(get_model(model), base.hardware, tp=base.tp)
+            self._cost_models[model] = cached
+        return cached
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.engine.scheduler.requests) + len(self.parked)
+
+    def at_step_boundary(self) -> None:
+        """After a step: a requested swap happens now; else parked requests may swap."""
+        if self.pending_swap is not None:
+            model, self.pending_swap = self.pending_swap, None
+            self._swap(model)
+        else:
+            self.swap_when_dry()
+
+    def swap_when_dry(self) -> None:
+        if self.parked and not self.busy and not self.engine.has_work:
+            self._swap(self.parked[0].model or self.engine_model)
+
+    @property
+    def engine_model(self) -> str:
+        assert self.tiers is not None
+        return self.tiers.device
+
+    def _swap(self, model: str) -> None:
+        assert self.tiers is not None and self.loader is not None
+        now = self.engine.clock.now()
+        if model == self.tiers.device:
+            self._release_parked()
+            return
+        evicted = self._flush(now)
+        outgoing = self.tiers.device
+        source, seconds = self.tiers.activate(model, now)
+        received = self.host.num_received
+        self.engine, self.runs = self.loader(model)
+        self.host = EngineHost(self.engine, self.drop_late)
+        self.host.num_received = received
+        self.loading_until = now + seconds
+        self.swaps.append(ModelSwap(now, outgoing, model, source, seconds, len(evicted)))
+        if evicted:
+            self.hooks.handoff(self, evicted)
+        self._release_parked()
+        self.hooks.wake_at(self, self.loading_until)
+
+    def _flush(self, now: float) -> list[Request]:
+        """The engine's unfinished requests, their KV dropped (recomputed later)."""
+        evicted = list(self.engine.scheduler.requests.values())
+        for req in evicted:
+            if req.status in (RequestStatus.RUNNING, RequestStatus.SWAPPED):
+                req.preempt_by_recompute(now)
+        return evicted
+
+    def _release_parked(self) -> None:
+        """Parked requests for the device model, in order, up to the first of another."""
+        while self.parked and self._serves_now(self.parked[0]):
+            self.host.num_received -= 1  # counted when parked; `_add` counts it again
+            self._add(self.parked.popleft())
+
     # ---- stepping -------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return self.in_flight is not None or self.decode_run is not None
+        return (self.in_flight is not None or self.decode_run is not None
+                or self.loading_until > self.engine.clock.now())
 
     def begin_step(self, now: float) -> float | None:
         """Schedule and start a step; returns when it completes (None if nothing ran)."""
@@ -153,12 +316,21 @@ class SimInstance(LaterOperations):
         return None
 
 
+@runtime_checkable
+class Counted(Protocol):
+    """A router's counters for the report (QLM: plans, EDF fallbacks, swaps)."""
+
+    def summary(self) -> dict[str, int]: ...
+
+
 @dataclass(slots=True)
 class SimReport:
     finished: list[Request] = field(default_factory=list)
     unfinished: list[Request] = field(default_factory=list)
     end_time: float = 0.0
     instance_stats: list[InstanceStats] = field(default_factory=list)
+    model_swaps: list[ModelSwap] = field(default_factory=list)
+    router_counters: dict[str, int] = field(default_factory=dict)  # e.g. QLM's plans
 
 
 class Simulator(SimHooks):
@@ -245,6 +417,9 @@ class Simulator(SimHooks):
     def handoff(self, inst: SimInstance, reqs: Sequence[Request]) -> None:
         self.controller.on_handoff(inst.index, reqs)
 
+    def wake_at(self, inst: SimInstance, when: float) -> None:
+        self._events.push(max(when, self.clock.now()), EventKind.KICK, inst)
+
     # ---- stepping ---------------------------------------------------------------------
     def _start_step(self, inst: SimInstance) -> None:
         if inst.busy:
@@ -255,6 +430,10 @@ class Simulator(SimHooks):
             if dropped:
                 self.finished(inst, dropped)
         if not inst.engine.has_work:
+            if inst.parked:
+                inst.swap_when_dry()
+            elif self.controller.holds_queue and self.controller.queue:
+                self.controller.dispatch_queue()  # an idle instance may pull or swap now
             return
         done = inst.begin_step(now)
         handoffs = inst.host.take_handoffs()
@@ -274,6 +453,10 @@ class Simulator(SimHooks):
             self.finished(inst, output.finished)
         if self.controller.queue:
             self.controller.dispatch_queue()
+        if inst.tiers is not None:
+            inst.at_step_boundary()
+            if inst.busy:
+                return
         if not (self.decode_runs and not output.finished and self._decode_run(inst, batch)):
             self._start_step(inst)
 
@@ -312,6 +495,11 @@ class Simulator(SimHooks):
         report.end_time = self.clock.now()
         for inst in self.instances:
             report.unfinished.extend(inst.engine.scheduler.requests.values())
+            report.unfinished.extend(inst.parked)
+            report.model_swaps.extend(inst.swaps)
             report.instance_stats.append(inst.stats)
         report.unfinished.extend(self.controller.queue)
+        counters = getattr(self.controller.router, "counters", None)
+        if isinstance(counters, Counted):
+            report.router_counters = counters.summary()
         return report

@@ -137,6 +137,7 @@ class GroupTimes:
 
     drain: np.ndarray
     completion: np.ndarray
+    waiting: np.ndarray | None = None  # [S, members]: eq. 2 inside the group (FCFS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +146,7 @@ class QueueEstimate:
 
     group_ids: tuple[str, ...]
     samples: np.ndarray  # [num_groups, S], seconds from now
+    waits: Mapping[str, float] = field(default_factory=dict)  # request id -> mean W_q
 
     @property
     def mean(self) -> tuple[float, ...]:
@@ -219,7 +221,8 @@ class RCTEstimator:
                                      max(1, context))
         decode = outs * (self.inefficiency * step)  # eq. 4
         completion = (waiting + prefill[None, :] + decode).max(axis=1)  # eqs. 1, 5
-        return GroupTimes(drain=outs.sum(axis=1) / theta, completion=completion)
+        return GroupTimes(drain=outs.sum(axis=1) / theta, completion=completion,
+                          waiting=waiting)
 
     def queue_times(self, view: InstanceView, groups: Sequence[RequestGroup], num_samples: int,
                     rng: np.random.Generator) -> QueueEstimate:
@@ -227,6 +230,7 @@ class RCTEstimator:
         ahead = np.full(num_samples, view.busy_s)
         out = np.zeros((len(groups), num_samples))
         previous: str | None = None
+        waits: dict[str, float] = {}
         for j, group in enumerate(groups):
             times = self.group_times(view, group, num_samples, rng)
             if previous is None:
@@ -234,9 +238,12 @@ class RCTEstimator:
             else:
                 swap = 0.0 if group.model == previous else self.swap_in_time(view, group.model)
             out[j] = ahead + swap + times.completion
+            if times.waiting is not None:  # eq. 2 over every request ahead, from now
+                member = (ahead + swap)[:, None] + times.waiting
+                waits.update(zip(group.request_ids, member.mean(axis=0).tolist(), strict=True))
             ahead = ahead + swap + times.drain
             previous = group.model
-        return QueueEstimate(tuple(g.group_id for g in groups), out)
+        return QueueEstimate(tuple(g.group_id for g in groups), out, waits)
 
 
 def waiting_time(output_tokens_ahead: Sequence[float], throughput: float) -> float:

@@ -92,6 +92,9 @@ class GroupTable:
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._key_of
 
+    def request_ids(self) -> list[str]:
+        return list(self._key_of)
+
     def key_for(self, request: QueuedRequest) -> GroupKey:
         bucket = length_bucket(request.num_prompt_tokens, self.length_edges)
         return GroupKey(request.model, request.slo_class, bucket)

@@ -39,7 +39,10 @@ meet them either, says that more capacity is needed (§A.3).
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -492,9 +495,26 @@ def _start_values(p: PlanProblem, lay: _Layout, queues: Sequence[Sequence[int]]
     return v
 
 
+@functools.cache
+def _quiet_first_highs() -> None:
+    """HiGHS writes its banner to fd 1 (from C++) when the process builds its first
+    solver, before any option can be set; build that one with fd 1 on the null device so
+    JSON printed on stdout stays clean. Later solvers print nothing (output_flag off)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _run_highs(model: _Milp, options: PlannerOptions, start: np.ndarray | None
                ) -> tuple[str, np.ndarray | None]:
     """Solve with HiGHS from an optional incumbent; ('optimal'|'time_limit'|..., x)."""
+    _quiet_first_highs()
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(options.time_limit_s))

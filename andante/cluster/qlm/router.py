@@ -1,0 +1,409 @@
+"""The `qlm` router: QLM's global queue, virtual queues and serving operations, wired to
+the cluster controller (Patke et al., §3-7).
+
+Design note. The controller keeps every request in its global queue; on each event it
+calls `dispatch`, which plays the global scheduler and the per-instance agents (§3, §5):
+1. request groups (§4): the queued requests in a `GroupTable` keyed by model, SLO class
+   (the deadline) and prompt-length bucket, split at δ × the average batch;
+2. virtual queues: one ordering of groups per instance. A new group joins the instance
+   its key already lives on, else (load balancing, LSO 4) the one where the estimator
+   expects it to finish first (queued drain + model swap, §6); within a queue groups are
+   ordered by deadline (EDF) unless a plan ordered them;
+3. the estimator (§6) checks, at most every `replan_interval` seconds, whether any group
+   is expected to miss its SLO; then the plan generator (§7, MILP with HiGHS) reorders
+   and reassigns every group. A plan that falls back to EDF is logged and counted, and
+   so is one that says more capacity is needed (§A.3);
+4. per instance, from the head of its virtual queue: model swap (LSO 5) when the head
+   group's model is not on the device, once the instance has drained or the group
+   cannot wait for it; warm start of the next cold model in the queue (LSO 5); request
+   pulling (LSO 1) while the instance has spare KV tokens and no backlog of its own.
+Eviction and GPU-CPU state swap when a more urgent head group arrives (LSOs 2-3) are
+the instances' own preemption (an `edf` engine policy preempts for it; the mode,
+recompute or swap, is chosen by cost per model and hardware: `preemption_mode_for`).
+Routers read no clock: "now" is the latest instance report's time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from andante.cluster.instance import ModelState
+from andante.cluster.load import LoadReport
+from andante.cluster.qlm.estimator import CostModelTable, OutputLengthModel, RCTEstimator
+from andante.cluster.qlm.groups import GroupKey, GroupTable, RequestGroup
+from andante.cluster.qlm.planner import PlannerOptions, generate_plan
+from andante.cluster.qlm.types import InstanceView as QLMView
+from andante.cluster.qlm.types import QueuedRequest
+from andante.cluster.qlm.virtual_queue import (
+    VirtualQueue,
+    choose_preemption,
+    model_actions,
+    pull_requests,
+)
+from andante.cluster.router import QueueDecision
+from andante.core.request import PreemptionMode, Request
+from andante.engine.stats import SchedulerStats
+from andante.perf.cost_model import CostModel
+
+log = logging.getLogger(__name__)
+MIN_RATE_SAMPLES = 16  # finished requests before a measured Θ replaces the cost model's
+
+
+class ModelView(Protocol):
+    """A router's view of an instance (the controller's slot) that can report models."""
+
+    index: int
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def load(self) -> LoadReport: ...
+
+    @property
+    def num_in_transit(self) -> int: ...
+
+    @property
+    def multi_model(self) -> Any: ...
+
+
+def preemption_mode_for(cost: CostModel, context_tokens: int = 1024) -> PreemptionMode:
+    """Insight #2 (§2.4): swap a preempted request's KV when copying it back over the
+    host link is cheaper than recomputing it on this model and hardware."""
+    return choose_preemption(context_tokens, cost.model.kv_bytes_per_token / cost.tp,
+                             cost.hardware.host_link_bandwidth, cost.prefill_time).mode
+
+
+@dataclass(slots=True)
+class _Rate:
+    """Θ measured (Insight #1: profiled over time): output tokens finished on one
+    instance for one model over the time since its first request was placed there."""
+
+    start: float
+    num_tokens: int = 0
+    num_requests: int = 0
+    end: float = 0.0
+
+    def resume(self, when: float, idle: bool) -> None:
+        """A placement at `when`; an idle instance's gap since `end` is not serving."""
+        if idle and self.num_requests and when > self.end:
+            self.start += when - self.end
+            self.end = when
+
+    def observe(self, num_tokens: int, when: float) -> None:
+        self.num_tokens += num_tokens
+        self.num_requests += 1
+        self.end = max(self.end, when)
+
+    def throughput(self) -> float | None:
+        span = self.end - self.start
+        if self.num_requests < MIN_RATE_SAMPLES or span <= 0:
+            return None
+        return self.num_tokens / span
+
+
+@dataclass(slots=True)
+class QLMCounters:
+    """What the router did: plans, EDF fallbacks, "more capacity is needed", swaps."""
+
+    num_plans: int = 0
+    num_fallbacks: int = 0
+    num_needs_capacity: int = 0
+    num_swaps: int = 0
+    num_warm_starts: int = 0
+    predicted: dict[str, float] = field(default_factory=dict)  # request id -> completion
+    predicted_start: dict[str, float] = field(default_factory=dict)  # id -> W_q + now
+
+    def summary(self) -> dict[str, int]:
+        return {"num_plans": self.num_plans, "num_fallbacks": self.num_fallbacks,
+                "num_needs_capacity": self.num_needs_capacity, "num_swaps": self.num_swaps,
+                "num_warm_starts": self.num_warm_starts}
+
+
+class QLMRouter:
+    """Options are the paper's knobs (δ, S, Δ, the solver's time limit and horizon) and
+    one switch per operation, for the ablation: `pull`, `load_balance`, `warm_start`,
+    `plan` (False: EDF over groups only). `pull_reserve`: KV tokens a pulled request
+    reserves for its output, in mean outputs of its group."""
+
+    name = "qlm"
+
+    def __init__(self, delta: float = 4.0, avg_batch: int = 32, num_samples: int = 8,
+                 chance_level: float = 0.9, time_limit_ms: float = 75.0,
+                 horizon_groups: int = 12, replan_interval: float = 5.0,
+                 default_deadline: float = 3600.0, pull: bool = True,
+                 load_balance: bool = True, warm_start: bool = True, plan: bool = True,
+                 pull_reserve: float = 1.0, seed: int = 0) -> None:
+        if avg_batch < 1:
+            raise ValueError(f"qlm: avg_batch must be >= 1, got {avg_batch!r}")
+        if pull_reserve < 0:
+            raise ValueError(f"qlm: pull_reserve must be >= 0, got {pull_reserve!r}")
+        if replan_interval < 0 or default_deadline <= 0:
+            raise ValueError(f"qlm: replan_interval must be >= 0 and default_deadline > 0, "
+                             f"got {replan_interval!r}, {default_deadline!r}")
+        self.options = PlannerOptions(delta=delta, num_samples=num_samples,
+                                      chance_level=chance_level,
+                                      time_limit_s=time_limit_ms / 1000.0,
+                                      horizon_groups=horizon_groups, seed=seed)
+        self.avg_batch, self.replan_interval = avg_batch, replan_interval
+        self.default_deadline = default_deadline
+        self.pull, self.load_balance = pull, load_balance
+        self.warm_start, self.plan = warm_start, plan
+        self.pull_reserve = pull_reserve
+        self.counters = QLMCounters()
+        self.outputs = OutputLengthModel()
+        self._table = GroupTable()
+        self._keys: dict[str, GroupKey] = {}  # placed request id -> its group key
+        self._order: dict[str, tuple[int, int]] = {}  # group id -> (instance, position)
+        self._last_check = -math.inf
+        self._placed: dict[str, tuple[int, float]] = {}  # request id -> (instance, when)
+        self._rates: dict[tuple[int, str], _Rate] = {}
+        self._last_swap: dict[int, tuple[float, float]] = {}  # instance -> (when, load s)
+
+    # ---- Router -----------------------------------------------------------------------
+    def route(self, req: Request, instances: Sequence[Any]) -> int | None:
+        return None
+
+    def place_handoff(self, req: Request, source: int, instances: Sequence[Any]) -> int | None:
+        return None
+
+    def on_finished(self, req: Request) -> None:
+        key = self._keys.pop(req.request_id, None)
+        placed = self._placed.pop(req.request_id, None)
+        if key is None or not req.num_output_tokens or req.timeline.finish_time is None:
+            return
+        self.outputs.observe(key, req.num_output_tokens)
+        if placed is not None:
+            self._rates.setdefault((placed[0], key.model), _Rate(placed[1])).observe(
+                req.num_output_tokens, req.timeline.finish_time)
+
+    # ---- QueueRouter ------------------------------------------------------------------
+    def dispatch(self, queue: Sequence[Request], instances: Sequence[Any]) -> QueueDecision:
+        views = [v for v in instances if v.alive and v.multi_model is not None]
+        if not queue or not views:
+            return QueueDecision()
+        states = {v.index: v.multi_model.model_state() for v in views}
+        now = max(v.load.stats.time for v in views)
+        self._sync(queue, states[views[0].index].device, now)
+        groups = self._table.snapshot(self.avg_batch, self.options.delta, self.outputs.mean)
+        servable = {m for state in states.values() for m in state.costs}
+        refused = tuple((rid, views[0].index) for g in groups if g.model not in servable
+                        for rid in g.request_ids)  # no instance holds the model: refused
+        groups = tuple(g for g in groups if g.model in servable)
+        share = -(-len(queue) // len(views))  # queued requests per instance
+        qviews = {v.index: self._qlm_view(v, states[v.index], share) for v in views}
+        estimator = self._estimator(states)
+        holds = {i: frozenset(s.costs) for i, s in states.items()}
+        queues = self._queues(groups, qviews, estimator, holds)
+        if self.plan and now - self._last_check >= self.replan_interval:
+            self._last_check = now
+            if self._plan_if_late(groups, queues, qviews, estimator, now):
+                queues = self._queues(groups, qviews, estimator, holds)
+        decision = self._act(queues, views, states, qviews, now)
+        return dataclasses.replace(decision, placements=decision.placements + refused)
+
+    # ---- groups and virtual queues ------------------------------------------------------
+    def _sync(self, queue: Sequence[Request], default_model: str, now: float) -> None:
+        """The group table holds exactly the queued requests."""
+        queued = {req.request_id for req in queue}
+        gone = [rid for rid in self._table.request_ids() if rid not in queued]
+        self._table.remove(gone)
+        for req in queue:
+            if req.request_id not in self._table:
+                self._table.add(self._queued(req, default_model))
+
+    def _queued(self, req: Request, default_model: str) -> QueuedRequest:
+        slo = req.slo
+        budget = slo.deadline if slo.deadline is not None else self.default_deadline
+        return QueuedRequest(req.request_id, req.model or default_model, f"{budget:g}s",
+                             req.arrival_time, req.arrival_time + budget,
+                             req.num_prompt_tokens, req.sampling.max_tokens)
+
+    def _qlm_view(self, view: ModelView, state: ModelState, share: int) -> QLMView:
+        load = view.load
+        stats = load.stats
+        used = (stats.num_blocks - stats.num_free_blocks) * state.block_size
+        return QLMView(
+            instance_id=str(view.index), models_on_device=(state.device,),
+            models_on_host=state.host,
+            token_capacity=max(1, stats.num_blocks * state.block_size),
+            throughput=self._measured(view.index),
+            device_memory_bytes=state.device_memory_bytes,
+            host_link_bandwidth=state.host_link_bandwidth,
+            disk_bandwidth=state.disk_bandwidth, num_running_tokens=max(0, used),
+            busy_s=load.drain_time + state.loading_s,
+            avg_batch_size=self._batch_size(stats, share),
+            host_memory_bytes=state.host_memory_bytes or None)
+
+    def _measured(self, index: int) -> dict[str, float]:
+        rates = {m: r.throughput() for (i, m), r in self._rates.items() if i == index}
+        return {m: theta for m, theta in rates.items() if theta is not None}
+
+    @staticmethod
+    def _batch_size(stats: SchedulerStats, num_queued: int) -> int:
+        """The batch the instance will run (d of eq. 4 is one decode step of it, Θ its
+        token rate): what it runs now plus its share of the queue, up to its limit."""
+        return max(1, min(max(stats.max_num_seqs, 1), stats.num_running + num_queued))
+
+    def _estimator(self, states: dict[int, ModelState]) -> RCTEstimator:
+        costs = {(str(i), m): c for i, s in states.items() for m, c in s.costs.items()}
+        sizes = {m: b for s in states.values() for m, b in s.weight_bytes.items()}
+        return RCTEstimator(CostModelTable(costs), self.outputs, sizes)
+
+    def _queues(self, groups: Sequence[RequestGroup], views: dict[int, QLMView],
+                estimator: RCTEstimator, servable: dict[int, frozenset[str]]
+                ) -> dict[int, list[RequestGroup]]:
+        """Each group on its planned instance or (load balancing) where it is expected
+        to finish first; planned groups in plan order, then by deadline."""
+        queues: dict[int, list[RequestGroup]] = {i: [] for i in views}
+        drains = {i: v.busy_s for i, v in views.items()}
+        for group in sorted(groups, key=lambda g: g.deadline):
+            where = self._placement(group, views, drains, estimator, servable, queues)
+            queues[where].append(group)
+            theta = estimator.throughput(views[where], group.model)
+            drains[where] += group.expected_output_tokens / theta
+        for index, queue in queues.items():
+            queue.sort(key=lambda g: (self._order.get(g.group_id, (index, math.inf))[1],
+                                      g.deadline))
+        return queues
+
+    def _placement(self, group: RequestGroup, views: dict[int, QLMView],
+                   drains: dict[int, float], estimator: RCTEstimator,
+                   servable: dict[int, frozenset[str]],
+                   queues: dict[int, list[RequestGroup]]) -> int:
+        """The planned instance, else (LSO 4) the one where the group would finish
+        first: its queue's drain plus a model swap unless the model is already on the
+        device or queued there; without load balancing, a static instance per model."""
+        planned = self._order.get(group.group_id)
+        if planned is not None and planned[0] in views and group.model in servable[planned[0]]:
+            return planned[0]
+        fits = [i for i in views if group.model in servable[i]]
+        if not self.load_balance:
+            return fits[zlib.crc32(group.model.encode()) % len(fits)]  # static, by model
+
+        def finish(i: int) -> tuple[float, int]:
+            queued = any(g.model == group.model for g in queues[i])
+            swap = 0.0 if queued else estimator.model_load_time(views[i], group.model)
+            return drains[i] + swap, i
+
+        return min(fits, key=finish)
+
+    # ---- estimator and plan generator ---------------------------------------------------
+    def _plan_if_late(self, groups: Sequence[RequestGroup],
+                      queues: dict[int, list[RequestGroup]], views: dict[int, QLMView],
+                      estimator: RCTEstimator, now: float) -> bool:
+        """Plan when the estimator expects a violation; True if the orders changed."""
+        if not self._violates(queues, views, estimator, now):
+            return False
+        plan = generate_plan(groups, [views[i] for i in views], estimator, now, self.options)
+        self.counters.num_plans += 1
+        if plan.fallback:
+            self.counters.num_fallbacks += 1
+            log.warning("qlm: %s", plan.reason)
+        if plan.needs_capacity:
+            self.counters.num_needs_capacity += 1
+        self._order = {gid: (int(vq.instance_id), pos) for vq in plan.queues
+                       for pos, gid in enumerate(vq.group_ids)}
+        return True
+
+    def _violates(self, queues: dict[int, list[RequestGroup]], views: dict[int, QLMView],
+                  estimator: RCTEstimator, now: float) -> bool:
+        """Estimate every queue (§6); True if a group's mean completion misses its SLO.
+        The first estimate of each request is kept (estimator accuracy, R²)."""
+        rng = np.random.default_rng(self.options.seed)
+        late = False
+        for index, queue in queues.items():
+            if not queue:
+                continue
+            est = estimator.queue_times(views[index], queue, self.options.num_samples, rng)
+            for group, mean in zip(queue, est.mean, strict=True):
+                late = late or now + mean > group.deadline
+                for rid in group.request_ids:
+                    self.counters.predicted.setdefault(rid, now + mean)
+            for rid, wait in est.waits.items():
+                self.counters.predicted_start.setdefault(rid, now + wait)
+        return late
+
+    # ---- per-instance agents (§5) -------------------------------------------------------
+    def _act(self, queues: dict[int, list[RequestGroup]], views: Sequence[ModelView],
+             states: dict[int, ModelState], qviews: dict[int, QLMView], now: float
+             ) -> QueueDecision:
+        placements: list[tuple[str, int]] = []
+        views_by = {v.index: v for v in views}
+        swaps: list[tuple[int, str]] = []
+        warm: list[tuple[int, str]] = []
+        for view in views:
+            queue, state, qview = queues[view.index], states[view.index], qviews[view.index]
+            if not queue:
+                continue
+            vq = VirtualQueue(qview.instance_id, tuple(g.group_id for g in queue))
+            by_id = {g.group_id: g for g in queue}
+            actions = model_actions(vq, by_id, qview, dict(state.weight_bytes))
+            if self.warm_start and actions.warm_start is not None:
+                warm.append((view.index, actions.warm_start))
+                self.counters.num_warm_starts += 1
+            if actions.swap_to is not None:
+                if not self._should_swap(view, queue[0], state, now):
+                    continue
+                swaps.append((view.index, actions.swap_to))
+                self.counters.num_swaps += 1
+                self._last_swap[view.index] = (now, self._load_time(state, actions.swap_to))
+                qview = dataclasses.replace(qview, models_on_device=(actions.swap_to,),
+                                            num_running_tokens=0)  # its KV is flushed
+            placements += [(rid, view.index) for rid in self._pulled(view, vq, by_id, qview)]
+        for rid, index in placements:
+            key = self._keys[rid] = self._table.key_for(self._table.get(rid))
+            self._placed[rid] = (index, now)
+            rate = self._rates.get((index, key.model))
+            if rate is not None:
+                stats = views_by[index].load.stats
+                rate.resume(now, stats.num_running + stats.num_waiting == 0)
+        self._table.remove(rid for rid, _ in placements)
+        return QueueDecision(tuple(placements), tuple(swaps), tuple(warm))
+
+    def _should_swap(self, view: ModelView, head: RequestGroup, state: ModelState,
+                     now: float) -> bool:
+        """Swap once the instance has drained, or at once when the head group cannot
+        wait for the running batch (its slack is shorter than the drain time) and the
+        model on the device has served at least as long as it took to load (so swaps
+        never take more than half of an instance's time: no ping-pong between models)."""
+        if state.loading_s > 0:
+            return False
+        load = view.load
+        drained = load.stats.num_running + load.stats.num_waiting == 0 \
+            and view.num_in_transit == 0
+        if drained:
+            return True
+        since, cost = self._last_swap.get(view.index, (-math.inf, 0.0))
+        return head.deadline - now < load.drain_time and now - since >= 2 * cost
+
+    @staticmethod
+    def _load_time(state: ModelState, model: str) -> float:
+        size = state.weight_bytes.get(model, 0)
+        warm = size / state.host_link_bandwidth
+        return warm if model in state.host else warm + size / state.disk_bandwidth
+
+    def _pulled(self, view: ModelView, vq: VirtualQueue, by_id: dict[str, RequestGroup],
+                qview: QLMView) -> tuple[str, ...]:
+        """Request pulling (LSO 1): into spare KV tokens, only without a backlog; without
+        pulling (ablation) every request of the instance's device-model groups at once."""
+        if not self.pull:
+            return tuple(rid for g in vq.groups(by_id) if g.model in qview.models_on_device
+                         for rid in g.request_ids)
+        stats = view.load.stats
+        if qview.models_on_device[0] != view.multi_model.model_state().device:
+            stats = dataclasses.replace(stats, num_running=0, num_waiting=0)  # swapping
+        elif stats.num_waiting or view.num_in_transit:
+            return ()
+        head = vq.groups(by_id)[0]
+        reserve = int(self.pull_reserve * self.outputs.mean(head.key))
+        room = max(0, stats.max_num_seqs - stats.num_running)
+        return pull_requests(vq, by_id, qview, reserve)[:room]

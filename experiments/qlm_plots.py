@@ -1,0 +1,61 @@
+"""Figures of the QLM experiment (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+STYLES = {  # system -> (label, color, marker)
+    "qlm": ("QLM", "tab:red", "^"),
+    "vllm": ("vLLM", "tab:blue", "o"),
+    "edf": ("EDF", "tab:green", "s"),
+    "shepherd": ("SHEPHERD", "tab:purple", "D"),
+}
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def sweep(xs: Sequence[float], curves: Mapping[str, Mapping[str, Sequence[float]]],
+          xlabel: str, metrics: Sequence[tuple[str, str]]) -> Any:
+    """One panel per metric: each system's curve against `xs`."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.4),
+                             squeeze=False)
+    for ax, (key, ylabel) in zip(axes.flat, metrics, strict=True):
+        for system, curve in curves.items():
+            label, color, marker = STYLES.get(system, (system, None, "x"))
+            ax.plot(xs, curve[key], marker=marker, color=color, label=label)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def bars(rows: Sequence[Mapping[str, Any]], label_key: str,
+         metrics: Sequence[tuple[str, str]]) -> Any:
+    """One bar chart per metric over `rows` (e.g. the ablation)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.4),
+                             squeeze=False)
+    labels = [str(r[label_key]) for r in rows]
+    for ax, (key, ylabel) in zip(axes.flat, metrics, strict=True):
+        ax.bar(range(len(rows)), [r[key] for r in rows], color="tab:gray")
+        ax.set_xticks(range(len(rows)), labels, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig
+
+
+def close(fig: Any) -> None:
+    """Free a saved figure (the experiment draws many)."""
+    _pyplot().close(fig)

@@ -1,0 +1,162 @@
+"""Runs of the QLM experiment: the systems compared, the workloads (W_A, W_B, W_C) and
+one measured point (SLO attainment, throughput, model swaps).
+
+Systems (QLM §8 "Experiment Setup"): `qlm` (the qlm router over `edf` engines, eviction
+or state swap chosen by cost), `vllm` (FCFS `vllm` engines behind round-robin), `edf`
+(`edf` engines behind round-robin: earliest deadline first over requests) and
+`shepherd` (static model placement, deadline-ordered static batches). A multi-model
+instance without a swap-driving router swaps to the oldest waiting request's model when
+its engine runs dry (andante.sim.simulator), the baselines' behaviour in the paper
+("none of them consider the impact of model swapping").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from andante.cluster.qlm import r_squared
+from andante.cluster.qlm.router import QLMRouter
+from andante.cluster.registry import make_router
+from andante.sim import ClusterSpec, SimRun, simulate
+from andante.sim.setup import InstanceSpec, with_router
+from andante.workload import WorkloadConfig, build_workload
+from andante.workload.mixes import (
+    add_mega_prompts,
+    assign_deadlines,
+    assign_models,
+    head_tail_weights,
+)
+from andante.workload.spec import RequestSpec
+
+SYSTEMS = ("qlm", "vllm", "edf", "shepherd")
+MAX_CONTEXT = 4000  # prompt + output: Vicuna-13B's 4096-token context
+QUICK_MODELS = ("mistral-7b", "llama-3.1-8b", "vicuna-13b", "phi-3-mini")
+FULL_MODELS = (*QUICK_MODELS, "qwen2.5-14b", "opt-13b")
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One run: SLO attainment (deadline met, all requests), throughput (completed
+    requests per second of makespan; refused ones do not count), model swaps, plus
+    QLM's counters."""
+
+    slo_attainment: float
+    throughput: float
+    num_finished: int
+    num_swaps: int
+    counters: dict[str, int]
+    estimator_r2: float | None
+
+    def row(self) -> dict[str, Any]:
+        return {"SLO attainment": self.slo_attainment, "throughput (req/s)": self.throughput,
+                "model swaps": self.num_swaps}
+
+
+def base_spec(models: Sequence[str], num_instances: int, hardware: str = "a100-80g"
+              ) -> ClusterSpec:
+    return ClusterSpec(model=models[0], hardware=hardware, num_instances=num_instances,
+                       models=tuple(models))
+
+
+def mixed_hardware(spec: ClusterSpec, num_a10: int) -> ClusterSpec:
+    """`spec` with its first `num_a10` instances on A10-24G, the rest on A100-80G."""
+    members = tuple(InstanceSpec(hardware="a10-24g" if i < num_a10 else "a100-80g")
+                    for i in range(spec.num_instances))
+    return dataclasses.replace(spec, instances=members)
+
+
+def system_spec(spec: ClusterSpec, system: str, **qlm_options: Any) -> ClusterSpec:
+    """`spec` as one of SYSTEMS runs it (`qlm_options`: the qlm router's knobs)."""
+    if system == "qlm":
+        qlm = with_router(dataclasses.replace(spec, policy="edf"), "qlm")
+        return dataclasses.replace(qlm, router_options=dict(qlm_options))
+    router, policy = {"vllm": ("round-robin", "vllm"), "edf": ("round-robin", "edf"),
+                      "shepherd": ("shepherd", "static-batch")}[system]
+    return dataclasses.replace(with_router(spec, router), policy=policy)
+
+
+def sharegpt(rate: float, num_requests: int, seed: int) -> list[RequestSpec]:
+    return build_workload(WorkloadConfig(kind="poisson", rate=rate, num_requests=num_requests,
+                                         lengths="sharegpt", max_context=MAX_CONTEXT,
+                                         seed=seed))
+
+
+def w_a(models: Sequence[str], tail_share: float, latency_share: float, rate: float,
+        num_requests: int, seed: int) -> list[RequestSpec]:
+    """W_A: the first model is the popular one, the others are tail models."""
+    specs = assign_models(sharegpt(rate, num_requests, seed),
+                          head_tail_weights(models, 1, tail_share), seed)
+    return assign_deadlines(specs, latency_share, seed)
+
+
+def w_b(model: str, latency_share: float, rate: float, num_requests: int, seed: int
+        ) -> list[RequestSpec]:
+    specs = assign_models(sharegpt(rate, num_requests, seed), {model: 1.0}, seed)
+    return assign_deadlines(specs, latency_share, seed)
+
+
+def w_c(models: Sequence[str], mega_share: float, rate: float, num_requests: int,
+        seed: int) -> list[RequestSpec]:
+    return add_mega_prompts(w_a(models, 0.6, 0.2, rate, num_requests, seed), mega_share, seed)
+
+
+def run_point(spec: ClusterSpec, workload: Sequence[RequestSpec]) -> Point:
+    router = make_router(spec.router, spec.router_options)
+    run = simulate(spec, workload, router=router)
+    return _point(run, router if isinstance(router, QLMRouter) else None)
+
+
+def _point(run: SimRun, router: QLMRouter | None) -> Point:
+    requests = run.requests
+    done = [r for r in run.report.finished if r.timeline.finish_time is not None
+            and r.num_output_tokens == r.sampling.max_tokens]  # not refused
+    met = sum(1 for r in done if r.slo.deadline is not None
+              and r.timeline.finish_time - r.arrival_time <= r.slo.deadline)
+    start = min(r.arrival_time for r in requests)
+    span = max(run.report.end_time - start, 1e-9)
+    finished = len(done)
+    return Point(met / len(requests), finished / span, finished,
+                 len(run.report.model_swaps), run.report.router_counters,
+                 None if router is None else estimator_r2(run, router))
+
+
+def estimator_r2(run: SimRun, router: QLMRouter) -> float | None:
+    """R² of the estimator's first prediction of each request's completion time (its
+    group's, eq. 5; from arrival) against the observed one, over the requests it
+    predicted."""
+    predicted = router.counters.predicted
+    pairs = [(predicted[r.request_id] - r.arrival_time, r.timeline.finish_time - r.arrival_time)
+             for r in run.report.finished
+             if r.request_id in predicted and r.timeline.finish_time is not None]
+    if len(pairs) < 3:
+        return None
+    return r_squared([p for p, _ in pairs], [o for _, o in pairs])
+
+
+def estimator_accuracy(num_requests: int, seed: int) -> dict[str, float | int]:
+    """Fig. 3 / Fig. 17 setting: W_B as two bursts on one Mistral-7B instance (at most
+    32 running, so a queue forms); the first burst trains the estimator (output lengths,
+    Θ measured), the second is measured: R² of each request's first predicted start
+    (W_q) and completion against the observed ones."""
+    first = w_b("mistral-7b", 0.3, 2000.0, num_requests, seed)
+    gap = 400.0
+    second = [dataclasses.replace(s, arrival_time=s.arrival_time + gap)
+              for s in w_b("mistral-7b", 0.3, 2000.0, num_requests, seed + 1)]
+    spec = system_spec(base_spec(("mistral-7b",), 1), "qlm", replan_interval=0.05)
+    spec = dataclasses.replace(spec, scheduler=dataclasses.replace(spec.scheduler,
+                                                                   max_num_seqs=32))
+    router = make_router(spec.router, spec.router_options)
+    assert isinstance(router, QLMRouter)
+    run = simulate(spec, first + second, router=router)
+    starts, done = router.counters.predicted_start, router.counters.predicted
+    rows = [(starts[r.request_id], r.timeline.first_scheduled_time, done[r.request_id],
+             r.timeline.finish_time) for r in run.report.finished
+            if r.arrival_time >= gap and r.request_id in starts and r.request_id in done
+            and r.timeline.first_scheduled_time is not None
+            and r.timeline.finish_time is not None]
+    return {"num_requests": len(rows),
+            "r2_waiting": r_squared([r[0] for r in rows], [r[1] for r in rows]),
+            "r2_completion": r_squared([r[2] for r in rows], [r[3] for r in rows])}

@@ -1,0 +1,140 @@
+"""The `qlm` router wired to the controller and the simulated cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from andante.cluster.controller import Controller
+from andante.cluster.instance import SWAP_MODEL
+from andante.cluster.qlm.router import QLMRouter, preemption_mode_for
+from andante.cluster.registry import make_router
+from andante.cluster.router import QueueDecision
+from andante.core.request import PreemptionMode, Request
+from andante.perf.catalog import get_hardware, get_model
+from andante.perf.cost_model import CostModel
+from andante.sim import ClusterSpec, simulate
+from andante.sim.setup import with_router
+from andante.workload.mixes import assign_deadlines, assign_models
+from andante.workload.spec import RequestSpec
+from tests.cluster.fakes import FakeInstance, request
+
+MODELS = ("mistral-7b", "llama-3.1-8b", "vicuna-13b")
+
+
+class ScriptedHolder:
+    """A queue-holding router that answers one scripted decision."""
+
+    name = "scripted"
+
+    def __init__(self, decision: QueueDecision) -> None:
+        self.decision = decision
+        self.finished: list[str] = []
+
+    def route(self, req: Request, instances: Sequence[Any]) -> int | None:
+        raise AssertionError("a queue-holding router is never asked to route")
+
+    def place_handoff(self, req: Request, source: int, instances: Sequence[Any]) -> None:
+        return None
+
+    def dispatch(self, queue: Sequence[Request], instances: Sequence[Any]) -> QueueDecision:
+        decision, self.decision = self.decision, QueueDecision()
+        return decision
+
+    def on_finished(self, req: Request) -> None:
+        self.finished.append(req.request_id)
+
+
+class SwappingFake(FakeInstance):
+    capabilities = FakeInstance.capabilities | {SWAP_MODEL}
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.models: list[str] = []
+
+    def swap_model(self, model: str) -> None:
+        self.models.append(model)
+
+
+def test_controller_applies_a_queue_routers_decision() -> None:
+    instances = [SwappingFake(0), SwappingFake(1)]
+    holder = ScriptedHolder(QueueDecision())
+    controller = Controller(instances, holder)
+    assert controller.holds_queue
+    controller.submit(request("a"))
+    controller.submit(request("b"))
+    assert [r.request_id for r in controller.queue] == ["a", "b"]  # held
+    holder.decision = QueueDecision(placements=(("b", 1), ("zz", 0)), swaps=((0, "m2"),))
+    controller.dispatch_queue()
+    assert [r.request_id for r in instances[1].submitted] == ["b"]
+    assert [r.request_id for r in controller.queue] == ["a"]
+    assert instances[0].models == ["m2"] and controller.num_model_swaps == 1
+    controller.on_finished("b")
+    assert holder.finished == ["b"]
+
+
+def test_qlm_is_registered_with_its_knobs() -> None:
+    router = make_router("qlm", {"delta": 2.0, "warm_start": False})
+    assert isinstance(router, QLMRouter) and router.options.delta == 2.0
+    with pytest.raises(ValueError, match="avg_batch must be >= 1"):
+        make_router("qlm", {"avg_batch": 0})
+    with pytest.raises(TypeError):
+        make_router("qlm", {"colour": 1})
+
+
+def test_preemption_mode_follows_the_cost_of_each() -> None:
+    mistral = CostModel(get_model("mistral-7b"), get_hardware("a100-80g"))
+    assert preemption_mode_for(mistral) is PreemptionMode.SWAP
+    slow_link = dataclasses.replace(get_hardware("a100-80g"), host_link_bandwidth=1e8)
+    slow = CostModel(get_model("mistral-7b"), slow_link)
+    assert preemption_mode_for(slow) is PreemptionMode.RECOMPUTE
+
+
+def _multi_model_workload(n: int = 240) -> list[RequestSpec]:
+    specs = [RequestSpec(i * 0.15, 150 + (i * 37) % 600, 60 + (i * 53) % 300)
+             for i in range(n)]
+    specs = assign_models(specs, {"mistral-7b": 0.4, "llama-3.1-8b": 0.3,
+                                  "vicuna-13b": 0.3}, seed=1)
+    return assign_deadlines(specs, 0.25, seed=1)
+
+
+def _attainment(run: Any) -> float:
+    ok = sum(1 for r in run.report.finished
+             if r.timeline.finish_time - r.arrival_time <= r.slo.deadline)
+    return ok / len(run.requests)
+
+
+def test_qlm_serves_a_multi_model_cluster_better_than_round_robin() -> None:
+    base = dataclasses.replace(ClusterSpec(model="mistral-7b", num_instances=2,
+                                           models=MODELS), policy="edf")
+    workload = _multi_model_workload()
+    rr = simulate(with_router(base, "round-robin"), workload)
+    qlm = simulate(with_router(base, "qlm"), workload)
+    for run in (rr, qlm):  # every request served exactly once, none left behind
+        ids = [r.request_id for r in run.report.finished]
+        assert len(ids) == len(set(ids)) == len(workload) and not run.report.unfinished
+        assert all(r.num_output_tokens == r.sampling.max_tokens for r in run.report.finished)
+    assert len(qlm.report.model_swaps) < len(rr.report.model_swaps) / 2
+    assert _attainment(qlm) > _attainment(rr)
+    assert qlm.report.end_time < rr.report.end_time
+
+
+def test_planner_fallback_is_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    spec = with_router(ClusterSpec(model="mistral-7b", num_instances=1,
+                                   models=("mistral-7b", "llama-3.1-8b")), "qlm")
+    spec = dataclasses.replace(spec, router_options={"replan_interval": 0.0})
+    workload = [RequestSpec(0.0, 400, 400, model=MODELS[i % 2]) for i in range(80)]
+    workload = assign_deadlines(workload, 1.0, latency_deadline=1.0)
+    router = make_router(spec.router, spec.router_options)
+    assert isinstance(router, QLMRouter)
+    with caplog.at_level(logging.WARNING, logger="andante.cluster.qlm.router"):
+        run = simulate(spec, workload, router=router)
+    assert len(run.report.finished) == 80
+    assert router.counters.num_plans >= 1
+    assert router.counters.num_fallbacks >= 1 and router.counters.num_needs_capacity >= 1
+    assert "more capacity is needed" in caplog.text
+    assert run.report.router_counters["num_needs_capacity"] == router.counters.num_needs_capacity
