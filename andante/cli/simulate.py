@@ -23,7 +23,6 @@ from andante.sim import ClusterSpec, SimRun, simulate
 from andante.sim.cluster_file import load_cluster_file
 from andante.sim.setup import with_router
 from andante.workload import RequestSpec, Trace, build_workload_traced
-
 from andante.workload.mixes import assign_models, parse_model_mix
 
 ASCENDRA = "ascendra"
