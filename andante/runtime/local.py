@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from andante.cluster.instance import BASIC_CAPABILITIES, LaterOperations
+from andante.cluster.instance import BASIC_CAPABILITIES, SWAP_MODEL, LaterOperations
 from andante.cluster.load import LoadReport
 from andante.core.request import Request
 from andante.runtime.worker import InstanceWorker, OnChange, Post, StepMessage
@@ -24,9 +24,11 @@ IDLE_WAIT_S = 0.5
 
 
 class LocalInstance(LaterOperations):
-    capabilities = BASIC_CAPABILITIES
+    """`swap_model` when its worker serves several models (a `ModelSwitch`)."""
 
     def __init__(self, worker: InstanceWorker, role: str = "") -> None:
+        self.capabilities = BASIC_CAPABILITIES | (
+            {SWAP_MODEL} if worker.switch is not None else set())
         self.index = worker.index
         self.role = role
         self.worker = worker
@@ -51,6 +53,29 @@ class LocalInstance(LaterOperations):
 
     def load(self) -> LoadReport:
         return self._report
+
+    def swap_model(self, model: str) -> None:
+        """Serve `model` from the worker's next step boundary (QLM LSO 5)."""
+        if self.worker.switch is None:
+            super().swap_model(model)
+        self.worker.swap_model(model)
+
+    def models(self) -> tuple[str, tuple[str, ...]]:
+        """The model on the device and the warm ones (host memory)."""
+        return self.worker.models()
+
+    def device_model(self) -> str:
+        return self.worker.models()[0]
+
+    def next_model(self) -> str | None:
+        return self.worker.next_model
+
+    def warm_model(self, model: str) -> bool:
+        """Load `model` into host memory ahead of need (warm start)."""
+        if self.worker.switch is None:
+            return False
+        self.worker.warm_model(model)
+        return True
 
     @property
     def restartable(self) -> bool:

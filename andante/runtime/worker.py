@@ -14,7 +14,9 @@ cluster's figures). A Ray actor sends it back as one reply: one message per step
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,10 +25,13 @@ from typing import Any, Protocol
 from andante.cluster.host import EngineHost
 from andante.cluster.instance import Instance
 from andante.cluster.load import LoadReport
-from andante.core.request import Request
+from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
 from andante.engine.stats import EngineLimits
 from andante.exec.batch import StepBatch, StepResult
+from andante.runtime.models import ModelSwap, ModelTiers
+
+log = logging.getLogger("andante.cluster")
 
 
 class OutputAdapter(Protocol):
@@ -72,10 +77,20 @@ class StepMessage:
     handoffs: list[Request] = field(default_factory=list)
     load: LoadReport = field(default_factory=LoadReport)
     stepped: bool = False
+    swaps: list[ModelSwap] = field(default_factory=list)
 
 
 Post = Callable[[StepMessage], None]
 OnChange = Callable[[int, BaseException | None], None]  # (instance index, the cause)
+Build = Callable[[str, Any], tuple[Engine, OutputAdapter]]  # (model, weights) -> engine
+
+
+@dataclass(slots=True)
+class ModelSwitch:
+    """A multi-model worker's models (`tiers`) and how it builds an engine for one."""
+
+    tiers: ModelTiers
+    build: Build
 
 
 class HostedInstance(Instance, Protocol):
@@ -95,17 +110,29 @@ class HostedInstance(Instance, Protocol):
 
 
 class InstanceWorker:
+    """One engine and its inbox. With a `ModelSwitch` it serves several models, one on
+    the device at a time (QLM LSO 5): a request for another model is parked until the
+    engine is dry (or `swap_model` asks for it), then the engine is rebuilt for that
+    model and the outgoing model's unfinished requests are handed back (recomputed
+    later wherever their model is on the device; their output so far is kept)."""
+
     def __init__(self, index: int, engine: Engine, adapter: OutputAdapter | None = None,
-                 drop_late: bool = False, model_name: str = "") -> None:
+                 drop_late: bool = False, model_name: str = "",
+                 switch: ModelSwitch | None = None) -> None:
         self.index = index
         self.model_name = model_name
         self.engine = engine
         self.adapter = adapter or NoOutputs()
+        self.drop_late = drop_late
         self.host = EngineHost(engine, drop_late)
+        self.switch = switch
         self._inbox: deque[tuple[str, Any]] = deque()  # appends are thread-safe
         self._wake = threading.Event()
         self._refused: list[Request] = []
         self._withdrawn: list[Request] = []
+        self._parked: deque[Request] = deque()  # requests for a model not on the device
+        self._pending_swap: str | None = None
+        self._swaps: list[ModelSwap] = []
 
     # ---- any thread ---------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -117,6 +144,18 @@ class InstanceWorker:
     def withdraw(self, request_ids: Sequence[str]) -> None:
         self._post("withdraw", list(request_ids))
 
+    def swap_model(self, model: str) -> None:
+        """Serve `model` from the next step boundary (ValueError: not one of ours)."""
+        if self.switch is None:
+            raise ValueError(f"instance {self.index} serves one model only")
+        self.switch.tiers.check(model)
+        self._post("swap", model)
+
+    def warm_model(self, model: str) -> None:
+        if self.switch is not None:
+            self.switch.tiers.check(model)
+            self._post("warm", model)
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -126,41 +165,136 @@ class InstanceWorker:
 
     # ---- the stepping thread ------------------------------------------------------
     def step(self, timeout: float | None = None) -> StepMessage | None:
-        """Apply the inbox, then run one engine step; with no work, wait up to `timeout`
-        for some. Returns the step's message, or None when nothing happened."""
+        """Apply the inbox, then run one engine step (and a model swap that is due);
+        with no work, wait up to `timeout` for some. Returns the step's message, or
+        None when nothing happened."""
         self._wake.clear()
         self._apply_inbox()
-        if not self.engine.has_work:
+        if not self.engine.has_work and not self._swap_due:
             if timeout is not None and timeout > 0:
                 self._wake.wait(timeout)
             self._apply_inbox()
+        message = None
         if self.engine.has_work:
             out = self.engine.step()
             self.engine.finish_stopped(out, self.adapter.stopped(out))
-            return self._message(out, stepped=True)
-        if self._refused or self._withdrawn:
-            return self._message(None, stepped=False)
-        return None
+            message = self._message(out, stepped=True)
+        if self._swap_due:
+            self._swap(self._pending_swap or self._parked[0].model)
+        if message is None and (self._refused or self._withdrawn or self._swaps):
+            message = self._message(None, stepped=False)
+        if message is not None and self._swaps:
+            message.swaps, self._swaps = self._swaps, []
+            message.handoffs.extend(self._drain_handoffs())
+            message.load = self.host.report()
+        return message
 
     def _apply_inbox(self) -> None:
         inbox = self._inbox
         while inbox:
             kind, item = inbox.popleft()
             if kind == "add":
-                self.adapter.register(item)
-                if not self.host.add(item):
-                    self._refused.append(item)
+                self._add(item)
             elif kind == "abort":
-                self.engine.abort(item)
+                self._abort(item)
+            elif kind == "swap":
+                self._pending_swap = item
+            elif kind == "warm":
+                assert self.switch is not None
+                self.switch.tiers.warm(item)
             else:
                 self._withdrawn.extend(self.host.withdraw(item))
+                self._withdrawn.extend(self._unpark(item))
+
+    def _add(self, req: Request) -> None:
+        if self.switch is not None and (self._parked or not self._on_device(req)):
+            self.host.num_received += 1  # taken in; handed to the engine after a swap
+            self._parked.append(req)
+            return
+        self.adapter.register(req)
+        if not self.host.add(req):
+            self._refused.append(req)
+
+    def _on_device(self, req: Request) -> bool:
+        return self.switch is None or not req.model or req.model == self.switch.tiers.device
+
+    def _abort(self, request_id: str) -> None:
+        for req in self._unpark([request_id]):
+            req.finish(RequestStatus.FINISHED_ABORTED, self.engine.clock.now())
+            self._refused.append(req)  # reported as finished with the next message
+        self.engine.abort(request_id)
+
+    def _unpark(self, request_ids: Sequence[str]) -> list[Request]:
+        ids = set(request_ids)
+        found = [r for r in self._parked if r.request_id in ids]
+        if found:
+            self._parked = deque(r for r in self._parked if r.request_id not in ids)
+        return found
+
+    # ---- model swaps (QLM LSO 5) --------------------------------------------------
+    @property
+    def _swap_due(self) -> bool:
+        """An asked-for swap (at this boundary), or parked requests and a dry engine."""
+        if self.switch is None:
+            return False
+        return self._pending_swap is not None or (bool(self._parked)
+                                                  and not self.engine.has_work)
+
+    def _swap(self, model: str) -> None:
+        assert self.switch is not None
+        self._pending_swap = None
+        tiers = self.switch.tiers
+        if model and model != tiers.device:
+            start = time.perf_counter()
+            evicted = self._flush()
+            weights, tier, _ = tiers.fetch(model)
+            outgoing = tiers.device
+            engine, adapter = self.switch.build(model, weights)
+            tiers.activate(model, weights)
+            self._install(engine, adapter, model)
+            self._withdrawn.extend(evicted)
+            swap = ModelSwap(outgoing, model, tier, time.perf_counter() - start, len(evicted))
+            self._swaps.append(swap)
+            log.info("instance %d swapped %s -> %s (%s start, %.3f s, %d request(s) "
+                     "handed back)", self.index, outgoing, model, tier, swap.seconds,
+                     len(evicted))
+        self._release_parked()
+
+    def _flush(self) -> list[Request]:
+        """The engine's unfinished requests, their KV dropped (recomputed later)."""
+        now = self.engine.clock.now()
+        evicted = list(self.engine.scheduler.requests.values())
+        for req in evicted:
+            if req.status in (RequestStatus.RUNNING, RequestStatus.SWAPPED):
+                req.preempt_by_recompute(now)
+            self.adapter.discard(req.request_id)
+        return evicted
+
+    def _install(self, engine: Engine, adapter: OutputAdapter, model: str) -> None:
+        received = self.host.num_received
+        self.engine, self.adapter, self.model_name = engine, adapter, model
+        self.host = EngineHost(engine, self.drop_late)
+        self.host.num_received = received
+
+    def _release_parked(self) -> None:
+        """Parked requests for the device model, in order, up to the first of another."""
+        while self._parked and self._on_device(self._parked[0]):
+            req = self._parked.popleft()
+            self.adapter.register(req)
+            self.host.num_received -= 1  # `add` counts it again
+            if not self.host.add(req):
+                self._refused.append(req)
+
+    def _drain_handoffs(self) -> list[Request]:
+        handoffs, self._withdrawn = self._withdrawn, []
+        return handoffs
 
     def _message(self, out: StepOutput | None, stepped: bool) -> StepMessage:
         finished = [] if out is None else out.finished
         if self._refused:
             finished.extend(self._refused)
             self._refused = []
-        handoffs, self._withdrawn = self._withdrawn, []
+        handoffs = self._drain_handoffs()
         handoffs.extend(self.host.take_handoffs())
         for req in handoffs:
             self.adapter.discard(req.request_id)
@@ -176,6 +310,27 @@ class InstanceWorker:
     def load(self) -> LoadReport:
         """A report taken now (stepping thread, or while the worker is stopped)."""
         return self.host.report()
+
+    @property
+    def next_model(self) -> str | None:
+        """The model this worker will swap to (a swap asked for, or its parked head's);
+        read from any thread."""
+        if self.switch is None:
+            return None
+        if self._pending_swap is not None:
+            return self._pending_swap
+        try:
+            head = self._parked[0].model
+        except IndexError:
+            return None
+        return head if head and head != self.switch.tiers.device else None
+
+    def models(self) -> tuple[str, tuple[str, ...]]:
+        """The model on the device and the warm ones (a single model: nothing warm)."""
+        if self.switch is None:
+            return self.model_name, ()
+        tiers = self.switch.tiers
+        return tiers.device, tuple(tiers.host)
 
     def describe(self) -> tuple[EngineLimits, str]:
         """What the engine could ever serve, and the model's name."""

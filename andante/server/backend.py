@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,7 +27,7 @@ from andante.cluster.ascendra import PoolMember, pool_plan
 from andante.cluster.registry import make_router
 from andante.core.clock import Clock, MonotonicClock
 from andante.core.request import Request
-from andante.engine import StepOutput
+from andante.engine import Engine, StepOutput
 from andante.engine.config import SchedulerConfig
 from andante.engine.stats import EngineLimits
 from andante.exec.base import Executor
@@ -46,24 +47,43 @@ GIB = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
+class ServedModel:
+    """One model of the server: its name in the API, its tokenizer, its engine limits."""
+
+    name: str
+    tokenizer: Tokenizer
+    limits: EngineLimits
+
+
+@dataclass(frozen=True, slots=True)
 class Backend:
-    """What the HTTP layer serves from; `clock` stamps arrivals (the instances' clock)."""
+    """What the HTTP layer serves from; `clock` stamps arrivals (the instances' clock).
+    `served`: every model by name (one unless `--model NAME=PATH` named several); the
+    first is the default (`model_name`, `tokenizer`, `limits`)."""
 
     runner: ClusterRunner
     tokenizer: Tokenizer
     model_name: str
     limits: EngineLimits
     clock: Clock
+    served: Mapping[str, ServedModel]
 
 
 def build_backend(options: ServeOptions) -> Backend:
     """The controller over `options.instances` in-process threads or Ray actors."""
     router = make_router(options.router, dict(options.router_options))
+    if options.models:
+        from andante.server.multi_model import build_multi_model
+
+        runner, served, clock = build_multi_model(options, router)
+        first = next(iter(served.values()))
+        return Backend(runner, first.tokenizer, first.name, first.limits, clock, served)
     plans = instance_plans(options)
     build = _ray_instances if options.backend == "ray" else _local_instances
     instances, limits, tokenizer, name, clock = build(options, plans)
-    return Backend(ClusterRunner(instances, router), tokenizer,
-                   options.served_model_name or name, limits, clock)
+    name = options.served_model_name or name
+    return Backend(ClusterRunner(instances, router), tokenizer, name, limits, clock,
+                   {name: ServedModel(name, tokenizer, limits)})
 
 
 def instance_plans(options: ServeOptions) -> list[PoolMember]:
@@ -85,6 +105,8 @@ class DeltaAdapter:
     def register(self, req: Request) -> None:
         decoder = self.tokenizer.incremental_decoder(skip_special_tokens=True)
         self.processor.register(req.request_id, decoder, tuple(req.sampling.stop))
+        if req.output_token_ids:  # resumed after a model swap: its text so far was sent
+            self.processor.resume(req)
 
     def stopped(self, step: StepOutput) -> list[str]:
         return self.processor.stopped(step)
@@ -99,13 +121,20 @@ class DeltaAdapter:
 def build_worker(options: ServeOptions, index: int, clock: Clock,
                  loaded: Any = None) -> InstanceWorker:
     """Instance `index` of the plan, on `clock`; `loaded`: weights to share, if any."""
+    engine, adapter, name = build_engine_for(options, index, clock, options.model, loaded)
+    return InstanceWorker(index, engine, adapter, model_name=name)
+
+
+def build_engine_for(options: ServeOptions, index: int, clock: Clock, model: str | None,
+                     loaded: Any = None) -> tuple[Engine, DeltaAdapter, str]:
+    """The engine of instance `index` of the plan serving `model` (a path, None or
+    "toy"), its output adapter and the model's own name."""
     plan = instance_plans(options)[index]
     opts = replace(options.engine, max_num_seqs=plan.batch_factor * options.engine.max_num_seqs)
-    tokenizer, executor, name, model_len = engine_parts(options.model, opts, loaded)
-    outputs = OutputProcessor()
+    tokenizer, executor, name, model_len = engine_parts(model, opts, loaded)
     engine = build_engine(executor, clock, plan.policy, scheduler_config(opts, model_len),
                           plan.policy_options)
-    return InstanceWorker(index, engine, DeltaAdapter(tokenizer, outputs), model_name=name)
+    return engine, DeltaAdapter(tokenizer, OutputProcessor()), name
 
 
 def ray_worker(options: ServeOptions, origin: float, index: int) -> InstanceWorker:

@@ -1,0 +1,117 @@
+"""Several models behind one server (`andante serve --model NAME=PATH --model ...`).
+
+Design note (QLM §3 and §5, LSO 5): every in-process instance can serve every model,
+one at a time on its device. Instance i starts with model i mod M on the device (round
+robin over the models) and the others warm in host memory while they fit
+`--host-memory-gib`; the rest stay cold on disk. Requests go to an instance holding
+their model (`ModelRouter`), else one swaps to it (`InstanceWorker`: the outgoing
+model's unfinished requests are handed back, never lost). The weights are read once per
+process and shared by the instances (in-process instances share them, as with one
+model); a cold swap reads the checkpoint again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from andante.cluster.router import Router
+from andante.core.clock import Clock, MonotonicClock
+from andante.engine import Engine
+from andante.runtime.local import LocalInstance
+from andante.runtime.model_router import ModelRouter
+from andante.runtime.models import ModelTiers
+from andante.runtime.worker import HostedInstance, InstanceWorker, ModelSwitch, OutputAdapter
+from andante.server.backend import ServedModel, build_engine_for
+from andante.server.config import TOY_MODEL, ServeOptions
+from andante.server.runner import ClusterRunner
+
+log = logging.getLogger("andante.server")
+GIB = 1 << 30
+
+
+class ToyWeights:
+    """The toy model's "weights": nothing to load (its swaps measure the engine build)."""
+
+
+def load_weights(path: str | None, dtype: str) -> Any:
+    """A model's weights read from its checkpoint (a cold load)."""
+    if path == TOY_MODEL:
+        return ToyWeights()
+    from andante.models import load_model
+
+    return load_model(path, dtype)
+
+
+def weight_bytes(weights: Any) -> int:
+    """Bytes of a loaded model's tensors in host memory (0 for the toy)."""
+    inner = getattr(weights, "weights", None)
+    if inner is None:
+        return 0
+    tensors = [inner.embed, inner.final_norm, inner.lm_head]
+    for layer in inner.layers:
+        tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+    unique = {id(t): t for t in tensors}
+    return sum(t.numel() * t.element_size() for t in unique.values())
+
+
+def build_multi_model(options: ServeOptions, router: Router
+                      ) -> tuple[ClusterRunner, Mapping[str, ServedModel], Clock]:
+    """The runner over in-process multi-model instances, and every served model."""
+    paths = dict(options.models)
+    names = tuple(paths)
+    clock = MonotonicClock()
+    weights = {name: load_weights(path, options.engine.dtype) for name, path in paths.items()}
+    cap = None if options.host_memory_gib is None else int(options.host_memory_gib * GIB)
+    workers = [_worker(options, i, clock, names, paths, weights, cap)
+               for i in range(options.instances)]
+    served = _served(options, clock, names, weights, workers)
+    locals_ = [LocalInstance(w) for w in workers]
+    instances: list[HostedInstance] = list(locals_)
+    return ClusterRunner(instances, ModelRouter(router, locals_)), served, clock
+
+
+def _worker(options: ServeOptions, index: int, clock: Clock, names: tuple[str, ...],
+            paths: Mapping[str, str | None], weights: Mapping[str, Any], cap: int | None
+            ) -> InstanceWorker:
+    device = names[index % len(names)]
+
+    def build(model: str, loaded: Any) -> tuple[Engine, OutputAdapter]:
+        engine, adapter, _ = build_engine_for(options, index, clock, paths[model],
+                                              _shared(loaded))
+        return engine, adapter
+
+    def load(model: str) -> Any:
+        return load_weights(paths[model], options.engine.dtype)
+
+    tiers = ModelTiers(device, weights, names, load, weight_bytes, cap)
+    engine, adapter = build(device, weights[device])
+    log.info("instance %d: %s on the device, warm: %s", index, device,
+             ", ".join(tiers.host) or "none")
+    return InstanceWorker(index, engine, adapter, model_name=device,
+                          switch=ModelSwitch(tiers, build))
+
+
+def _shared(loaded: Any) -> Any:
+    return None if isinstance(loaded, ToyWeights) else loaded
+
+
+def _served(options: ServeOptions, clock: Clock, names: tuple[str, ...],
+            weights: Mapping[str, Any], workers: list[InstanceWorker]
+            ) -> dict[str, ServedModel]:
+    """Each model's tokenizer and limits (from an instance serving it, else from an
+    engine built once to measure them)."""
+    served: dict[str, ServedModel] = {}
+    for name in names:
+        worker = next((w for w in workers if w.model_name == name), None)
+        adapter: Any
+        if worker is not None:
+            engine, adapter = worker.engine, worker.adapter
+        else:
+            engine, adapter, _ = build_engine_for(options, 0, clock, dict(options.models)[name],
+                                                  _shared(weights[name]))
+        served[name] = ServedModel(name, adapter.tokenizer, engine.limits())
+    return served
