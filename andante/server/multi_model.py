@@ -12,6 +12,7 @@ model); a cold swap reads the checkpoint again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -53,7 +54,8 @@ def weight_bytes(weights: Any) -> int:
         return 0
     tensors = [inner.embed, inner.final_norm, inner.lm_head]
     for layer in inner.layers:
-        tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+        values = (getattr(layer, f.name) for f in dataclasses.fields(layer))
+        tensors += [t for t in values if isinstance(t, torch.Tensor)]
     unique = {id(t): t for t in tensors}
     return sum(t.numel() * t.element_size() for t in unique.values())
 

@@ -227,7 +227,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 REAL = EngineOptions(num_kv_blocks=64, max_num_seqs=4, dtype="float32", num_threads=1)
-PROMPTS = ["hello there", "a b c d", "the cat", "one two three"]
+PROMPTS = ["w10 w20 w30", "w5 w6 w7 w8", "w100 w200", "w42"]
 
 
 def _single(path: Path) -> list[str]:
@@ -243,7 +243,7 @@ def test_real_models_alternate_with_the_right_outputs(
         checkpoints: tuple[Path, Path], host_memory_gib: float | None) -> None:
     one, two = checkpoints
     expected = {"one": _single(one), "two": _single(two)}
-    assert expected["one"] != expected["two"]
+    assert expected["one"] != expected["two"] and all(expected["one"])
     models = (("one", str(one)), ("two", str(two)))
     with _server(_options(models, engine=REAL, host_memory_gib=host_memory_gib)) as srv:
         for i, prompt in enumerate(PROMPTS * 2):
