@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from andante.cluster.ascendra import PoolMember, pool_plan
@@ -37,6 +37,7 @@ from andante.runtime.clock import WallClock
 from andante.runtime.worker import HostedInstance, InstanceWorker
 from andante.server.config import TOY_MODEL, EngineOptions, ServeOptions
 from andante.server.kv_budget import available_memory, plan_kv
+from andante.server.multi_model import ServedModel, build_multi_model
 from andante.server.outputs import OutputProcessor
 from andante.server.runner import ClusterRunner
 from andante.server.toy import ByteTokenizer, ToyExecutor
@@ -47,43 +48,38 @@ GIB = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
-class ServedModel:
-    """One model of the server: its name in the API, its tokenizer, its engine limits."""
-
-    name: str
-    tokenizer: Tokenizer
-    limits: EngineLimits
-
-
-@dataclass(frozen=True, slots=True)
 class Backend:
     """What the HTTP layer serves from; `clock` stamps arrivals (the instances' clock).
-    `served`: every model by name (one unless `--model NAME=PATH` named several); the
-    first is the default (`model_name`, `tokenizer`, `limits`)."""
+    The default model is `model_name` (with its `tokenizer` and `limits`); `others`:
+    the other models of `--model NAME=PATH ...`, by name."""
 
     runner: ClusterRunner
     tokenizer: Tokenizer
     model_name: str
     limits: EngineLimits
     clock: Clock
-    served: Mapping[str, ServedModel]
+    others: Mapping[str, ServedModel] = field(default_factory=dict)  # the other models
+
+    @property
+    def served(self) -> dict[str, ServedModel]:
+        """Every model by name, the default first."""
+        first = ServedModel(self.model_name, self.tokenizer, self.limits)
+        return {self.model_name: first, **self.others}
 
 
 def build_backend(options: ServeOptions) -> Backend:
     """The controller over `options.instances` in-process threads or Ray actors."""
     router = make_router(options.router, dict(options.router_options))
     if options.models:
-        from andante.server.multi_model import build_multi_model
-
-        runner, served, clock = build_multi_model(options, router)
-        first = next(iter(served.values()))
-        return Backend(runner, first.tokenizer, first.name, first.limits, clock, served)
+        runner, served, clock = build_multi_model(options, router, build_engine_for)
+        first, *others = served.values()
+        return Backend(runner, first.tokenizer, first.name, first.limits, clock,
+                       {m.name: m for m in others})
     plans = instance_plans(options)
     build = _ray_instances if options.backend == "ray" else _local_instances
     instances, limits, tokenizer, name, clock = build(options, plans)
     name = options.served_model_name or name
-    return Backend(ClusterRunner(instances, router), tokenizer, name, limits, clock,
-                   {name: ServedModel(name, tokenizer, limits)})
+    return Backend(ClusterRunner(instances, router), tokenizer, name, limits, clock)
 
 
 def instance_plans(options: ServeOptions) -> list[PoolMember]:

@@ -14,24 +14,37 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from andante.cluster.router import Router
 from andante.core.clock import Clock, MonotonicClock
 from andante.engine import Engine
+from andante.engine.stats import EngineLimits
+from andante.models.interface import Tokenizer
 from andante.runtime.local import LocalInstance
 from andante.runtime.model_router import ModelRouter
 from andante.runtime.models import ModelTiers
 from andante.runtime.worker import HostedInstance, InstanceWorker, ModelSwitch, OutputAdapter
-from andante.server.backend import ServedModel, build_engine_for
 from andante.server.config import TOY_MODEL, ServeOptions
 from andante.server.runner import ClusterRunner
 
 log = logging.getLogger("andante.server")
 GIB = 1 << 30
+
+# (options, instance index, clock, model path, its weights) -> (engine, adapter, name):
+# `backend.build_engine_for`
+BuildEngine = Callable[[ServeOptions, int, Clock, str | None, Any], tuple[Engine, Any, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """One model of the server: its name in the API, its tokenizer, its engine limits."""
+
+    name: str
+    tokenizer: Tokenizer
+    limits: EngineLimits
 
 
 class ToyWeights:
@@ -55,12 +68,12 @@ def weight_bytes(weights: Any) -> int:
     tensors = [inner.embed, inner.final_norm, inner.lm_head]
     for layer in inner.layers:
         values = (getattr(layer, f.name) for f in dataclasses.fields(layer))
-        tensors += [t for t in values if isinstance(t, torch.Tensor)]
+        tensors += [t for t in values if hasattr(t, "element_size")]
     unique = {id(t): t for t in tensors}
     return sum(t.numel() * t.element_size() for t in unique.values())
 
 
-def build_multi_model(options: ServeOptions, router: Router
+def build_multi_model(options: ServeOptions, router: Router, build_engine: BuildEngine
                       ) -> tuple[ClusterRunner, Mapping[str, ServedModel], Clock]:
     """The runner over in-process multi-model instances, and every served model."""
     paths = dict(options.models)
@@ -68,22 +81,26 @@ def build_multi_model(options: ServeOptions, router: Router
     clock = MonotonicClock()
     weights = {name: load_weights(path, options.engine.dtype) for name, path in paths.items()}
     cap = None if options.host_memory_gib is None else int(options.host_memory_gib * GIB)
-    workers = [_worker(options, i, clock, names, paths, weights, cap)
+    workers = [_worker(options, i, clock, (names, paths, weights, cap), build_engine)
                for i in range(options.instances)]
-    served = _served(options, clock, names, weights, workers)
+    served = _served(options, clock, weights, workers, build_engine)
     locals_ = [LocalInstance(w) for w in workers]
     instances: list[HostedInstance] = list(locals_)
     return ClusterRunner(instances, ModelRouter(router, locals_)), served, clock
 
 
-def _worker(options: ServeOptions, index: int, clock: Clock, names: tuple[str, ...],
-            paths: Mapping[str, str | None], weights: Mapping[str, Any], cap: int | None
-            ) -> InstanceWorker:
+_Models = tuple[tuple[str, ...], Mapping[str, str | None], Mapping[str, Any], int | None]
+
+
+def _worker(options: ServeOptions, index: int, clock: Clock, models: _Models,
+            build_engine: BuildEngine) -> InstanceWorker:
+    """Instance `index`: model index mod M on the device, the others warm if they fit."""
+    names, paths, weights, cap = models
     device = names[index % len(names)]
 
     def build(model: str, loaded: Any) -> tuple[Engine, OutputAdapter]:
-        engine, adapter, _ = build_engine_for(options, index, clock, paths[model],
-                                              _shared(loaded))
+        engine, adapter, _ = build_engine(options, index, clock, paths[model],
+                                          _shared(loaded))
         return engine, adapter
 
     def load(model: str) -> Any:
@@ -101,19 +118,19 @@ def _shared(loaded: Any) -> Any:
     return None if isinstance(loaded, ToyWeights) else loaded
 
 
-def _served(options: ServeOptions, clock: Clock, names: tuple[str, ...],
-            weights: Mapping[str, Any], workers: list[InstanceWorker]
+def _served(options: ServeOptions, clock: Clock, weights: Mapping[str, Any],
+            workers: list[InstanceWorker], build_engine: BuildEngine
             ) -> dict[str, ServedModel]:
     """Each model's tokenizer and limits (from an instance serving it, else from an
     engine built once to measure them)."""
     served: dict[str, ServedModel] = {}
-    for name in names:
+    for name in weights:
         worker = next((w for w in workers if w.model_name == name), None)
         adapter: Any
         if worker is not None:
             engine, adapter = worker.engine, worker.adapter
         else:
-            engine, adapter, _ = build_engine_for(options, 0, clock, dict(options.models)[name],
-                                                  _shared(weights[name]))
+            engine, adapter, _ = build_engine(options, 0, clock, dict(options.models)[name],
+                                              _shared(weights[name]))
         served[name] = ServedModel(name, adapter.tokenizer, engine.limits())
     return served
