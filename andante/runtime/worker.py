@@ -18,18 +18,19 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from andante.cluster.host import EngineHost
-from andante.cluster.instance import Instance
+from andante.cluster.instance import Instance, ModelState
 from andante.cluster.load import LoadReport
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
 from andante.engine.stats import EngineLimits
 from andante.exec.batch import StepBatch, StepResult
-from andante.runtime.models import ModelSwap, ModelTiers
+from andante.perf.cost_model import CostModel
+from andante.runtime.models import COLD, WARM, ModelSwap, ModelTiers
 
 log = logging.getLogger("andante.cluster")
 
@@ -87,10 +88,12 @@ Build = Callable[[str, Any], tuple[Engine, OutputAdapter]]  # (model, weights) -
 
 @dataclass(slots=True)
 class ModelSwitch:
-    """A multi-model worker's models (`tiers`) and how it builds an engine for one."""
+    """A multi-model worker's models (`tiers`), how it builds an engine for one, and each
+    model's cost model (for a router's estimates: QLM's §6 estimator)."""
 
     tiers: ModelTiers
     build: Build
+    costs: Mapping[str, CostModel]
 
 
 class HostedInstance(Instance, Protocol):
@@ -133,6 +136,7 @@ class InstanceWorker:
         self._parked: deque[Request] = deque()  # requests for a model not on the device
         self._pending_swap: str | None = None
         self._swaps: list[ModelSwap] = []
+        self._bandwidth: dict[str, float] = {}  # tier -> measured bytes/s of its swaps
 
     # ---- any thread ---------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -170,9 +174,10 @@ class InstanceWorker:
         None when nothing happened."""
         self._wake.clear()
         self._apply_inbox()
+        idle = False
         if not self.engine.has_work and not self._swap_due:
             if timeout is not None and timeout > 0:
-                self._wake.wait(timeout)
+                idle = not self._wake.wait(timeout)
             self._apply_inbox()
         message = None
         if self.engine.has_work:
@@ -181,7 +186,8 @@ class InstanceWorker:
             message = self._message(out, stepped=True)
         if self._swap_due:
             self._swap(self._pending_swap or self._parked[0].model)
-        if message is None and (self._refused or self._withdrawn or self._swaps):
+        heartbeat = idle and self.switch is not None  # fresh time for a queue router
+        if message is None and (self._refused or self._withdrawn or self._swaps or heartbeat):
             message = self._message(None, stepped=False)
         if message is not None and self._swaps:
             message.swaps, self._swaps = self._swaps, []
@@ -255,6 +261,8 @@ class InstanceWorker:
             self._withdrawn.extend(evicted)
             swap = ModelSwap(outgoing, model, tier, time.perf_counter() - start, len(evicted))
             self._swaps.append(swap)
+            self._bandwidth[tier] = self.switch.costs[model].model.weight_bytes / max(
+                swap.seconds, 1e-6)
             log.info("instance %d swapped %s -> %s (%s start, %.3f s, %d request(s) "
                      "handed back)", self.index, outgoing, model, tier, swap.seconds,
                      len(evicted))
@@ -331,6 +339,22 @@ class InstanceWorker:
             return self.model_name, ()
         tiers = self.switch.tiers
         return tiers.device, tuple(tiers.host)
+
+    def model_state(self) -> ModelState:
+        """The models here and what a router needs to estimate serving them (QLM §6):
+        tier bandwidths as measured by this worker's swaps, else the hardware's."""
+        assert self.switch is not None
+        tiers, costs = self.switch.tiers, self.switch.costs
+        device = self._pending_swap or tiers.device
+        hw = costs[device].hardware
+        return ModelState(
+            device=device, host=tuple(m for m in tiers.host if m != device), loading_s=0.0,
+            costs=costs, weight_bytes={m: c.model.weight_bytes for m, c in costs.items()},
+            host_link_bandwidth=self._bandwidth.get(WARM, hw.host_link_bandwidth),
+            disk_bandwidth=self._bandwidth.get(COLD, hw.disk_bandwidth),
+            device_memory_bytes=hw.mem_capacity,
+            host_memory_bytes=tiers.host_capacity_bytes or 0,
+            block_size=self.engine.scheduler.config.block_size)
 
     def describe(self) -> tuple[EngineLimits, str]:
         """What the engine could ever serve, and the model's name."""

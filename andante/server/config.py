@@ -106,9 +106,8 @@ class ServeOptions:
         if self.models and self.backend != "inprocess":
             raise ValueError(f"several models (--model NAME=PATH) need the inprocess "
                              f"backend, got {self.backend!r}")
-        if self.models and self.router in ("qlm", "ascendra"):
-            raise ValueError(f"router {self.router!r} is not available with several "
-                             "models on the real engine yet")
+        if self.models and self.router == "ascendra":
+            raise ValueError("router 'ascendra' is not available with several models")
         if self.host_memory_gib is not None and self.host_memory_gib < 0:
             raise ValueError(f"host_memory_gib must be >= 0, got {self.host_memory_gib}")
 

@@ -18,12 +18,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from andante.cluster.router import Router
+from andante.cluster.router import QueueRouter, Router
 from andante.core.clock import Clock, MonotonicClock
 from andante.engine import Engine
 from andante.engine.stats import EngineLimits
 from andante.models.interface import Tokenizer
-from andante.runtime.local import LocalInstance
+from andante.perf.cost_model import CostModel
+from andante.runtime.local import MultiModelInstance
 from andante.runtime.model_router import ModelRouter
 from andante.runtime.models import ModelTiers
 from andante.runtime.worker import HostedInstance, InstanceWorker, ModelSwitch, OutputAdapter
@@ -81,19 +82,21 @@ def build_multi_model(options: ServeOptions, router: Router, build_engine: Build
     clock = MonotonicClock()
     weights = {name: load_weights(path, options.engine.dtype) for name, path in paths.items()}
     cap = None if options.host_memory_gib is None else int(options.host_memory_gib * GIB)
-    workers = [_worker(options, i, clock, (names, paths, weights, cap), build_engine)
+    served, costs = _probe(options, clock, weights, build_engine)
+    workers = [_worker(options, i, clock, (names, paths, weights, cap), build_engine, costs)
                for i in range(options.instances)]
-    served = _served(options, clock, weights, workers, build_engine)
-    locals_ = [LocalInstance(w) for w in workers]
+    locals_ = [MultiModelInstance(w) for w in workers]
     instances: list[HostedInstance] = list(locals_)
-    return ClusterRunner(instances, ModelRouter(router, locals_)), served, clock
+    if not isinstance(router, QueueRouter):  # qlm places by model itself
+        router = ModelRouter(router, locals_)
+    return ClusterRunner(instances, router), served, clock
 
 
 _Models = tuple[tuple[str, ...], Mapping[str, str | None], Mapping[str, Any], int | None]
 
 
 def _worker(options: ServeOptions, index: int, clock: Clock, models: _Models,
-            build_engine: BuildEngine) -> InstanceWorker:
+            build_engine: BuildEngine, costs: Mapping[str, CostModel]) -> InstanceWorker:
     """Instance `index`: model index mod M on the device, the others warm if they fit."""
     names, paths, weights, cap = models
     device = names[index % len(names)]
@@ -111,26 +114,20 @@ def _worker(options: ServeOptions, index: int, clock: Clock, models: _Models,
     log.info("instance %d: %s on the device, warm: %s", index, device,
              ", ".join(tiers.host) or "none")
     return InstanceWorker(index, engine, adapter, model_name=device,
-                          switch=ModelSwitch(tiers, build))
+                          switch=ModelSwitch(tiers, build, costs))
 
 
 def _shared(loaded: Any) -> Any:
     return None if isinstance(loaded, ToyWeights) else loaded
 
 
-def _served(options: ServeOptions, clock: Clock, weights: Mapping[str, Any],
-            workers: list[InstanceWorker], build_engine: BuildEngine
-            ) -> dict[str, ServedModel]:
-    """Each model's tokenizer and limits (from an instance serving it, else from an
-    engine built once to measure them)."""
+def _probe(options: ServeOptions, clock: Clock, weights: Mapping[str, Any],
+           build_engine: BuildEngine) -> tuple[dict[str, ServedModel], dict[str, CostModel]]:
+    """Each model's tokenizer, limits and cost model, from an engine built once for it."""
     served: dict[str, ServedModel] = {}
-    for name in weights:
-        worker = next((w for w in workers if w.model_name == name), None)
-        adapter: Any
-        if worker is not None:
-            engine, adapter = worker.engine, worker.adapter
-        else:
-            engine, adapter, _ = build_engine(options, 0, clock, dict(options.models)[name],
-                                              _shared(weights[name]))
+    costs: dict[str, CostModel] = {}
+    for name, path in options.models:
+        engine, adapter, _ = build_engine(options, 0, clock, path, _shared(weights[name]))
         served[name] = ServedModel(name, adapter.tokenizer, engine.limits())
-    return served
+        costs[name] = engine.executor.cost_model
+    return served, costs

@@ -131,8 +131,9 @@ def _toy_worker(models: tuple[str, ...], host_cap: int | None = None) -> Instanc
     tiers = ModelTiers(models[0], {m: object() for m in models}, models,
                        lambda m: object(), lambda w: 1, host_cap)
     engine, adapter = build(models[0], None)
+    costs = {m: engine.executor.cost_model for m in models}
     return InstanceWorker(0, engine, adapter, model_name=models[0],
-                          switch=ModelSwitch(tiers, build))
+                          switch=ModelSwitch(tiers, build, costs))
 
 
 def _request(rid: str, model: str, max_tokens: int = 20) -> Request:
@@ -254,3 +255,14 @@ def test_real_models_alternate_with_the_right_outputs(
     tier = "warm" if host_memory_gib is None else "cold"
     assert _metric(metrics, "andante:model_swap_seconds_count", tier=tier) == 7
     assert _metric(metrics, "andante:model_swap_seconds_sum", tier=tier) > 0
+
+
+def test_qlm_router_serves_several_models_with_swaps() -> None:
+    with _server(_options(TOYS, router="qlm")) as srv:
+        with ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(_complete, srv.url, TOYS[i % 2][0], f"r{i}")
+                       for i in range(6)]
+            bodies = [f.result() for f in futures]
+        assert sorted(b["model"] for b in bodies) == ["alpha"] * 3 + ["beta"] * 3
+        assert srv.state.runner.num_model_swaps >= 1
+        assert srv.state.runner.controller.num_owned == 0
