@@ -116,6 +116,10 @@ def test_a_swap_while_requests_run_requeues_them_and_each_is_answered_once() -> 
         assert runner.controller.num_owned == 0 and not runner.controller.queue
         metrics = httpx.get(f"{srv.url}/metrics").text
         assert _metric(metrics, "andante:model_swap_evicted_requests_total") >= 1
+        # a resumed request's text is not sent twice: as a request served without a swap
+        for i, body in enumerate(bodies[:6]):
+            alone = _complete(srv.url, "alpha", f"p{i}", 40)
+            assert body["choices"][0]["text"] == alone["choices"][0]["text"]
 
 
 def _toy_worker(models: tuple[str, ...], host_cap: int | None = None) -> InstanceWorker:
