@@ -115,7 +115,7 @@ class MultiModelInstance(LocalInstance):
         return self.worker.models()
 
     def device_model(self) -> str:
-        return self.worker.models()[0]
+        return self.worker.device_model
 
     def next_model(self) -> str | None:
         return self.worker.next_model

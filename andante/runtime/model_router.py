@@ -6,7 +6,8 @@ picks one. When none does, the request is not refused: it goes to the instance a
 swapping to its model, else to the least-loaded instance that can swap (QLM's load
 balancing) without a swap pending; that instance parks it and swaps at its next step
 boundary once its engine is dry (`InstanceWorker`). A swap that instance has not
-reported yet counts as pending, so two requests never start two swaps to one instance.
+reported taking in yet counts as pending, so two requests never start two swaps on one
+instance.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class ModelRouter:
         alive = [v for v in instances if v.alive]
         if not req.model:
             return self._inner_route(req, alive)
-        serving = [v for v in alive if self._coming(v.index) is None
+        serving = [v for v in alive if self._coming(v) is None
                    and self._holders[v.index].device_model() == req.model]
         if serving:
             return self._inner_route(req, serving)
@@ -80,20 +81,20 @@ class ModelRouter:
                       instances: Sequence[InstanceView]) -> int | None:
         return self.route(req, instances)
 
-    def _coming(self, index: int) -> str | None:
-        """The model instance `index` is about to swap to (None: no swap pending)."""
-        holder = self._holders[index]
-        sent = self._sent.get(index)
-        if sent is not None and holder.device_model() == sent and holder.next_model() is None:
-            del self._sent[index]  # done
+    def _coming(self, view: InstanceView) -> str | None:
+        """The model the instance is about to swap to (None: no swap pending): its own
+        word once it has taken in what was sent to it, else what was sent."""
+        sent = self._sent.get(view.index)
+        if sent is not None and view.num_in_transit <= 0:
+            del self._sent[view.index]
             sent = None
-        return holder.next_model() or sent
+        return self._holders[view.index].next_model() or sent
 
     def _swap_target(self, model: str, alive: Sequence[InstanceView]) -> int | None:
-        joining = [v for v in alive if self._coming(v.index) == model]
+        joining = [v for v in alive if self._coming(v) == model]
         if joining:
             return min(joining, key=expected_wait).index
-        free = [v for v in alive if self._coming(v.index) is None]
+        free = [v for v in alive if self._coming(v) is None]
         if not free:
             return None  # every instance is swapping: wait in the global queue
         target = min(free, key=lambda v: (expected_wait(v), v.index)).index

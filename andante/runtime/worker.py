@@ -333,12 +333,18 @@ class InstanceWorker:
             return None
         return head if head and head != self.switch.tiers.device else None
 
+    @property
+    def device_model(self) -> str:
+        """The model on the device (read from any thread)."""
+        return self.model_name if self.switch is None else self.switch.tiers.device
+
     def models(self) -> tuple[str, tuple[str, ...]]:
-        """The model on the device and the warm ones (a single model: nothing warm)."""
+        """The model on the device and the warm ones (a single model: nothing warm);
+        read from any thread."""
         if self.switch is None:
             return self.model_name, ()
         tiers = self.switch.tiers
-        return tiers.device, tuple(tiers.host)
+        return tiers.device, tuple(tiers.host.copy())  # copy: one atomic call
 
     def model_state(self) -> ModelState:
         """The models here and what a router needs to estimate serving them (QLM §6):
@@ -348,7 +354,8 @@ class InstanceWorker:
         device = self._pending_swap or tiers.device
         hw = costs[device].hardware
         return ModelState(
-            device=device, host=tuple(m for m in tiers.host if m != device), loading_s=0.0,
+            device=device, host=tuple(m for m in tiers.host.copy() if m != device),
+            loading_s=0.0,
             costs=costs, weight_bytes={m: c.model.weight_bytes for m, c in costs.items()},
             host_link_bandwidth=self._bandwidth.get(WARM, hw.host_link_bandwidth),
             disk_bandwidth=self._bandwidth.get(COLD, hw.disk_bandwidth),

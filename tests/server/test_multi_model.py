@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace as dataclass_replace
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +271,62 @@ def test_qlm_router_serves_several_models_with_swaps() -> None:
         assert sorted(b["model"] for b in bodies) == ["alpha"] * 3 + ["beta"] * 3
         assert srv.state.runner.num_model_swaps >= 1
         assert srv.state.runner.controller.num_owned == 0
+
+
+class _Holder:
+    def __init__(self, device: str, drain: float) -> None:
+        self.device, self.coming = device, None
+        self.alive, self.role, self.num_sent = True, "", 0
+        from andante.cluster.load import LoadReport
+
+        self.load = LoadReport(drain_time=drain)
+
+    def device_model(self) -> str:
+        return self.device
+
+    def next_model(self) -> str | None:
+        return self.coming
+
+
+class _View:
+    def __init__(self, index: int, holder: _Holder) -> None:
+        self.index, self.holder = index, holder
+        self.role = ""
+
+    @property
+    def alive(self) -> bool:
+        return True
+
+    @property
+    def load(self) -> Any:
+        return self.holder.load
+
+    @property
+    def num_in_transit(self) -> int:
+        return self.holder.num_sent - self.holder.load.num_received
+
+
+def test_model_router_places_by_model_and_never_stacks_swaps() -> None:
+    from andante.cluster.router import RoundRobinRouter
+    from andante.runtime.model_router import ModelRouter
+
+    holders = [_Holder("a", 5.0), _Holder("a", 1.0), _Holder("b", 0.0)]
+    views = [_View(i, h) for i, h in enumerate(holders)]
+    router = ModelRouter(RoundRobinRouter(), holders)
+    # model a: round robin over the two instances holding it
+    assert [router.route(_request(f"r{i}", "a"), views) for i in range(4)] == [0, 1, 0, 1]
+    assert router.route(_request("b0", "b"), views) == 2
+    # model c on no device: the least-loaded instance swaps (1), and while that swap is
+    # pending (sent, not yet taken in) another c request joins it
+    holders[2].load = dataclass_replace(holders[2].load, drain_time=9.0)
+    holders[1].num_sent = 1
+    assert router.route(_request("c0", "c"), views) == 1
+    assert router.route(_request("c1", "c"), views) == 1
+    # instance 1 is pending: model a goes to instance 0 only
+    assert router.route(_request("a9", "a"), views) == 0
+    # a model d request must not stack a second swap on instance 1
+    assert router.route(_request("d0", "d"), views) == 0
+    # once taken in and the parked request gone (aborted), instance 1 serves a again
+    holders[1].load = dataclass_replace(holders[1].load, num_received=1)
+    holders[0].coming = "d"
+    assert router.route(_request("a10", "a"), views) == 1
