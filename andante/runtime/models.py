@@ -84,9 +84,11 @@ class ModelTiers:
         self.device, self.device_weights = model, weights
         self.keep_warm(outgoing, outgoing_weights)
 
-    def warm(self, model: str) -> bool:
-        """Load `model` into host memory ahead of need (QLM's warm start)."""
+    def read(self, model: str) -> Any:
+        """`model`'s weights read from disk (any thread: it touches no state here)."""
         self.check(model)
-        if model == self.device or model in self.host:
-            return True
-        return self.keep_warm(model, self._load(model))
+        return self._load(model)
+
+    def needs_warming(self, model: str) -> bool:
+        self.check(model)
+        return model != self.device and model not in self.host

@@ -137,6 +137,7 @@ class InstanceWorker:
         self._pending_swap: str | None = None
         self._swaps: list[ModelSwap] = []
         self._bandwidth: dict[str, float] = {}  # tier -> measured bytes/s of its swaps
+        self._warming: set[str] = set()  # models being read into host memory
 
     # ---- any thread ---------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -206,8 +207,9 @@ class InstanceWorker:
             elif kind == "swap":
                 self._pending_swap = item
             elif kind == "warm":
-                assert self.switch is not None
-                self.switch.tiers.warm(item)
+                self._start_warming(item)
+            elif kind == "warmed":
+                self._warmed(*item)
             else:
                 self._withdrawn.extend(self.host.withdraw(item))
                 self._withdrawn.extend(self._unpark(item))
@@ -236,6 +238,33 @@ class InstanceWorker:
         if found:
             self._parked = deque(r for r in self._parked if r.request_id not in ids)
         return found
+
+    # ---- warm start (QLM LSO 5): read a checkpoint into host memory, off this thread
+    def _start_warming(self, model: str) -> None:
+        assert self.switch is not None
+        if model in self._warming or not self.switch.tiers.needs_warming(model):
+            return
+        self._warming.add(model)
+        threading.Thread(target=self._read_warm, args=(model,), daemon=True,
+                         name=f"andante-warm-{self.index}-{model}").start()
+
+    def _read_warm(self, model: str) -> None:
+        assert self.switch is not None
+        try:
+            weights = self.switch.tiers.read(model)
+        except Exception:  # the model stays cold; a swap to it reads it again
+            log.exception("instance %d: warming %s failed", self.index, model)
+            weights = None
+        self._post("warmed", (model, weights))
+
+    def _warmed(self, model: str, weights: Any) -> None:
+        assert self.switch is not None
+        self._warming.discard(model)
+        tiers = self.switch.tiers
+        if weights is not None and tiers.needs_warming(model):
+            kept = tiers.keep_warm(model, weights)
+            log.info("instance %d: %s %s", self.index, model,
+                     "is warm" if kept else "does not fit the host budget: stays cold")
 
     # ---- model swaps (QLM LSO 5) --------------------------------------------------
     @property

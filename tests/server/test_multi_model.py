@@ -123,7 +123,8 @@ def test_a_swap_while_requests_run_requeues_them_and_each_is_answered_once() -> 
             assert body["choices"][0]["text"] == alone["choices"][0]["text"]
 
 
-def _toy_worker(models: tuple[str, ...], host_cap: int | None = None) -> InstanceWorker:
+def _toy_worker(models: tuple[str, ...], host_cap: int | None = None,
+                cold: tuple[str, ...] = ()) -> InstanceWorker:
     options = _options(tuple((m, TOY_MODEL) for m in models))
     from andante.core.clock import MonotonicClock
 
@@ -133,7 +134,7 @@ def _toy_worker(models: tuple[str, ...], host_cap: int | None = None) -> Instanc
         engine, adapter, _name = build_engine_for(options, 0, clock, TOY_MODEL)
         return engine, adapter
 
-    tiers = ModelTiers(models[0], {m: object() for m in models}, models,
+    tiers = ModelTiers(models[0], {m: object() for m in models if m not in cold}, models,
                        lambda m: object(), lambda w: 1, host_cap)
     engine, adapter = build(models[0], None)
     costs = {m: engine.executor.cost_model for m in models}
@@ -184,6 +185,20 @@ def test_a_model_over_the_host_budget_is_cold() -> None:
     message = worker.step(0)
     assert message is not None and [s.tier for s in message.swaps] == ["cold"]
     assert worker.models() == ("c", ("b",))  # a did not fit back: cold
+
+
+def test_warm_start_reads_a_cold_model_into_host_memory_off_the_stepping_thread() -> None:
+    worker = _toy_worker(("a", "b", "c"), cold=("c",))
+    assert worker.models() == ("a", ("b",))
+    worker.warm_model("c")
+    for _ in range(100):
+        worker.step(0.05)
+        if "c" in worker.models()[1]:
+            break
+    assert worker.models() == ("a", ("b", "c"))
+    worker.swap_model("c")
+    message = worker.step(0)
+    assert message is not None and [s.tier for s in message.swaps] == ["warm"]
 
 
 def test_unknown_model_for_a_swap_is_a_value_error() -> None:
