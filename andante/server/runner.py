@@ -25,6 +25,7 @@ from andante.cluster.load import total_stats
 from andante.cluster.router import Router
 from andante.core.request import Request
 from andante.engine.stats import SchedulerStats
+from andante.runtime.local import MultiModelInstance
 from andante.runtime.models import ModelSwap
 from andante.runtime.worker import HostedInstance, StepMessage
 from andante.server.outputs import Delta
@@ -150,9 +151,9 @@ class ClusterRunner:
 
 def _instance_stats(inst: HostedInstance) -> dict[str, Any]:
     load = inst.load()
-    models = getattr(inst, "models", None)  # multi-model instances: device and warm
-    extra = {} if models is None else dict(zip(("device_model", "warm_models"), models(),
-                                               strict=True))
+    extra: dict[str, Any] = {}
+    if isinstance(inst, MultiModelInstance):  # which model is on the device, which warm
+        extra["device_model"], extra["warm_models"] = inst.models()
     return {"index": inst.index, "role": inst.role, "alive": inst.alive,
             **asdict(load), "stats": stats_dict(load.stats), **extra}
 
