@@ -19,8 +19,13 @@ def add_parser(subparsers: Any) -> None:
         "--model PATH over /v1/completions and /v1/chat/completions, with SSE streaming, "
         "per-request SLOs, /metrics and a live page at /.",
     )
-    p.add_argument("--model", help="model path; default: the embedded model; 'toy': a "
-                   "byte-level fake model without weights (tests, demos)")
+    p.add_argument("--model", action="append", metavar="PATH | NAME=PATH",
+                   help="model path; default: the embedded model; 'toy': a byte-level fake "
+                   "model without weights (tests, demos). Repeat as NAME=PATH to serve "
+                   "several models (NAME= alone: the embedded model) with model swaps")
+    p.add_argument("--host-memory-gib", type=float,
+                   help="several models: cap on the host memory for warm weight copies "
+                   "(default: every model stays warm)")
     p.add_argument("--served-model-name", help="name in /v1/models (default: from the model)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
@@ -108,8 +113,11 @@ def options_from_args(args: argparse.Namespace) -> Any:
         num_threads=args.threads,
         toy_step_time=args.toy_step_ms / 1000.0,
     )
+    model, models = parse_models(args.model)
     return ServeOptions(
-        model=args.model,
+        model=model,
+        models=models,
+        host_memory_gib=args.host_memory_gib,
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,
@@ -129,6 +137,25 @@ def options_from_args(args: argparse.Namespace) -> Any:
         limits=HTTPLimits(max_body_bytes=args.max_body_bytes, header_timeout=args.header_timeout,
                           body_timeout=args.body_timeout, public_metrics=args.public_metrics),
     )
+
+
+def parse_models(items: list[str] | None
+                 ) -> tuple[str | None, tuple[tuple[str, str | None], ...]]:
+    """--model values -> (one model's path, or the named models): a bare PATH once, or
+    NAME=PATH each time (an empty PATH: the embedded model)."""
+    if not items:
+        return None, ()
+    named = [item for item in items if "=" in item]
+    if not named:
+        if len(items) > 1:
+            raise ValueError(f"--model: give several models as NAME=PATH, got {items}")
+        return items[0], ()
+    if len(named) != len(items):
+        raise ValueError(f"--model: every model needs a NAME= once several are named, got "
+                         f"{items}")
+    models = tuple((name, path or None) for name, _, path in
+                   (item.partition("=") for item in items))
+    return None, models
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from andante.cluster.instance import BASIC_CAPABILITIES, LaterOperations
+from andante.cluster.instance import BASIC_CAPABILITIES, SWAP_MODEL, LaterOperations, ModelState
 from andante.cluster.load import LoadReport
 from andante.core.request import Request
 from andante.runtime.worker import InstanceWorker, OnChange, Post, StepMessage
@@ -85,3 +85,37 @@ class LocalInstance(LaterOperations):
             log.exception("instance %d failed", self.index)
             self.error = exc
             on_down(self.index, exc)
+
+
+class MultiModelInstance(LocalInstance):
+    """A local instance whose worker serves several models (a `ModelSwitch`): it swaps
+    models (QLM LSO 5), warms them and reports them (`MultiModel`)."""
+
+    capabilities = BASIC_CAPABILITIES | {SWAP_MODEL}
+
+    def __init__(self, worker: InstanceWorker, role: str = "") -> None:
+        if worker.switch is None:
+            raise ValueError(f"instance {worker.index}: its worker serves one model only")
+        super().__init__(worker, role)
+
+    def swap_model(self, model: str) -> None:
+        """Serve `model` from the worker's next step boundary."""
+        self.worker.swap_model(model)
+
+    def warm_model(self, model: str) -> bool:
+        """Load `model` into host memory ahead of need (warm start)."""
+        self.worker.warm_model(model)
+        return True
+
+    def model_state(self) -> ModelState:
+        return self.worker.model_state()
+
+    def models(self) -> tuple[str, tuple[str, ...]]:
+        """The model on the device and the warm ones (host memory)."""
+        return self.worker.models()
+
+    def device_model(self) -> str:
+        return self.worker.device_model
+
+    def next_model(self) -> str | None:
+        return self.worker.next_model

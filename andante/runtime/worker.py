@@ -14,18 +14,24 @@ cluster's figures). A Ray actor sends it back as one reply: one message per step
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from andante.cluster.host import EngineHost
-from andante.cluster.instance import Instance
+from andante.cluster.instance import Instance, ModelState
 from andante.cluster.load import LoadReport
-from andante.core.request import Request
+from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
 from andante.engine.stats import EngineLimits
+from andante.perf.cost_model import CostModel
+from andante.runtime.models import COLD, WARM, ModelSwap, ModelTiers
+
+log = logging.getLogger("andante.cluster")
 
 
 class OutputAdapter(Protocol):
@@ -71,10 +77,22 @@ class StepMessage:
     handoffs: list[Request] = field(default_factory=list)
     load: LoadReport = field(default_factory=LoadReport)
     stepped: bool = False
+    swaps: list[ModelSwap] = field(default_factory=list)
 
 
 Post = Callable[[StepMessage], None]
 OnChange = Callable[[int, BaseException | None], None]  # (instance index, the cause)
+Build = Callable[[str, Any], tuple[Engine, OutputAdapter]]  # (model, weights) -> engine
+
+
+@dataclass(slots=True)
+class ModelSwitch:
+    """A multi-model worker's models (`tiers`), how it builds an engine for one, and each
+    model's cost model (for a router's estimates: QLM's §6 estimator)."""
+
+    tiers: ModelTiers
+    build: Build
+    costs: Mapping[str, CostModel]
 
 
 class HostedInstance(Instance, Protocol):
@@ -94,16 +112,31 @@ class HostedInstance(Instance, Protocol):
 
 
 class InstanceWorker:
+    """One engine and its inbox. With a `ModelSwitch` it serves several models, one on
+    the device at a time (QLM LSO 5): a request for another model is parked until the
+    engine is dry (or `swap_model` asks for it), then the engine is rebuilt for that
+    model and the outgoing model's unfinished requests are handed back (recomputed
+    later wherever their model is on the device; their output so far is kept)."""
+
     def __init__(self, index: int, engine: Engine, adapter: OutputAdapter | None = None,
-                 drop_late: bool = False, model_name: str = "") -> None:
+                 drop_late: bool = False, model_name: str = "",
+                 switch: ModelSwitch | None = None) -> None:
         self.index = index
         self.model_name = model_name
         self.engine = engine
         self.adapter = adapter or NoOutputs()
+        self.drop_late = drop_late
         self.host = EngineHost(engine, drop_late)
+        self.switch = switch
         self._inbox: deque[tuple[str, Any]] = deque()  # appends are thread-safe
         self._wake = threading.Event()
         self._withdrawn: list[Request] = []
+        self._aborted: list[Request] = []  # parked requests aborted before their engine
+        self._parked: deque[Request] = deque()  # requests for a model not on the device
+        self._pending_swap: str | None = None
+        self._swaps: list[ModelSwap] = []
+        self._bandwidth: dict[str, float] = {}  # tier -> measured bytes/s of its swaps
+        self._warming: set[str] = set()  # models being read into host memory
 
     # ---- any thread ---------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -115,6 +148,18 @@ class InstanceWorker:
     def withdraw(self, request_ids: Sequence[str]) -> None:
         self._post("withdraw", list(request_ids))
 
+    def swap_model(self, model: str) -> None:
+        """Serve `model` from the next step boundary (ValueError: not one of ours)."""
+        if self.switch is None:
+            raise ValueError(f"instance {self.index} serves one model only")
+        self.switch.tiers.check(model)
+        self._post("swap", model)
+
+    def warm_model(self, model: str) -> None:
+        if self.switch is not None:
+            self.switch.tiers.check(model)
+            self._post("warm", model)
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -124,37 +169,166 @@ class InstanceWorker:
 
     # ---- the stepping thread ------------------------------------------------------
     def step(self, timeout: float | None = None) -> StepMessage | None:
-        """Apply the inbox, then run one engine step; with no work, wait up to `timeout`
-        for some. Returns the step's message, or None when nothing happened."""
+        """Apply the inbox, then run one engine step (and a model swap that is due);
+        with no work, wait up to `timeout` for some. Returns the step's message, or
+        None when nothing happened."""
         self._wake.clear()
         self._apply_inbox()
-        if not self.engine.has_work:
+        idle = False
+        if not self.engine.has_work and not self._swap_due:
             if timeout is not None and timeout > 0:
-                self._wake.wait(timeout)
+                idle = not self._wake.wait(timeout)
             self._apply_inbox()
+        message = None
         if self.engine.has_work:
             out = self.engine.step()
             self.engine.finish_stopped(out, self.adapter.stopped(out))
-            return self._message(out, stepped=True)
-        if self._withdrawn:
-            return self._message(None, stepped=False)
-        return None
+            message = self._message(out, stepped=True)
+        if self._swap_due:
+            self._swap(self._pending_swap or self._parked[0].model)
+        heartbeat = idle and self.switch is not None  # fresh time for a queue router
+        if message is None and (self._aborted or self._withdrawn or self._swaps or heartbeat):
+            message = self._message(None, stepped=False)
+        if message is not None and self._swaps:
+            message.swaps, self._swaps = self._swaps, []
+            message.handoffs.extend(self._drain_handoffs())
+            message.load = self.host.report()
+        return message
 
     def _apply_inbox(self) -> None:
         inbox = self._inbox
         while inbox:
             kind, item = inbox.popleft()
             if kind == "add":
-                self.adapter.register(item)
-                self.host.add(item)  # a refused one comes with the next step's output
+                self._add(item)
             elif kind == "abort":
-                self.engine.abort(item)
+                self._abort(item)
+            elif kind == "swap":
+                self._pending_swap = item
+            elif kind == "warm":
+                self._start_warming(item)
+            elif kind == "warmed":
+                self._warmed(*item)
             else:
                 self._withdrawn.extend(self.host.withdraw(item))
+                self._withdrawn.extend(self._unpark(item))
+
+    def _add(self, req: Request) -> None:
+        if self.switch is not None and (self._parked or not self._on_device(req)):
+            self.host.num_received += 1  # taken in; handed to the engine after a swap
+            self._parked.append(req)
+            return
+        self.adapter.register(req)
+        self.host.add(req)  # a refused one comes with the engine's next output
+
+    def _on_device(self, req: Request) -> bool:
+        return self.switch is None or not req.model or req.model == self.switch.tiers.device
+
+    def _abort(self, request_id: str) -> None:
+        for req in self._unpark([request_id]):
+            req.finish(RequestStatus.FINISHED_ABORTED, self.engine.clock.now())
+            self._aborted.append(req)  # reported as finished with the next message
+        self.engine.abort(request_id)
+
+    def _unpark(self, request_ids: Sequence[str]) -> list[Request]:
+        ids = set(request_ids)
+        found = [r for r in self._parked if r.request_id in ids]
+        if found:
+            self._parked = deque(r for r in self._parked if r.request_id not in ids)
+        return found
+
+    # ---- warm start (QLM LSO 5): read a checkpoint into host memory, off this thread
+    def _start_warming(self, model: str) -> None:
+        assert self.switch is not None
+        if model in self._warming or not self.switch.tiers.needs_warming(model):
+            return
+        self._warming.add(model)
+        threading.Thread(target=self._read_warm, args=(model,), daemon=True,
+                         name=f"andante-warm-{self.index}-{model}").start()
+
+    def _read_warm(self, model: str) -> None:
+        assert self.switch is not None
+        try:
+            weights = self.switch.tiers.read(model)
+        except Exception:  # the model stays cold; a swap to it reads it again
+            log.exception("instance %d: warming %s failed", self.index, model)
+            weights = None
+        self._post("warmed", (model, weights))
+
+    def _warmed(self, model: str, weights: Any) -> None:
+        assert self.switch is not None
+        self._warming.discard(model)
+        tiers = self.switch.tiers
+        if weights is not None and tiers.needs_warming(model):
+            kept = tiers.keep_warm(model, weights)
+            log.info("instance %d: %s %s", self.index, model,
+                     "is warm" if kept else "does not fit the host budget: stays cold")
+
+    # ---- model swaps (QLM LSO 5) --------------------------------------------------
+    @property
+    def _swap_due(self) -> bool:
+        """An asked-for swap (at this boundary), or parked requests and a dry engine."""
+        if self.switch is None:
+            return False
+        return self._pending_swap is not None or (bool(self._parked)
+                                                  and not self.engine.has_work)
+
+    def _swap(self, model: str) -> None:
+        assert self.switch is not None
+        self._pending_swap = None
+        tiers = self.switch.tiers
+        if model and model != tiers.device:
+            start = time.perf_counter()
+            evicted = self._flush()
+            weights, tier, _ = tiers.fetch(model)
+            outgoing = tiers.device
+            engine, adapter = self.switch.build(model, weights)
+            tiers.activate(model, weights)
+            self._install(engine, adapter, model)
+            self._withdrawn.extend(evicted)
+            swap = ModelSwap(outgoing, model, tier, time.perf_counter() - start, len(evicted))
+            self._swaps.append(swap)
+            self._bandwidth[tier] = self.switch.costs[model].model.weight_bytes / max(
+                swap.seconds, 1e-6)
+            log.info("instance %d swapped %s -> %s (%s start, %.3f s, %d request(s) "
+                     "handed back)", self.index, outgoing, model, tier, swap.seconds,
+                     len(evicted))
+        self._release_parked()
+
+    def _flush(self) -> list[Request]:
+        """The engine's unfinished requests, their KV dropped (recomputed later)."""
+        now = self.engine.clock.now()
+        evicted = list(self.engine.scheduler.requests.values())
+        for req in evicted:
+            if req.status in (RequestStatus.RUNNING, RequestStatus.SWAPPED):
+                req.preempt_by_recompute(now)
+            self.adapter.discard(req.request_id)
+        return evicted
+
+    def _install(self, engine: Engine, adapter: OutputAdapter, model: str) -> None:
+        received = self.host.num_received
+        self.engine, self.adapter, self.model_name = engine, adapter, model
+        self.host = EngineHost(engine, self.drop_late)
+        self.host.num_received = received
+
+    def _release_parked(self) -> None:
+        """Parked requests for the device model, in order, up to the first of another."""
+        while self._parked and self._on_device(self._parked[0]):
+            req = self._parked.popleft()
+            self.adapter.register(req)
+            self.host.num_received -= 1  # `add` counts it again
+            self.host.add(req)  # a refused one comes with the engine's next output
+
+    def _drain_handoffs(self) -> list[Request]:
+        handoffs, self._withdrawn = self._withdrawn, []
+        return handoffs
 
     def _message(self, out: StepOutput | None, stepped: bool) -> StepMessage:
         finished = [] if out is None else out.finished
-        handoffs, self._withdrawn = self._withdrawn, []
+        if self._aborted:
+            finished.extend(self._aborted)
+            self._aborted = []
+        handoffs = self._drain_handoffs()
         handoffs.extend(self.host.take_handoffs())
         for req in handoffs:
             self.adapter.discard(req.request_id)
@@ -166,6 +340,50 @@ class InstanceWorker:
     def load(self) -> LoadReport:
         """A report taken now (stepping thread, or while the worker is stopped)."""
         return self.host.report()
+
+    @property
+    def next_model(self) -> str | None:
+        """The model this worker will swap to (a swap asked for, or its parked head's);
+        read from any thread."""
+        if self.switch is None:
+            return None
+        if self._pending_swap is not None:
+            return self._pending_swap
+        try:
+            head = self._parked[0].model
+        except IndexError:
+            return None
+        return head if head and head != self.switch.tiers.device else None
+
+    @property
+    def device_model(self) -> str:
+        """The model on the device (read from any thread)."""
+        return self.model_name if self.switch is None else self.switch.tiers.device
+
+    def models(self) -> tuple[str, tuple[str, ...]]:
+        """The model on the device and the warm ones (a single model: nothing warm);
+        read from any thread."""
+        if self.switch is None:
+            return self.model_name, ()
+        tiers = self.switch.tiers
+        return tiers.device, tuple(tiers.host.copy())  # copy: one atomic call
+
+    def model_state(self) -> ModelState:
+        """The models here and what a router needs to estimate serving them (QLM §6):
+        tier bandwidths as measured by this worker's swaps, else the hardware's."""
+        assert self.switch is not None
+        tiers, costs = self.switch.tiers, self.switch.costs
+        device = self._pending_swap or tiers.device
+        hw = costs[device].hardware
+        return ModelState(
+            device=device, host=tuple(m for m in tiers.host.copy() if m != device),
+            loading_s=0.0,
+            costs=costs, weight_bytes={m: c.model.weight_bytes for m, c in costs.items()},
+            host_link_bandwidth=self._bandwidth.get(WARM, hw.host_link_bandwidth),
+            disk_bandwidth=self._bandwidth.get(COLD, hw.disk_bandwidth),
+            device_memory_bytes=hw.mem_capacity,
+            host_memory_bytes=tiers.host_capacity_bytes or 0,
+            block_size=self.engine.scheduler.config.block_size)
 
     def describe(self) -> tuple[EngineLimits, str]:
         """What the engine could ever serve, and the model's name."""

@@ -14,7 +14,9 @@ from typing import Any
 
 from andante.core.request import Request
 from andante.core.sampling import SLO, SamplingParams
-from andante.server.backend import Backend
+from andante.engine.stats import EngineLimits
+from andante.models.interface import Tokenizer
+from andante.server.backend import Backend, ServedModel
 from andante.server.errors import APIError
 from andante.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
@@ -34,9 +36,17 @@ class Admission:
 
     # ---- prompts ------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.backend.model_name:
+        self.served(model)
+
+    def served(self, model: str | None) -> ServedModel:
+        """The served model of that name (None: the first one); 404 naming the known."""
+        served = self.backend.served
+        found = served.get(self.backend.model_name if model is None else model)
+        if found is None:
+            names = ", ".join(repr(name) for name in served)
             raise APIError(404, f"the model {model!r} does not exist; this server serves "
-                           f"{self.backend.model_name!r}", "model", "model_not_found")
+                           f"{names}", "model", "model_not_found")
+        return found
 
     def completion_prompt(self, body: CompletionRequest) -> list[int]:
         prompt: Any = body.prompt
@@ -45,10 +55,11 @@ class Admission:
                 raise APIError(400, "prompt: batched prompts are not supported; send one "
                                "prompt per request", "prompt", "invalid_value")
             prompt = prompt[0]
+        tokenizer = self.served(body.model).tokenizer
         if isinstance(prompt, str):
-            return self.backend.tokenizer.encode(prompt) if prompt else []
+            return tokenizer.encode(prompt) if prompt else []
         ids: list[int] = list(prompt)
-        vocab = self.backend.tokenizer.vocab_size
+        vocab = tokenizer.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary "
@@ -59,7 +70,8 @@ class Admission:
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
         if not any(m["content"] for m in messages):
             return []
-        return self.backend.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        tokenizer = self.served(body.model).tokenizer
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
     # ---- the request --------------------------------------------------------------
     def admit(
@@ -69,16 +81,17 @@ class Admission:
         field = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
         if not prompt_ids:
             raise APIError(400, f"{field}: the prompt is empty", field, "invalid_value")
-        self._check_fits(field, len(prompt_ids))
-        max_tokens = self._max_tokens(len(prompt_ids), max_tokens)
-        sampling = self._sampling(body, max_tokens)
+        served = self.served(body.model)
+        self._check_fits(field, len(prompt_ids), served.limits)
+        max_tokens = self._max_tokens(len(prompt_ids), max_tokens, served.limits)
+        sampling = self._sampling(body, max_tokens, served.tokenizer)
         slo = SLO() if body.slo is None else SLO(**body.slo.model_dump())
         return Request(request_id, prompt_ids, sampling, arrival, priority=body.priority,
-                       model=self.backend.model_name, slo=slo)
+                       model=served.name, slo=slo)
 
-    def _check_fits(self, field: str, num_prompt: int) -> None:
+    @staticmethod
+    def _check_fits(field: str, num_prompt: int, limits: EngineLimits) -> None:
         """The prompt and at least one output token fit the context and the KV cache."""
-        limits = self.backend.limits
         if num_prompt >= limits.max_model_len:
             problem = (f"the model's context is {limits.max_model_len} tokens (prompt + at "
                        "least 1 output token)")
@@ -89,9 +102,10 @@ class Admission:
         raise APIError(400, f"{field}: prompt has {num_prompt} tokens; {problem}", field,
                        "context_length_exceeded")
 
-    def _max_tokens(self, num_prompt: int, requested: int | None) -> int:
-        model_len = self.backend.limits.max_model_len
-        capacity = self.backend.limits.kv_capacity_tokens
+    @staticmethod
+    def _max_tokens(num_prompt: int, requested: int | None, limits: EngineLimits) -> int:
+        model_len = limits.max_model_len
+        capacity = limits.kv_capacity_tokens
         room = min(model_len, capacity) - num_prompt
         if requested is None:
             return room
@@ -107,7 +121,8 @@ class Admission:
                 "completion)", "max_tokens", "context_length_exceeded")
         return requested
 
-    def _sampling(self, body: _Sampling, max_tokens: int) -> SamplingParams:
+    @staticmethod
+    def _sampling(body: _Sampling, max_tokens: int, tokenizer: Tokenizer) -> SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(body, name) != 0:
                 raise APIError(400, f"{name}: only 0 is supported", name, "unsupported_value")
@@ -116,7 +131,7 @@ class Admission:
             raise APIError(400, f"stop: the stop strings have {sum(map(len, stops))} "
                            f"characters in all; the limit is {MAX_STOP_CHARS}", "stop",
                            "invalid_value")
-        eos = tuple(self.backend.tokenizer.eos_token_ids)
+        eos = tuple(tokenizer.eos_token_ids)
         stop_ids = tuple(body.stop_token_ids or ())
         if not body.ignore_eos:
             stop_ids += tuple(t for t in eos[1:] if t not in stop_ids)

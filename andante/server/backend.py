@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from andante.cluster.ascendra import PoolMember, pool_plan
 from andante.cluster.registry import make_router
 from andante.core.clock import Clock, MonotonicClock
 from andante.core.request import Request
-from andante.engine import StepOutput
+from andante.engine import Engine, StepOutput
 from andante.engine.config import SchedulerConfig
 from andante.engine.stats import EngineLimits
 from andante.exec.base import Executor
@@ -36,6 +37,7 @@ from andante.runtime.clock import WallClock
 from andante.runtime.worker import HostedInstance, InstanceWorker
 from andante.server.config import TOY_MODEL, EngineOptions, ServeOptions
 from andante.server.kv_budget import available_memory, plan_kv
+from andante.server.multi_model import ServedModel, build_multi_model
 from andante.server.outputs import OutputProcessor
 from andante.server.runner import ClusterRunner
 from andante.server.toy import ByteTokenizer, ToyExecutor
@@ -47,23 +49,37 @@ GIB = 1 << 30
 
 @dataclass(frozen=True, slots=True)
 class Backend:
-    """What the HTTP layer serves from; `clock` stamps arrivals (the instances' clock)."""
+    """What the HTTP layer serves from; `clock` stamps arrivals (the instances' clock).
+    The default model is `model_name` (with its `tokenizer` and `limits`); `others`:
+    the other models of `--model NAME=PATH ...`, by name."""
 
     runner: ClusterRunner
     tokenizer: Tokenizer
     model_name: str
     limits: EngineLimits
     clock: Clock
+    others: Mapping[str, ServedModel] = field(default_factory=dict)  # the other models
+
+    @property
+    def served(self) -> dict[str, ServedModel]:
+        """Every model by name, the default first."""
+        first = ServedModel(self.model_name, self.tokenizer, self.limits)
+        return {self.model_name: first, **self.others}
 
 
 def build_backend(options: ServeOptions) -> Backend:
     """The controller over `options.instances` in-process threads or Ray actors."""
     router = make_router(options.router, dict(options.router_options))
+    if options.models:
+        runner, served, clock = build_multi_model(options, router, build_engine_for)
+        first, *others = served.values()
+        return Backend(runner, first.tokenizer, first.name, first.limits, clock,
+                       {m.name: m for m in others})
     plans = instance_plans(options)
     build = _ray_instances if options.backend == "ray" else _local_instances
     instances, limits, tokenizer, name, clock = build(options, plans)
-    return Backend(ClusterRunner(instances, router), tokenizer,
-                   options.served_model_name or name, limits, clock)
+    name = options.served_model_name or name
+    return Backend(ClusterRunner(instances, router), tokenizer, name, limits, clock)
 
 
 def instance_plans(options: ServeOptions) -> list[PoolMember]:
@@ -85,6 +101,8 @@ class DeltaAdapter:
     def register(self, req: Request) -> None:
         decoder = self.tokenizer.incremental_decoder(skip_special_tokens=True)
         self.processor.register(req.request_id, decoder, tuple(req.sampling.stop))
+        if req.output_token_ids:  # resumed after a model swap: its text so far was sent
+            self.processor.resume(req)
 
     def stopped(self, step: StepOutput) -> list[str]:
         return self.processor.stopped(step)
@@ -99,13 +117,20 @@ class DeltaAdapter:
 def build_worker(options: ServeOptions, index: int, clock: Clock,
                  loaded: Any = None) -> InstanceWorker:
     """Instance `index` of the plan, on `clock`; `loaded`: weights to share, if any."""
+    engine, adapter, name = build_engine_for(options, index, clock, options.model, loaded)
+    return InstanceWorker(index, engine, adapter, model_name=name)
+
+
+def build_engine_for(options: ServeOptions, index: int, clock: Clock, model: str | None,
+                     loaded: Any = None) -> tuple[Engine, DeltaAdapter, str]:
+    """The engine of instance `index` of the plan serving `model` (a path, None or
+    "toy"), its output adapter and the model's own name."""
     plan = instance_plans(options)[index]
     opts = replace(options.engine, max_num_seqs=plan.batch_factor * options.engine.max_num_seqs)
-    tokenizer, executor, name, model_len = engine_parts(options.model, opts, loaded)
-    outputs = OutputProcessor()
+    tokenizer, executor, name, model_len = engine_parts(model, opts, loaded)
     engine = build_engine(executor, clock, plan.policy, scheduler_config(opts, model_len),
                           plan.policy_options)
-    return InstanceWorker(index, engine, DeltaAdapter(tokenizer, outputs), model_name=name)
+    return engine, DeltaAdapter(tokenizer, OutputProcessor()), name
 
 
 def ray_worker(options: ServeOptions, origin: float, index: int) -> InstanceWorker:

@@ -77,8 +77,13 @@ class ServeOptions:
     ray_address: str = "local"  # "local" (embedded), "auto" or "ray://HOST:PORT"
     max_restarts: int = 3  # Ray actor restarts per instance
     limits: HTTPLimits = field(default_factory=HTTPLimits)
+    # several models (`--model NAME=PATH`, in order; path None: the embedded model):
+    # when given, `model` and `served_model_name` are unused
+    models: tuple[tuple[str, str | None], ...] = ()
+    host_memory_gib: float | None = None  # cap on the warm models' host copies
 
     def __post_init__(self) -> None:
+        self._check_models()
         if self.instances < 1:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
         if self.backend not in BACKENDS:
@@ -90,6 +95,21 @@ class ServeOptions:
             raise ValueError(f"max_queued must be >= 1, got {self.max_queued}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+
+
+    def _check_models(self) -> None:
+        names = [name for name, _ in self.models]
+        if any(not name for name in names):
+            raise ValueError(f"every model needs a name (NAME=PATH), got {names}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        if self.models and self.backend != "inprocess":
+            raise ValueError(f"several models (--model NAME=PATH) need the inprocess "
+                             f"backend, got {self.backend!r}")
+        if self.models and self.router == "ascendra":
+            raise ValueError("router 'ascendra' is not available with several models")
+        if self.host_memory_gib is not None and self.host_memory_gib < 0:
+            raise ValueError(f"host_memory_gib must be >= 0, got {self.host_memory_gib}")
 
 
 def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:

@@ -87,7 +87,7 @@ def serve(options: ServeOptions, backend: Backend | None = None) -> int:
     app = create_app(options, backend)
     host, port = sock.getsockname()[:2]
     state: ServerState = app.state.andante
-    print(f"andante: serving {state.backend.model_name} on http://{host}:{port} "
+    print(f"andante: serving {', '.join(state.backend.served)} on http://{host}:{port} "
           f"(policy {options.policy}; live page at /, metrics at /metrics)", flush=True)
     _uvicorn_server(app, options).run(sockets=[sock])
     return _exit_status(app)

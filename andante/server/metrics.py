@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from andante.engine.stats import SchedulerStats
 from andante.metrics import e2el, itls, qoe_of, ttft
+from andante.runtime.models import ModelSwap
 from andante.server.outputs import Delta
 
 PREFIX = "andante:"
@@ -26,6 +27,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+SWAP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 QOE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
@@ -90,6 +92,23 @@ class ServerMetrics:
                                        ["model_name", "finished_reason"], registry=r)
         self._prompt = self.prompt_tokens.labels(m)
         self._generation = self.generation_tokens.labels(m)
+        self.model_swaps = Counter(PREFIX + "model_swaps", "Model swaps (QLM LSO 5), by the "
+                                   "model swapped in and the tier it came from.",
+                                   ["model_name", "tier"], registry=r)
+        self.model_swap_seconds = Histogram(
+            PREFIX + "model_swap_seconds", "Time to swap a model in (load from host memory: "
+            "warm; from disk: cold; plus the engine's rebuild).", ["tier"], registry=r,
+            buckets=SWAP_BUCKETS)
+        self.swap_evictions = Counter(PREFIX + "model_swap_evicted_requests", "Requests "
+                                      "handed back to the controller by a model swap.",
+                                      registry=r)
+
+    def observe_swaps(self, swaps: list[ModelSwap]) -> None:
+        """Runner observer: one entry per model swap of any instance."""
+        for swap in swaps:
+            self.model_swaps.labels(swap.incoming, swap.tier).inc()
+            self.model_swap_seconds.labels(swap.tier).observe(swap.seconds)
+            self.swap_evictions.inc(swap.num_evicted)
 
     def observe(self, deltas: list[Delta]) -> None:
         """StreamHub observer: count tokens; record latencies and QoE at finish."""

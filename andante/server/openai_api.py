@@ -77,8 +77,9 @@ async def _generate(
     arrival = state.backend.clock.now()
     state.check_accepting()
     rid = new_request_id("chatcmpl" if chat else "cmpl")
-    stream = state.submit(state.admission.admit(body, prompt, max_tokens, rid, arrival))
-    reply = Reply(rid, chat, state.backend.model_name, len(prompt))
+    req = state.admission.admit(body, prompt, max_tokens, rid, arrival)
+    stream = state.submit(req)
+    reply = Reply(rid, chat, req.model or state.backend.model_name, len(prompt))
 
     def on_disconnect() -> None:  # the engine's "abort" delta then ends the stream
         if not stream.finished:
@@ -135,9 +136,9 @@ def openai_router(state: ServerState) -> APIRouter:
     @router.get("/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
-            "id": state.backend.model_name, "object": "model", "created": 0,
-            "owned_by": "andante", "max_model_len": state.backend.limits.max_model_len,
-        }]}
+            "id": served.name, "object": "model", "created": 0,
+            "owned_by": "andante", "max_model_len": served.limits.max_model_len,
+        } for served in state.backend.served.values()]}
 
     return router
 

@@ -60,6 +60,15 @@ class OutputProcessor:
     def discard(self, request_id: str) -> None:
         self._states.pop(request_id, None)
 
+    def resume(self, req: Request) -> None:
+        """A registered request that already streamed its output so far (elsewhere, or
+        before a model swap): its next delta starts after what was sent."""
+        state = self._states[req.request_id]
+        self._catch_up(req, state)
+        state.num_sent_tokens = req.num_output_tokens
+        text = state.decoder.text
+        state.num_sent_chars = max(0, len(text) - state.hold) if state.stop else len(text)
+
     @property
     def num_tracked(self) -> int:
         return len(self._states)

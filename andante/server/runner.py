@@ -25,6 +25,8 @@ from andante.cluster.load import total_stats
 from andante.cluster.router import Router
 from andante.core.request import Request
 from andante.engine.stats import SchedulerStats
+from andante.runtime.local import MultiModelInstance
+from andante.runtime.models import ModelSwap
 from andante.runtime.worker import HostedInstance, StepMessage
 from andante.server.outputs import Delta
 
@@ -44,6 +46,12 @@ class ClusterRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._deliver: Deliver | None = None
         self._on_failure: OnFailure | None = None
+        self._swap_observers: list[Callable[[list[ModelSwap]], None]] = []
+        self.num_model_swaps = 0
+
+    def add_swap_observer(self, observer: Callable[[list[ModelSwap]], None]) -> None:
+        """`observer(swaps)` on the loop thread after each step that swapped a model."""
+        self._swap_observers.append(observer)
 
     # ---- loop thread ----------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -84,6 +92,10 @@ class ClusterRunner:
         index = message.index
         inst = self.instances[index]
         inst.observe(message)
+        if message.swaps:
+            self.num_model_swaps += len(message.swaps)
+            for observer in self._swap_observers:
+                observer(message.swaps)
         owner = self.controller.owner_of
         deltas: list[Delta] = []
         for delta in message.outputs:
@@ -131,6 +143,7 @@ class ClusterRunner:
             "queued": len(self.controller.queue),
             "handoffs": self.controller.num_handoffs,
             "requeued": self.controller.num_requeued,
+            "model_swaps": self.num_model_swaps,
             **{name: getattr(router, name) for name in ("num_ticketed", "num_offloads")
                if hasattr(router, name)},
         }
@@ -138,8 +151,11 @@ class ClusterRunner:
 
 def _instance_stats(inst: HostedInstance) -> dict[str, Any]:
     load = inst.load()
+    extra: dict[str, Any] = {}
+    if isinstance(inst, MultiModelInstance):  # which model is on the device, which warm
+        extra["device_model"], extra["warm_models"] = inst.models()
     return {"index": inst.index, "role": inst.role, "alive": inst.alive,
-            **asdict(load), "stats": stats_dict(load.stats)}
+            **asdict(load), "stats": stats_dict(load.stats), **extra}
 
 
 def stats_dict(stats: SchedulerStats) -> dict[str, Any]:

@@ -48,6 +48,7 @@ class ServerState:
         live = LiveStats(backend.clock, lambda: runner.stats)
         hub.add_observer(metrics.observe)
         hub.add_observer(live.observe)
+        runner.add_swap_observer(metrics.observe_swaps)
         return cls(options, backend, runner, hub, metrics, live, Admission(backend))
 
     @property

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
-from andante.cli.main import build_parser
+from andante.cli.main import build_parser, main
 from andante.cli.serve import options_from_args
 from andante.server.config import TOY_MODEL
 from tests.server.helpers import toy_serve_process
@@ -26,3 +27,16 @@ def test_options_from_the_command_line() -> None:
     assert (options.policy, dict(options.policy_options), options.max_queued) == ("edf",
                                                                                    {"x": 1}, 7)
     assert (options.engine.max_num_seqs, options.engine.num_kv_blocks) == (3, 99)
+
+
+def test_several_named_models_from_the_command_line() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--model", "a=toy", "--model", "b=", "--host-memory-gib", "0.5"])
+    options = options_from_args(args)
+    assert options.models == (("a", TOY_MODEL), ("b", None))
+    assert options.host_memory_gib == 0.5
+
+
+def test_serve_refuses_mixed_models_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--model", "a=toy", "--model", "toy"]) == 2
+    assert "NAME=" in capsys.readouterr().err

@@ -1,0 +1,133 @@
+"""Several models behind one server (`andante serve --model NAME=PATH --model ...`).
+
+Design note (QLM §3 and §5, LSO 5): every in-process instance can serve every model,
+one at a time on its device. Instance i starts with model i mod M on the device (round
+robin over the models) and the others warm in host memory while they fit
+`--host-memory-gib`; the rest stay cold on disk. Requests go to an instance holding
+their model (`ModelRouter`), else one swaps to it (`InstanceWorker`: the outgoing
+model's unfinished requests are handed back, never lost). The weights are read once per
+process and shared by the instances (in-process instances share them, as with one
+model); a cold swap reads the checkpoint again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from andante.cluster.router import QueueRouter, Router
+from andante.core.clock import Clock, MonotonicClock
+from andante.engine import Engine
+from andante.engine.stats import EngineLimits
+from andante.models.interface import Tokenizer
+from andante.perf.cost_model import CostModel
+from andante.runtime.local import MultiModelInstance
+from andante.runtime.model_router import ModelRouter
+from andante.runtime.models import ModelTiers
+from andante.runtime.worker import HostedInstance, InstanceWorker, ModelSwitch, OutputAdapter
+from andante.server.config import TOY_MODEL, ServeOptions
+from andante.server.runner import ClusterRunner
+
+log = logging.getLogger("andante.server")
+GIB = 1 << 30
+
+# (options, instance index, clock, model path, its weights) -> (engine, adapter, name):
+# `backend.build_engine_for`
+BuildEngine = Callable[[ServeOptions, int, Clock, str | None, Any], tuple[Engine, Any, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """One model of the server: its name in the API, its tokenizer, its engine limits."""
+
+    name: str
+    tokenizer: Tokenizer
+    limits: EngineLimits
+
+
+class ToyWeights:
+    """The toy model's "weights": nothing to load (its swaps measure the engine build)."""
+
+
+def load_weights(path: str | None, dtype: str) -> Any:
+    """A model's weights read from its checkpoint (a cold load)."""
+    if path == TOY_MODEL:
+        return ToyWeights()
+    from andante.models import load_model
+
+    return load_model(path, dtype)
+
+
+def weight_bytes(weights: Any) -> int:
+    """Bytes of a loaded model's tensors in host memory (0 for the toy)."""
+    inner = getattr(weights, "weights", None)
+    if inner is None:
+        return 0
+    tensors = [inner.embed, inner.final_norm, inner.lm_head]
+    for layer in inner.layers:
+        values = (getattr(layer, f.name) for f in dataclasses.fields(layer))
+        tensors += [t for t in values if hasattr(t, "element_size")]
+    unique = {id(t): t for t in tensors}
+    return sum(t.numel() * t.element_size() for t in unique.values())
+
+
+def build_multi_model(options: ServeOptions, router: Router, build_engine: BuildEngine
+                      ) -> tuple[ClusterRunner, Mapping[str, ServedModel], Clock]:
+    """The runner over in-process multi-model instances, and every served model."""
+    paths = dict(options.models)
+    names = tuple(paths)
+    clock = MonotonicClock()
+    weights = {name: load_weights(path, options.engine.dtype) for name, path in paths.items()}
+    cap = None if options.host_memory_gib is None else int(options.host_memory_gib * GIB)
+    served, costs = _probe(options, clock, weights, build_engine)
+    workers = [_worker(options, i, clock, (names, paths, weights, cap), build_engine, costs)
+               for i in range(options.instances)]
+    locals_ = [MultiModelInstance(w) for w in workers]
+    instances: list[HostedInstance] = list(locals_)
+    if not isinstance(router, QueueRouter):  # qlm places by model itself
+        router = ModelRouter(router, locals_)
+    return ClusterRunner(instances, router), served, clock
+
+
+_Models = tuple[tuple[str, ...], Mapping[str, str | None], Mapping[str, Any], int | None]
+
+
+def _worker(options: ServeOptions, index: int, clock: Clock, models: _Models,
+            build_engine: BuildEngine, costs: Mapping[str, CostModel]) -> InstanceWorker:
+    """Instance `index`: model index mod M on the device, the others warm if they fit."""
+    names, paths, weights, cap = models
+    device = names[index % len(names)]
+
+    def build(model: str, loaded: Any) -> tuple[Engine, OutputAdapter]:
+        engine, adapter, _ = build_engine(options, index, clock, paths[model],
+                                          _shared(loaded))
+        return engine, adapter
+
+    def load(model: str) -> Any:
+        return load_weights(paths[model], options.engine.dtype)
+
+    tiers = ModelTiers(device, weights, names, load, weight_bytes, cap)
+    engine, adapter = build(device, weights[device])
+    log.info("instance %d: %s on the device, warm: %s", index, device,
+             ", ".join(tiers.host) or "none")
+    return InstanceWorker(index, engine, adapter, model_name=device,
+                          switch=ModelSwitch(tiers, build, costs))
+
+
+def _shared(loaded: Any) -> Any:
+    return None if isinstance(loaded, ToyWeights) else loaded
+
+
+def _probe(options: ServeOptions, clock: Clock, weights: Mapping[str, Any],
+           build_engine: BuildEngine) -> tuple[dict[str, ServedModel], dict[str, CostModel]]:
+    """Each model's tokenizer, limits and cost model, from an engine built once for it."""
+    served: dict[str, ServedModel] = {}
+    costs: dict[str, CostModel] = {}
+    for name, path in options.models:
+        engine, adapter, _ = build_engine(options, 0, clock, path, _shared(weights[name]))
+        served[name] = ServedModel(name, adapter.tokenizer, engine.limits())
+        costs[name] = engine.executor.cost_model
+    return served, costs

@@ -1,0 +1,123 @@
+"""QLM on the real engine: several models behind `andante serve`, `qlm` vs round-robin.
+
+    .venv/bin/python benchmarks/qlm_on_engine.py --duration 25 --rate 2
+
+The embedded model (SmolLM2-135M, CPU) is served under several names, each with its
+own SLO class (a deadline from arrival to the last token), by `--instances` in-process
+instances that swap models (warm, from host memory). Each system (`qlm`: the QLM router;
+`vllm`: the vLLM policy per instance with round-robin routing over the instances holding
+the model, swapping when none does) gets the same Poisson arrivals (same seed: same
+models, prompt lengths and output lengths; token-id prompts, `ignore_eos`).
+
+Prints ONE JSON line: per system the SLO attainment (finished within its deadline), the
+output throughput (tokens/s over the run), the swaps per minute, the mean end-to-end
+latency per model, plus qlm's ratios to vllm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from andante.server import EngineOptions, ServeOptions, ServerThread
+
+# name -> (share of the requests, deadline in s): latency-sensitive, normal, batch
+CLASSES = {"chat": (0.5, 6.0), "code": (0.3, 15.0), "batch": (0.2, 60.0)}
+SYSTEMS = {"vllm": "round-robin", "qlm": "qlm"}
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    at: float
+    model: str
+    prompt: list[int]
+    max_tokens: int
+
+
+def workload(rate: float, duration: float, seed: int) -> list[Arrival]:
+    """Poisson arrivals; each picks a model by its share, a prompt of 16-96 token ids
+    and an output of 8-32 tokens."""
+    rng = random.Random(seed)
+    names, shares = list(CLASSES), [share for share, _ in CLASSES.values()]
+    out, now = [], rng.expovariate(rate)
+    while now < duration:
+        prompt = [rng.randrange(100, 20000) for _ in range(rng.randint(16, 96))]
+        out.append(Arrival(now, rng.choices(names, shares)[0], prompt, rng.randint(8, 32)))
+        now += rng.expovariate(rate)
+    return out
+
+
+async def _send(client: httpx.AsyncClient, start: float, arrival: Arrival
+                ) -> tuple[str, float, int]:
+    await asyncio.sleep(max(0.0, start + arrival.at - time.monotonic()))
+    sent = time.monotonic()
+    deadline = CLASSES[arrival.model][1]
+    reply = await client.post("/v1/completions", json={
+        "model": arrival.model, "prompt": arrival.prompt, "max_tokens": arrival.max_tokens,
+        "temperature": 0, "ignore_eos": True, "slo": {"deadline": deadline}})
+    reply.raise_for_status()
+    return arrival.model, time.monotonic() - sent, reply.json()["usage"]["completion_tokens"]
+
+
+async def _drive(url: str, arrivals: list[Arrival]) -> tuple[list[tuple[str, float, int]],
+                                                              float]:
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        start = time.monotonic()
+        results = await asyncio.gather(*(_send(client, start, a) for a in arrivals))
+        return list(results), time.monotonic() - start
+
+
+def run_system(args: argparse.Namespace, router: str, arrivals: list[Arrival]) -> dict[str, Any]:
+    options = ServeOptions(
+        models=tuple((name, None) for name in CLASSES), router=router, port=0,
+        instances=args.instances, log_level="warning", max_queued=100_000,
+        engine=EngineOptions(num_kv_blocks=args.num_kv_blocks, max_num_seqs=16,
+                             num_threads=args.threads, max_model_len=512))
+    with ServerThread(options) as server:
+        results, makespan = asyncio.run(_drive(server.url, arrivals))
+        swaps = server.state.runner.num_model_swaps
+    met = sum(latency <= CLASSES[model][1] for model, latency, _ in results)
+    return {
+        "num_requests": len(results),
+        "slo_attainment": met / len(results),
+        "output_throughput": sum(n for _, _, n in results) / makespan,
+        "swaps_per_minute": swaps / (makespan / 60.0),
+        "mean_latency_s": {m: statistics.fmean(lat for mm, lat, _ in results if mm == m)
+                           for m in CLASSES if any(mm == m for mm, _, _ in results)},
+        "makespan_s": makespan,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rate", type=float, default=2.0, help="requests/s (default 2)")
+    p.add_argument("--duration", type=float, default=25.0, help="seconds of arrivals")
+    p.add_argument("--instances", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per instance")
+    p.add_argument("--num-kv-blocks", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    arrivals = workload(args.rate, args.duration, args.seed)
+    out: dict[str, Any] = {"benchmark": "qlm_on_engine", "rate": args.rate,
+                           "duration": args.duration, "instances": args.instances,
+                           "classes": {m: {"share": s, "deadline_s": d}
+                                       for m, (s, d) in CLASSES.items()},
+                           "load_average": os.getloadavg()[0]}
+    for name, router in SYSTEMS.items():
+        out[name] = run_system(args, router, arrivals)
+    out["qlm_over_vllm"] = {key: out["qlm"][key] / out["vllm"][key] if out["vllm"][key] else None
+                            for key in ("slo_attainment", "output_throughput")}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
