@@ -18,7 +18,8 @@ from andante.core.request import Request
 from andante.perf.cost_model import CostModel
 
 # Operations an instance may support (its `capabilities`); the controller checks before
-# asking. Only the first three exist today; the others are the seams QLM and KunServe use.
+# asking. SWAP_MODEL exists on simulated and in-process instances (QLM); the layer
+# operations are the seams KunServe will use.
 SUBMIT, ABORT, WITHDRAW = "submit", "abort", "withdraw"
 SWAP_MODEL = "swap_model"  # QLM: serve another model (warm from host memory or cold)
 DROP_LAYERS = "drop_layers"  # KunServe: free replicated layers for KV, join a pipeline

@@ -36,7 +36,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from andante.cluster.instance import ModelState
-from andante.cluster.load import LoadReport
 from andante.cluster.qlm.estimator import CostModelTable, OutputLengthModel, RCTEstimator
 from andante.cluster.qlm.groups import GroupKey, GroupTable, RequestGroup
 from andante.cluster.qlm.planner import PlannerOptions, generate_plan
@@ -48,7 +47,7 @@ from andante.cluster.qlm.virtual_queue import (
     model_actions,
     pull_requests,
 )
-from andante.cluster.router import QueueDecision
+from andante.cluster.router import InstanceView, QueueDecision
 from andante.core.request import PreemptionMode, Request
 from andante.engine.stats import SchedulerStats
 from andante.perf.cost_model import CostModel
@@ -57,19 +56,8 @@ log = logging.getLogger(__name__)
 MIN_RATE_SAMPLES = 16  # finished requests before a measured Θ replaces the cost model's
 
 
-class ModelView(Protocol):
+class ModelView(InstanceView, Protocol):
     """A router's view of an instance (the controller's slot) that can report models."""
-
-    index: int
-
-    @property
-    def alive(self) -> bool: ...
-
-    @property
-    def load(self) -> LoadReport: ...
-
-    @property
-    def num_in_transit(self) -> int: ...
 
     @property
     def multi_model(self) -> Any: ...
