@@ -25,7 +25,8 @@ fi
 HASH="$(sha256sum pyproject.toml | cut -c1-16)"
 installed() {  # this pyproject.toml with (at least) these extras
   local hash extras x
-  read -r hash extras < "$STAMP" 2>/dev/null || return 1
+  [ -f "$STAMP" ] || return 1
+  read -r hash extras < "$STAMP" || return 1
   [ "$hash" = "$HASH" ] || return 1
   for x in ${EXTRAS//,/ }; do [[ ",$extras," == *",$x,"* ]] || return 1; done
 }
