@@ -15,7 +15,7 @@ script converts the GGUF once:
 
 Usage (with a venv holding torch, transformers, gguf, accelerate)::
 
-    python benchmarks/vllm_peer/convert_gguf.py --out /work/models/smollm2-135m-instruct
+    python benchmarks/vllm_peer/convert_gguf.py --out "$ANDANTE_PEERS/smollm2-135m-instruct"
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Run with the vLLM venv's interpreter (not the repo venv)::
 
-    /work/vllm-venv/bin/python benchmarks/vllm_peer/vllm_offline_bench.py \
+    "$ANDANTE_PEERS/vllm-venv/bin/python" benchmarks/vllm_peer/vllm_offline_bench.py \
         --model /work/models/smollm2-135m-instruct [--enforce-eager]
 
 It prints ONE JSON line on stdout (vLLM's logs are sent to stderr) with:
