@@ -9,7 +9,7 @@ TTFT target max(prompt/5000, 1 s), reading speed drawn from the Andes reading
 distribution), stop it. Prints ONE JSON line: per server and workload ttft p50/p99,
 tpot mean, output throughput, goodput (`--goodput`), mean QoE.
 
-vLLM runs from its own venv (`--vllm-python`, default /work/vllm-venv/bin/python) on a
+vLLM runs from its own venv (`--vllm-python`, default $ANDANTE_PEERS/vllm-venv/bin/python) on a
 safetensors directory (`--model-dir`, made by benchmarks/vllm_peer/convert_gguf.py):
     python -m vllm.entrypoints.openai.api_server --model DIR --dtype bfloat16
         --max-model-len 2048 --max-num-seqs 64 --enforce-eager --no-enable-prefix-caching

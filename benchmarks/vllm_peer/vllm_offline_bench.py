@@ -3,7 +3,7 @@
 Run with the vLLM venv's interpreter (not the repo venv)::
 
     "$ANDANTE_PEERS/vllm-venv/bin/python" benchmarks/vllm_peer/vllm_offline_bench.py \
-        --model /work/models/smollm2-135m-instruct [--enforce-eager]
+        --model "$ANDANTE_PEERS/smollm2-135m-instruct" [--enforce-eager]
 
 It prints ONE JSON line on stdout (vLLM's logs are sent to stderr) with:
 
