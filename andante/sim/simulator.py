@@ -123,9 +123,11 @@ class SimInstance(LaterOperations):
 
     def submit(self, req: Request) -> None:
         if self.tiers is not None and req.model and req.model not in self.tiers.weight_bytes:
-            req.finish(RequestStatus.FINISHED_REJECTED, self.engine.clock.now())
+            held = ", ".join(sorted(self.tiers.weight_bytes))
+            req.reject(f"model {req.model!r} is not served by instance {self.index} "
+                       f"(it holds {held})", self.engine.clock.now())
             self.host.num_received += 1
-            self.hooks.finished(self, [req])  # a model this instance cannot hold
+            self.hooks.finished(self, [req])
             return
         if self.tiers is not None and (self.parked or not self._serves_now(req)):
             self.parked.append(req)

@@ -71,6 +71,15 @@ def test_multi_model_cluster_serves_every_request_with_swaps() -> None:
     assert all(r.num_output_tokens == 40 for r in run.report.finished)
 
 
+def test_a_model_no_instance_holds_is_rejected_with_its_reason() -> None:
+    spec = ClusterSpec(model=MISTRAL, num_instances=1, models=(MISTRAL, VICUNA))
+    run = simulate(spec, [RequestSpec(0.0, 200, 10, model=LLAMA8),
+                          RequestSpec(0.0, 200, 10, model=MISTRAL)])
+    rejected = [r for r in run.report.finished if r.timeline.rejection_reason]
+    assert len(run.report.finished) == 2 and len(rejected) == 1
+    assert LLAMA8 in (rejected[0].timeline.rejection_reason or "")
+
+
 def test_single_model_cluster_has_no_swap_capability() -> None:
     sim = build_simulator(ClusterSpec(model=MISTRAL))
     assert SWAP_MODEL not in sim.instances[0].capabilities
