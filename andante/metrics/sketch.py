@@ -88,6 +88,14 @@ class Moments:
         self.low, self.high = min(self.low, float(values.min())), max(self.high,
                                                                        float(values.max()))
 
+    def observe(self, value: float) -> None:
+        """Add one value (Welford's update)."""
+        self.count += 1
+        delta = value - self.mean
+        self.mean += delta / self.count
+        self.m2 += delta * (value - self.mean)
+        self.low, self.high = min(self.low, value), max(self.high, value)
+
 
 def sketched_stats(moments: Moments, histogram: LogHistogram) -> Stats:
     """Stats with exact count, mean, std, min and max and percentiles from `histogram`

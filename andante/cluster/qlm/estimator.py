@@ -28,6 +28,7 @@ import numpy as np
 
 from andante.cluster.qlm.groups import RequestGroup
 from andante.cluster.qlm.types import InstanceView, check_non_negative, check_positive
+from andante.metrics.sketch import Moments
 from andante.perf.cost_model import CostModel
 
 DEFAULT_CONTEXT_TOKENS = 1024  # context of the decode step used to derive Θ when not given
@@ -68,13 +69,6 @@ class CostModelTable:
 
 
 @dataclass(slots=True)
-class _Moments:
-    count: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-
-
-@dataclass(slots=True)
 class OutputLengthModel:
     """Online normal fit of output lengths per group key (eq. 3), with a prior."""
 
@@ -82,7 +76,7 @@ class OutputLengthModel:
     prior_std: float = 128.0
     prior_weight: float = 8.0
     max_tokens: int = 32768
-    _stats: dict[Hashable, _Moments] = field(default_factory=dict)
+    _stats: dict[Hashable, Moments] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_positive("prior_mean", self.prior_mean)
@@ -95,11 +89,7 @@ class OutputLengthModel:
         """Record one finished request's output length (Welford's update)."""
         if num_output_tokens < 0:
             raise ValueError(f"num_output_tokens must be >= 0, got {num_output_tokens!r}")
-        s = self._stats.setdefault(key, _Moments())
-        s.count += 1
-        delta = num_output_tokens - s.mean
-        s.mean += delta / s.count
-        s.m2 += delta * (num_output_tokens - s.mean)
+        self._stats.setdefault(key, Moments()).observe(num_output_tokens)
 
     def num_observations(self, key: Hashable) -> int:
         s = self._stats.get(key)
