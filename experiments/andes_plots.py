@@ -7,23 +7,17 @@ from typing import Any
 
 import numpy as np
 
+from andante.bench.report import pyplot
+
 COLORS = {"vllm": "tab:blue", "sarathi": "tab:orange", "lqsf": "tab:green",
           "andes": "tab:red"}
 
-
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def curves(panels: Mapping[str, Mapping[str, Sequence[float]]], xs: Sequence[float],
            xlabel: str, ylabel: str = "average QoE", line: float | None = 0.95) -> Any:
     """One panel per setup; one line per policy (`panels[title][policy]` = ys)."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.4), squeeze=False)
     for ax, (title, series) in zip(axes[0], panels.items(), strict=True):
         for name, ys in series.items():
@@ -41,7 +35,7 @@ def curves(panels: Mapping[str, Mapping[str, Sequence[float]]], xs: Sequence[flo
 
 def bars(groups: Sequence[str], series: Mapping[str, Sequence[float]], ylabel: str,
          title: str = "") -> Any:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.2))
     width = 0.8 / max(1, len(series))
     x = np.arange(len(groups))
@@ -58,7 +52,7 @@ def bars(groups: Sequence[str], series: Mapping[str, Sequence[float]], ylabel: s
 
 def side_by_side(left: Any, right: Any) -> Any:
     """Two callables (ax -> None) drawn next to each other."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9.2, 3.4))
     left(axes[0])
     right(axes[1])
@@ -67,7 +61,7 @@ def side_by_side(left: Any, right: Any) -> Any:
 
 
 def cdfs(data: Mapping[str, np.ndarray], xlabel: str, log: bool = False) -> Any:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.6, 3.4))
     for name, values in data.items():
         v = np.sort(values[np.isfinite(values)])
@@ -85,7 +79,7 @@ def cdfs(data: Mapping[str, np.ndarray], xlabel: str, log: bool = False) -> Any:
 
 def queues(data: Mapping[str, np.ndarray | None]) -> Any:
     """Waiting (solid) and running (dashed) requests over time, and KV usage."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(7.0, 4.6), sharex=True)
     for name, q in data.items():
         if q is None or not len(q):

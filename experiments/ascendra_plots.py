@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from andante.bench.report import pyplot
+
 STYLES = {  # system -> (label, color, marker)
     "vllm": ("vLLM", "tab:blue", "o"),
     "sarathi": ("Sarathi-Serve (2048)", "tab:orange", "s"),
@@ -14,21 +16,13 @@ STYLES = {  # system -> (label, color, marker)
 }
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
 
 def goodput_curves(panels: Sequence[Mapping[str, Any]], xkey: str, xlabel: str,
                    target: float = 0.9) -> Any:
     """One panel per setup: goodput (share of requests within SLO) against `xkey`.
 
     Each panel: {"title", xkey: [...], "goodput": {system: [...]}}."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), squeeze=False)
     for ax, panel in zip(axes[0], panels, strict=True):
         for system, values in panel["goodput"].items():
@@ -48,7 +42,7 @@ def goodput_curves(panels: Sequence[Mapping[str, Any]], xkey: str, xlabel: str,
 
 def overload_bars(counts: Mapping[str, Mapping[str, int]]) -> Any:
     """Fig. 12: requests served within SLO, served late and dropped, per system."""
-    plt = _pyplot()
+    plt = pyplot()
     systems = list(counts)
     parts = (("good", "within SLO", "tab:green"), ("violated", "served, SLO missed",
                                                    "tab:orange"),
@@ -69,7 +63,7 @@ def overload_bars(counts: Mapping[str, Mapping[str, int]]) -> Any:
 
 def perf_error(steps: Sequence[int], errors: Sequence[float], fits: Sequence[int]) -> Any:
     """The online model's recent prediction error as steps accumulate (refits marked)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.6, 3.4))
     ax.plot(steps, [100 * e for e in errors], color="tab:red")
     for step in fits:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from andante.bench.report import pyplot
+
 STYLES = {  # policy -> (label, color, marker), as in the paper's legends
     "vllm": ("vLLM", "tab:blue", "o"),
     "fastserve-fcfs": ("FastServe-FCFS", "tab:green", "s"),
@@ -12,21 +14,13 @@ STYLES = {  # policy -> (label, color, marker), as in the paper's legends
 }
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
 
 def latency_curves(panels: Sequence[Mapping[str, Any]], stat: str, ylabel: str) -> Any:
     """Fig. 11 (stat="mean") / Fig. 12 (stat="p95"): latency vs arrival rate per setup.
 
     Each panel: {"title", "rates", "slo", "curves": {policy: {stat: [...]}}}.
     """
-    plt = _pyplot()
+    plt = pyplot()
     cols = min(3, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.4 * rows), squeeze=False)
@@ -51,7 +45,7 @@ def latency_curves(panels: Sequence[Mapping[str, Any]], stat: str, ylabel: str) 
 def kv_memory(traces: Mapping[str, Sequence[tuple[float, float, float]]],
               device_capacity_gb: float) -> Any:
     """Fig. 8: KV cache in use (device + host) over time, per scheduler."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     names = {"fastserve-fcfs": "FCFS", "fastserve": "MLFQ (FastServe)"}
     for policy, trace in traces.items():
@@ -73,7 +67,7 @@ def kv_memory(traces: Mapping[str, Sequence[tuple[float, float, float]]],
 
 def kv_modes(rates: Sequence[float], curves: Mapping[str, Sequence[float]], slo: float) -> Any:
     """Fig. 15(a): mean per-token latency of FastServe's KV-cache strategies."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     for name, values in curves.items():
         ax.plot(rates, values, marker="o", label=name)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from andante.bench.report import pyplot
+
 STYLES = {  # system -> (label, color, marker)
     "qlm": ("QLM", "tab:red", "^"),
     "vllm": ("vLLM", "tab:blue", "o"),
@@ -13,19 +15,11 @@ STYLES = {  # system -> (label, color, marker)
 }
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
 
 def sweep(xs: Sequence[float], curves: Mapping[str, Mapping[str, Sequence[float]]],
           xlabel: str, metrics: Sequence[tuple[str, str]]) -> Any:
     """One panel per metric: each system's curve against `xs`."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.4),
                              squeeze=False)
     for ax, (key, ylabel) in zip(axes.flat, metrics, strict=True):
@@ -43,7 +37,7 @@ def sweep(xs: Sequence[float], curves: Mapping[str, Mapping[str, Sequence[float]
 def bars(rows: Sequence[Mapping[str, Any]], label_key: str,
          metrics: Sequence[tuple[str, str]]) -> Any:
     """One bar chart per metric over `rows` (e.g. the ablation)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.4),
                              squeeze=False)
     labels = [str(r[label_key]) for r in rows]
@@ -58,4 +52,4 @@ def bars(rows: Sequence[Mapping[str, Any]], label_key: str,
 
 def close(fig: Any) -> None:
     """Free a saved figure (the experiment draws many)."""
-    _pyplot().close(fig)
+    pyplot().close(fig)

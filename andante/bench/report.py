@@ -9,6 +9,16 @@ from pathlib import Path
 from typing import Any
 
 
+def pyplot() -> Any:
+    """matplotlib.pyplot on the non-interactive Agg backend (reports are files)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
