@@ -54,10 +54,6 @@ class TokenPacer:
         self._queue: asyncio.Queue[tuple[str, float] | _End] = asyncio.Queue()
         self.released: list[PacedToken] = []
 
-    @property
-    def num_buffered(self) -> int:
-        return self._queue.qsize()
-
     def push(self, text: str, arrival: float | None = None) -> None:
         self._queue.put_nowait((text, self._clock() if arrival is None else arrival))
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 
 from andante.models.config import ModelConfig
-from andante.models.interface import Tokenizer
 from andante.models.tokenizer import TextTokenizer
 from andante.models.weights import ModelWeights
 from andante.perf.specs import ModelSpec
@@ -52,11 +51,6 @@ class LoadedModel:
     @property
     def dtype(self) -> torch.dtype:
         return self.weights.dtype
-
-    @property
-    def text_tokenizer(self) -> Tokenizer:
-        """The tokenizer as the `interface.Tokenizer` protocol (checked by mypy)."""
-        return self.tokenizer
 
     @property
     def spec(self) -> ModelSpec:

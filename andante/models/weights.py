@@ -7,7 +7,7 @@ into another, so a layer runs four GEMMs. Tensors arrive under Hugging Face name
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -111,6 +111,3 @@ def build_weights(config: ModelConfig, fetch: Fetch, source: str,
     lm_head = embed if head is None else head.to(dtype)
     return ModelWeights(embed, layers, norm, lm_head, rope_freq_factors)
 
-
-def fetch_from(tensors: Mapping[str, torch.Tensor]) -> Fetch:
-    return tensors.get

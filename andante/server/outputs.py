@@ -69,10 +69,6 @@ class OutputProcessor:
         text = state.decoder.text
         state.num_sent_chars = max(0, len(text) - state.hold) if state.stop else len(text)
 
-    @property
-    def num_tracked(self) -> int:
-        return len(self._states)
-
     def stopped(self, out: StepOutput) -> list[str]:
         """Ids of the step's unfinished requests whose text now contains a stop string."""
         return [r.request_id for r in out.updated if not r.is_finished and self._stops(r)]

@@ -91,10 +91,6 @@ class OutputLengthModel:
             raise ValueError(f"num_output_tokens must be >= 0, got {num_output_tokens!r}")
         self._stats.setdefault(key, Moments()).observe(num_output_tokens)
 
-    def num_observations(self, key: Hashable) -> int:
-        s = self._stats.get(key)
-        return s.count if s else 0
-
     def distribution(self, key: Hashable) -> tuple[float, float]:
         """(μ_o, σ_o) after the observations so far (the prior alone before any)."""
         s = self._stats.get(key)
