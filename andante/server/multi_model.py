@@ -82,9 +82,10 @@ def build_multi_model(options: ServeOptions, router: Router, build_engine: Build
     clock = MonotonicClock()
     weights = {name: load_weights(path, options.engine.dtype) for name, path in paths.items()}
     cap = None if options.host_memory_gib is None else int(options.host_memory_gib * GIB)
-    served, costs = _probe(options, clock, weights, build_engine)
+    costs: dict[str, CostModel] = {}  # filled below; read by the workers at swap time
     workers = [_worker(options, i, clock, (names, paths, weights, cap), build_engine, costs)
                for i in range(options.instances)]
+    served = _describe(options, clock, weights, build_engine, workers, costs)
     locals_ = [MultiModelInstance(w) for w in workers]
     instances: list[HostedInstance] = list(locals_)
     if not isinstance(router, QueueRouter):  # qlm places by model itself
@@ -121,13 +122,22 @@ def _shared(loaded: Any) -> Any:
     return None if isinstance(loaded, ToyWeights) else loaded
 
 
-def _probe(options: ServeOptions, clock: Clock, weights: Mapping[str, Any],
-           build_engine: BuildEngine) -> tuple[dict[str, ServedModel], dict[str, CostModel]]:
-    """Each model's tokenizer, limits and cost model, from an engine built once for it."""
+def _describe(options: ServeOptions, clock: Clock, weights: Mapping[str, Any],
+              build_engine: BuildEngine, workers: list[InstanceWorker],
+              costs: dict[str, CostModel]) -> dict[str, ServedModel]:
+    """Each model's tokenizer, limits and cost model: from a worker's engine where one
+    serves it, else from an engine built once for it (a model no device holds yet)."""
     served: dict[str, ServedModel] = {}
-    costs: dict[str, CostModel] = {}
-    for name, path in options.models:
-        engine, adapter, _ = build_engine(options, 0, clock, path, _shared(weights[name]))
+
+    def record(name: str, engine: Engine, adapter: Any) -> None:
         served[name] = ServedModel(name, adapter.tokenizer, engine.limits())
         costs[name] = engine.executor.cost_model
-    return served, costs
+
+    for worker in workers:
+        if worker.model_name not in served:
+            record(worker.model_name, worker.engine, worker.adapter)
+    for name, path in options.models:
+        if name not in served:
+            engine, adapter, _ = build_engine(options, 0, clock, path, _shared(weights[name]))
+            record(name, engine, adapter)
+    return {name: served[name] for name, _ in options.models}
