@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -98,14 +98,23 @@ def test_each_instance_starts_with_its_own_model_and_requests_go_there() -> None
         assert stats["model_swaps"] == 0  # each model had an instance on its device
 
 
+def _wait_until_running(runner: Any, num: int, timeout: float = 30.0) -> None:
+    """Until instance 0 reports `num` running requests (the order of arrivals matters:
+    a request for the other model on an idle instance would swap it at once)."""
+    deadline = time.monotonic() + timeout
+    while runner.cluster_stats()["instances"][0]["stats"]["num_running"] < num:
+        assert time.monotonic() < deadline, "the requests never started"
+        time.sleep(0.005)
+
+
 def test_a_swap_while_requests_run_requeues_them_and_each_is_answered_once() -> None:
     slow = EngineOptions(toy_step_time=0.01)
     with _server(_options(TOYS, engine=slow)) as srv:
         runner = srv.state.runner
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(_complete, srv.url, "alpha", f"p{i}", 40) for i in range(6)]
+            _wait_until_running(runner, 6)  # alpha's requests are decoding
             futures += [pool.submit(_complete, srv.url, "beta", f"q{i}", 10) for i in range(2)]
-            threading.Event().wait(0.15)  # the alpha requests are decoding
             srv.state.runner.instances[0].swap_model("beta")
             bodies = [f.result() for f in futures]
         ids = [b["id"] for b in bodies]
