@@ -187,6 +187,34 @@ class KVBlockManager:
             self.host.free(self._host_released_at_end)
             self._host_released_at_end = []
 
+    # ---- resizing (KunServe: dropped weights become KV blocks, and back) -----------
+    def resize_device(self, num_blocks: int) -> dict[int, int] | None:
+        """Give the device tier `num_blocks` blocks. Growing always succeeds. Shrinking
+        moves the KV held in blocks >= `num_blocks` into free blocks below it and
+        returns that {old id: new id} map for the executor to copy; None (nothing
+        changed) if the blocks in use do not fit in `num_blocks`."""
+        current = self.device.num_blocks
+        if num_blocks >= current:
+            self.device.grow(num_blocks - current)
+            return {}
+        if self.device.num_used > num_blocks:
+            return None
+        moved = self._relocate_below(num_blocks)
+        self.device.shrink_to(num_blocks)
+        return moved
+
+    def _relocate_below(self, limit: int) -> dict[int, int]:
+        high = [b for table in self._device_tables.values() for b in table if b >= limit]
+        if not high:
+            return {}
+        spare = [b for b in self.device.free_ids() if b < limit][: len(high)]
+        self.device.take(spare)
+        self.device.free(high)
+        moved = dict(zip(high, spare, strict=True))
+        for table in self._device_tables.values():
+            table[:] = [moved.get(b, b) for b in table]
+        return moved
+
     # ---- invariants -----------------------------------------------------------------
     def check_invariants(self) -> None:
         """Conservation per tier and single ownership; raises AssertionError if broken."""

@@ -1,6 +1,6 @@
 """Property test: random allocate/append/swap/free sequences through the block manager's
 one rule set (`allocate_slots`, `can_swap_out`/`swap_out`, `can_swap_in`/`swap_in`,
-`end_step`) conserve blocks and keep the admission watermark."""
+`end_step`, `resize_device`) conserve blocks and keep the admission watermark."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from andante.kv import KVBlockManager, OutOfBlocksError
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["allocate", "append", "swap_out", "swap_in", "free", "end_step"]),
+        st.sampled_from(["allocate", "append", "swap_out", "swap_in", "free", "end_step", "resize"]),
         st.integers(min_value=0, max_value=7),  # which request
         st.integers(min_value=1, max_value=40),  # how many tokens
     ),
@@ -63,6 +63,22 @@ def _apply(kv: KVBlockManager, tokens: dict[str, int], op: str, rid: str, n: int
         del tokens[rid]
     elif op == "end_step":
         kv.end_step()
+    elif op == "resize":
+        _resize(kv, n)
+
+
+def _resize(kv: KVBlockManager, n: int) -> None:
+    """Grow or shrink the device tier (KunServe); a shrink keeps every table's content."""
+    target = max(1, n // 2)
+    before = {r: list(kv.block_table(r)) for r in list(kv._device_tables)}
+    used = kv.device.num_used
+    moved = kv.resize_device(target)
+    if moved is None:
+        assert used > target and kv.num_device_blocks != target
+        return
+    assert kv.num_device_blocks == target
+    for rid, table in before.items():
+        assert kv.block_table(rid) == [moved.get(b, b) for b in table]
 
 
 @settings(max_examples=300, deadline=None)
@@ -84,7 +100,7 @@ def test_random_sequences_conserve_blocks(
         kv.check_invariants()
         assert kv.num_free_device_blocks + sum(
             kv.num_device_blocks_of(r) for r in tokens
-        ) == num_device
+        ) == kv.num_device_blocks
         for rid, count in tokens.items():
             assert kv.num_blocks_of(rid) == kv.num_blocks_for(count)
     kv.end_step()
@@ -92,5 +108,5 @@ def test_random_sequences_conserve_blocks(
     for rid in list(tokens):
         kv.free(rid)
     kv.check_invariants()
-    assert kv.num_free_device_blocks == num_device
+    assert kv.num_free_device_blocks == kv.num_device_blocks
     assert kv.num_free_host_blocks == num_host
