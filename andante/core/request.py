@@ -84,6 +84,29 @@ class TokenIds(Sequence[int]):
         return isinstance(other, Sequence) and self._ids == list(other)
 
 
+@dataclass(frozen=True, slots=True)
+class PrefixIds:
+    """The content of a prompt without real token ids (simulation), for prefix caching.
+
+    `ids[k]` names the content of tokens [k * span_tokens, (k + 1) * span_tokens): two
+    requests whose first k ids are equal share their first k * span_tokens tokens (a
+    trace's hash ids, or a workload generator's shared system prompt or conversation
+    history). `num_tokens` (at most len(ids) * span_tokens) is how many tokens the ids
+    describe; it may exceed the prompt (a conversation turn's answer, which the next
+    turn's prompt repeats)."""
+
+    ids: tuple[int, ...]
+    span_tokens: int
+    num_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.span_tokens < 1:
+            raise ValueError(f"span_tokens must be >= 1, got {self.span_tokens}")
+        if not 0 <= self.num_tokens <= len(self.ids) * self.span_tokens:
+            raise ValueError(f"num_tokens {self.num_tokens} outside [0, "
+                             f"{len(self.ids) * self.span_tokens}] for {len(self.ids)} ids")
+
+
 @dataclass(slots=True)
 class Timeline:
     """What happened to a request, in clock seconds. Metrics are pure functions of it."""
@@ -96,6 +119,9 @@ class Timeline:
     num_swaps_out: int = 0
     num_recomputes: int = 0
     rejection_reason: str | None = None  # why it was refused (FINISHED_REJECTED)
+    # prefix caching, summed over the request's admissions (a recompute is one more):
+    num_prefix_query_tokens: int = 0  # tokens looked up in the prefix cache
+    num_prefix_hit_tokens: int = 0  # of them, found cached (prefill saved)
 
 
 @dataclass(slots=True, eq=False)
@@ -107,6 +133,7 @@ class Request:
     priority: int = 0
     model: str = ""
     slo: SLO = field(default_factory=SLO)
+    prefix_ids: PrefixIds | None = None  # content ids of a synthetic prompt (simulation)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     timeline: Timeline = field(init=False)

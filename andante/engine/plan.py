@@ -15,6 +15,9 @@ batch's blocks in the order claimed.
 With pipeline parallelism several batches are in flight at once: requests of a batch
 that has not completed yet (`in_flight_ids`) are left out of `running` by the
 scheduler and can be neither scheduled nor preempted until their batch completes.
+With prefix caching a waiting request starts at its tentative hit (the scheduler sets
+its `num_computed_tokens`): the block manager's figures for it count the shared blocks
+(and the free ones among them, which admission takes out of the free count).
 """
 
 from __future__ import annotations
@@ -141,10 +144,7 @@ class StepPlan:
         """The largest chunk of `req` that fits the budgets and free blocks (0 if none)."""
         if self.seq_budget < 1 or not self._is_schedulable(req):
             return 0
-        kv, rid = self._kv, req.request_id
-        free = max(0, kv.num_free_blocks_for(rid))
-        capacity = (kv.num_device_blocks_of(rid) + free) * kv.block_size
-        capacity -= req.num_computed_tokens
+        capacity = self._kv.max_num_tokens_for(req.request_id) - req.num_computed_tokens
         return max(0, min(req.num_uncomputed_tokens, self.token_budget, capacity))
 
     def can_reserve_prefill(self, req: Request) -> bool:

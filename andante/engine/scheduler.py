@@ -5,6 +5,14 @@ from the injected clock, decisions from the policy, costs from the executor.
 A scheduled request stays "in flight" until `update` applies its batch; with pipeline
 parallelism (several batches in flight) the next `schedule` neither schedules nor
 preempts it (the plan's `running` leaves it out). One batch at a time: nothing changes.
+
+Prefix caching (the block manager's, `andante.kv.prefix_cache`): before each schedule
+the requests holding no KV whose content the block manager tracks start at their
+tentative prefix hit (`num_computed_tokens` = cached tokens), so that every policy's
+arithmetic sees only the tokens left to compute; admission shares the hit blocks and
+counts the lookup (vLLM's prefix_cache_queries / hits, in tokens) on the request's
+timeline and in the scheduler's totals; after each step the blocks it filled are
+registered (`KVBlockManager.cache_computed`).
 """
 
 from __future__ import annotations
@@ -96,6 +104,9 @@ class Scheduler:
         self._num_added = 0  # requests ever added
         self._num_added_at_schedule = 0
         self.totals = WorkTotals()
+        self._prefix_waiting: dict[str, Request] = {}  # tracked by the cache, no KV
+        self.num_prefix_query_tokens = 0  # tokens looked up at admissions
+        self.num_prefix_hit_tokens = 0  # of them, found in the prefix cache
 
     # ---- figures --------------------------------------------------------------------
     @property
@@ -144,7 +155,10 @@ class Scheduler:
         if req.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             raise RequestRejected(f"request {req.request_id!r} is {req.status.name}")
         self.check_fits(req.num_prompt_tokens)
+        req.num_computed_tokens = 0  # holds no KV here (a tentative hit of elsewhere)
         self.requests[req.request_id] = req
+        if self.kv.track(req):
+            self._prefix_waiting[req.request_id] = req
         self.totals.add(req)
         self.waiting.append(req)
         self._num_added += 1
@@ -158,10 +172,12 @@ class Scheduler:
         req = self.requests.get(request_id)
         if req is None or req.status != RequestStatus.WAITING or req.output_token_ids:
             return None
-        if req.num_computed_tokens or request_id in self._in_flight_ids:
+        if request_id in self._in_flight_ids or self.kv.holds_kv(request_id):
             return None
         del self.requests[request_id]
         self.totals.add(req, -1)
+        req.num_computed_tokens = 0  # a tentative prefix hit of this instance's cache
+        self._forget_prefix(request_id)
         self.waiting = [r for r in self.waiting if r is not req]
         self.policy.on_finish(req)
         return req
@@ -185,11 +201,36 @@ class Scheduler:
         running, in_flight = self.running, frozenset(self._in_flight_ids)
         if in_flight:  # pipeline parallelism: other batches are still being computed
             running = [r for r in self.running if r.request_id not in in_flight]
+        if self._prefix_waiting:
+            self._refresh_prefix_hits()
         plan = StepPlan(
             self.kv, self.config, now, self.waiting, running, self.swapped, in_flight
         )
         self.policy.schedule(plan)
         return self._apply(plan, now)
+
+    def _refresh_prefix_hits(self) -> None:
+        """Start each tracked request holding no KV at its prefix hit now (tentative:
+        blocks evicted before its admission make it wait for the next lookup)."""
+        lookup, totals = self.kv.lookup_prefix, self.totals
+        for req in self._prefix_waiting.values():
+            hit = lookup(req)
+            if hit != req.num_computed_tokens:
+                totals.num_computed_tokens += hit - req.num_computed_tokens
+                req.num_computed_tokens = hit
+
+    def _count_prefix_hit(self, req: Request) -> None:
+        """An admission of a tracked request: its lookup counts (vLLM's queries/hits)."""
+        del self._prefix_waiting[req.request_id]
+        timeline = req.timeline
+        timeline.num_prefix_query_tokens += req.num_tokens
+        timeline.num_prefix_hit_tokens += req.num_computed_tokens
+        self.num_prefix_query_tokens += req.num_tokens
+        self.num_prefix_hit_tokens += req.num_computed_tokens
+
+    def _forget_prefix(self, request_id: str) -> None:
+        self._prefix_waiting.pop(request_id, None)
+        self.kv.forget(request_id)
 
     def _apply(self, plan: StepPlan, now: float) -> StepBatch:
         """Move the plan's requests between queues; its blocks are already allocated."""
@@ -219,6 +260,8 @@ class Scheduler:
                 req.preempt_by_recompute(now)
                 batch.released_ids.append(req.request_id)
                 recomputed.append(req)
+                if self.kv.is_tracked(req.request_id):
+                    self._prefix_waiting[req.request_id] = req
         self.num_preemptions += len(plan.preemptions)
         self.waiting[:0] = recomputed  # vLLM puts them at the front of the queue
         self.running = [r for r in self.running if r.status == _RUNNING]
@@ -234,6 +277,8 @@ class Scheduler:
                 req.start_running(now)
                 self.running.append(req)
                 admitted = True
+                if rid in self._prefix_waiting:
+                    self._count_prefix_hit(req)
             mark_in_flight(rid)
             batch.add(req, n, cached, cached + n == req.num_tokens, block_table(rid))
         if admitted:
@@ -282,6 +327,7 @@ class Scheduler:
         totals.num_computed_tokens += num_computed_total
         totals.num_output_tokens += len(got) * (1 + len(later))
         totals.num_without_output -= num_first
+        self.kv.cache_computed(requests)
         if finished:
             self._drop_finished()
         return got
@@ -290,8 +336,10 @@ class Scheduler:
     def _finish(self, req: Request, status: RequestStatus, now: float) -> None:
         req.finish(status, now)
         self._in_flight_ids.discard(req.request_id)
+        self.kv.cache_computed((req,))  # its last full blocks, before they are freed
         if self.kv.free(req.request_id):
             self._released_ids.append(req.request_id)
+        self._forget_prefix(req.request_id)
         del self.requests[req.request_id]
         self.totals.add(req, -1)
         self.policy.on_finish(req)

@@ -12,11 +12,41 @@ and the admission watermark live here, and `allocate_slots` answers and allocate
 one call; a step's plan reserves through it as it decides. Within a step the executor
 copies swap-outs before swap-ins, so a swap-in's host blocks are released only at
 `end_step` (no swap-out of the step may overwrite them).
+
+Prefix caching (`andante.kv.prefix_cache`, on unless `enable_prefix_caching=False`):
+the scheduler `track`s each request whose content has an identity and, while it holds
+no KV, `lookup_prefix` finds the longest run of its full blocks already cached (never
+the whole prompt: at least one token is computed, for its logits). That hit is
+tentative until `allocate_slots` admits the request: then the hit blocks are shared
+(count + 1) and only the rest is allocated; if a hit block was evicted in between, the
+request cannot be admitted this step (its next lookup is fresh). `cache_computed`
+registers the blocks that a step filled. A shared block counts once in every figure;
+free = never-cached free blocks + evictable cached ones, so the watermark and every
+policy's accounting see one number. Swap-out copies every block of the request to the
+host (shared ones too) and lets go of its device blocks: a shared block stays with its
+other holders, a block no one else holds is unregistered and freed (its device copy is
+not relied on after a swap); swap-in allocates fresh private device blocks.
+Shrinking the device tier evicts cached free blocks above the new size and moves the
+blocks in use (shared ones once, for every holder).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from andante.core.request import Request
 from andante.kv.block_pool import BlockPool, OutOfBlocksError
+from andante.kv.prefix_cache import PrefixCache, RequestHashes, is_hashable
+
+
+@dataclass(slots=True)
+class _Hit:
+    """A tentative prefix hit of a request holding no KV: its cached blocks (as of the
+    lookup, when `num_evictions` of the cache was `stamp`)."""
+
+    blocks: list[int]
+    stamp: int
 
 
 class KVBlockManager:
@@ -26,9 +56,11 @@ class KVBlockManager:
         num_device_blocks: int,
         num_host_blocks: int = 0,
         watermark: float = 0.01,
+        enable_prefix_caching: bool = True,
     ) -> None:
         self._init_config(block_size, watermark)
         self._init_tiers(num_device_blocks, num_host_blocks)
+        self._init_prefix_cache(enable_prefix_caching)
 
     def _init_config(self, block_size: int, watermark: float) -> None:
         if block_size < 1:
@@ -45,6 +77,13 @@ class KVBlockManager:
         self._host_tables: dict[str, list[int]] = {}
         self._host_released_at_end: list[int] = []  # host blocks of this step's swap-ins
 
+    def _init_prefix_cache(self, enabled: bool) -> None:
+        self.enable_prefix_caching = enabled
+        self.cache = PrefixCache()
+        self._hashes: dict[str, RequestHashes] = {}  # tracked requests
+        self._hits: dict[str, _Hit] = {}  # tentative hits of tracked requests without KV
+        self._next_to_cache: dict[str, int] = {}  # tracked holder -> first unregistered block
+
     # ---- figures --------------------------------------------------------------------
     @property
     def num_device_blocks(self) -> int:
@@ -52,11 +91,18 @@ class KVBlockManager:
 
     @property
     def num_free_device_blocks(self) -> int:
-        return self.device.num_free
+        """Free device blocks: never cached, or cached and held by no request (a shared
+        block is one block)."""
+        return self.device.num_free + len(self.cache.evictable)
 
     @property
     def num_free_host_blocks(self) -> int:
         return self.host.num_free
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free device blocks that keep a cached prefix (evicted when needed)."""
+        return len(self.cache.evictable)
 
     @property
     def watermark_blocks(self) -> int:
@@ -66,7 +112,7 @@ class KVBlockManager:
     def usage(self) -> float:
         """Fraction of device blocks in use (vLLM's kv_cache_usage_perc / 100)."""
         total = self.device.num_blocks
-        return self.device.num_used / total if total else 0.0
+        return 1.0 - self.num_free_device_blocks / total if total else 0.0
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -88,29 +134,131 @@ class KVBlockManager:
     def holds_kv(self, request_id: str) -> bool:
         return request_id in self._device_tables or request_id in self._host_tables
 
+    # ---- prefix caching ---------------------------------------------------------------
+    def track(self, req: Request) -> bool:
+        """Follow `req`'s content for prefix caching (False: caching is off, or the
+        request's prompt has no identity)."""
+        if not self.enable_prefix_caching or not is_hashable(req):
+            return False
+        self._hashes.setdefault(req.request_id, RequestHashes(req, self.block_size))
+        return True
+
+    def is_tracked(self, request_id: str) -> bool:
+        return request_id in self._hashes
+
+    def forget(self, request_id: str) -> None:
+        """Stop following a request (it finished or left); call after `free`."""
+        self._hashes.pop(request_id, None)
+        self._hits.pop(request_id, None)
+        self._next_to_cache.pop(request_id, None)
+
+    def lookup_prefix(self, req: Request) -> int:
+        """Tokens of the tracked request `req` (holding no KV) already cached, at most
+        all its tokens but one; a tentative hit until `allocate_slots` admits it."""
+        rid = req.request_id
+        hasher = self._hashes.get(rid)
+        if hasher is None or self.holds_kv(rid):
+            return 0
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        stamp = self.cache.num_evictions
+        hit = self._hits.get(rid)
+        if hit is None or hit.stamp != stamp:
+            hit = self._hits[rid] = _Hit([], stamp)
+        blocks = hit.blocks
+        if len(blocks) < max_blocks:  # can it grow (blocks cached since)?
+            hashes = hasher.upto(max_blocks)
+            if len(blocks) < len(hashes) and hashes[len(blocks)] in self.cache.block_of:
+                blocks[:] = self.cache.longest_prefix(hashes, max_blocks)
+        elif len(blocks) > max_blocks:
+            del blocks[max_blocks:]
+        return len(blocks) * self.block_size
+
+    def _valid_hit(self, request_id: str) -> list[int] | None:
+        """The request's tentative hit blocks ([] if none); None if one was evicted
+        since the lookup (the request's num_computed_tokens is stale)."""
+        hit = self._hits.get(request_id)
+        if hit is None or not hit.blocks:
+            return []
+        if hit.stamp != self.cache.num_evictions:
+            hashes = self._hashes[request_id].hashes
+            if not self.cache.is_valid(hit.blocks, hashes):
+                return None
+            hit.stamp = self.cache.num_evictions
+        return hit.blocks
+
+    def cache_computed(self, requests: Iterable[Request]) -> None:
+        """Register the full blocks that the requests' KV now holds (after a step)."""
+        next_to_cache = self._next_to_cache
+        if not next_to_cache:
+            return
+        size = self.block_size
+        for req in requests:
+            start = next_to_cache.get(req.request_id)
+            if start is not None and req.num_computed_tokens >= (start + 1) * size:
+                self._register(req, start, req.num_computed_tokens // size)
+
+    def _register(self, req: Request, start: int, stop: int) -> None:
+        rid = req.request_id
+        hasher = self._hashes[rid]
+        hashes = hasher.upto(stop)
+        table = self._device_tables[rid]
+        stop = min(stop, len(hashes), len(table))
+        for j in range(start, stop):
+            self.cache.register(table[j], hashes[j])
+        if stop >= hasher.max_blocks() and req.prefix_ids is not None:
+            del self._next_to_cache[rid]  # its content ids end here: nothing more to cache
+        else:
+            self._next_to_cache[rid] = stop
+
     # ---- allocation -----------------------------------------------------------------
     def num_new_blocks_needed(self, request_id: str, num_total_tokens: int) -> int:
-        """Blocks to add so the request's KV covers `num_total_tokens`."""
+        """Blocks to take from the free ones so the request's KV covers
+        `num_total_tokens` (for an admission: besides its shared cached blocks, the
+        evictable ones among them, which stop being free)."""
         table = self._device_tables.get(request_id)  # inlined: the simulator's hot path
         if table is None:
-            table = self._host_tables.get(request_id, [])
-        return max(0, -(-num_total_tokens // self.block_size) - len(table))
+            table = self._host_tables.get(request_id)
+            if table is None and self._hits:
+                return self._admission_need(request_id, num_total_tokens)
+        num_held = len(table) if table is not None else 0
+        return max(0, -(-num_total_tokens // self.block_size) - num_held)
+
+    def _admission_need(self, request_id: str, num_total_tokens: int) -> int:
+        blocks = self._valid_hit(request_id) or []
+        new = max(0, -(-num_total_tokens // self.block_size) - len(blocks))
+        return new + self.cache.count_evictable(blocks)
 
     def num_free_blocks_for(self, request_id: str) -> int:
         """Device blocks the request may take: an admission (a request holding no KV)
         leaves the watermark free, as vLLM does; a request holding KV may use it."""
         if self.holds_kv(request_id):
-            return self.device.num_free
-        return self.device.num_free - self.watermark_blocks
+            return self.num_free_device_blocks
+        return self.num_free_device_blocks - self.watermark_blocks
+
+    def max_num_tokens_for(self, request_id: str) -> int:
+        """Tokens the request's device KV could cover with the free blocks it may take
+        (0 for an admission whose tentative hit went stale)."""
+        held = self.num_device_blocks_of(request_id)
+        free = self.num_free_blocks_for(request_id)
+        if not self.holds_kv(request_id) and self._hits:
+            blocks = self._valid_hit(request_id)
+            if blocks is None:
+                return 0
+            held = len(blocks)
+            free -= self.cache.count_evictable(blocks)
+        return (held + max(0, free)) * self.block_size
 
     def can_allocate(self, request_id: str, num_total_tokens: int) -> bool:
         """Could the request's device KV grow to cover `num_total_tokens`?"""
+        if self._hits and not self.holds_kv(request_id) and self._valid_hit(request_id) is None:
+            return False
         need = self.num_new_blocks_needed(request_id, num_total_tokens)
         return need <= self.num_free_blocks_for(request_id)
 
     def allocate_slots(self, request_id: str, num_total_tokens: int) -> list[int] | None:
         """Grow (or create) the request's device table to cover `num_total_tokens`;
-        returns the new block ids, or None (nothing allocated) if they do not fit."""
+        returns the new block ids, or None (nothing allocated) if they do not fit.
+        An admission shares its tentative prefix hit (`lookup_prefix`)."""
         if request_id in self._host_tables or not self.can_allocate(request_id, num_total_tokens):
             return None  # a swapped request must swap in first
         if request_id in self._device_tables:
@@ -118,12 +266,23 @@ class KVBlockManager:
         return self.allocate(request_id, num_total_tokens)
 
     def allocate(self, request_id: str, num_tokens: int) -> list[int]:
-        """Give a request with no KV a device table covering `num_tokens`."""
+        """Give a request with no KV a device table covering `num_tokens`, starting with
+        the blocks of its tentative prefix hit, shared."""
         if request_id in self._device_tables or request_id in self._host_tables:
             raise ValueError(f"request {request_id!r} already holds KV blocks")
-        table = self.device.allocate(self.num_blocks_for(num_tokens))
+        hit = self._hits.pop(request_id, None)
+        shared = hit.blocks if hit is not None and self._valid_hit_blocks(request_id, hit) else []
+        self.cache.share(shared)
+        table = shared + self._take(self.num_blocks_for(num_tokens) - len(shared))
         self._device_tables[request_id] = table
+        if request_id in self._hashes:
+            self._next_to_cache[request_id] = len(shared)
         return table
+
+    def _valid_hit_blocks(self, request_id: str, hit: _Hit) -> bool:
+        if hit.stamp == self.cache.num_evictions:
+            return True
+        return self.cache.is_valid(hit.blocks, self._hashes[request_id].hashes)
 
     def append_slots(self, request_id: str, num_total_tokens: int) -> list[int]:
         """Grow the device table to cover `num_total_tokens`; returns the new block ids."""
@@ -133,16 +292,37 @@ class KVBlockManager:
         missing = -(-num_total_tokens // self.block_size) - len(table)
         if missing <= 0:
             return []
-        new = self.device.allocate(missing)
+        new = self._take(missing)
         table.extend(new)
         return new
 
+    def _take(self, num: int) -> list[int]:
+        """`num` fresh device blocks: never-cached free ones first, then evicted cached
+        ones, least recently released first."""
+        pool = self.device
+        if num <= pool.num_free:
+            return pool.allocate(num)
+        if num > pool.num_free + len(self.cache.evictable):
+            raise OutOfBlocksError(f"device: asked for {num} blocks, "
+                                   f"{self.num_free_device_blocks} free")
+        fresh = pool.allocate(pool.num_free)
+        return fresh + self.cache.evict_lru(num - len(fresh))
+
+    def _release_device(self, request_id: str, table: list[int], keep_cached: bool) -> list[int]:
+        """Let go of a device table; returns its blocks that became free and unregistered
+        (the caller frees them). Untracked tables hold no registered block."""
+        self._next_to_cache.pop(request_id, None)
+        if request_id not in self._hashes:
+            return table
+        return self.cache.release(table, keep_cached)
+
     def free(self, request_id: str) -> int:
-        """Release every block the request holds on either tier; returns how many."""
+        """Release every block the request holds on either tier; returns how many (a
+        shared block stays with its other holders, a cached one stays cached)."""
         freed = 0
         table = self._device_tables.pop(request_id, None)
         if table is not None:
-            self.device.free(table)
+            self.device.free(self._release_device(request_id, table, keep_cached=True))
             freed += len(table)
         host_table = self._host_tables.pop(request_id, None)
         if host_table is not None:
@@ -162,23 +342,27 @@ class KVBlockManager:
         host_table = self.host.allocate(len(table))
         # Reused last: a copy overlapped with the next forward pass (FastServe §4.2)
         # need not finish first unless that pass really needs these blocks.
-        self.device.free_reuse_last(table)
+        self.device.free_reuse_last(self._release_device(request_id, table, keep_cached=False))
         self._host_tables[request_id] = host_table
         return list(zip(table, host_table, strict=True))
 
     def can_swap_in(self, request_id: str, num_extra_blocks: int = 0) -> bool:
         """Could the swapped request come back with `num_extra_blocks` more to grow?"""
         table = self._host_tables.get(request_id)
-        return table is not None and len(table) + num_extra_blocks <= self.device.num_free
+        return table is not None and len(table) + num_extra_blocks <= self.num_free_device_blocks
 
     def swap_in(self, request_id: str) -> list[tuple[int, int]]:
-        """Move the request's blocks back to the device; returns (host, device) pairs."""
+        """Move the request's blocks back to the device (fresh, private blocks: the
+        blocks that a step fills from now on are registered as usual); returns (host,
+        device) pairs."""
         if not self.can_swap_in(request_id):
             raise OutOfBlocksError(f"device: no room to swap in {request_id!r}")
         host_table = self._host_tables.pop(request_id)
-        table = self.device.allocate(len(host_table))
+        table = self._take(len(host_table))
         self._host_released_at_end.extend(host_table)  # read by this step's copies
         self._device_tables[request_id] = table
+        if request_id in self._hashes:
+            self._next_to_cache[request_id] = 0  # registered unless cached elsewhere
         return list(zip(host_table, table, strict=True))
 
     def end_step(self) -> None:
@@ -190,50 +374,72 @@ class KVBlockManager:
     # ---- resizing (KunServe: dropped weights become KV blocks, and back) -----------
     def resize_device(self, num_blocks: int) -> dict[int, int] | None:
         """Give the device tier `num_blocks` blocks. Growing always succeeds. Shrinking
-        moves the KV held in blocks >= `num_blocks` into free blocks below it and
-        returns that {old id: new id} map for the executor to copy; None (nothing
-        changed) if the blocks in use do not fit in `num_blocks`."""
+        evicts the cached free blocks >= `num_blocks`, moves the KV held in the others
+        into free blocks below it and returns that {old id: new id} map for the executor
+        to copy; None (nothing changed) if the blocks in use do not fit in `num_blocks`."""
         current = self.device.num_blocks
         if num_blocks >= current:
             self.device.grow(num_blocks - current)
             return {}
-        if self.device.num_used > num_blocks:
+        if self.device.num_used - len(self.cache.evictable) > num_blocks:
             return None
+        high_cached = [b for b in self.cache.evictable if b >= num_blocks]
+        for b in high_cached:
+            self.cache.evict(b)
+        self.device.free(high_cached)
         moved = self._relocate_below(num_blocks)
         self.device.shrink_to(num_blocks)
         return moved
 
     def _relocate_below(self, limit: int) -> dict[int, int]:
-        high = [b for table in self._device_tables.values() for b in table if b >= limit]
+        held = (b for table in self._device_tables.values() for b in table)
+        high = list(dict.fromkeys(b for b in held if b >= limit))  # a shared block once
         if not high:
             return {}
         spare = [b for b in self.device.free_ids() if b < limit][: len(high)]
         self.device.take(spare)
+        low_cached = [b for b in self.cache.evictable if b < limit][: len(high) - len(spare)]
+        for b in low_cached:
+            self.cache.evict(b)  # its block is already taken from the free list
+        spare += low_cached
         self.device.free(high)
         moved = dict(zip(high, spare, strict=True))
+        for old, new in moved.items():
+            if old in self.cache.hash_of:
+                self.cache.move(old, new)
         for table in self._device_tables.values():
             table[:] = [moved.get(b, b) for b in table]
         return moved
 
     # ---- invariants -----------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Conservation per tier and single ownership; raises AssertionError if broken."""
-        for pool, tables, releasing in (
-            (self.device, self._device_tables, []),
-            (self.host, self._host_tables, self._host_released_at_end),
-        ):
-            owned = [b for table in tables.values() for b in table] + releasing
-            free = pool.free_ids()
-            if len(owned) != len(set(owned)):
-                raise AssertionError(f"{pool.name}: a block is owned twice")
-            if set(owned) & set(free):
-                raise AssertionError(f"{pool.name}: a block is both owned and free")
-            if len(owned) + len(free) != pool.num_blocks:
-                raise AssertionError(
-                    f"{pool.name}: used {len(owned)} + free {len(free)} != {pool.num_blocks}"
-                )
-            if any(not 0 <= b < pool.num_blocks for b in owned + free):
-                raise AssertionError(f"{pool.name}: block id out of range")
+        """Conservation per tier, reference counts of shared blocks, single ownership
+        of the others; raises AssertionError if broken."""
+        counts: dict[int, int] = {}
+        for table in self._device_tables.values():
+            for b in table:
+                counts[b] = counts.get(b, 0) + 1
+        self.cache.check(counts)
+        cached_free = list(self.cache.evictable)
+        self._check_tier(self.device, list(counts) + cached_free)
+        host_owned = [b for table in self._host_tables.values() for b in table]
+        if len(host_owned) != len(set(host_owned)):
+            raise AssertionError("host: a block is owned twice")
+        self._check_tier(self.host, host_owned + self._host_released_at_end)
         both = set(self._device_tables) & set(self._host_tables)
         if both:
             raise AssertionError(f"requests hold blocks on both tiers: {sorted(both)}")
+
+    @staticmethod
+    def _check_tier(pool: BlockPool, taken: list[int]) -> None:
+        free = pool.free_ids()
+        if len(taken) != len(set(taken)):
+            raise AssertionError(f"{pool.name}: a block is taken twice")
+        if set(taken) & set(free):
+            raise AssertionError(f"{pool.name}: a block is both taken and free")
+        if len(taken) + len(free) != pool.num_blocks:
+            raise AssertionError(
+                f"{pool.name}: taken {len(taken)} + free {len(free)} != {pool.num_blocks}"
+            )
+        if any(not 0 <= b < pool.num_blocks for b in taken + free):
+            raise AssertionError(f"{pool.name}: block id out of range")

@@ -1,0 +1,210 @@
+"""Automatic prefix caching: content hashes of full KV blocks, reference counts, LRU.
+
+Design note (vLLM v1's automatic prefix caching, `vllm/v1/core/kv_cache_utils.py` and
+`block_pool.py`; SGLang's radix cache, RadixAttention §3): a full block's identity is a
+hash chained from the request's prefix, hash(parent hash, the block's tokens), rooted
+in the model, so equal hashes mean equal KV. A computed full block is *registered*
+under its hash; a later request whose prompt starts with the same blocks shares them
+(reference count + 1) instead of computing them again. A registered block whose count
+drops to 0 keeps its KV and its hash: it is free (it counts as free for every
+feasibility figure) but *evictable*, and the allocator takes it, least recently
+released first, only when no never-cached free block is left (SGLang's rule: evict
+only under memory pressure; vLLM's single free queue would evict it earlier).
+
+`RequestHashes` computes a request's block hashes lazily, from its real token ids
+(prompt + output), or from `PrefixIds` (a simulated prompt's content ids); a prompt of
+`SyntheticTokens` without ids has no identity and is never cached. `PrefixCache` is the
+device tier's registry: hash <-> block maps, counts of registered blocks in use, and the
+evictable blocks in LRU order. The block manager owns the free list and the tables.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import OrderedDict
+
+from andante.core.request import PrefixIds, Request, SyntheticTokens
+
+
+def root_hash(model: str) -> int:
+    """The parent hash of a request's first block: its model (KV of another model's
+    weights is never shared). Stable across processes (crc32, not str hash)."""
+    return hash(("andante-prefix", zlib.crc32(model.encode())))
+
+
+def is_hashable(req: Request) -> bool:
+    """Does the request's content have an identity (real tokens, or content ids)?"""
+    return req.prefix_ids is not None or not isinstance(req.prompt_token_ids, SyntheticTokens)
+
+
+class RequestHashes:
+    """The chained hashes of one request's full blocks, computed as they are needed."""
+
+    __slots__ = ("_block_size", "_req", "hashes")
+
+    def __init__(self, req: Request, block_size: int) -> None:
+        self._req = req
+        self._block_size = block_size
+        self.hashes: list[int] = []
+
+    def max_blocks(self) -> int:
+        """Full blocks the request's known content covers now."""
+        ids = self._req.prefix_ids
+        known = ids.num_tokens if ids is not None else self._req.num_tokens
+        return known // self._block_size
+
+    def upto(self, num_blocks: int) -> list[int]:
+        """The hashes of the first `num_blocks` blocks (fewer if the content is shorter)."""
+        hashes = self.hashes
+        target = min(num_blocks, self.max_blocks())
+        if len(hashes) < target:
+            ids = self._req.prefix_ids
+            if ids is None:
+                self._extend_from_tokens(target)
+            else:
+                self._extend_from_ids(ids, target)
+        return hashes
+
+    def _extend_from_tokens(self, target: int) -> None:
+        req, size, hashes = self._req, self._block_size, self.hashes
+        prompt, output = req.prompt_token_ids, req.output_token_ids
+        num_prompt = req.num_prompt_tokens
+        parent = hashes[-1] if hashes else root_hash(req.model)
+        for j in range(len(hashes), target):
+            start, stop = j * size, (j + 1) * size
+            if stop <= num_prompt:
+                tokens = tuple(prompt[start:stop])
+            else:
+                head = tuple(prompt[start:num_prompt]) if start < num_prompt else ()
+                tokens = head + tuple(output[max(0, start - num_prompt):stop - num_prompt])
+            parent = hash((parent, tokens))
+            hashes.append(parent)
+
+    def _extend_from_ids(self, ids: PrefixIds, target: int) -> None:
+        size, span, hashes = self._block_size, ids.span_tokens, self.hashes
+        parent = hashes[-1] if hashes else root_hash(self._req.model)
+        for j in range(len(hashes), target):
+            start = j * size
+            first, last = start // span, (start + size - 1) // span
+            parent = hash((parent, start - first * span, ids.ids[first:last + 1]))
+            hashes.append(parent)
+
+
+class PrefixCache:
+    """The registered (content-hashed) blocks of the device tier."""
+
+    def __init__(self) -> None:
+        self.block_of: dict[int, int] = {}  # hash -> block
+        self.hash_of: dict[int, int] = {}  # block -> hash
+        self.refs: dict[int, int] = {}  # registered block in use -> its table count
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0, LRU first
+        self.num_evictions = 0  # registered blocks ever evicted (hits may be stale)
+
+    @property
+    def num_evictable(self) -> int:
+        return len(self.evictable)
+
+    def longest_prefix(self, hashes: list[int], max_blocks: int) -> list[int]:
+        """The cached blocks of the longest run of `hashes[:max_blocks]` from the start."""
+        block_of, blocks = self.block_of, []
+        for h in hashes[:max_blocks]:
+            block = block_of.get(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def is_valid(self, blocks: list[int], hashes: list[int]) -> bool:
+        """Are `blocks` still registered under `hashes` (none evicted since a lookup)?"""
+        hash_of = self.hash_of
+        return all(hash_of.get(b) == h for b, h in zip(blocks, hashes, strict=False))
+
+    def count_evictable(self, blocks: list[int]) -> int:
+        evictable = self.evictable
+        return sum(1 for b in blocks if b in evictable)
+
+    def share(self, blocks: list[int]) -> None:
+        """One more table holds each of these registered blocks."""
+        refs, evictable = self.refs, self.evictable
+        for b in blocks:
+            if b in evictable:
+                del evictable[b]
+                refs[b] = 1
+            else:
+                refs[b] += 1
+
+    def register(self, block: int, block_hash: int) -> bool:
+        """Register a full, computed block held by one table; False if another block
+        already holds this content (it stays unregistered: a private duplicate)."""
+        if block_hash in self.block_of:
+            return False
+        self.block_of[block_hash] = block
+        self.hash_of[block] = block_hash
+        self.refs[block] = 1
+        return True
+
+    def release(self, blocks: list[int], keep_cached: bool = True) -> list[int]:
+        """One table lets go of `blocks` (in table order); returns those now free and
+        unregistered (the caller frees them). Registered ones whose count drops to 0
+        become evictable, the table's last block first in line (vLLM's order), or are
+        unregistered and returned if not `keep_cached`."""
+        refs, hash_of, evictable = self.refs, self.hash_of, self.evictable
+        plain: list[int] = []
+        for b in reversed(blocks):
+            if b not in hash_of:
+                plain.append(b)
+                continue
+            count = refs[b] - 1
+            if count:
+                refs[b] = count
+                continue
+            del refs[b]
+            if keep_cached:
+                evictable[b] = None
+            else:
+                self._unregister(b)
+                plain.append(b)
+        plain.reverse()
+        return plain
+
+    def evict_lru(self, num: int) -> list[int]:
+        """Unregister the `num` least recently released evictable blocks; returns them."""
+        evictable = self.evictable
+        taken = [evictable.popitem(last=False)[0] for _ in range(num)]
+        for b in taken:
+            self._unregister(b)
+        return taken
+
+    def evict(self, block: int) -> None:
+        """Unregister one evictable block (it leaves the device tier, or is reused)."""
+        del self.evictable[block]
+        self._unregister(block)
+
+    def _unregister(self, block: int) -> None:
+        del self.block_of[self.hash_of.pop(block)]
+        self.num_evictions += 1
+
+    def move(self, old: int, new: int) -> None:
+        """A registered block in use moved to another id (the device tier shrank)."""
+        block_hash = self.hash_of.pop(old)
+        self.hash_of[new] = block_hash
+        self.block_of[block_hash] = new
+        self.refs[new] = self.refs.pop(old)
+
+    def check(self, counts: dict[int, int]) -> None:
+        """`counts`: each block's number of tables. Raises AssertionError if the registry
+        disagrees with the tables."""
+        if len(self.block_of) != len(self.hash_of) or any(
+            self.block_of.get(h) != b for b, h in self.hash_of.items()
+        ):
+            raise AssertionError("prefix cache: hash and block maps disagree")
+        for b in self.hash_of:
+            in_use = counts.get(b, 0)
+            if in_use != self.refs.get(b, 0) or (in_use == 0) != (b in self.evictable):
+                raise AssertionError(f"prefix cache: block {b} held by {in_use} tables, "
+                                     f"count {self.refs.get(b, 0)}")
+        if set(self.refs) - set(self.hash_of) or set(self.evictable) - set(self.hash_of):
+            raise AssertionError("prefix cache: a count or evictable block is unregistered")
+        shared = [b for b, n in counts.items() if n > 1 and b not in self.hash_of]
+        if shared:
+            raise AssertionError(f"prefix cache: unregistered blocks shared: {shared}")
