@@ -43,7 +43,8 @@ def build_engine(
     num_device, num_host = executor.num_kv_blocks(config.block_size)
     if num_device < 1:
         raise ValueError("the executor has no room for a single KV block")
-    kv = KVBlockManager(config.block_size, num_device, num_host, config.watermark)
+    kv = KVBlockManager(config.block_size, num_device, num_host, config.watermark,
+                        config.enable_prefix_caching)
     ctx = PolicyContext(clock, config, executor.cost_model, dict(policy_options or {}))
     scheduler = Scheduler(config, kv, make_policy(policy, ctx), clock)
     return Engine(scheduler, executor, clock)
@@ -80,15 +81,18 @@ def encode_prompt(tokenizer: TextTokenizer, prompt: Prompt, chat: bool,
 def build_offline_engine(model: LoadedModel, policy: str = "vllm",
                          config: SchedulerConfig | None = None,
                          executor: Any = None, policy_options: dict[str, Any] | None = None,
-                         clock: MonotonicClock | None = None) -> Engine:
-    """An engine over `executor` (default: a new TorchExecutor)."""
+                         clock: MonotonicClock | None = None,
+                         enable_prefix_caching: bool = True) -> Engine:
+    """An engine over `executor` (default: a new TorchExecutor); `config` None: the
+    executor's context, prefix caching as `enable_prefix_caching`."""
     from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
 
     if executor is None:
         executor = TorchExecutor(model, TorchExecutorOptions())
     if config is None:
         config = SchedulerConfig(max_model_len=executor.max_model_len,
-                                 max_num_batched_tokens=max(8192, executor.max_model_len))
+                                 max_num_batched_tokens=max(8192, executor.max_model_len),
+                                 enable_prefix_caching=enable_prefix_caching)
     return build_engine(executor, clock or MonotonicClock(), policy, config, policy_options)
 
 

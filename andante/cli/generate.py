@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from andante.cli.options import positive_int
+from andante.cli.options import add_prefix_caching_arg, positive_int
 
 
 def add_parser(subparsers: Any) -> None:
@@ -33,6 +33,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
     p.add_argument("--json", action="store_true", help="one JSON line per prompt")
+    add_prefix_caching_arg(p)
     p.set_defaults(run=run)
 
 
@@ -49,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.dtype)
     executor = TorchExecutor(model, TorchExecutorOptions(
         dtype=args.dtype, num_threads=args.threads, kv_cache_gib=args.kv_cache_gib))
-    engine = build_offline_engine(model, args.policy, executor=executor)
+    engine = build_offline_engine(model, args.policy, executor=executor,
+                                  enable_prefix_caching=args.enable_prefix_caching)
     loaded = time.perf_counter()
     results = generate(args.prompts, sampling, model=model, chat=args.chat,
                        system=args.system, engine=engine)

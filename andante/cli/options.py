@@ -49,3 +49,12 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
+
+
+def add_prefix_caching_arg(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """`--no-prefix-caching` (the one definition that serve, simulate and generate share);
+    read it as `args.enable_prefix_caching`."""
+    group.add_argument("--no-prefix-caching", dest="enable_prefix_caching",
+                       action="store_false",
+                       help="turn off automatic prefix caching (on by default: requests "
+                       "sharing a prefix of full KV blocks reuse the cached blocks)")

@@ -6,7 +6,12 @@ import argparse
 import sys
 from typing import Any
 
-from andante.cli.options import parse_key_values, positive_float, positive_int
+from andante.cli.options import (
+    add_prefix_caching_arg,
+    parse_key_values,
+    positive_float,
+    positive_int,
+)
 from andante.core.request import PreemptionMode
 from andante.policies import policy_names
 
@@ -92,6 +97,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="weights and KV (default float32: bfloat16's greedy answers to "
                    "near-ties vary with the CPU's kernels)")
     g.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
+    add_prefix_caching_arg(g)
     g.add_argument("--threads", type=positive_int, help="torch threads (default: all cores)")
     g.add_argument("--toy-step-ms", type=positive_float, default=5.0,
                    help="step time of the toy model (ms)")
@@ -112,6 +118,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         dtype=args.dtype,
         num_threads=args.threads,
         toy_step_time=args.toy_step_ms / 1000.0,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     model, models = parse_models(args.model)
     return ServeOptions(

@@ -10,7 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from andante.cli.options import parse_goodput, parse_key_values, positive_int
+from andante.cli.options import (
+    add_prefix_caching_arg,
+    parse_goodput,
+    parse_key_values,
+    positive_int,
+)
 from andante.cli.output import record_files, write_summary
 from andante.cli.progress import Progress
 from andante.cli.workload_args import add_workload_args, workload_from_args
@@ -78,6 +83,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "per request; fastserve: proactive swap)")
     g.add_argument("--swap-space", type=float, default=4.0, help="host KV GiB per GPU")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    add_prefix_caching_arg(g)
 
 
 def max_model_len_from_args(args: argparse.Namespace) -> int:
@@ -149,6 +155,7 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
         preemption_mode=PreemptionMode[(args.preemption_mode or "recompute").upper()],
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     spec = ClusterSpec(
         model=args.model,

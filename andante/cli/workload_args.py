@@ -43,6 +43,12 @@ def add_workload_args(parser: argparse.ArgumentParser, default_num: int = 2000) 
         "azure-code, or trace:PATH (lengths sampled from any trace file above)",
     )
     g.add_argument("--max-context", type=positive_int, help="drop sampled rows longer than this")
+    g.add_argument("--prefix-sharing", metavar="SPEC",
+                   help="prompts that share prefixes (for the prefix cache): system:N (every "
+                   "prompt starts with the same N-token system prompt) or conversation:C "
+                   "(the requests are the turns of C conversations in turn, each prompt the "
+                   "previous turn's prompt + answer + new text); optional :SPAN, tokens per "
+                   "content id (default 16). A Mooncake trace's hash_ids are used as they are")
     g.add_argument("--rate-scale", type=positive_float, default=1.0, help="multiply the rate")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--traces-dir", help="folder of the traces (default ../shared/traces)")
@@ -85,4 +91,5 @@ def workload_from_args(args: argparse.Namespace) -> WorkloadConfig:
         slo=slo,
         traces_dir=args.traces_dir,
         trace_columns=args.trace_columns,
+        prefix_sharing=args.prefix_sharing,
     )

@@ -14,7 +14,8 @@ class SchedulerConfig:
     max_num_seqs and max_num_batched_tokens bound one step's batch (vLLM's names); a
     budget below max_model_len needs a policy that chunks prefills (the Scheduler checks);
     max_model_len bounds a request's prompt + output; watermark is the share of device
-    blocks kept free when admitting; preemption_mode is the default mechanism.
+    blocks kept free when admitting; preemption_mode is the default mechanism;
+    enable_prefix_caching shares cached full blocks of equal prefixes (vLLM's APC).
     """
 
     block_size: int = 16
@@ -23,6 +24,7 @@ class SchedulerConfig:
     max_model_len: int = 8192
     watermark: float = 0.01
     preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):

@@ -68,6 +68,9 @@ class Engine:
             num_uncomputed_tokens=num_tokens - totals.num_computed_tokens,
             num_output_tokens=totals.num_output_tokens,
             num_remaining_output_tokens=totals.num_max_output_tokens - totals.num_output_tokens,
+            prefix_cache_queries=sched.num_prefix_query_tokens,
+            prefix_cache_hits=sched.num_prefix_hit_tokens,
+            num_cached_free_blocks=kv.num_cached_free_blocks,
         )
 
     def limits(self) -> EngineLimits:

@@ -38,6 +38,15 @@ class SchedulerStats:
     num_uncomputed_tokens: int = 0  # known tokens not in a KV cache yet
     num_output_tokens: int = 0  # generated so far
     num_remaining_output_tokens: int = 0  # max_tokens left
+    # prefix caching, since the engine started (vLLM's counters, in tokens)
+    prefix_cache_queries: int = 0  # tokens looked up at admissions
+    prefix_cache_hits: int = 0  # of them, found cached (prefill saved)
+    num_cached_free_blocks: int = 0  # of num_free_blocks, keeping a cached prefix
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Hit tokens / queried tokens (0 before any query)."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
     @property
     def num_requests(self) -> int:

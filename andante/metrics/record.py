@@ -37,6 +37,8 @@ class RequestRecord:
     num_preemptions: int = 0
     max_tokens: int | None = None
     rejection_reason: str | None = None
+    num_prefix_query_tokens: int = 0  # prefix cache: tokens looked up at admissions
+    num_prefix_hit_tokens: int = 0  # of them, cached (prefill saved)
 
     def __post_init__(self) -> None:
         if not isinstance(self.token_times, tuple):
@@ -69,6 +71,8 @@ class RequestRecord:
             num_preemptions=len(req.timeline.preemption_times),
             max_tokens=req.sampling.max_tokens,
             rejection_reason=req.timeline.rejection_reason,
+            num_prefix_query_tokens=req.timeline.num_prefix_query_tokens,
+            num_prefix_hit_tokens=req.timeline.num_prefix_hit_tokens,
         )
 
     @property

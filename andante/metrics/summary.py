@@ -1,8 +1,9 @@
 """A run's summary: throughput, latency distributions, QoE, SLO attainment and goodput.
 
 Latency, token and throughput figures follow `vllm bench serve`: they are taken over
-completed requests only. QoE, SLO attainment and preemptions are taken over every
-request; a request still in flight is judged at `now` (its QoE mid-flight).
+completed requests only. QoE, SLO attainment, preemptions and the prefix cache's hit
+rate and saved prefill tokens are taken over every request; a request still in flight
+is judged at `now` (its QoE mid-flight).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class Summary:
     num_good: int
     request_goodput: float
     mean_preemptions: float
+    prefix_cache_hit_rate: float = math.nan  # hit / queried tokens (nan: no query)
+    saved_prefill_tokens: int = 0  # prompt tokens found in the prefix cache
 
     def to_dict(self) -> dict[str, float | int | None]:
         """Flat and JSON-friendly (NaN becomes None); latency keys like `p99_ttft_ms`."""
@@ -122,6 +125,8 @@ class _Counts:
     preemptions: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
 
 class SummaryStream:
@@ -170,6 +175,8 @@ class SummaryStream:
         c = self._counts
         c.requests += 1
         c.preemptions += record.num_preemptions
+        c.prefix_query_tokens += record.num_prefix_query_tokens
+        c.prefix_hit_tokens += record.num_prefix_hit_tokens
         c.good += self._is_good(record)
         c.slo_met += meets_slo(record)
         if record.is_completed:
@@ -277,6 +284,8 @@ class SummaryStream:
             num_good=c.good,
             request_goodput=_rate(c.good, duration),
             mean_preemptions=_ratio(c.preemptions, n),
+            prefix_cache_hit_rate=_ratio(c.prefix_hit_tokens, c.prefix_query_tokens),
+            saved_prefill_tokens=c.prefix_hit_tokens,
         )
 
 

@@ -34,6 +34,8 @@ DEFAULT_ROWS: tuple[tuple[str, str, str], ...] = (
     ("slo_attainment", "SLO attainment", ".3f"),
     ("request_goodput", "goodput (req/s)", ".3f"),
     ("mean_preemptions", "preemptions/req", ".2f"),
+    ("prefix_cache_hit_rate", "prefix-cache hit rate", ".3f"),
+    ("saved_prefill_tokens", "prefill tokens saved", "d"),
 )
 
 

@@ -186,6 +186,7 @@ def scheduler_config(opts: EngineOptions, model_len: int) -> SchedulerConfig:
         max_num_batched_tokens=max(opts.max_num_batched_tokens or max_len, max_len),
         max_model_len=max_len,
         preemption_mode=opts.preemption_mode,
+        enable_prefix_caching=opts.enable_prefix_caching,
     )
 
 

@@ -32,6 +32,7 @@ class EngineOptions:
     dtype: str = "float32"  # on a CPU exact and (without bf16 units) faster than bfloat16
     num_threads: int | None = None
     toy_step_time: float = 0.005
+    enable_prefix_caching: bool = True
 
 
 @dataclass(frozen=True, slots=True)

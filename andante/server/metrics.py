@@ -2,7 +2,8 @@
 
 Histograms and counters are updated on the event loop from each step's deltas (the
 engine threads never touch them); gauges and the preemption counter are read from the
-runner's latest `SchedulerStats` at scrape time by a collector. Each app has its own
+runner's latest `SchedulerStats` at scrape time by a collector, as are the
+prefix-cache counters (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens). Each app has its own
 `CollectorRegistry`, so several servers (and tests) can live in one process.
 """
 
@@ -55,6 +56,16 @@ class _EngineCollector(Collector):
         )
         preempt.add_metric([self._model], float(snap.num_preemptions))
         yield preempt
+        counters = (
+            ("prefix_cache_queries", "Prefix-cache queries, in tokens (prompt tokens "
+             "looked up at admissions).", snap.prefix_cache_queries),
+            ("prefix_cache_hits", "Prefix-cache hits, in tokens (prefill saved).",
+             snap.prefix_cache_hits),
+        )
+        for name, doc, value in counters:
+            counter = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            counter.add_metric([self._model], float(value))
+            yield counter
 
 
 class ServerMetrics:

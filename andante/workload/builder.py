@@ -5,7 +5,9 @@ cyclic bursts: rate = the cycle's mean rate, burst_intensity, burst_share,
 cycle_length), "azure-conv" / "azure-code" (replay of the Azure 2023 traces under
 `traces_dir`) or "trace:<path>" (replay of a CSV or JSONL trace in any format of
 `andante.workload.formats`, or mapped by `trace_columns`).
-`lengths` picks the lengths (see `parse_lengths`). `rate_scale` multiplies the request
+`lengths` picks the lengths (see `parse_lengths`). `prefix_sharing` makes prompts share
+prefixes (`andante.workload.prefix`); a replayed trace's own block hash ids (Mooncake)
+come with its own lengths. `rate_scale` multiplies the request
 rate of every kind (a trace replays rate_scale× faster). Synthetic kinds stop at
 `num_requests` or `duration` s, whichever comes first; traces are cut the same way
 (None for both replays the whole trace).
@@ -29,6 +31,7 @@ import numpy as np
 from andante.workload import lengths as length_samplers
 from andante.workload.arrivals import burst_rates, cyclic_burst, gamma, poisson
 from andante.workload.formats import TraceColumns, parse_trace_columns
+from andante.workload.prefix import apply_prefix_sharing, parse_prefix_sharing, with_trace_ids
 from andante.workload.slo import SLOConfig, assign_slos
 from andante.workload.spec import RequestSpec
 from andante.workload.traces import Trace, load_trace
@@ -162,9 +165,12 @@ class WorkloadConfig:
     model: str = ""
     priority: int = 0
     trace_columns: str | None = None
+    prefix_sharing: str | None = None  # andante.workload.prefix: system:N, conversation:C
 
     def __post_init__(self) -> None:
         kind, _ = parse_kind(self.kind)
+        if self.prefix_sharing is not None:
+            parse_prefix_sharing(self.prefix_sharing)
         self.columns()
         for name in ("rate", "cv", "cycle_length", "rate_scale"):
             _check_positive(name, getattr(self, name))
@@ -267,4 +273,11 @@ def build_workload_traced(cfg: WorkloadConfig) -> tuple[list[RequestSpec], Trace
         )
         for i in range(len(times))
     ]
-    return specs, trace
+    if trace is not None and _lengths_are_the_traces(cfg):
+        specs = with_trace_ids(specs, trace)  # its block hash ids, row for row
+    return apply_prefix_sharing(specs, cfg.prefix_sharing, cfg.max_context), trace
+
+
+def _lengths_are_the_traces(cfg: WorkloadConfig) -> bool:
+    spec = parse_lengths(cfg.lengths)
+    return spec.kind == "trace" and spec.path is None

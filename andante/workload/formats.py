@@ -8,9 +8,9 @@ are recognised by name (the first of `KNOWN_FORMATS` whose columns are all prese
 * azure — Azure LLM inference traces 2023 and 2024 (TIMESTAMP as date-time text,
   ContextTokens, GeneratedTokens); Splitwise replays these same files;
 * burstgpt — BurstGPT (Timestamp in seconds, Request tokens, Response tokens);
-* mooncake — Mooncake's JSONL (timestamp in milliseconds, input_length, output_length;
-  its hash_ids, the prompt's 512-token block hashes, are not used: simulated prompts
-  share no prefix);
+* mooncake — Mooncake's JSONL (timestamp in milliseconds, input_length, output_length,
+  and hash_ids: the ids of the prompt's 512-token blocks, equal ids for equal content,
+  which become the simulated prompts' `PrefixIds` for prefix caching);
 * vidur — Vidur's and Splitwise's processed traces (arrived_at in seconds,
   num_prefill_tokens, num_decode_tokens);
 * sharegpt — lengths only (num_prefill_tokens, num_decode_tokens), no arrival times.
@@ -30,6 +30,7 @@ from pathlib import Path
 from andante.workload._csv import read_columns
 
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's hash_ids name blocks of this many tokens
 _JSONL_SUFFIXES = (".jsonl", ".json")
 
 
@@ -44,6 +45,8 @@ class TraceColumns:
     output: str
     unit: str = "s"
     about: str = ""  # which public traces use these columns
+    prefix_ids: str | None = None  # optional column: a list of block content ids
+    prefix_span: int = 0  # tokens per id of `prefix_ids`
 
     def __post_init__(self) -> None:
         if self.unit not in TIME_UNITS:
@@ -66,7 +69,7 @@ KNOWN_FORMATS: tuple[TraceColumns, ...] = (
     TraceColumns("burstgpt", "Timestamp", "Request tokens", "Response tokens",
                  about="BurstGPT"),
     TraceColumns("mooncake", "timestamp", "input_length", "output_length", unit="ms",
-                 about="Mooncake (hash_ids not used)"),
+                 about="Mooncake", prefix_ids="hash_ids", prefix_span=MOONCAKE_BLOCK_TOKENS),
     TraceColumns("vidur", "arrived_at", "num_prefill_tokens", "num_decode_tokens",
                  about="Vidur and Splitwise processed traces"),
     TraceColumns("sharegpt", None, "num_prefill_tokens", "num_decode_tokens",
@@ -169,3 +172,29 @@ def read_trace_table(
         return chosen, read_columns(file, names)
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{file}: cannot read ({exc})") from exc
+
+
+def _id_list(path: Path, row_number: int, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"{path}: record {row_number}: block ids must be a list of "
+                         f"integers, got {value!r}")
+    return tuple(value)
+
+
+def read_prefix_ids(path: str | Path, columns: TraceColumns) -> list[tuple[int, ...]] | None:
+    """The block content ids of each record of a JSONL trace whose format has a column
+    of them (Mooncake's hash_ids), in file order; None if it has none. A record without
+    the column has no ids (an empty tuple)."""
+    file = Path(path)
+    if columns.prefix_ids is None or not is_jsonl(file):
+        return None
+    name = columns.prefix_ids
+    try:
+        rows = _jsonl_rows(file)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{file}: cannot read ({exc})") from exc
+    if not any(name in row for row in rows):
+        return None
+    return [_id_list(file, i, row[name]) if name in row else ()
+            for i, row in enumerate(rows, start=1)]

@@ -3,7 +3,8 @@
 A `RequestSpec` is plain, immutable data (when it arrives, how long its prompt and output
 are, its objectives); `to_request` turns it into a simulation `Request` whose prompt is a
 `SyntheticTokens` of the right length and whose output runs to exactly `output_len`
-tokens (`ignore_eos`), so a simulated run generates what the workload prescribes.
+tokens (`ignore_eos`), so a simulated run generates what the workload prescribes; its
+`prefix` (content ids, `andante.workload.prefix`) lets the prefix cache share blocks.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from andante.core.request import Request, SyntheticTokens
+from andante.core.request import PrefixIds, Request, SyntheticTokens
 from andante.core.sampling import SLO, SamplingParams
 
 
@@ -26,6 +27,7 @@ class RequestSpec:
     slo: SLO = SLO()
     priority: int = 0
     model: str = ""
+    prefix: PrefixIds | None = None  # content ids of the prompt (prefix caching)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.arrival_time) and self.arrival_time >= 0):
@@ -58,6 +60,7 @@ def to_request(
         priority=spec.priority,
         model=spec.model,
         slo=spec.slo,
+        prefix_ids=spec.prefix,
     )
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from andante.workload._csv import to_int_array
-from andante.workload.formats import TIME_UNITS, TraceColumns, read_trace_table
+from andante.workload.formats import TIME_UNITS, TraceColumns, read_prefix_ids, read_trace_table
 
 _TIMESTAMP = re.compile(
     r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[.,](\d+))?\s*(Z|[+-]\d{2}:?\d{2})?$"
@@ -34,7 +34,9 @@ class Trace:
     """A replayable trace: arrival times (s from 0, sorted) and per-request lengths.
 
     num_rows: rows read from the file (before any cut to a count or duration);
-    format: the name of the columns' format ("azure", "mooncake", ..., "custom")."""
+    format: the name of the columns' format ("azure", "mooncake", ..., "custom");
+    prefix_ids: each request's block content ids (Mooncake's hash_ids), of
+    `prefix_span` tokens each; None if the trace has none."""
 
     arrival_times: np.ndarray
     prompt_lens: np.ndarray
@@ -42,6 +44,8 @@ class Trace:
     source: str = ""
     num_rows: int = 0
     format: str = ""
+    prefix_ids: tuple[tuple[int, ...], ...] | None = None
+    prefix_span: int = 0
 
     def __len__(self) -> int:
         return len(self.arrival_times)
@@ -137,6 +141,7 @@ def load_trace(
         keep = int(np.searchsorted(times, max_duration, side="right"))
     if max_requests is not None:
         keep = min(keep, max_requests)
+    ids = read_prefix_ids(file, used)
     return Trace(
         arrival_times=times[:keep],
         prompt_lens=np.maximum(prompts[:keep], 1),
@@ -144,4 +149,6 @@ def load_trace(
         source=str(file),
         num_rows=len(times),
         format=used.name,
+        prefix_ids=None if ids is None else tuple(ids[i] for i in order[:keep]),
+        prefix_span=used.prefix_span,
     )
