@@ -14,9 +14,11 @@ them into its own blocks (`andante.kv.prefix_cache`). Three sources:
   user text (the request's own sampled prompt length): `as_conversations`. A
   conversation whose next turn would exceed `max_context` starts afresh.
 
-With `span` equal to the engine's block size (the default 16 of both), the cached
-prefix that a request can find is exactly computable: `expected_hit_tokens` gives it,
-assuming that every earlier request has finished and nothing was evicted.
+The cached prefix that a request can find is then exactly computable:
+`expected_hit_tokens` gives it, assuming that every earlier request has finished and
+nothing was evicted. A span equal to the engine's block size (16, both defaults) loses
+no hit; another span loses the blocks of a span that only partly repeats (a span where
+an answer ends and new text begins gets a new id).
 """
 
 from __future__ import annotations
@@ -132,18 +134,22 @@ def apply_prefix_sharing(specs: Sequence[RequestSpec], sharing: str | None,
 def expected_hit_tokens(specs: Sequence[RequestSpec], block_size: int) -> list[int]:
     """Each request's cached prefix in tokens (at most its prompt but one token), if
     every earlier request had finished (its computed full blocks cached: all its tokens
-    but the last output token) and nothing was evicted; exact when the specs' span
-    equals `block_size` (the id of a block is then the id of its span)."""
-    cached: set[tuple[int, ...]] = set()
+    but the last output token) and nothing was evicted. Block j of a prompt is the
+    content of the ids up to the span holding its last token."""
+    cached: set[tuple[tuple[int, ...], int]] = set()
     hits: list[int] = []
     for spec in specs:
-        ids = () if spec.prefix is None else spec.prefix.ids
-        usable = (spec.prompt_len - 1) // block_size
+        prefix = spec.prefix
+        if prefix is None:
+            hits.append(0)
+            continue
+        keys = [(prefix.ids[:((j + 1) * block_size - 1) // prefix.span_tokens + 1], j)
+                for j in range(prefix.num_tokens // block_size)]
+        usable = min(len(keys), (spec.prompt_len - 1) // block_size)
         hit = 0
-        while hit < usable and hit < len(ids) and ids[:hit + 1] in cached:
+        while hit < usable and keys[hit] in cached:
             hit += 1
         hits.append(hit * block_size)
-        if spec.prefix is not None:
-            computed = min(spec.prompt_len + spec.output_len - 1, spec.prefix.num_tokens)
-            cached.update(ids[:j] for j in range(1, computed // block_size + 1))
+        computed = min(spec.prompt_len + spec.output_len - 1, prefix.num_tokens)
+        cached.update(keys[:computed // block_size])
     return hits
