@@ -46,7 +46,8 @@ class SchedulerStats:
     @property
     def prefix_cache_hit_rate(self) -> float:
         """Hit tokens / queried tokens (0 before any query)."""
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+        queries = self.prefix_cache_queries
+        return self.prefix_cache_hits / queries if queries else 0.0
 
     @property
     def num_requests(self) -> int:

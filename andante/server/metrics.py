@@ -3,8 +3,9 @@
 Histograms and counters are updated on the event loop from each step's deltas (the
 engine threads never touch them); gauges and the preemption counter are read from the
 runner's latest `SchedulerStats` at scrape time by a collector, as are the
-prefix-cache counters (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens). Each app has its own
-`CollectorRegistry`, so several servers (and tests) can live in one process.
+prefix-cache counters (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens).
+Each app has its own `CollectorRegistry`, so several servers (and tests) can live in
+one process.
 """
 
 from __future__ import annotations
