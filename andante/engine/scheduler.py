@@ -211,9 +211,13 @@ class Scheduler:
 
     def _refresh_prefix_hits(self) -> None:
         """Start each tracked request holding no KV at its prefix hit now (tentative:
-        blocks evicted before its admission make it wait for the next lookup)."""
-        lookup, totals = self.kv.lookup_prefix, self.totals
-        for req in self._prefix_waiting.values():
+        blocks evicted before its admission make it wait for the next lookup). Only the
+        requests whose hit may have changed are looked up (`take_due_lookups`)."""
+        lookup, totals, waiting = self.kv.lookup_prefix, self.totals, self._prefix_waiting
+        for request_id in self.kv.take_due_lookups():
+            req = waiting.get(request_id)
+            if req is None:
+                continue  # admitted or swapped since: it holds KV
             hit = lookup(req)
             if hit != req.num_computed_tokens:
                 totals.num_computed_tokens += hit - req.num_computed_tokens

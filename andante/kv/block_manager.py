@@ -33,20 +33,11 @@ blocks in use (shared ones once, for every holder).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from andante.core.request import Request
 from andante.kv.block_pool import BlockPool, OutOfBlocksError
+from andante.kv.pending_hits import PendingHits
 from andante.kv.prefix_cache import PrefixCache, RequestHashes, is_hashable
-
-
-@dataclass(slots=True)
-class _Hit:
-    """A tentative prefix hit of a request holding no KV: its cached blocks (as of the
-    lookup, when `num_evictions` of the cache was `stamp`)."""
-
-    blocks: list[int]
-    stamp: int
 
 
 class KVBlockManager:
@@ -81,7 +72,7 @@ class KVBlockManager:
         self.enable_prefix_caching = enabled
         self.cache = PrefixCache()
         self._hashes: dict[str, RequestHashes] = {}  # tracked requests
-        self._hits: dict[str, _Hit] = {}  # tentative hits of tracked requests without KV
+        self._pending = PendingHits(self.cache)  # tentative hits of tracked waiting requests
         self._next_to_cache: dict[str, int] = {}  # tracked holder -> first unregistered block
 
     # ---- figures --------------------------------------------------------------------
@@ -137,10 +128,12 @@ class KVBlockManager:
     # ---- prefix caching ---------------------------------------------------------------
     def track(self, req: Request) -> bool:
         """Follow `req`'s content for prefix caching (False: caching is off, or the
-        request's prompt has no identity)."""
+        request's prompt has no identity); it is due for a lookup."""
         if not self.enable_prefix_caching or not is_hashable(req):
             return False
-        self._hashes.setdefault(req.request_id, RequestHashes(req, self.block_size))
+        if req.request_id not in self._hashes:
+            self._hashes[req.request_id] = RequestHashes(req, self.block_size)
+            self._pending.dirty.add(req.request_id)
         return True
 
     def is_tracked(self, request_id: str) -> bool:
@@ -149,8 +142,14 @@ class KVBlockManager:
     def forget(self, request_id: str) -> None:
         """Stop following a request (it finished or left); call after `free`."""
         self._hashes.pop(request_id, None)
-        self._hits.pop(request_id, None)
+        self._pending.pop(request_id)
+        self._pending.dirty.discard(request_id)
         self._next_to_cache.pop(request_id, None)
+
+    def take_due_lookups(self) -> set[str]:
+        """The tracked requests whose hit may have changed since their last lookup
+        (new, freed, a hit block evicted, or the block after the hit cached)."""
+        return self._pending.take_dirty()
 
     def lookup_prefix(self, req: Request) -> int:
         """Tokens of the tracked request `req` (holding no KV) already cached, at most
@@ -160,31 +159,16 @@ class KVBlockManager:
         if hasher is None or self.holds_kv(rid):
             return 0
         max_blocks = (req.num_tokens - 1) // self.block_size
-        stamp = self.cache.num_evictions
-        hit = self._hits.get(rid)
-        if hit is None or hit.stamp != stamp:
-            hit = self._hits[rid] = _Hit([], stamp)
-        blocks = hit.blocks
-        if len(blocks) < max_blocks:  # can it grow (blocks cached since)?
-            hashes = hasher.upto(max_blocks)
-            if len(blocks) < len(hashes) and hashes[len(blocks)] in self.cache.block_of:
-                blocks[:] = self.cache.longest_prefix(hashes, max_blocks)
-        elif len(blocks) > max_blocks:
-            del blocks[max_blocks:]
+        hashes = hasher.upto(max_blocks)
+        blocks = self.cache.longest_prefix(hashes, max_blocks)
+        more = len(blocks) < min(max_blocks, len(hashes))
+        self._pending.set(rid, blocks, hashes[len(blocks)] if more else None)
         return len(blocks) * self.block_size
 
     def _valid_hit(self, request_id: str) -> list[int] | None:
         """The request's tentative hit blocks ([] if none); None if one was evicted
         since the lookup (the request's num_computed_tokens is stale)."""
-        hit = self._hits.get(request_id)
-        if hit is None or not hit.blocks:
-            return []
-        if hit.stamp != self.cache.num_evictions:
-            hashes = self._hashes[request_id].hashes
-            if not self.cache.is_valid(hit.blocks, hashes):
-                return None
-            hit.stamp = self.cache.num_evictions
-        return hit.blocks
+        return self._pending.blocks_of(request_id)
 
     def cache_computed(self, requests: Iterable[Request]) -> None:
         """Register the full blocks that the requests' KV now holds (after a step)."""
@@ -204,7 +188,8 @@ class KVBlockManager:
         table = self._device_tables[rid]
         stop = min(stop, len(hashes), len(table))
         for j in range(start, stop):
-            self.cache.register(table[j], hashes[j])
+            if self.cache.register(table[j], hashes[j]):
+                self._pending.registered(hashes[j])
         if stop >= hasher.max_blocks() and req.prefix_ids is not None:
             del self._next_to_cache[rid]  # its content ids end here: nothing more to cache
         else:
@@ -218,7 +203,7 @@ class KVBlockManager:
         table = self._device_tables.get(request_id)  # inlined: the simulator's hot path
         if table is None:
             table = self._host_tables.get(request_id)
-            if table is None and self._hits:
+            if table is None and self._pending.hits:
                 return self._admission_need(request_id, num_total_tokens)
         num_held = len(table) if table is not None else 0
         return max(0, -(-num_total_tokens // self.block_size) - num_held)
@@ -240,7 +225,7 @@ class KVBlockManager:
         (0 for an admission whose tentative hit went stale)."""
         held = self.num_device_blocks_of(request_id)
         free = self.num_free_blocks_for(request_id)
-        if not self.holds_kv(request_id) and self._hits:
+        if not self.holds_kv(request_id) and self._pending.hits:
             blocks = self._valid_hit(request_id)
             if blocks is None:
                 return 0
@@ -250,7 +235,8 @@ class KVBlockManager:
 
     def can_allocate(self, request_id: str, num_total_tokens: int) -> bool:
         """Could the request's device KV grow to cover `num_total_tokens`?"""
-        if self._hits and not self.holds_kv(request_id) and self._valid_hit(request_id) is None:
+        if self._pending.hits and not self.holds_kv(request_id) and (
+                self._valid_hit(request_id) is None):
             return False
         need = self.num_new_blocks_needed(request_id, num_total_tokens)
         return need <= self.num_free_blocks_for(request_id)
@@ -270,19 +256,15 @@ class KVBlockManager:
         the blocks of its tentative prefix hit, shared."""
         if request_id in self._device_tables or request_id in self._host_tables:
             raise ValueError(f"request {request_id!r} already holds KV blocks")
-        hit = self._hits.pop(request_id, None)
-        shared = hit.blocks if hit is not None and self._valid_hit_blocks(request_id, hit) else []
+        self._pending.drain()
+        hit = self._pending.pop(request_id)
+        shared = hit.blocks if hit is not None and hit.valid else []
         self.cache.share(shared)
         table = shared + self._take(self.num_blocks_for(num_tokens) - len(shared))
         self._device_tables[request_id] = table
         if request_id in self._hashes:
             self._next_to_cache[request_id] = len(shared)
         return table
-
-    def _valid_hit_blocks(self, request_id: str, hit: _Hit) -> bool:
-        if hit.stamp == self.cache.num_evictions:
-            return True
-        return self.cache.is_valid(hit.blocks, self._hashes[request_id].hashes)
 
     def append_slots(self, request_id: str, num_total_tokens: int) -> list[int]:
         """Grow the device table to cover `num_total_tokens`; returns the new block ids."""
@@ -305,8 +287,10 @@ class KVBlockManager:
         if num > pool.num_free + len(self.cache.evictable):
             raise OutOfBlocksError(f"device: asked for {num} blocks, "
                                    f"{self.num_free_device_blocks} free")
-        fresh = pool.allocate(pool.num_free)
-        return fresh + self.cache.evict_lru(num - len(fresh))
+        num_evicted = num - pool.num_free
+        fresh = pool.allocate(pool.num_free) + self.cache.evict_lru(num_evicted)
+        self._pending.drain()
+        return fresh
 
     def _release_device(self, request_id: str, table: list[int], keep_cached: bool) -> list[int]:
         """Let go of a device table; returns its blocks that became free and unregistered
@@ -314,7 +298,10 @@ class KVBlockManager:
         self._next_to_cache.pop(request_id, None)
         if request_id not in self._hashes:
             return table
-        return self.cache.release(table, keep_cached)
+        self._pending.dirty.add(request_id)  # holds no device KV now: due for a lookup
+        plain = self.cache.release(table, keep_cached)
+        self._pending.drain()
+        return plain
 
     def free(self, request_id: str) -> int:
         """Release every block the request holds on either tier; returns how many (a
@@ -388,6 +375,7 @@ class KVBlockManager:
             self.cache.evict(b)
         self.device.free(high_cached)
         moved = self._relocate_below(num_blocks)
+        self._pending.drain()
         self.device.shrink_to(num_blocks)
         return moved
 
@@ -420,6 +408,7 @@ class KVBlockManager:
             for b in table:
                 counts[b] = counts.get(b, 0) + 1
         self.cache.check(counts)
+        self._pending.check()
         cached_free = list(self.cache.evictable)
         self._check_tier(self.device, list(counts) + cached_free)
         host_owned = [b for table in self._host_tables.values() for b in table]

@@ -98,7 +98,7 @@ class PrefixCache:
         self.hash_of: dict[int, int] = {}  # block -> hash
         self.refs: dict[int, int] = {}  # registered block in use -> its table count
         self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0, LRU first
-        self.num_evictions = 0  # registered blocks ever evicted (hits may be stale)
+        self.evicted: list[int] = []  # blocks unregistered since `PendingHits.drain`
 
     @property
     def num_evictable(self) -> int:
@@ -113,11 +113,6 @@ class PrefixCache:
                 break
             blocks.append(block)
         return blocks
-
-    def is_valid(self, blocks: list[int], hashes: list[int]) -> bool:
-        """Are `blocks` still registered under `hashes` (none evicted since a lookup)?"""
-        hash_of = self.hash_of
-        return all(hash_of.get(b) == h for b, h in zip(blocks, hashes, strict=False))
 
     def count_evictable(self, blocks: list[int]) -> int:
         evictable = self.evictable
@@ -182,7 +177,7 @@ class PrefixCache:
 
     def _unregister(self, block: int) -> None:
         del self.block_of[self.hash_of.pop(block)]
-        self.num_evictions += 1
+        self.evicted.append(block)
 
     def move(self, old: int, new: int) -> None:
         """A registered block in use moved to another id (the device tier shrank)."""
