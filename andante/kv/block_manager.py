@@ -162,7 +162,7 @@ class KVBlockManager:
         hashes = hasher.upto(max_blocks)
         blocks = self.cache.longest_prefix(hashes, max_blocks)
         more = len(blocks) < min(max_blocks, len(hashes))
-        self._pending.set(rid, blocks, hashes[len(blocks)] if more else None)
+        self._pending.record(rid, blocks, hashes[len(blocks)] if more else None)
         return len(blocks) * self.block_size
 
     def _valid_hit(self, request_id: str) -> list[int] | None:

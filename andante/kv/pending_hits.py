@@ -37,7 +37,7 @@ class PendingHits:
         self._waiting_on: dict[int, set[str]] = {}  # hash -> requests it would extend
         self.dirty: set[str] = set()  # requests to look up again
 
-    def set(self, request_id: str, blocks: list[int], next_hash: int | None) -> None:
+    def record(self, request_id: str, blocks: list[int], next_hash: int | None) -> None:
         """The request's hit is now `blocks` (a fresh lookup)."""
         self.pop(request_id)
         self.hits[request_id] = PendingHit(blocks, next_hash)
