@@ -19,7 +19,9 @@ no KV, `lookup_prefix` finds the longest run of its full blocks already cached (
 the whole prompt: at least one token is computed, for its logits). That hit is
 tentative until `allocate_slots` admits the request: then the hit blocks are shared
 (count + 1) and only the rest is allocated; if a hit block was evicted in between, the
-request cannot be admitted this step (its next lookup is fresh). `cache_computed`
+request cannot be admitted this step and is due for a fresh lookup (the scheduler
+looks up only the requests `take_due_lookups` names: `andante.kv.pending_hits`).
+`cache_computed`
 registers the blocks that a step filled. A shared block counts once in every figure;
 free = never-cached free blocks + evictable cached ones, so the watermark and every
 policy's accounting see one number. Swap-out copies every block of the request to the
