@@ -125,5 +125,5 @@ def fresh_copy(req: Request) -> Request:
     return Request(
         request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
         sampling=req.sampling, arrival_time=req.arrival_time, priority=req.priority,
-        model=req.model, slo=req.slo,
+        model=req.model, slo=req.slo, prefix_ids=req.prefix_ids,
     )
