@@ -34,6 +34,9 @@ class LocalInstance(LaterOperations):
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        # told (on the dying thread, before `on_down`) when the instance fails:
+        # a KunServe pipeline group restores its other members
+        self.failure_listeners: list[OnChange] = []
 
     # ---- the Instance seam (controller thread) ------------------------------------
     @property
@@ -84,6 +87,8 @@ class LocalInstance(LaterOperations):
         except BaseException as exc:  # the engine is broken: this instance stays down
             log.exception("instance %d failed", self.index)
             self.error = exc
+            for listener in list(self.failure_listeners):
+                listener(self.index, exc)
             on_down(self.index, exc)
 
 

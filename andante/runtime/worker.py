@@ -83,6 +83,9 @@ class StepMessage:
 Post = Callable[[StepMessage], None]
 OnChange = Callable[[int, BaseException | None], None]  # (instance index, the cause)
 Build = Callable[[str, Any], tuple[Engine, OutputAdapter]]  # (model, weights) -> engine
+AtBoundary = Callable[["InstanceWorker"], None]  # run by the stepping thread, between steps
+# run after each step (True: the step ran a batch); returns False once it has finished
+BoundaryTask = Callable[[bool], bool]
 
 
 @dataclass(slots=True)
@@ -137,6 +140,16 @@ class InstanceWorker:
         self._swaps: list[ModelSwap] = []
         self._bandwidth: dict[str, float] = {}  # tier -> measured bytes/s of its swaps
         self._warming: set[str] = set()  # models being read into host memory
+        self._init_grouping()
+
+    def _init_grouping(self) -> None:
+        """KunServe (andante.runtime.kunserve): while this worker's instance is a member
+        of a pipeline group, what reaches its inbox goes to the group's leader
+        (`redirect`); requests moved to another worker are followed there (`_moved`);
+        `_tasks` run between steps (the chunked KV exchange)."""
+        self.redirect: InstanceWorker | None = None
+        self._moved: dict[str, InstanceWorker] = {}
+        self._tasks: list[BoundaryTask] = []
 
     # ---- any thread ---------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -160,6 +173,11 @@ class InstanceWorker:
             self.switch.tiers.check(model)
             self._post("warm", model)
 
+    def at_boundary(self, operation: AtBoundary) -> None:
+        """Run `operation(self)` on the stepping thread at its next step boundary (in
+        inbox order): how a pipeline group forms and dissolves between steps."""
+        self._post("call", operation)
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -175,15 +193,19 @@ class InstanceWorker:
         self._wake.clear()
         self._apply_inbox()
         idle = False
-        if not self.engine.has_work and not self._swap_due:
+        if not self.engine.has_work and not self._swap_due and not self._tasks:
             if timeout is not None and timeout > 0:
                 idle = not self._wake.wait(timeout)
             self._apply_inbox()
         message = None
+        ran_batch = False
         if self.engine.has_work:
             out = self.engine.step()
             self.engine.finish_stopped(out, self.adapter.stopped(out))
             message = self._message(out, stepped=True)
+            ran_batch = out.batch.num_seqs > 0
+        if self._tasks:
+            self._run_tasks(ran_batch)
         if self._swap_due:
             self._swap(self._pending_swap or self._parked[0].model)
         heartbeat = idle and self.switch is not None  # fresh time for a queue router
@@ -195,11 +217,52 @@ class InstanceWorker:
             message.load = self.host.report()
         return message
 
+    def _run_tasks(self, ran_batch: bool) -> None:
+        self._tasks = [task for task in self._tasks if task(ran_batch)]
+
+    def add_task(self, task: BoundaryTask) -> None:
+        """Run `task` after every step from now on until it returns False (stepping
+        thread only: from an `at_boundary` operation)."""
+        self._tasks.append(task)
+
+    def moved(self, request_ids: Sequence[str], to: InstanceWorker) -> None:
+        """These requests now live at `to`: their aborts and withdrawals follow them
+        (stepping thread only)."""
+        for rid in request_ids:
+            self._moved[rid] = to
+
+    def _forward(self, kind: str, item: Any) -> bool:
+        """Send an inbox item on to the leader (member of a group) or to where its
+        request moved; False if it stays here."""
+        target = self.redirect
+        if target is None and kind in ("abort", "withdraw"):
+            ids = [item] if kind == "abort" else item
+            targets = {self._moved[rid] for rid in ids if rid in self._moved}
+            target = targets.pop() if len(targets) == 1 else None
+        if target is None or kind not in ("add", "abort", "withdraw"):
+            return False
+        if kind == "add":
+            self._moved[item.request_id] = target
+        getattr(target, "submit" if kind == "add" else kind)(item)
+        return True
+
+    def reclaim_moved(self, target: InstanceWorker) -> list[str]:
+        """Forget (and return) the requests that moved from here to `target`: it died,
+        this worker takes them back (stepping thread only)."""
+        ids = [rid for rid, to in self._moved.items() if to is target]
+        for rid in ids:
+            del self._moved[rid]
+        return ids
+
     def _apply_inbox(self) -> None:
         inbox = self._inbox
         while inbox:
             kind, item = inbox.popleft()
-            if kind == "add":
+            if (self.redirect is not None or self._moved) and self._forward(kind, item):
+                continue
+            if kind == "call":
+                item(self)
+            elif kind == "add":
                 self._add(item)
             elif kind == "abort":
                 self._abort(item)

@@ -1,0 +1,505 @@
+"""KunServe on in-process engines: `LocalPipelineGroups`, the seam's `PipelineGroups`
+over `LocalInstance`s (andante.cluster.kunserve.seam states the contract).
+
+Design note (KunServe §4.1, §4.2, §4.4). Every instance's worker thread steps its own
+engine, so a group forms and dissolves at a step boundary of all its members: the
+operation is posted to each member's inbox (`InstanceWorker.at_boundary`); the other
+members park there (their thread waits), the leader's thread waits until all are
+parked, then carries the operation out while no engine of the group is mid-step, and
+lets them go (`_Rendezvous`; a member that never arrives within the timeout cancels it).
+
+Forming (`_form`, on the leader's thread):
+1. the leader's engine switches to a `PipelineExecutor` whose stages hold each member's
+   layer slice and a KV pool grown by the weights it dropped (andante.exec.torch_pipeline);
+   the leader's block manager grows to the group's block count, the members' give their
+   blocks up (their memory is now their stage) and their executors are released;
+2. every member's requests move into the leader's scheduler (andante.cluster.kunserve.
+   adopt: waiting ones re-queued, running ones adopted with a new block table);
+3. the leader's own KV of its kept layers is copied into its stage pool at once (same
+   block ids); every other block move is a `KVExchange` run between the leader's steps,
+   bounded per step (activations first), the adopted requests held out of the schedules
+   until their KV has arrived; `kv_mode="recompute"` recomputes instead;
+4. the members forward whatever reaches their inbox to the leader (`redirect`).
+
+Dissolving (`dissolve_group`): the full executors are rebuilt from each member's host
+copy of the weights (the `LoadedModel`) on the caller's thread while the group keeps
+serving; then, at one boundary, the rest of the exchange completes, the leader's block
+manager shrinks back (running requests past that size are recomputed, newest first),
+the KV comes back from the stages into the leader's full pool, and every member serves
+alone again; requests stay at the leader. A member whose thread dies makes the leader
+restore at its next boundary without that member's layers: every request holding KV
+is recomputed there (its output so far kept). A leader that dies gives each member back
+an independent engine and the requests that came from it, to recompute.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from andante.cluster.kunserve.adopt import adopt_group, whole_model
+from andante.cluster.kunserve.seam import GroupPlan
+from andante.core.request import Request, RequestStatus
+from andante.engine.scheduler import Scheduler
+from andante.exec.batch import StepBatch, StepResult
+from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
+from andante.exec.torch_pipeline import (
+    PipelineExecutor, device_kv_bytes, pipeline_executor, stage_memory,
+)
+from andante.exec.torch_pipeline_kv import KVExchange, LayerPool, copy_blocks
+from andante.models.loader import LoadedModel
+from andante.perf.cost_model import CostModel
+from andante.runtime.local import LocalInstance
+from andante.runtime.worker import InstanceWorker
+
+log = logging.getLogger("andante.cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class LocalGroupOptions:
+    """exchange_bytes_per_step: KV bytes copied after a step that ran a batch (§4.2's
+    coordinated exchange; nothing waits on the link between idle steps, so then all);
+    exchange_chunk_blocks: blocks per chunk; barrier_timeout_s: how long the leader
+    waits for the members to reach a step boundary."""
+
+    exchange_bytes_per_step: int = 8 << 20
+    exchange_chunk_blocks: int = 16
+    barrier_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.exchange_bytes_per_step < 1 or self.exchange_chunk_blocks < 1:
+            raise ValueError("exchange_bytes_per_step and exchange_chunk_blocks must be >= 1")
+        if not self.barrier_timeout_s > 0:
+            raise ValueError(f"barrier_timeout_s must be > 0, got {self.barrier_timeout_s}")
+
+
+@dataclass(slots=True)
+class FormReport:
+    """What forming a group did (bytes: KV copied between members, or within one)."""
+
+    plan: GroupPlan
+    seconds: float = 0.0  # the leader's boundary stall
+    kv_blocks_before: dict[int, int] = field(default_factory=dict)
+    kv_blocks_after: int = 0
+    weight_bytes_dropped: int = 0
+    num_adopted: int = 0
+    num_requeued: int = 0
+    num_recomputed: int = 0
+    kv_bytes_exchanged: int = 0
+    kv_bytes_local: int = 0
+    exchange_seconds: float | None = None  # until the last chunk arrived
+
+
+@dataclass(slots=True)
+class RestoreReport:
+    leader: int
+    seconds: float = 0.0  # the leader's boundary stall
+    load_seconds: float = 0.0  # rebuilding the full executors (while serving)
+    weight_bytes_reloaded: int = 0
+    kv_bytes_back: int = 0  # from the other members' stages
+    kv_bytes_local: int = 0
+    kv_blocks_before: int = 0
+    kv_blocks_after: dict[int, int] = field(default_factory=dict)
+    num_recomputed: int = 0
+    failed_member: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """What rebuilds a member's unsplit executor (its weights' host copy and settings)."""
+
+    model: LoadedModel
+    options: TorchExecutorOptions
+    cost_model: CostModel
+    num_device_blocks: int
+
+    def build(self) -> TorchExecutor:
+        return TorchExecutor(self.model, self.options, self.cost_model)
+
+
+@dataclass(slots=True)
+class _Group:
+    plan: GroupPlan
+    executor: PipelineExecutor
+    origins: dict[int, _Origin]
+    report: FormReport
+    exchange: KVExchange | None = None
+    formed_at: float = 0.0
+
+
+class ReleasedExecutor:
+    """The executor of a member whose weights went to its group's stage: it must not
+    run (its worker forwards everything to the leader)."""
+
+    def __init__(self, index: int, leader: int, cost_model: CostModel) -> None:
+        self.index, self.leader, self.cost_model = index, leader, cost_model
+
+    def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
+        return 0, 0
+
+    def execute(self, batch: StepBatch) -> StepResult:
+        raise RuntimeError(f"instance {self.index} serves as a stage of the pipeline "
+                           f"group led by instance {self.leader}")
+
+
+class _Rendezvous:
+    """Members park at a step boundary while the leader's thread acts (module note)."""
+
+    def __init__(self, parked: Sequence[int], timeout: float) -> None:
+        self._arrived = {m: threading.Event() for m in parked}
+        self._done = threading.Event()
+        self._timeout = timeout
+        self.result = False
+
+    def park(self, member: int) -> None:
+        self._arrived[member].set()
+        self._done.wait(self._timeout * 2)
+
+    def lead(self, operation: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + self._timeout
+        try:
+            if all(e.wait(max(0.0, deadline - time.monotonic()))
+                   for e in self._arrived.values()):
+                self.result = operation()
+            else:
+                log.warning("kunserve: a member did not reach a step boundary in %.1f s",
+                            self._timeout)
+        except Exception:
+            log.exception("kunserve: group operation failed")
+            self.result = False
+        finally:
+            self._done.set()
+
+    def wait(self) -> bool:
+        self._done.wait(self._timeout * 3)
+        return self.result
+
+
+def _max_num_tokens(scheduler: Scheduler) -> None:
+    kv = scheduler.kv
+    scheduler.max_num_tokens = min(scheduler.config.max_model_len,
+                                   kv.num_device_blocks * kv.block_size)
+
+
+def _recompute(scheduler: Scheduler, req: Request) -> None:
+    """Drop a request's KV; it re-queues at the front, its output so far kept."""
+    scheduler.release(req.request_id)
+    scheduler.detach(req.request_id)
+    req.preempt_by_recompute(scheduler.clock.now())
+    scheduler.adopt(req)
+
+
+class LocalPipelineGroups:
+    """KunServe's `PipelineGroups` over in-process instances (see the module note).
+    `form_group` and `dissolve_group` block the caller until the leader's thread has
+    carried them out (call them off an event loop)."""
+
+    def __init__(self, instances: Sequence[LocalInstance],
+                 options: LocalGroupOptions | None = None) -> None:
+        self.options = options or LocalGroupOptions()
+        self._instances = {inst.index: inst for inst in instances}
+        self._workers: dict[int, InstanceWorker] = {i: inst.worker
+                                                    for i, inst in self._instances.items()}
+        self._groups: dict[int, _Group] = {}  # by leader
+        self._lock = threading.Lock()
+        self.form_reports: list[FormReport] = []
+        self.restore_reports: list[RestoreReport] = []
+        for inst in instances:
+            inst.failure_listeners.append(self._on_failure)
+
+    # ---- the seam ---------------------------------------------------------------------
+    def groups(self) -> list[GroupPlan]:
+        with self._lock:
+            return [g.plan for g in self._groups.values()]
+
+    def leader_of(self, index: int) -> int | None:
+        with self._lock:
+            return next((g.plan.leader for g in self._groups.values()
+                         if index in g.plan.members), None)
+
+    def accepting(self, index: int) -> bool:
+        """False for a member that is not its group's leader."""
+        leader = self.leader_of(index)
+        return leader is None or leader == index
+
+    def form_group(self, plan: GroupPlan) -> bool:
+        if not self._can_form(plan):
+            return False
+        rendezvous = _Rendezvous(plan.members[1:], self.options.barrier_timeout_s)
+        for member in plan.members[1:]:
+            self._workers[member].at_boundary(lambda _w, m=member: rendezvous.park(m))
+        self._workers[plan.leader].at_boundary(
+            lambda _w: rendezvous.lead(lambda: self._form(plan)))
+        return rendezvous.wait()
+
+    def dissolve_group(self, leader: int) -> bool:
+        with self._lock:
+            group = self._groups.get(leader)
+        if group is None:
+            return False
+        started = time.perf_counter()
+        fresh = {m: o.build() for m, o in group.origins.items()}  # while the group serves
+        load_seconds = time.perf_counter() - started
+        parked = [m for m in group.plan.members[1:] if self._instances[m].alive]
+        rendezvous = _Rendezvous(parked, self.options.barrier_timeout_s)
+        for member in parked:
+            self._workers[member].at_boundary(lambda _w, m=member: rendezvous.park(m))
+        self._workers[leader].at_boundary(lambda _w: rendezvous.lead(
+            lambda: self._restore(group, fresh, load_seconds, None)))
+        return rendezvous.wait()
+
+    # ---- forming (the leader's thread, members parked) ---------------------------------
+    def _can_form(self, plan: GroupPlan) -> bool:
+        with self._lock:
+            grouped = {m for g in self._groups.values() for m in g.plan.members}
+        if len(plan.members) < 2 or grouped & set(plan.members):
+            return False  # merging existing groups is not supported on the real engine
+        if any(m not in self._instances or not self._instances[m].alive
+               for m in plan.members):
+            return False
+        executors = [self._workers[m].engine.executor for m in plan.members]
+        if not all(isinstance(e, TorchExecutor) for e in executors):
+            return False
+        layers = {e.model.config.num_layers for e in executors}  # type: ignore[attr-defined]
+        return layers == {plan.num_layers}
+
+    def _form(self, plan: GroupPlan) -> bool:
+        started = time.perf_counter()
+        workers = {m: self._workers[m] for m in plan.members}
+        executors: dict[int, TorchExecutor] = {
+            m: w.engine.executor for m, w in workers.items()}  # type: ignore[misc]
+        lead_ex = executors[plan.leader]
+        origins = {m: _Origin(e.model, e.options, e.cost_model, e.kv.num_device_blocks)
+                   for m, e in executors.items()}
+        kv_bytes = [device_kv_bytes(e.kv.num_device_blocks, e.model, e.options)
+                    for e in executors.values()]
+        pipeline = pipeline_executor(lead_ex.model, lead_ex.options, plan.layer_slices,
+                                     kv_bytes, lead_ex.cost_model, lead_ex.max_model_len,
+                                     lead_ex.kv.num_host_blocks)
+        report = FormReport(plan, kv_blocks_before={
+            m: w.engine.scheduler.kv.num_device_blocks for m, w in workers.items()})
+        report.weight_bytes_dropped = sum(
+            stage_memory(e.model, e.options, 0, s).dropped_weight_bytes
+            for e, s in zip(executors.values(), plan.layer_slices, strict=True))
+        leader_sched = workers[plan.leader].engine.scheduler
+        leader_sched.kv.resize_device(pipeline.num_kv_blocks(lead_ex.options.block_size)[0])
+        _max_num_tokens(leader_sched)
+        self._adopt(plan, workers, report)
+        exchange = self._start_exchange(plan, executors, pipeline, report)
+        self._switch_to_pipeline(plan, workers, pipeline)
+        group = _Group(plan, pipeline, origins, report, exchange, started)
+        with self._lock:
+            self._groups[plan.leader] = group
+        if exchange is not None:
+            workers[plan.leader].add_task(lambda ran: self._exchange_step(group, ran))
+        report.kv_blocks_after = leader_sched.kv.num_device_blocks
+        report.seconds = time.perf_counter() - started
+        self.form_reports.append(report)
+        log.info("kunserve: formed group %s (%d -> %d KV blocks, %.3f s)", plan.members,
+                 report.kv_blocks_before[plan.leader], report.kv_blocks_after, report.seconds)
+        return True
+
+    def _adopt(self, plan: GroupPlan, workers: Mapping[int, InstanceWorker],
+               report: FormReport) -> None:
+        leader = workers[plan.leader]
+        held = {m: list(w.engine.scheduler.requests.values()) for m, w in workers.items()
+                if m != plan.leader}
+        adoption = adopt_group(
+            [(w.engine.scheduler, whole_model(m, plan.num_layers)) for m, w in workers.items()],
+            leader.engine.scheduler, plan)
+        for member, reqs in held.items():
+            source = workers[member]
+            for req in reqs:
+                source.adapter.discard(req.request_id)
+                leader.adapter.register(req)
+            source.moved([r.request_id for r in reqs], leader)
+        report.num_adopted = len(adoption.adopted)
+        report.num_requeued = len(adoption.requeued)
+        report.num_recomputed = len(adoption.recomputed)
+        self._pending_moves = adoption.moves
+
+    def _start_exchange(self, plan: GroupPlan, executors: Mapping[int, TorchExecutor],
+                        pipeline: PipelineExecutor, report: FormReport) -> KVExchange | None:
+        """Copy the leader's kept layers into its stage now (same block ids); queue every
+        other move (§4.2) and hold its requests."""
+        leader_stage, old = pipeline.stages[0], executors[plan.leader].kv
+        start, end = plan.layer_slices[0]
+        kept = leader_stage.kv.device[:, :, :old.num_device_blocks]
+        kept.copy_(old.device[start:end])
+        report.kv_bytes_local += kept.numel() * kept.element_size()
+        moves, self._pending_moves = self._pending_moves, []
+        if not moves:
+            return None
+        sources = {m: LayerPool(e.kv.device) for m, e in executors.items()}
+        targets = {m: LayerPool(stage.kv.device, stage.layers_range[0])
+                   for m, stage in zip(plan.members, pipeline.stages, strict=True)}
+        exchange = KVExchange(moves, sources, targets, self.options.exchange_chunk_blocks)
+        scheduler = self._workers[plan.leader].engine.scheduler
+        for rid in exchange.pending_ids():
+            scheduler.hold(rid)
+        return exchange
+
+    def _switch_to_pipeline(self, plan: GroupPlan, workers: Mapping[int, InstanceWorker],
+                            pipeline: PipelineExecutor) -> None:
+        leader = workers[plan.leader]
+        leader.engine.executor = pipeline
+        for member in plan.members[1:]:
+            worker = workers[member]
+            engine = worker.engine
+            engine.executor = ReleasedExecutor(member, plan.leader, engine.executor.cost_model)
+            engine.scheduler.kv.resize_device(0)  # its memory is its stage's now
+            _max_num_tokens(engine.scheduler)
+            worker.redirect = leader
+
+    def _exchange_step(self, group: _Group, ran_batch: bool) -> bool:
+        """A boundary task of the leader: copy the next chunks, release the requests
+        whose KV is complete; False once the exchange is over."""
+        exchange = group.exchange
+        if exchange is None:
+            return False
+        scheduler = self._workers[group.plan.leader].engine.scheduler
+        budget = self.options.exchange_bytes_per_step if ran_batch else None
+        for rid in exchange.run(budget, scheduler.requests.__contains__):
+            scheduler.release(rid)
+        group.report.kv_bytes_exchanged = exchange.bytes_exchanged
+        if not exchange.done:
+            return True
+        group.report.kv_bytes_local += exchange.bytes_local
+        group.report.exchange_seconds = time.perf_counter() - group.formed_at
+        group.exchange = None
+        return False
+
+    # ---- restoring (the leader's thread, members parked) -------------------------------
+    def _restore(self, group: _Group, fresh: dict[int, TorchExecutor], load_seconds: float,
+                 failed: int | None) -> bool:
+        started = time.perf_counter()
+        plan, leader = group.plan, self._workers[group.plan.leader]
+        scheduler = leader.engine.scheduler
+        report = RestoreReport(plan.leader, load_seconds=load_seconds, failed_member=failed,
+                               kv_blocks_before=scheduler.kv.num_device_blocks)
+        self._finish_exchange(group, scheduler, lost=failed is not None)
+        report.num_recomputed = self._shed(scheduler, group.origins[plan.leader],
+                                           everything=failed is not None)
+        self._copy_back(group, scheduler, fresh[plan.leader], report)
+        leader.engine.executor = fresh[plan.leader]
+        _max_num_tokens(scheduler)
+        for member in plan.members[1:]:
+            if member in fresh and member != failed:
+                self._give_back(member, fresh[member], group.origins[member])
+        report.weight_bytes_reloaded = sum(
+            stage_memory(group.origins[m].model, group.origins[m].options, 0, s
+                         ).dropped_weight_bytes
+            for m, s in zip(plan.members, plan.layer_slices, strict=True) if m in fresh)
+        report.kv_blocks_after = {m: self._workers[m].engine.scheduler.kv.num_device_blocks
+                                  for m in plan.members if m in fresh}
+        with self._lock:
+            del self._groups[plan.leader]
+        report.seconds = time.perf_counter() - started
+        self.restore_reports.append(report)
+        log.info("kunserve: restored group %s (%.3f s, %d recomputed)", plan.members,
+                 report.seconds, report.num_recomputed)
+        return True
+
+    def _finish_exchange(self, group: _Group, scheduler: Scheduler, lost: bool) -> None:
+        exchange, group.exchange = group.exchange, None
+        if exchange is None:
+            return
+        if not lost:
+            exchange.run(None, scheduler.requests.__contains__)
+            group.report.kv_bytes_exchanged = exchange.bytes_exchanged
+            group.report.kv_bytes_local += exchange.bytes_local
+        for rid in exchange.pending_ids() if lost else list(scheduler.requests):
+            scheduler.release(rid)
+
+    def _shed(self, scheduler: Scheduler, origin: _Origin, everything: bool) -> int:
+        """Recompute the swapped requests (the group's host KV stays in the stages), all
+        running ones if `everything` (a member's layers are lost), else the newest
+        running ones until the rest fit the leader's own pool. Returns how many."""
+        victims = [r for r in scheduler.requests.values()
+                   if r.status == RequestStatus.SWAPPED
+                   or (everything and r.status == RequestStatus.RUNNING)]
+        for req in victims:
+            _recompute(scheduler, req)
+        count = len(victims)
+        kv = scheduler.kv
+        while kv.num_device_blocks - kv.num_free_device_blocks > origin.num_device_blocks:
+            _recompute(scheduler, scheduler.running[-1])
+            count += 1
+        return count
+
+    def _copy_back(self, group: _Group, scheduler: Scheduler, full: TorchExecutor,
+                   report: RestoreReport) -> None:
+        """Shrink the leader's blocks to its own pool and copy every running request's
+        KV from the stages into it (§4.4: the KV moves back)."""
+        old_tables = {r.request_id: list(scheduler.kv.block_table(r.request_id))
+                      for r in scheduler.running}
+        moved = scheduler.kv.resize_device(group.origins[group.plan.leader].num_device_blocks)
+        assert moved is not None, "the running requests were shed to fit"
+        src_blocks = [b for table in old_tables.values() for b in table]
+        dst_blocks = [b for rid in old_tables for b in scheduler.kv.block_table(rid)]
+        target = LayerPool(full.kv.device)
+        for member, stage in zip(group.plan.members, group.executor.stages, strict=True):
+            copied = copy_blocks(LayerPool(stage.kv.device, stage.layers_range[0]), target,
+                                 stage.layers_range, src_blocks, dst_blocks)
+            if member == group.plan.leader:
+                report.kv_bytes_local += copied
+            else:
+                report.kv_bytes_back += copied
+
+    def _give_back(self, member: int, executor: TorchExecutor, origin: _Origin) -> None:
+        worker = self._workers[member]
+        worker.engine.executor = executor
+        worker.engine.scheduler.kv.resize_device(origin.num_device_blocks)
+        _max_num_tokens(worker.engine.scheduler)
+        worker.redirect = None
+
+    # ---- failures ------------------------------------------------------------------------
+    def _on_failure(self, index: int, cause: BaseException | None) -> None:
+        """Called on the failed instance's thread as it dies."""
+        with self._lock:
+            group = next((g for g in self._groups.values() if index in g.plan.members), None)
+        if group is None:
+            return
+        if index == group.plan.leader:
+            self._leader_failed(group)
+            return
+        log.warning("kunserve: member %d of group %s failed (%s): restoring", index,
+                    group.plan.members, cause)
+        parked = [m for m in group.plan.members[1:]
+                  if m != index and self._instances[m].alive]
+        rendezvous = _Rendezvous(parked, self.options.barrier_timeout_s)
+        for member in parked:
+            self._workers[member].at_boundary(lambda _w, m=member: rendezvous.park(m))
+
+        def restore() -> bool:
+            fresh = {m: group.origins[m].build() for m in group.plan.members if m != index}
+            return self._restore(group, fresh, 0.0, index)
+
+        self._workers[group.plan.leader].at_boundary(lambda _w: rendezvous.lead(restore))
+
+    def _leader_failed(self, group: _Group) -> None:
+        """Each member serves alone again and takes back, to recompute, the unfinished
+        requests that came to the dead leader through it."""
+        with self._lock:
+            self._groups.pop(group.plan.leader, None)
+        dead = self._workers[group.plan.leader]
+        for member in group.plan.members[1:]:
+            if self._instances[member].alive:
+                self._workers[member].at_boundary(
+                    lambda w, m=member: self._reclaim(w, dead, group.origins[m]))
+
+    def _reclaim(self, worker: InstanceWorker, dead: InstanceWorker, origin: _Origin) -> None:
+        self._give_back(worker.index, origin.build(), origin)
+        scheduler = worker.engine.scheduler
+        for rid in worker.reclaim_moved(dead):
+            req = dead.engine.scheduler.requests.get(rid)
+            if req is None or req.is_finished:
+                continue
+            if req.status in (RequestStatus.RUNNING, RequestStatus.SWAPPED):
+                req.preempt_by_recompute(scheduler.clock.now())
+            dead.adapter.discard(rid)
+            worker.adapter.register(req)
+            scheduler.adopt(req)
