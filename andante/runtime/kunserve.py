@@ -39,21 +39,25 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
-from andante.cluster.kunserve.adopt import adopt_group, whole_model
+from andante.cluster.kunserve.adopt import KVMove, adopt_group, whole_model
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.core.request import Request, RequestStatus
 from andante.engine.scheduler import Scheduler
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
 from andante.exec.torch_pipeline import (
-    PipelineExecutor, device_kv_bytes, pipeline_executor, stage_memory,
+    PipelineExecutor,
+    device_kv_bytes,
+    pipeline_executor,
+    stage_memory,
 )
 from andante.exec.torch_pipeline_kv import KVExchange, LayerPool, copy_blocks
 from andante.models.loader import LoadedModel
 from andante.perf.cost_model import CostModel
 from andante.runtime.local import LocalInstance
-from andante.runtime.worker import InstanceWorker
+from andante.runtime.worker import AtBoundary, InstanceWorker
 
 log = logging.getLogger("andante.cluster")
 
@@ -177,6 +181,12 @@ class _Rendezvous:
         self._done.wait(self._timeout * 3)
         return self.result
 
+    def parker(self, member: int) -> AtBoundary:
+        return lambda _worker: self.park(member)
+
+    def leader(self, operation: Callable[[], bool]) -> AtBoundary:
+        return lambda _worker: self.lead(operation)
+
 
 def _max_num_tokens(scheduler: Scheduler) -> None:
     kv = scheduler.kv
@@ -228,12 +238,8 @@ class LocalPipelineGroups:
     def form_group(self, plan: GroupPlan) -> bool:
         if not self._can_form(plan):
             return False
-        rendezvous = _Rendezvous(plan.members[1:], self.options.barrier_timeout_s)
-        for member in plan.members[1:]:
-            self._workers[member].at_boundary(lambda _w, m=member: rendezvous.park(m))
-        self._workers[plan.leader].at_boundary(
-            lambda _w: rendezvous.lead(lambda: self._form(plan)))
-        return rendezvous.wait()
+        return self._at_boundaries(plan.leader, plan.members[1:],
+                                   lambda: self._form(plan)).wait()
 
     def dissolve_group(self, leader: int) -> bool:
         with self._lock:
@@ -244,12 +250,18 @@ class LocalPipelineGroups:
         fresh = {m: o.build() for m, o in group.origins.items()}  # while the group serves
         load_seconds = time.perf_counter() - started
         parked = [m for m in group.plan.members[1:] if self._instances[m].alive]
+        return self._at_boundaries(leader, parked, lambda: self._restore(
+            group, fresh, load_seconds, None)).wait()
+
+    def _at_boundaries(self, leader: int, parked: Sequence[int],
+                       operation: Callable[[], bool]) -> _Rendezvous:
+        """Run `operation` on the leader's thread once the `parked` members' threads
+        wait at their step boundaries (the module note's handshake)."""
         rendezvous = _Rendezvous(parked, self.options.barrier_timeout_s)
         for member in parked:
-            self._workers[member].at_boundary(lambda _w, m=member: rendezvous.park(m))
-        self._workers[leader].at_boundary(lambda _w: rendezvous.lead(
-            lambda: self._restore(group, fresh, load_seconds, None)))
-        return rendezvous.wait()
+            self._workers[member].at_boundary(rendezvous.parker(member))
+        self._workers[leader].at_boundary(rendezvous.leader(operation))
+        return rendezvous
 
     # ---- forming (the leader's thread, members parked) ---------------------------------
     def _can_form(self, plan: GroupPlan) -> bool:
@@ -287,8 +299,8 @@ class LocalPipelineGroups:
         leader_sched = workers[plan.leader].engine.scheduler
         leader_sched.kv.resize_device(pipeline.num_kv_blocks(lead_ex.options.block_size)[0])
         _max_num_tokens(leader_sched)
-        self._adopt(plan, workers, report)
-        exchange = self._start_exchange(plan, executors, pipeline, report)
+        moves = self._adopt(plan, workers, report)
+        exchange = self._start_exchange(plan, executors, pipeline, report, moves)
         self._switch_to_pipeline(plan, workers, pipeline)
         group = _Group(plan, pipeline, origins, report, exchange, started)
         with self._lock:
@@ -303,7 +315,9 @@ class LocalPipelineGroups:
         return True
 
     def _adopt(self, plan: GroupPlan, workers: Mapping[int, InstanceWorker],
-               report: FormReport) -> None:
+               report: FormReport) -> list[KVMove]:
+        """Every member's requests into the leader's scheduler (and its output
+        adapter); returns the block moves of the adopted running requests."""
         leader = workers[plan.leader]
         held = {m: list(w.engine.scheduler.requests.values()) for m, w in workers.items()
                 if m != plan.leader}
@@ -319,18 +333,20 @@ class LocalPipelineGroups:
         report.num_adopted = len(adoption.adopted)
         report.num_requeued = len(adoption.requeued)
         report.num_recomputed = len(adoption.recomputed)
-        self._pending_moves = adoption.moves
+        return adoption.moves
 
     def _start_exchange(self, plan: GroupPlan, executors: Mapping[int, TorchExecutor],
-                        pipeline: PipelineExecutor, report: FormReport) -> KVExchange | None:
-        """Copy the leader's kept layers into its stage now (same block ids); queue every
-        other move (§4.2) and hold its requests."""
-        leader_stage, old = pipeline.stages[0], executors[plan.leader].kv
-        start, end = plan.layer_slices[0]
-        kept = leader_stage.kv.device[:, :, :old.num_device_blocks]
-        kept.copy_(old.device[start:end])
-        report.kv_bytes_local += kept.numel() * kept.element_size()
-        moves, self._pending_moves = self._pending_moves, []
+                        pipeline: PipelineExecutor, report: FormReport,
+                        moves: list[KVMove]) -> KVExchange | None:
+        """Copy each member's kept layers into its stage pool now, in bulk (the leader's
+        requests keep their block ids, and a move to the same block of the same member
+        is not listed); queue every other move (§4.2) and hold its requests."""
+        for member, stage in zip(plan.members, pipeline.stages, strict=True):
+            old = executors[member].kv
+            start, end = stage.layers_range
+            kept = stage.kv.device[:, :, :old.num_device_blocks]
+            kept.copy_(old.device[start:end])
+            report.kv_bytes_local += kept.numel() * kept.element_size()
         if not moves:
             return None
         sources = {m: LayerPool(e.kv.device) for m, e in executors.items()}
@@ -470,15 +486,12 @@ class LocalPipelineGroups:
                     group.plan.members, cause)
         parked = [m for m in group.plan.members[1:]
                   if m != index and self._instances[m].alive]
-        rendezvous = _Rendezvous(parked, self.options.barrier_timeout_s)
-        for member in parked:
-            self._workers[member].at_boundary(lambda _w, m=member: rendezvous.park(m))
 
         def restore() -> bool:
             fresh = {m: group.origins[m].build() for m in group.plan.members if m != index}
             return self._restore(group, fresh, 0.0, index)
 
-        self._workers[group.plan.leader].at_boundary(lambda _w: rendezvous.lead(restore))
+        self._at_boundaries(group.plan.leader, parked, restore)  # not waited for
 
     def _leader_failed(self, group: _Group) -> None:
         """Each member serves alone again and takes back, to recompute, the unfinished
@@ -489,9 +502,9 @@ class LocalPipelineGroups:
         for member in group.plan.members[1:]:
             if self._instances[member].alive:
                 self._workers[member].at_boundary(
-                    lambda w, m=member: self._reclaim(w, dead, group.origins[m]))
+                    partial(self._reclaim, dead, group.origins[member]))
 
-    def _reclaim(self, worker: InstanceWorker, dead: InstanceWorker, origin: _Origin) -> None:
+    def _reclaim(self, dead: InstanceWorker, origin: _Origin, worker: InstanceWorker) -> None:
         self._give_back(worker.index, origin.build(), origin)
         scheduler = worker.engine.scheduler
         for rid in worker.reclaim_moved(dead):

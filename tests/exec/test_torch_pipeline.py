@@ -3,14 +3,16 @@ the dropped layers' memory becomes KV blocks."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from andante.core import Request
 from andante.exec.torch_executor import TorchExecutorOptions
 from andante.exec.torch_pipeline import (
-    PipelineExecutor, PipelineStage, device_kv_bytes, kept_weight_bytes, pipeline_executor,
+    PipelineExecutor,
+    PipelineStage,
+    device_kv_bytes,
+    kept_weight_bytes,
+    pipeline_executor,
     stage_memory,
 )
 from andante.models import load_model
