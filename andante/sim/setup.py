@@ -28,7 +28,6 @@ from andante.sim.pipeline import build_pipeline_instance
 from andante.sim.simulator import SimInstance, Simulator
 from andante.sim.tiers import ModelTiers
 
-
 # Routers whose cluster is built by another module (named, imported on demand).
 CLUSTER_BUILDERS = MappingProxyType(
     {"kunserve": "andante.sim.kunserve_setup:build_kunserve_simulator"})
