@@ -68,6 +68,8 @@ class Engine:
             num_uncomputed_tokens=num_tokens - totals.num_computed_tokens,
             num_output_tokens=totals.num_output_tokens,
             num_remaining_output_tokens=totals.num_max_output_tokens - totals.num_output_tokens,
+            num_queued_kv_blocks=kv.num_blocks_for(
+                max(0, num_tokens - totals.num_computed_tokens - sched.num_running)),
         )
 
     def limits(self) -> EngineLimits:

@@ -171,6 +171,16 @@ class Scheduler:
     def has_in_flight(self) -> bool:
         return bool(self._in_flight_ids)
 
+    def hold(self, request_id: str) -> None:
+        """Keep a request out of the coming steps, as if its batch were in flight, until
+        `release` (KunServe: its KV is still being exchanged); it is neither scheduled
+        nor preempted meanwhile."""
+        if request_id in self.requests:
+            self._in_flight_ids.add(request_id)
+
+    def release(self, request_id: str) -> None:
+        self._in_flight_ids.discard(request_id)
+
     def detach(self, request_id: str) -> Request | None:
         """Take an unfinished request out of this scheduler as it is (status, progress
         and timeline kept; its KV here freed) so another scheduler can `adopt` it; None

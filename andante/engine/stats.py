@@ -38,6 +38,9 @@ class SchedulerStats:
     num_uncomputed_tokens: int = 0  # known tokens not in a KV cache yet
     num_output_tokens: int = 0  # generated so far
     num_remaining_output_tokens: int = 0  # max_tokens left
+    # KV blocks the queued work needs: uncomputed tokens beyond running decodes' next
+    # token (KunServe §4.1's demand of the queued requests)
+    num_queued_kv_blocks: int = 0
 
     @property
     def num_requests(self) -> int:
