@@ -223,16 +223,6 @@ class Scheduler:
         self.policy.on_arrival(req)
         return table
 
-    def hold(self, request_id: str) -> None:
-        """Keep an adopted request out of the schedules until `release`, as if its batch
-        were in flight (KunServe §4.2: its KV is still on its way to the members that
-        now hold its layers)."""
-        if request_id in self.requests:
-            self._in_flight_ids.add(request_id)
-
-    def release(self, request_id: str) -> None:
-        self._in_flight_ids.discard(request_id)
-
     def abort_request(
         self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED
     ) -> Request | None:
