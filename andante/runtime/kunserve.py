@@ -67,11 +67,14 @@ class LocalGroupOptions:
     """exchange_bytes_per_step: KV bytes copied after a step that ran a batch (§4.2's
     coordinated exchange; nothing waits on the link between idle steps, so then all);
     exchange_chunk_blocks: blocks per chunk; barrier_timeout_s: how long the leader
-    waits for the members to reach a step boundary."""
+    waits for the members to reach a step boundary; background_restore:
+    `dissolve_group` returns once the restore started instead of once it is done
+    (a server's event loop must not wait for the weights to reload)."""
 
     exchange_bytes_per_step: int = 8 << 20
     exchange_chunk_blocks: int = 16
     barrier_timeout_s: float = 30.0
+    background_restore: bool = False
 
     def __post_init__(self) -> None:
         if self.exchange_bytes_per_step < 1 or self.exchange_chunk_blocks < 1:
@@ -217,6 +220,7 @@ class LocalPipelineGroups:
         self._groups: dict[int, _Group] = {}  # by leader
         self._lock = threading.Lock()
         self._forming: set[int] = set()  # members of groups being formed
+        self._restoring: set[int] = set()  # leaders of groups being restored
         self.form_reports: list[FormReport] = []
         self.restore_reports: list[RestoreReport] = []
         for inst in instances:
@@ -255,16 +259,31 @@ class LocalPipelineGroups:
                 self._forming -= set(plan.members)
 
     def dissolve_group(self, leader: int) -> bool:
+        """Restore the group led by `leader` (module note); with `background_restore`
+        it returns True once the restore has started (a thread reloads the weights,
+        then the leader switches at a step boundary)."""
         with self._lock:
             group = self._groups.get(leader)
-        if group is None:
-            return False
-        started = time.perf_counter()
-        fresh = {m: o.build() for m, o in group.origins.items()}  # while the group serves
-        load_seconds = time.perf_counter() - started
-        parked = [m for m in group.plan.members[1:] if self._instances[m].alive]
-        return self._at_boundaries(leader, parked, lambda: self._restore(
-            group, fresh, load_seconds, None)).wait()
+            if group is None or leader in self._restoring:
+                return False
+            self._restoring.add(leader)
+        if self.options.background_restore:
+            threading.Thread(target=self._dissolve, args=(group,), daemon=True,
+                             name=f"andante-kunserve-restore-{leader}").start()
+            return True
+        return self._dissolve(group)
+
+    def _dissolve(self, group: _Group) -> bool:
+        try:
+            started = time.perf_counter()
+            fresh = {m: o.build() for m, o in group.origins.items()}  # while it serves
+            load_seconds = time.perf_counter() - started
+            parked = [m for m in group.plan.members[1:] if self._instances[m].running]
+            return self._at_boundaries(group.plan.leader, parked, lambda: self._restore(
+                group, fresh, load_seconds, None)).wait()
+        finally:
+            with self._lock:
+                self._restoring.discard(group.plan.leader)
 
     def _at_boundaries(self, leader: int, parked: Sequence[int],
                        operation: Callable[[], bool]) -> _Rendezvous:
@@ -283,7 +302,7 @@ class LocalPipelineGroups:
         if len(plan.members) < 2 or grouped & set(plan.members):
             return False  # merging existing groups is not supported on the real engine
         if any(m not in self._instances or not self._instances[m].alive
-               for m in plan.members):
+               for m in plan.members) or self._restoring & set(plan.members):
             return False
         executors = [self._workers[m].engine.executor for m in plan.members]
         if not all(isinstance(e, TorchExecutor) for e in executors):
@@ -389,6 +408,7 @@ class LocalPipelineGroups:
             engine.scheduler.kv.resize_device(0)  # its memory is its stage's now
             _max_num_tokens(engine.scheduler)
             worker.redirect = leader
+            self._instances[member].group_leader = plan.leader
 
     def _exchange_step(self, group: _Group, ran_batch: bool) -> bool:
         """A boundary task of the leader: copy the next chunks, release the requests
@@ -411,6 +431,9 @@ class LocalPipelineGroups:
     # ---- restoring (the leader's thread, members parked) -------------------------------
     def _restore(self, group: _Group, fresh: dict[int, TorchExecutor], load_seconds: float,
                  failed: int | None) -> bool:
+        with self._lock:
+            if self._groups.get(group.plan.leader) is not group:
+                return False  # restored already (a member failed meanwhile)
         started = time.perf_counter()
         plan, leader = group.plan, self._workers[group.plan.leader]
         scheduler = leader.engine.scheduler
@@ -491,6 +514,7 @@ class LocalPipelineGroups:
         worker.engine.scheduler.kv.resize_device(origin.num_device_blocks)
         _max_num_tokens(worker.engine.scheduler)
         worker.redirect = None
+        self._instances[member].group_leader = None
 
     # ---- failures ------------------------------------------------------------------------
     def _on_failure(self, index: int, cause: BaseException | None) -> None:
@@ -505,7 +529,7 @@ class LocalPipelineGroups:
         log.warning("kunserve: member %d of group %s failed (%s): restoring", index,
                     group.plan.members, cause)
         parked = [m for m in group.plan.members[1:]
-                  if m != index and self._instances[m].alive]
+                  if m != index and self._instances[m].running]
 
         def restore() -> bool:
             fresh = {m: group.origins[m].build() for m in group.plan.members if m != index}
@@ -514,25 +538,15 @@ class LocalPipelineGroups:
         self._at_boundaries(group.plan.leader, parked, restore)  # not waited for
 
     def _leader_failed(self, group: _Group) -> None:
-        """Each member serves alone again and takes back, to recompute, the unfinished
-        requests that came to the dead leader through it."""
+        """Each member serves alone again. The dead leader's requests (its members'
+        among them) are the cluster's to re-queue or fail, as for any failed instance
+        (`Controller.instance_failed`: the coordinator reassigned them to the leader)."""
         with self._lock:
             self._groups.pop(group.plan.leader, None)
-        dead = self._workers[group.plan.leader]
         for member in group.plan.members[1:]:
-            if self._instances[member].alive:
+            if self._instances[member].running:
                 self._workers[member].at_boundary(
-                    partial(self._reclaim, dead, group.origins[member]))
+                    partial(self._rebuild_member, group.origins[member]))
 
-    def _reclaim(self, dead: InstanceWorker, origin: _Origin, worker: InstanceWorker) -> None:
+    def _rebuild_member(self, origin: _Origin, worker: InstanceWorker) -> None:
         self._give_back(worker.index, origin.build(), origin)
-        scheduler = worker.engine.scheduler
-        for rid in worker.reclaim_moved(dead):
-            req = dead.engine.scheduler.requests.get(rid)
-            if req is None or req.is_finished:
-                continue
-            if req.status in (RequestStatus.RUNNING, RequestStatus.SWAPPED):
-                req.preempt_by_recompute(scheduler.clock.now())
-            dead.adapter.discard(rid)
-            worker.adapter.register(req)
-            scheduler.adopt(req)

@@ -37,10 +37,17 @@ class LocalInstance(LaterOperations):
         # told (on the dying thread, before `on_down`) when the instance fails:
         # a KunServe pipeline group restores its other members
         self.failure_listeners: list[OnChange] = []
+        self.group_leader: int | None = None  # set while in a KunServe pipeline group
 
     # ---- the Instance seam (controller thread) ------------------------------------
     @property
     def alive(self) -> bool:
+        """Serving requests of its own: running, and not a KunServe group's member."""
+        return self.running and self.group_leader in (None, self.index)
+
+    @property
+    def running(self) -> bool:
+        """Its stepping thread runs (a group's member too)."""
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
     def submit(self, req: Request) -> None:
