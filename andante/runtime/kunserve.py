@@ -42,6 +42,9 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from andante.cluster.kunserve.adopt import KVMove, adopt_group, whole_model
+from andante.cluster.kunserve.coordinator import KunServeCoordinator
+from andante.cluster.kunserve.plan import LayerMemory
+from andante.cluster.kunserve.router import KunServeSettings
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.core.request import Request, RequestStatus
 from andante.engine.scheduler import Scheduler
@@ -50,11 +53,13 @@ from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
 from andante.exec.torch_pipeline import (
     PipelineExecutor,
     device_kv_bytes,
+    layer_block_bytes,
+    layer_weight_bytes,
     pipeline_executor,
     stage_memory,
 )
 from andante.exec.torch_pipeline_kv import KVExchange, LayerPool, copy_blocks
-from andante.models.loader import LoadedModel
+from andante.models.loader import LoadedModel, parse_dtype
 from andante.perf.cost_model import CostModel
 from andante.runtime.local import LocalInstance
 from andante.runtime.worker import AtBoundary, InstanceWorker
@@ -347,6 +352,8 @@ class LocalPipelineGroups:
         if exchange is not None:
             workers[plan.leader].add_task(lambda ran: self._exchange_step(group, ran))
         report.kv_blocks_after = leader_sched.kv.num_device_blocks
+        for worker in workers.values():
+            worker.report_soon()
         report.seconds = time.perf_counter() - started
         self.form_reports.append(report)
         log.info("kunserve: formed group %s (%d -> %d KV blocks, %.3f s)", plan.members,
@@ -368,7 +375,6 @@ class LocalPipelineGroups:
             for req in reqs:
                 source.adapter.discard(req.request_id)
                 leader.adapter.register(req)
-            source.moved([r.request_id for r in reqs], leader)
         report.num_adopted = len(adoption.adopted)
         report.num_requeued = len(adoption.requeued)
         report.num_recomputed = len(adoption.recomputed)
@@ -456,6 +462,8 @@ class LocalPipelineGroups:
                                   for m in plan.members if m in fresh}
         with self._lock:
             del self._groups[plan.leader]
+        for member in plan.members:
+            self._workers[member].report_soon()
         report.seconds = time.perf_counter() - started
         self.restore_reports.append(report)
         log.info("kunserve: restored group %s (%.3f s, %d recomputed)", plan.members,
@@ -550,3 +558,34 @@ class LocalPipelineGroups:
 
     def _rebuild_member(self, origin: _Origin, worker: InstanceWorker) -> None:
         self._give_back(worker.index, origin.build(), origin)
+        worker.report_soon()
+
+
+def layer_memory(executor: TorchExecutor) -> LayerMemory:
+    """One unsplit instance's memory in the drop plan's units (andante.cluster.kunserve.
+    plan), from its executor: a layer's weights, a layer's KV block, the KV pool."""
+    model, options = executor.model, executor.options
+    dtype = parse_dtype(options.dtype)
+    weight = layer_weight_bytes(model.weights.layers[0]) * dtype.itemsize // max(
+        1, model.weights.dtype.itemsize)
+    return LayerMemory(
+        num_layers=model.config.num_layers, weight_bytes_per_layer=weight,
+        kv_block_bytes_per_layer=layer_block_bytes(model, dtype, options.block_size),
+        kv_region_bytes=device_kv_bytes(executor.kv.num_device_blocks, model, options))
+
+
+def local_coordinator(instances: Sequence[LocalInstance], settings: KunServeSettings,
+                      options: LocalGroupOptions | None = None) -> KunServeCoordinator:
+    """`--router kunserve` over in-process instances of a real model: the coordinator
+    (a cluster operator) driving `LocalPipelineGroups` (restores in the background)."""
+    executor = instances[0].worker.engine.executor
+    if not isinstance(executor, TorchExecutor):
+        raise ValueError("--router kunserve needs in-process instances of a real model "
+                         "(not the toy backend)")
+    groups = LocalPipelineGroups(instances, options or LocalGroupOptions(
+        background_restore=True))
+    kv_mode = "exchange" if settings.kv_mode == "auto" else settings.kv_mode
+    return KunServeCoordinator(
+        groups, layer_memory(executor), executor.options.block_size, settings.monitor,
+        kv_mode=kv_mode,  # type: ignore[arg-type]
+        max_members=settings.max_members, restore=settings.restore)

@@ -144,12 +144,13 @@ class InstanceWorker:
 
     def _init_grouping(self) -> None:
         """KunServe (andante.runtime.kunserve): while this worker's instance is a member
-        of a pipeline group, what reaches its inbox goes to the group's leader
-        (`redirect`); requests moved to another worker are followed there (`_moved`);
-        `_tasks` run between steps (the chunked KV exchange)."""
+        of a pipeline group, requests reaching its inbox go on to the group's leader
+        (`redirect`; aborts go where the controller placed the request: the leader, since
+        the coordinator reassigned the member's requests); `_tasks` run between steps
+        (the chunked KV exchange)."""
         self.redirect: InstanceWorker | None = None
-        self._moved: dict[str, InstanceWorker] = {}
         self._tasks: list[BoundaryTask] = []
+        self._report_due = False
 
     # ---- any thread ---------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -209,7 +210,9 @@ class InstanceWorker:
         if self._swap_due:
             self._swap(self._pending_swap or self._parked[0].model)
         heartbeat = idle and self.switch is not None  # fresh time for a queue router
-        if message is None and (self._aborted or self._withdrawn or self._swaps or heartbeat):
+        report, self._report_due = self._report_due, False
+        if message is None and (self._aborted or self._withdrawn or self._swaps or heartbeat
+                                or report):
             message = self._message(None, stepped=False)
         if message is not None and self._swaps:
             message.swaps, self._swaps = self._swaps, []
@@ -220,45 +223,23 @@ class InstanceWorker:
     def _run_tasks(self, ran_batch: bool) -> None:
         self._tasks = [task for task in self._tasks if task(ran_batch)]
 
+    def report_soon(self) -> None:
+        """Send a load report after the next boundary even if no step runs (the
+        engine's blocks changed: a pipeline group formed or dissolved); any thread."""
+        self._report_due = True
+        self._wake.set()
+
     def add_task(self, task: BoundaryTask) -> None:
         """Run `task` after every step from now on until it returns False (stepping
         thread only: from an `at_boundary` operation)."""
         self._tasks.append(task)
 
-    def moved(self, request_ids: Sequence[str], to: InstanceWorker) -> None:
-        """These requests now live at `to`: their aborts and withdrawals follow them
-        (stepping thread only)."""
-        for rid in request_ids:
-            self._moved[rid] = to
-
-    def _forward(self, kind: str, item: Any) -> bool:
-        """Send an inbox item on to the leader (member of a group) or to where its
-        request moved; False if it stays here."""
-        target = self.redirect
-        if target is None and kind in ("abort", "withdraw"):
-            ids = [item] if kind == "abort" else item
-            targets = {self._moved[rid] for rid in ids if rid in self._moved}
-            target = targets.pop() if len(targets) == 1 else None
-        if target is None or kind not in ("add", "abort", "withdraw"):
-            return False
-        if kind == "add":
-            self._moved[item.request_id] = target
-        getattr(target, "submit" if kind == "add" else kind)(item)
-        return True
-
-    def reclaim_moved(self, target: InstanceWorker) -> list[str]:
-        """Forget (and return) the requests that moved from here to `target`: it died,
-        this worker takes them back (stepping thread only)."""
-        ids = [rid for rid, to in self._moved.items() if to is target]
-        for rid in ids:
-            del self._moved[rid]
-        return ids
-
     def _apply_inbox(self) -> None:
         inbox = self._inbox
         while inbox:
             kind, item = inbox.popleft()
-            if (self.redirect is not None or self._moved) and self._forward(kind, item):
+            if kind == "add" and self.redirect is not None:
+                self.redirect.submit(item)  # a group's member: its leader serves
                 continue
             if kind == "call":
                 item(self)

@@ -1,0 +1,83 @@
+"""`andante serve --instances 2 --router kunserve` on a tiny model with a small KV cache:
+a burst throttles both instances, the coordinator forms a pipeline group whose dropped
+weights show up as more KV blocks in /metrics, every request completes, and the group
+restores once the burst is over."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from andante.server import EngineOptions, ServeOptions, ServerThread
+from tests.models.helpers import make_tiny_checkpoint
+
+NUM_BLOCKS = 12  # per instance: one long request at a time
+
+
+@pytest.fixture(scope="module")
+def tiny4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny4"), num_hidden_layers=4)
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _blocks(metrics: str) -> float:
+    found = re.search(r"^andante:num_kv_blocks\{[^}]*\} (\S+)$", metrics, re.M)
+    assert found, metrics
+    return float(found.group(1))
+
+
+async def _burst(url: str, num: int) -> list[int]:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        async def one(i: int) -> int:
+            reply = await client.post("/v1/completions", json={
+                "model": "tiny", "prompt": [10 + i] * 40, "max_tokens": 60,
+                "temperature": 0, "ignore_eos": True})
+            assert reply.status_code == 200, reply.text
+            return int(reply.json()["usage"]["completion_tokens"])
+        return list(await asyncio.gather(*(one(i) for i in range(num))))
+
+
+def test_burst_forms_a_group_and_restores(tiny4: Path) -> None:
+    options = ServeOptions(
+        model=str(tiny4), served_model_name="tiny", port=0, log_level="warning",
+        instances=2, router="kunserve",
+        router_options={"check_interval": "0", "min_group_seconds": "0"},
+        engine=EngineOptions(num_kv_blocks=NUM_BLOCKS, max_model_len=512,
+                             swap_space_gib=0.0, max_num_seqs=16))
+    with ServerThread(options) as server:
+        before = _blocks(httpx.get(server.url + "/metrics").text)
+        assert before == 2 * NUM_BLOCKS
+        coordinator = server.state.runner.controller.operators[0]
+        seen: list[float] = []
+
+        async def run() -> list[int]:
+            burst = asyncio.ensure_future(_burst(server.url, 10))
+            async with httpx.AsyncClient(base_url=server.url) as client:
+                while not burst.done():
+                    seen.append(_blocks((await client.get("/metrics")).text))
+                    await asyncio.sleep(0.02)
+            return await burst
+
+        tokens = asyncio.run(run())
+        assert tokens == [60] * 10  # none lost
+        assert coordinator.counters.num_drops >= 1
+        assert max(seen) > 2 * NUM_BLOCKS  # the dropped layers' weights became KV blocks
+        # the coordinator checks after steps: light traffic lets it see the low usage
+        deadline = time.monotonic() + 60
+        while coordinator.groups.groups():
+            assert time.monotonic() < deadline, "the group never restored"
+            assert asyncio.run(_burst(server.url, 1)) == [60]
+        assert coordinator.counters.num_restores >= 1
+        _wait_for(lambda: _blocks(httpx.get(server.url + "/metrics").text) == before)
