@@ -16,6 +16,15 @@ few more tokens, and restores. Each round measures:
 - KV blocks: the leader's before and the group's after;
 - whether every request's output equals an unsplit run's (greedy, token-identical).
 
+Then (unless `--skip-burst`) the same two instances behind `andante serve`, each with a
+KV cache of `--burst-kv-blocks` blocks, replay one cyclic burst (Andes' pattern:
+`--rate` mean, `--burst-intensity` times that for `--burst-share` of each
+`--cycle`-second cycle; streaming, token-id prompts, `ignore_eos`) under
+`--router kunserve` (least-loaded dispatch plus KunServe's coordinator) and under
+`least-loaded` with the vllm policy (the paper's vLLM baseline), rounds interleaved:
+P50/P99 TTFT, P99 TPOT and output throughput per system, and kunserve's groups formed
+and restored.
+
 Prints ONE JSON line: per-round figures, their medians, and the load average of each
 round (this machine is shared: figures are noisy).
 """
@@ -23,6 +32,7 @@ round (this machine is shared: figures are noisy).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -30,6 +40,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from andante.bench.load import BenchConfig, run_bench
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.core import MonotonicClock, Request, SamplingParams
 from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
@@ -40,6 +53,11 @@ from andante.policies import SchedulerConfig
 from andante.runtime.kunserve import LocalGroupOptions, LocalPipelineGroups
 from andante.runtime.local import LocalInstance
 from andante.runtime.worker import InstanceWorker
+from andante.server import EngineOptions, ServeOptions, ServerThread
+from andante.workload import RequestSpec
+from andante.workload.arrivals import cyclic_burst
+
+BURST_SYSTEMS = {"kunserve": "kunserve", "vllm": "least-loaded"}
 
 
 def _wait(condition: Callable[[], bool], timeout: float = 600.0) -> None:
@@ -130,6 +148,56 @@ def one_round(args: argparse.Namespace, model: LoadedModel, options: TorchExecut
     }
 
 
+def burst_workload(args: argparse.Namespace) -> list[RequestSpec]:
+    rng = np.random.default_rng(args.seed)
+    times = cyclic_burst(args.rate, args.burst_intensity, args.burst_share, args.cycle,
+                         None, rng, duration=args.duration)
+    return [RequestSpec(float(t), int(rng.integers(args.prompt_len, 2 * args.prompt_len)),
+                        int(rng.integers(args.max_tokens // 2, args.max_tokens + 1)))
+            for t in times]
+
+
+def burst_round(args: argparse.Namespace, system: str, specs: list[RequestSpec]
+                ) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
+    options = ServeOptions(
+        model=args.model, port=0, log_level="warning", instances=2,
+        router=BURST_SYSTEMS[system], policy="vllm",
+        router_options={} if system == "vllm" else {"restore_threshold": "0.5"},
+        engine=EngineOptions(dtype=args.dtype, num_kv_blocks=args.burst_kv_blocks,
+                             max_model_len=1024, swap_space_gib=0.0,
+                             num_threads=args.threads))
+    with ServerThread(options) as server:
+        run = asyncio.run(run_bench(specs, BenchConfig(base_url=server.url, timeout=900)))
+        operators = server.state.runner.controller.operators
+        counters = operators[0].counters.summary() if operators else {}
+    summary = run.summary.to_dict()
+    return {"system": system, "num_errors": len(run.errors),
+            "completed": summary.get("completed"),
+            "p50_ttft_s": (summary["median_ttft_ms"] or 0) / 1000,
+            "p99_ttft_s": (summary["p99_ttft_ms"] or 0) / 1000,
+            "p99_tpot_s": (summary["p99_tpot_ms"] or 0) / 1000,
+            "output_throughput": summary["output_throughput"],
+            "groups_formed": counters.get("num_drops", 0),
+            "groups_restored": counters.get("num_restores", 0),
+            "loadavg_1m": [load_before, os.getloadavg()[0]]}
+
+
+def burst_comparison(args: argparse.Namespace) -> dict[str, Any]:
+    specs = burst_workload(args)
+    rounds = [burst_round(args, system, specs)
+              for _ in range(args.burst_rounds) for system in BURST_SYSTEMS]
+    medians = {system: _medians([r for r in rounds if r["system"] == system])
+               for system in BURST_SYSTEMS}
+    kun, base = medians["kunserve"], medians["vllm"]
+    return {"num_requests": len(specs), "kv_blocks_per_instance": args.burst_kv_blocks,
+            "median": medians,
+            "p99_ttft_vllm_over_kunserve": base["p99_ttft_s"] / max(kun["p99_ttft_s"], 1e-9),
+            "throughput_kunserve_over_vllm":
+                kun["output_throughput"] / max(base["output_throughput"], 1e-9),
+            "rounds": rounds}
+
+
 def _medians(rounds: list[dict[str, Any]]) -> dict[str, float]:
     keys = [k for k, v in rounds[0].items() if isinstance(v, (int, float))
             and not isinstance(v, bool)]
@@ -155,7 +223,29 @@ def main() -> None:
                         help="bfloat16 GEMMs round differently with the batch size, so "
                              "outputs may differ from the unsplit run's once the group "
                              "batches both instances' requests together; float32 does not")
+    parser.add_argument("--skip-form", action="store_true",
+                        help="skip the form/restore rounds")
+    parser.add_argument("--skip-burst", action="store_true",
+                        help="skip the kunserve-vs-vllm burst comparison")
+    parser.add_argument("--burst-rounds", type=int, default=1)
+    parser.add_argument("--burst-kv-blocks", type=int, default=24,
+                        help="KV blocks (16 tokens) per instance in the burst comparison")
+    parser.add_argument("--rate", type=float, default=1.0, help="mean requests/s")
+    parser.add_argument("--burst-intensity", type=float, default=4.0)
+    parser.add_argument("--burst-share", type=float, default=0.2)
+    parser.add_argument("--cycle", type=float, default=10.0, help="seconds per cycle")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    out: dict[str, Any] = {"benchmark": "kunserve_engine", "dtype": args.dtype}
+    if not args.skip_form:
+        out["form_restore"] = form_restore(args)
+    if not args.skip_burst:
+        out["burst"] = burst_comparison(args)
+    print(json.dumps(out))
+
+
+def form_restore(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(args.model, args.dtype)
     options = TorchExecutorOptions(dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
                                    swap_space_gib=0.0, num_threads=args.threads)
@@ -163,9 +253,8 @@ def main() -> None:
     reference = _reference(model, options, config,
                            _requests(args, "r", model.config.vocab_size))
     rounds = [one_round(args, model, options, config, reference) for _ in range(args.rounds)]
-    print(json.dumps({"benchmark": "kunserve_engine", "model": model.name,
-                      "kv_cache_gib": args.kv_cache_gib, "requests": args.requests,
-                      "median": _medians(rounds), "rounds": rounds}))
+    return {"model": model.name, "kv_cache_gib": args.kv_cache_gib, "requests": args.requests,
+            "median": _medians(rounds), "rounds": rounds}
 
 
 if __name__ == "__main__":

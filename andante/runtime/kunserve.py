@@ -1,35 +1,37 @@
 """KunServe on in-process engines: `LocalPipelineGroups`, the seam's `PipelineGroups`
-over `LocalInstance`s (andante.cluster.kunserve.seam states the contract).
+over `LocalInstance`s (andante.cluster.kunserve.seam states the contract), and the
+coordinator of `andante serve --router kunserve` over them.
 
 Design note (KunServe §4.1, §4.2, §4.4). Every instance's worker thread steps its own
 engine, so a group forms and dissolves at a step boundary of all its members: the
-operation is posted to each member's inbox (`InstanceWorker.at_boundary`); the other
-members park there (their thread waits), the leader's thread waits until all are
-parked, then carries the operation out while no engine of the group is mid-step, and
-lets them go (`_Rendezvous`; a member that never arrives within the timeout cancels it).
+operation is posted to each member's inbox (`InstanceWorker.at_boundary`), the members
+park there and the leader's thread carries it out (`kunserve_parts.Rendezvous`).
 
-Forming (`_form`, on the leader's thread):
-1. the leader's engine switches to a `PipelineExecutor` whose stages hold each member's
-   layer slice and a KV pool grown by the weights it dropped (andante.exec.torch_pipeline);
-   the leader's block manager grows to the group's block count, the members' give their
-   blocks up (their memory is now their stage) and their executors are released;
-2. every member's requests move into the leader's scheduler (andante.cluster.kunserve.
+Forming (`form_group`):
+1. while the members still serve, the stages are built: each member's layer slice with
+   a KV pool sized by its old pool plus the weights it drops (andante.exec.torch_pipeline);
+2. at the boundary, the leader's engine switches to the `PipelineExecutor`, its block
+   manager grows to the group's block count, the members' shrink to none (their memory
+   is their stage now) and their executors (their weights) are released;
+3. every member's requests move into the leader's scheduler (andante.cluster.kunserve.
    adopt: waiting ones re-queued, running ones adopted with a new block table);
-3. the leader's own KV of its kept layers is copied into its stage pool at once (same
-   block ids); every other block move is a `KVExchange` run between the leader's steps,
-   bounded per step (activations first), the adopted requests held out of the schedules
-   until their KV has arrived; `kv_mode="recompute"` recomputes instead;
-4. the members forward whatever reaches their inbox to the leader (`redirect`).
+4. each member's kept layers are copied into its stage pool in bulk; every other block
+   move is a `KVExchange` run between the leader's steps, bounded per step (activations
+   first), the adopted requests held out of the schedules until their KV has arrived;
+   `kv_mode="recompute"` recomputes them instead;
+5. members are not `alive` to routers, and pass the requests that still reach them on to
+   the leader (`redirect`).
 
 Dissolving (`dissolve_group`): the full executors are rebuilt from each member's host
-copy of the weights (the `LoadedModel`) on the caller's thread while the group keeps
-serving; then, at one boundary, the rest of the exchange completes, the leader's block
-manager shrinks back (running requests past that size are recomputed, newest first),
-the KV comes back from the stages into the leader's full pool, and every member serves
-alone again; requests stay at the leader. A member whose thread dies makes the leader
-restore at its next boundary without that member's layers: every request holding KV
-is recomputed there (its output so far kept). A leader that dies gives each member back
-an independent engine and the requests that came from it, to recompute.
+copy of the weights (the `LoadedModel`) while the group keeps serving (on the caller's
+thread, or a thread of its own with `background_restore`); then, at one boundary, the
+rest of the exchange completes, the leader's block manager shrinks back (running
+requests past that size are recomputed, newest first), the KV comes back from the stages
+into the leader's full pool, and every member serves alone again; requests stay at the
+leader. A member whose thread dies makes the leader restore at its next boundary without
+that member's layers: every request holding KV is recomputed there (its output so far
+kept; nothing is lost or failed). A leader that dies leaves its requests to the
+controller (re-queued or failed, as for any instance) and its members restore.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 
 from andante.cluster.kunserve.adopt import KVMove, adopt_group, whole_model
@@ -46,10 +47,9 @@ from andante.cluster.kunserve.coordinator import KunServeCoordinator
 from andante.cluster.kunserve.plan import LayerMemory
 from andante.cluster.kunserve.router import KunServeSettings
 from andante.cluster.kunserve.seam import GroupPlan
-from andante.core.request import Request, RequestStatus
+from andante.core.request import RequestStatus
 from andante.engine.scheduler import Scheduler
-from andante.exec.batch import StepBatch, StepResult
-from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
+from andante.exec.torch_executor import TorchExecutor
 from andante.exec.torch_pipeline import (
     PipelineExecutor,
     device_kv_bytes,
@@ -59,156 +59,22 @@ from andante.exec.torch_pipeline import (
     stage_memory,
 )
 from andante.exec.torch_pipeline_kv import KVExchange, LayerPool, copy_blocks
-from andante.models.loader import LoadedModel, parse_dtype
-from andante.perf.cost_model import CostModel
+from andante.models.loader import parse_dtype
+from andante.runtime.kunserve_parts import (
+    FormReport,
+    Group,
+    LocalGroupOptions,
+    Origin,
+    ReleasedExecutor,
+    Rendezvous,
+    RestoreReport,
+    recompute,
+    refresh_max_num_tokens,
+)
 from andante.runtime.local import LocalInstance
-from andante.runtime.worker import AtBoundary, InstanceWorker
+from andante.runtime.worker import InstanceWorker
 
 log = logging.getLogger("andante.cluster")
-
-
-@dataclass(frozen=True, slots=True)
-class LocalGroupOptions:
-    """exchange_bytes_per_step: KV bytes copied after a step that ran a batch (§4.2's
-    coordinated exchange; nothing waits on the link between idle steps, so then all);
-    exchange_chunk_blocks: blocks per chunk; barrier_timeout_s: how long the leader
-    waits for the members to reach a step boundary; background_restore:
-    `dissolve_group` returns once the restore started instead of once it is done
-    (a server's event loop must not wait for the weights to reload)."""
-
-    exchange_bytes_per_step: int = 8 << 20
-    exchange_chunk_blocks: int = 16
-    barrier_timeout_s: float = 30.0
-    background_restore: bool = False
-
-    def __post_init__(self) -> None:
-        if self.exchange_bytes_per_step < 1 or self.exchange_chunk_blocks < 1:
-            raise ValueError("exchange_bytes_per_step and exchange_chunk_blocks must be >= 1")
-        if not self.barrier_timeout_s > 0:
-            raise ValueError(f"barrier_timeout_s must be > 0, got {self.barrier_timeout_s}")
-
-
-@dataclass(slots=True)
-class FormReport:
-    """What forming a group did (bytes: KV copied between members, or within one)."""
-
-    plan: GroupPlan
-    seconds: float = 0.0  # the leader's boundary stall
-    prepare_seconds: float = 0.0  # building the stages (while the members served)
-    kv_blocks_before: dict[int, int] = field(default_factory=dict)
-    kv_blocks_after: int = 0
-    weight_bytes_dropped: int = 0
-    num_adopted: int = 0
-    num_requeued: int = 0
-    num_recomputed: int = 0
-    kv_bytes_exchanged: int = 0
-    kv_bytes_local: int = 0
-    exchange_seconds: float | None = None  # until the last chunk arrived
-
-
-@dataclass(slots=True)
-class RestoreReport:
-    leader: int
-    seconds: float = 0.0  # the leader's boundary stall
-    load_seconds: float = 0.0  # rebuilding the full executors (while serving)
-    weight_bytes_reloaded: int = 0
-    kv_bytes_back: int = 0  # from the other members' stages
-    kv_bytes_local: int = 0
-    kv_blocks_before: int = 0
-    kv_blocks_after: dict[int, int] = field(default_factory=dict)
-    num_recomputed: int = 0
-    failed_member: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Origin:
-    """What rebuilds a member's unsplit executor (its weights' host copy and settings)."""
-
-    model: LoadedModel
-    options: TorchExecutorOptions
-    cost_model: CostModel
-    num_device_blocks: int
-
-    def build(self) -> TorchExecutor:
-        return TorchExecutor(self.model, self.options, self.cost_model)
-
-
-@dataclass(slots=True)
-class _Group:
-    plan: GroupPlan
-    executor: PipelineExecutor
-    origins: dict[int, _Origin]
-    report: FormReport
-    exchange: KVExchange | None = None
-    formed_at: float = 0.0
-
-
-class ReleasedExecutor:
-    """The executor of a member whose weights went to its group's stage: it must not
-    run (its worker forwards everything to the leader)."""
-
-    def __init__(self, index: int, leader: int, cost_model: CostModel) -> None:
-        self.index, self.leader, self.cost_model = index, leader, cost_model
-
-    def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
-        return 0, 0
-
-    def execute(self, batch: StepBatch) -> StepResult:
-        raise RuntimeError(f"instance {self.index} serves as a stage of the pipeline "
-                           f"group led by instance {self.leader}")
-
-
-class _Rendezvous:
-    """Members park at a step boundary while the leader's thread acts (module note)."""
-
-    def __init__(self, parked: Sequence[int], timeout: float) -> None:
-        self._arrived = {m: threading.Event() for m in parked}
-        self._done = threading.Event()
-        self._timeout = timeout
-        self.result = False
-
-    def park(self, member: int) -> None:
-        self._arrived[member].set()
-        self._done.wait(self._timeout * 2)
-
-    def lead(self, operation: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + self._timeout
-        try:
-            if all(e.wait(max(0.0, deadline - time.monotonic()))
-                   for e in self._arrived.values()):
-                self.result = operation()
-            else:
-                log.warning("kunserve: a member did not reach a step boundary in %.1f s",
-                            self._timeout)
-        except Exception:
-            log.exception("kunserve: group operation failed")
-            self.result = False
-        finally:
-            self._done.set()
-
-    def wait(self) -> bool:
-        self._done.wait(self._timeout * 3)
-        return self.result
-
-    def parker(self, member: int) -> AtBoundary:
-        return lambda _worker: self.park(member)
-
-    def leader(self, operation: Callable[[], bool]) -> AtBoundary:
-        return lambda _worker: self.lead(operation)
-
-
-def _max_num_tokens(scheduler: Scheduler) -> None:
-    kv = scheduler.kv
-    scheduler.max_num_tokens = min(scheduler.config.max_model_len,
-                                   kv.num_device_blocks * kv.block_size)
-
-
-def _recompute(scheduler: Scheduler, req: Request) -> None:
-    """Drop a request's KV; it re-queues at the front, its output so far kept."""
-    scheduler.release(req.request_id)
-    scheduler.detach(req.request_id)
-    req.preempt_by_recompute(scheduler.clock.now())
-    scheduler.adopt(req)
 
 
 class LocalPipelineGroups:
@@ -222,7 +88,7 @@ class LocalPipelineGroups:
         self._instances = {inst.index: inst for inst in instances}
         self._workers: dict[int, InstanceWorker] = {i: inst.worker
                                                     for i, inst in self._instances.items()}
-        self._groups: dict[int, _Group] = {}  # by leader
+        self._groups: dict[int, Group] = {}  # by leader
         self._lock = threading.Lock()
         self._forming: set[int] = set()  # members of groups being formed
         self._restoring: set[int] = set()  # leaders of groups being restored
@@ -278,7 +144,7 @@ class LocalPipelineGroups:
             return True
         return self._dissolve(group)
 
-    def _dissolve(self, group: _Group) -> bool:
+    def _dissolve(self, group: Group) -> bool:
         try:
             started = time.perf_counter()
             fresh = {m: o.build() for m, o in group.origins.items()}  # while it serves
@@ -291,10 +157,10 @@ class LocalPipelineGroups:
                 self._restoring.discard(group.plan.leader)
 
     def _at_boundaries(self, leader: int, parked: Sequence[int],
-                       operation: Callable[[], bool]) -> _Rendezvous:
+                       operation: Callable[[], bool]) -> Rendezvous:
         """Run `operation` on the leader's thread once the `parked` members' threads
         wait at their step boundaries (the module note's handshake)."""
-        rendezvous = _Rendezvous(parked, self.options.barrier_timeout_s)
+        rendezvous = Rendezvous(parked, self.options.barrier_timeout_s)
         for member in parked:
             self._workers[member].at_boundary(rendezvous.parker(member))
         self._workers[leader].at_boundary(rendezvous.leader(operation))
@@ -333,7 +199,7 @@ class LocalPipelineGroups:
         if any(workers[m].engine.executor is not e for m, e in executors.items()):
             return False  # an executor changed while the stages were built
         lead_ex = executors[plan.leader]
-        origins = {m: _Origin(e.model, e.options, e.cost_model, e.kv.num_device_blocks)
+        origins = {m: Origin(e.model, e.options, e.cost_model, e.kv.num_device_blocks)
                    for m, e in executors.items()}
         report = FormReport(plan, prepare_seconds=prepare_seconds, kv_blocks_before={
             m: w.engine.scheduler.kv.num_device_blocks for m, w in workers.items()})
@@ -342,11 +208,11 @@ class LocalPipelineGroups:
             for e, s in zip(executors.values(), plan.layer_slices, strict=True))
         leader_sched = workers[plan.leader].engine.scheduler
         leader_sched.kv.resize_device(pipeline.num_kv_blocks(lead_ex.options.block_size)[0])
-        _max_num_tokens(leader_sched)
+        refresh_max_num_tokens(leader_sched)
         moves = self._adopt(plan, workers, report)
         exchange = self._start_exchange(plan, executors, pipeline, report, moves)
         self._switch_to_pipeline(plan, workers, pipeline)
-        group = _Group(plan, pipeline, origins, report, exchange, started)
+        group = Group(plan, pipeline, origins, report, exchange, started)
         with self._lock:
             self._groups[plan.leader] = group
         if exchange is not None:
@@ -412,11 +278,11 @@ class LocalPipelineGroups:
             engine = worker.engine
             engine.executor = ReleasedExecutor(member, plan.leader, engine.executor.cost_model)
             engine.scheduler.kv.resize_device(0)  # its memory is its stage's now
-            _max_num_tokens(engine.scheduler)
+            refresh_max_num_tokens(engine.scheduler)
             worker.redirect = leader
             self._instances[member].group_leader = plan.leader
 
-    def _exchange_step(self, group: _Group, ran_batch: bool) -> bool:
+    def _exchange_step(self, group: Group, ran_batch: bool) -> bool:
         """A boundary task of the leader: copy the next chunks, release the requests
         whose KV is complete; False once the exchange is over."""
         exchange = group.exchange
@@ -435,7 +301,7 @@ class LocalPipelineGroups:
         return False
 
     # ---- restoring (the leader's thread, members parked) -------------------------------
-    def _restore(self, group: _Group, fresh: dict[int, TorchExecutor], load_seconds: float,
+    def _restore(self, group: Group, fresh: dict[int, TorchExecutor], load_seconds: float,
                  failed: int | None) -> bool:
         with self._lock:
             if self._groups.get(group.plan.leader) is not group:
@@ -450,7 +316,7 @@ class LocalPipelineGroups:
                                            everything=failed is not None)
         self._copy_back(group, scheduler, fresh[plan.leader], report)
         leader.engine.executor = fresh[plan.leader]
-        _max_num_tokens(scheduler)
+        refresh_max_num_tokens(scheduler)
         for member in plan.members[1:]:
             if member in fresh and member != failed:
                 self._give_back(member, fresh[member], group.origins[member])
@@ -470,7 +336,7 @@ class LocalPipelineGroups:
                  report.seconds, report.num_recomputed)
         return True
 
-    def _finish_exchange(self, group: _Group, scheduler: Scheduler, lost: bool) -> None:
+    def _finish_exchange(self, group: Group, scheduler: Scheduler, lost: bool) -> None:
         exchange, group.exchange = group.exchange, None
         if exchange is None:
             return
@@ -481,7 +347,7 @@ class LocalPipelineGroups:
         for rid in exchange.pending_ids() if lost else list(scheduler.requests):
             scheduler.release(rid)
 
-    def _shed(self, scheduler: Scheduler, origin: _Origin, everything: bool) -> int:
+    def _shed(self, scheduler: Scheduler, origin: Origin, everything: bool) -> int:
         """Recompute the swapped requests (the group's host KV stays in the stages), all
         running ones if `everything` (a member's layers are lost), else the newest
         running ones until the rest fit the leader's own pool. Returns how many."""
@@ -489,15 +355,15 @@ class LocalPipelineGroups:
                    if r.status == RequestStatus.SWAPPED
                    or (everything and r.status == RequestStatus.RUNNING)]
         for req in victims:
-            _recompute(scheduler, req)
+            recompute(scheduler, req)
         count = len(victims)
         kv = scheduler.kv
         while kv.num_device_blocks - kv.num_free_device_blocks > origin.num_device_blocks:
-            _recompute(scheduler, scheduler.running[-1])
+            recompute(scheduler, scheduler.running[-1])
             count += 1
         return count
 
-    def _copy_back(self, group: _Group, scheduler: Scheduler, full: TorchExecutor,
+    def _copy_back(self, group: Group, scheduler: Scheduler, full: TorchExecutor,
                    report: RestoreReport) -> None:
         """Shrink the leader's blocks to its own pool and copy every running request's
         KV from the stages into it (§4.4: the KV moves back)."""
@@ -516,11 +382,11 @@ class LocalPipelineGroups:
             else:
                 report.kv_bytes_back += copied
 
-    def _give_back(self, member: int, executor: TorchExecutor, origin: _Origin) -> None:
+    def _give_back(self, member: int, executor: TorchExecutor, origin: Origin) -> None:
         worker = self._workers[member]
         worker.engine.executor = executor
         worker.engine.scheduler.kv.resize_device(origin.num_device_blocks)
-        _max_num_tokens(worker.engine.scheduler)
+        refresh_max_num_tokens(worker.engine.scheduler)
         worker.redirect = None
         self._instances[member].group_leader = None
 
@@ -545,7 +411,7 @@ class LocalPipelineGroups:
 
         self._at_boundaries(group.plan.leader, parked, restore)  # not waited for
 
-    def _leader_failed(self, group: _Group) -> None:
+    def _leader_failed(self, group: Group) -> None:
         """Each member serves alone again. The dead leader's requests (its members'
         among them) are the cluster's to re-queue or fail, as for any failed instance
         (`Controller.instance_failed`: the coordinator reassigned them to the leader)."""
@@ -556,7 +422,7 @@ class LocalPipelineGroups:
                 self._workers[member].at_boundary(
                     partial(self._rebuild_member, group.origins[member]))
 
-    def _rebuild_member(self, origin: _Origin, worker: InstanceWorker) -> None:
+    def _rebuild_member(self, origin: Origin, worker: InstanceWorker) -> None:
         self._give_back(worker.index, origin.build(), origin)
         worker.report_soon()
 
