@@ -173,7 +173,7 @@ def burst_round(args: argparse.Namespace, system: str, specs: list[RequestSpec]
         counters = operators[0].counters.summary() if operators else {}
     summary = run.summary.to_dict()
     return {"system": system, "num_errors": len(run.errors),
-            "completed": summary.get("completed"),
+            "num_finished": summary["num_finished"], "duration_s": summary["duration"],
             "p50_ttft_s": (summary["median_ttft_ms"] or 0) / 1000,
             "p99_ttft_s": (summary["p99_ttft_ms"] or 0) / 1000,
             "p99_tpot_s": (summary["p99_tpot_ms"] or 0) / 1000,
@@ -228,13 +228,13 @@ def main() -> None:
     parser.add_argument("--skip-burst", action="store_true",
                         help="skip the kunserve-vs-vllm burst comparison")
     parser.add_argument("--burst-rounds", type=int, default=1)
-    parser.add_argument("--burst-kv-blocks", type=int, default=24,
+    parser.add_argument("--burst-kv-blocks", type=int, default=40,
                         help="KV blocks (16 tokens) per instance in the burst comparison")
-    parser.add_argument("--rate", type=float, default=1.0, help="mean requests/s")
+    parser.add_argument("--rate", type=float, default=0.6, help="mean requests/s")
     parser.add_argument("--burst-intensity", type=float, default=4.0)
     parser.add_argument("--burst-share", type=float, default=0.2)
     parser.add_argument("--cycle", type=float, default=10.0, help="seconds per cycle")
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals")
+    parser.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     out: dict[str, Any] = {"benchmark": "kunserve_engine", "dtype": args.dtype}

@@ -92,7 +92,7 @@ def _kunserve(options: ServeOptions, router: Any, instances: list[HostedInstance
 
     local = [inst for inst in instances if isinstance(inst, LocalInstance)]
     if options.backend == "ray" or len(local) != len(instances):
-        raise ValueError("--router kunserve runs on in-process instances (--backend local)")
+        raise ValueError("--router kunserve runs on in-process instances (--backend inprocess)")
     if not router.settings.drop:
         return []
     return [local_coordinator(local, router.settings)]
