@@ -122,27 +122,49 @@ class ReleasedExecutor:
 
 
 class Rendezvous:
-    """Members park at a step boundary while the leader's thread acts (module note)."""
+    """Members park at a step boundary while the leader's thread acts (module note).
+    Whoever gives up first (the caller or the leader, after `timeout`) cancels the
+    operation; once the leader has started it, everyone waits for its end."""
 
     def __init__(self, parked: Sequence[int], timeout: float) -> None:
         self._arrived = {m: threading.Event() for m in parked}
+        self._started = threading.Event()
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._cancelled = False
         self._timeout = timeout
         self.result = False
 
     def park(self, member: int) -> None:
         self._arrived[member].set()
-        self._done.wait(self._timeout * 2)
+        self._wait_for_end()
+
+    def _wait_for_end(self) -> None:
+        """Until the operation ends, or the timeout if the leader never starts it."""
+        deadline = time.monotonic() + 2 * self._timeout
+        while not self._done.wait(0.05):
+            if not self._started.is_set() and time.monotonic() > deadline:
+                with self._lock:
+                    if not self._started.is_set():
+                        self._cancelled = True
+                        return
 
     def lead(self, operation: Callable[[], bool]) -> None:
         deadline = time.monotonic() + self._timeout
         try:
-            if all(e.wait(max(0.0, deadline - time.monotonic()))
-                   for e in self._arrived.values()):
+            arrived = all(e.wait(max(0.0, deadline - time.monotonic()))
+                          for e in self._arrived.values())
+            with self._lock:
+                go = arrived and not self._cancelled
+                if go:
+                    self._started.set()
+                else:
+                    self._cancelled = True
+            if go:
                 self.result = operation()
             else:
-                log.warning("kunserve: a member did not reach a step boundary in %.1f s",
-                            self._timeout)
+                log.warning("kunserve: the group operation was cancelled (a member or the "
+                            "leader did not reach a step boundary in %.1f s)", self._timeout)
         except Exception:
             log.exception("kunserve: group operation failed")
             self.result = False
@@ -150,8 +172,9 @@ class Rendezvous:
             self._done.set()
 
     def wait(self) -> bool:
-        self._done.wait(self._timeout * 3)
-        return self.result
+        """The operation's result (False: failed or cancelled)."""
+        self._wait_for_end()
+        return self.result and not self._cancelled
 
     def parker(self, member: int) -> AtBoundary:
         return lambda _worker: self.park(member)
