@@ -22,7 +22,7 @@ def _pool(num_layers: int, num_blocks: int) -> torch.Tensor:
     return torch.zeros(num_layers, HEADS, num_blocks, BLOCK, DIM)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(sizes=st.lists(st.tuples(st.integers(0, 1), st.integers(1, 4)), min_size=1,
                       max_size=6),
        chunk_blocks=st.integers(1, 5), budgets=st.lists(st.integers(1, 400), max_size=20),

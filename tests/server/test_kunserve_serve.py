@@ -49,6 +49,7 @@ async def _burst(url: str, num: int) -> list[int]:
         return list(await asyncio.gather(*(one(i) for i in range(num))))
 
 
+@pytest.mark.slow
 def test_burst_forms_a_group_and_restores(tiny4: Path) -> None:
     options = ServeOptions(
         model=str(tiny4), served_model_name="tiny", port=0, log_level="warning",
