@@ -75,6 +75,8 @@ from andante.runtime.local import LocalInstance
 from andante.runtime.worker import InstanceWorker
 
 log = logging.getLogger("andante.cluster")
+# the members' executors when the stages were built, the group's executor, seconds
+_Prepared = tuple[dict[int, TorchExecutor], PipelineExecutor, float]
 
 
 class LocalPipelineGroups:
@@ -92,6 +94,8 @@ class LocalPipelineGroups:
         self._lock = threading.Lock()
         self._forming: set[int] = set()  # members of groups being formed
         self._restoring: set[int] = set()  # leaders of groups being restored
+        self._preparing = False  # a thread builds stages (background_prepare)
+        self._prepared: tuple[GroupPlan, _Prepared] | None = None
         self.form_reports: list[FormReport] = []
         self.restore_reports: list[RestoreReport] = []
         for inst in instances:
@@ -113,21 +117,61 @@ class LocalPipelineGroups:
         return leader is None or leader == index
 
     def form_group(self, plan: GroupPlan) -> bool:
+        """Form `plan`'s group (module note). With `background_prepare` the stages are
+        built on a thread of their own and this returns False until they are ready; the
+        call after that (the coordinator asks again while the pressure lasts) forms it."""
         with self._lock:
             if not self._can_form(plan):
                 return False
+            prepared = self._take_prepared(plan)
+            if prepared is None and self.options.background_prepare:
+                self._start_preparing(plan)
+                return False
             self._forming |= set(plan.members)
         try:
-            executors: dict[int, TorchExecutor] = {
-                m: self._workers[m].engine.executor for m in plan.members}  # type: ignore[misc]
-            started = time.perf_counter()
-            pipeline = self._build_pipeline(plan, executors)  # while the members serve
-            prepare_seconds = time.perf_counter() - started
+            executors, pipeline, prepare_seconds = prepared or self._prepare(plan)
             return self._at_boundaries(plan.leader, plan.members[1:], lambda: self._form(
                 plan, executors, pipeline, prepare_seconds)).wait()
         finally:
             with self._lock:
                 self._forming -= set(plan.members)
+
+    def _prepare(self, plan: GroupPlan) -> _Prepared:
+        """The group's executor, built while the members still serve."""
+        executors: dict[int, TorchExecutor] = {
+            m: self._workers[m].engine.executor for m in plan.members}  # type: ignore[misc]
+        started = time.perf_counter()
+        pipeline = self._build_pipeline(plan, executors)
+        return executors, pipeline, time.perf_counter() - started
+
+    def _take_prepared(self, plan: GroupPlan) -> _Prepared | None:
+        """(With the lock held.) The stages built for `plan`, if they are ready."""
+        if self._prepared is not None and self._prepared[0] == plan:
+            prepared, self._prepared = self._prepared[1], None
+            return prepared
+        return None
+
+    def _start_preparing(self, plan: GroupPlan) -> None:
+        """(With the lock held.) Build `plan`'s stages on a thread (one plan at a time;
+        stages ready for another plan are dropped)."""
+        if self._preparing:
+            return
+        self._preparing = True
+        self._prepared = None
+
+        def run() -> None:
+            try:
+                prepared = self._prepare(plan)
+                with self._lock:
+                    self._prepared = (plan, prepared)
+            except Exception:
+                log.exception("kunserve: preparing group %s failed", plan.members)
+            finally:
+                with self._lock:
+                    self._preparing = False
+
+        threading.Thread(target=run, daemon=True,
+                         name=f"andante-kunserve-prepare-{plan.leader}").start()
 
     def dissolve_group(self, leader: int) -> bool:
         """Restore the group led by `leader` (module note); with `background_restore`
@@ -449,7 +493,7 @@ def local_coordinator(instances: Sequence[LocalInstance], settings: KunServeSett
         raise ValueError("--router kunserve needs in-process instances of a real model "
                          "(not the toy backend)")
     groups = LocalPipelineGroups(instances, options or LocalGroupOptions(
-        background_restore=True))
+        background_restore=True, background_prepare=True))
     kv_mode = "exchange" if settings.kv_mode == "auto" else settings.kv_mode
     return KunServeCoordinator(
         groups, layer_memory(executor), executor.options.block_size, settings.monitor,

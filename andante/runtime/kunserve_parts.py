@@ -36,13 +36,16 @@ class LocalGroupOptions:
     coordinated exchange; nothing waits on the link between idle steps, so then all);
     exchange_chunk_blocks: blocks per chunk; barrier_timeout_s: how long the leader
     waits for the members to reach a step boundary; background_restore:
-    `dissolve_group` returns once the restore started instead of once it is done
-    (a server's event loop must not wait for the weights to reload)."""
+    `dissolve_group` returns once the restore started instead of once it is done, and
+    background_prepare: `form_group` returns False while the stages are built on a
+    thread, then forms the group when asked again (a server's event loop must wait
+    neither for weights to reload nor to be laid out)."""
 
     exchange_bytes_per_step: int = 8 << 20
     exchange_chunk_blocks: int = 16
     barrier_timeout_s: float = 30.0
     background_restore: bool = False
+    background_prepare: bool = False
 
     def __post_init__(self) -> None:
         if self.exchange_bytes_per_step < 1 or self.exchange_chunk_blocks < 1:

@@ -223,3 +223,20 @@ def test_failed_leader_gives_members_engines_back(tiny4, reference, cluster_fact
     cluster.submit(1, requests[2:])
     _wait(lambda: all(r.is_finished for r in requests[2:]))
     assert [list(r.output_token_ids) for r in requests[2:]] == reference[2:]
+
+
+def test_background_prepare_forms_when_asked_again(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory(tiny4)
+    requests = _requests()
+    cluster.submit(0, requests[:1])
+    cluster.submit(1, requests[1:2])
+    _wait(lambda: _all_running(requests[:2]))
+    groups = LocalPipelineGroups(cluster.instances, LocalGroupOptions(
+        background_prepare=True, background_restore=True))
+    assert not groups.form_group(HALVES)  # the stages are being built
+    _wait(lambda: groups.form_group(HALVES))
+    assert groups.groups() == [HALVES] and groups.form_reports[-1].prepare_seconds > 0
+    assert groups.dissolve_group(0)  # returns at once; the restore follows
+    _wait(lambda: not groups.groups())
+    _wait(lambda: all(r.is_finished for r in requests[:2]))
+    assert [list(r.output_token_ids) for r in requests[:2]] == reference[:2]
