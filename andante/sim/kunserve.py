@@ -47,7 +47,7 @@ from andante.perf.links import LinkSpec
 from andante.perf.shape import BatchShape
 from andante.sim.pipeline import PipelineSimInstance
 
-EvictionCallback = Callable[[list[Request]], None]
+EvictionCallback = Callable[[list[Request], list[Request]], None]
 
 
 @dataclass(slots=True)
@@ -479,7 +479,7 @@ class SimPipelineGroups:
         self.events.append(GroupEvent(now, "fail", plan.members, num_requeued=len(requeue)))
         if failed_reqs:
             leader.hooks.finished(leader, failed_reqs)
-        on_evicted(requeue)
+        on_evicted(requeue, failed_reqs)
 
     # ---- helpers --------------------------------------------------------------------
     def _units_of(self, plan: GroupPlan, pending: bool = False) -> list[int] | None:
