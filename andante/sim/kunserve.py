@@ -32,7 +32,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from andante.cluster.kunserve.adopt import KVMove, adopt_group, kv_moves, whole_model
+from andante.cluster.kunserve.lookahead import ChunkCostModel, WorkItem, form_microbatches
 from andante.cluster.kunserve.plan import LayerMemory
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.core.request import Request, RequestStatus
@@ -41,9 +44,10 @@ from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch
 from andante.perf.cost_model import CostModel
 from andante.perf.links import LinkSpec
+from andante.perf.shape import BatchShape
 from andante.sim.pipeline import PipelineSimInstance
 
-EvictionCallback = Callable[[list[Request]], None]
+EvictionCallback = Callable[[list[Request], list[Request]], None]
 
 
 @dataclass(slots=True)
@@ -58,6 +62,27 @@ class GroupEvent:
     num_requeued: int = 0
     bytes_moved: int = 0
     transfer_seconds: float = 0.0
+
+
+def fit_chunk_cost(cost: CostModel) -> ChunkCostModel:
+    """Eq. (1)'s alpha, beta, gamma fitted (least squares) to the cost model's step
+    times over prefill chunks and decode batches: the paper profiles them offline."""
+    rows: list[tuple[float, float, float]] = []
+    times: list[float] = []
+    for prefix in (0, 512, 2048, 8192):
+        for tokens in (1, 64, 512, 2048):
+            rows.append((prefix * tokens + (tokens * tokens + tokens) / 2, tokens, 1.0))
+            times.append(cost.prefill_time(tokens, prefix))
+    for batch in (8, 64, 256):
+        for context in (256, 2048):
+            shape = BatchShape(num_seqs=batch, num_tokens=batch, num_sampled=batch,
+                               num_decode_seqs=batch, attn_pairs=float(batch * (context + 1)),
+                               kv_tokens_read=batch * (context + 1))
+            rows.append((batch * (context + 1), batch, 1.0))
+            times.append(cost.step_time(shape))
+    solution = np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)[0]
+    alpha, beta, gamma = (max(0.0, float(v)) for v in solution)
+    return ChunkCostModel(alpha, beta, gamma)
 
 
 class KunSimInstance(PipelineSimInstance):
@@ -84,6 +109,9 @@ class KunSimInstance(PipelineSimInstance):
         self.chunk_seconds = 0.0
         self.coordinated = True
         self.groups: SimPipelineGroups | None = None
+        self.use_lookahead = False  # balance microbatches (§4.3) while grouped
+        self.lookahead: ChunkCostModel | None = None
+        self.base_config = self.engine.scheduler.config
         self.stage_busy = 0.0  # stage-seconds computed while grouped
         self.stage_capacity = 0.0  # stage-seconds while the grouped pipeline held work
         self._open_since: float | None = None
@@ -107,7 +135,9 @@ class KunSimInstance(PipelineSimInstance):
         now = self.engine.clock.now()
         if self.decode_run is not None or now < self.stall_until:
             return True
-        return super().busy
+        # (a tolerance: a batch's return and a stage's release computed along
+        # different sums must not read as "stage still busy" and idle the pipeline)
+        return len(self._pipeline) >= self.num_stages or now + 1e-9 < self._stage_free[0]
 
     def begin_step(self, now: float) -> float | None:
         if self.groups is not None and not self._pipeline:
@@ -115,6 +145,8 @@ class KunSimInstance(PipelineSimInstance):
         if self.draining or self.down or self.is_member:
             return None
         self._release_ready(now)
+        if self.grouped and self.lookahead is not None:
+            self._size_microbatch(self.lookahead)
         was_empty = not self._pipeline
         done = super().begin_step(now)
         if done is not None and self.grouped:
@@ -144,6 +176,35 @@ class KunSimInstance(PipelineSimInstance):
         if self.coordinated:  # waits for the KV chunk on the wire, then goes first
             return start + min(self.chunk_seconds, self.link_busy_until - start) + hop
         return self.link_busy_until + hop  # queued behind the whole exchange
+
+    def _size_microbatch(self, model: ChunkCostModel) -> None:
+        """Cap this step at the first of the balanced microbatches that Figure 11 forms
+        from a cycle's worth of work (the running requests' next tokens and the queued
+        prompts that fit); the policy fills the step in its own order up to the caps."""
+        scheduler, base = self.engine.scheduler, self.base_config
+        budget = base.max_num_batched_tokens * self.num_stages
+        items = [WorkItem(r.request_id, r.num_computed_tokens, max(1, r.num_uncomputed_tokens),
+                          r.num_uncomputed_tokens > 1) for r in scheduler.running]
+        num_tokens = sum(i.tokens for i in items)
+        free = scheduler.kv.num_free_device_blocks
+        for req in scheduler.waiting:
+            need = scheduler.kv.num_blocks_for(req.num_tokens)
+            if need > free or num_tokens >= budget:
+                break
+            free -= need
+            tokens = min(req.num_uncomputed_tokens, budget - num_tokens)
+            items.append(WorkItem(req.request_id, req.num_computed_tokens, tokens))
+            num_tokens += tokens
+        batches = form_microbatches(items, model, self.num_stages,
+                                    min_tokens=base.block_size)
+        if not batches:
+            scheduler.config = base
+            return
+        first = batches[0]
+        scheduler.config = dataclasses.replace(
+            base, max_num_seqs=max(1, min(base.max_num_seqs, len(first))),
+            max_num_batched_tokens=max(1, min(base.max_num_batched_tokens,
+                                              sum(i.tokens for i in first))))
 
     def hold(self, request_ids: Sequence[str], until: float) -> None:
         """Stall these requests until `until` (their KV is on its way)."""
@@ -188,7 +249,8 @@ class KunSimInstance(PipelineSimInstance):
         """Run `plan`'s pipeline from now (the pipeline is empty)."""
         widest = max(end - start for start, end in plan.layer_slices)
         stage = dataclasses.replace(self.full_cost.model, num_layers=widest)
-        self._set_cost(CostModel(stage, self.full_cost.hardware, tp=self.tp))
+        stage_cost = CostModel(stage, self.full_cost.hardware, tp=self.tp)
+        self._set_cost(stage_cost)
         self.num_stages = len(plan.members)
         self._stage_free = [0.0] * self.num_stages
         model = self.full_cost.model
@@ -197,6 +259,7 @@ class KunSimInstance(PipelineSimInstance):
         self._hop_latency = self.link.latency
         self.leader = self.index
         self.runs = None
+        self.lookahead = fit_chunk_cost(stage_cost) if self.use_lookahead else None
 
     def become_solo(self, num_blocks: int) -> None:
         """Hold every layer again, with `num_blocks` KV blocks (empty pipeline)."""
@@ -206,6 +269,7 @@ class KunSimInstance(PipelineSimInstance):
         self._hop_per_token = self._hop_latency = 0.0
         self.leader = None
         self.runs = self.solo_runs
+        self.engine.scheduler.config = self.base_config
         kv = self.engine.scheduler.kv
         if kv.num_device_blocks != num_blocks and kv.resize_device(num_blocks) is None:
             raise RuntimeError(f"instance {self.index}: KV in use does not fit "
@@ -229,6 +293,7 @@ class SimPipelineGroups:
     memory: LayerMemory
     link: LinkSpec
     coordinated: bool = True
+    lookahead: bool = True
     events: list[GroupEvent] = field(default_factory=list)
     _groups: dict[int, GroupPlan] = field(default_factory=dict)  # by leader
     _pending: list[GroupPlan] = field(default_factory=list)
@@ -239,6 +304,7 @@ class SimPipelineGroups:
         for inst in self.instances:
             inst.groups = self
             inst.coordinated = self.coordinated
+            inst.use_lookahead = self.lookahead
 
     # ---- the seam -------------------------------------------------------------------
     def groups(self) -> list[GroupPlan]:
@@ -413,7 +479,7 @@ class SimPipelineGroups:
         self.events.append(GroupEvent(now, "fail", plan.members, num_requeued=len(requeue)))
         if failed_reqs:
             leader.hooks.finished(leader, failed_reqs)
-        on_evicted(requeue)
+        on_evicted(requeue, failed_reqs)
 
     # ---- helpers --------------------------------------------------------------------
     def _units_of(self, plan: GroupPlan, pending: bool = False) -> list[int] | None:

@@ -82,7 +82,8 @@ def build_kunserve_simulator(spec: ClusterSpec, router: KunServeRouter,
     first = instances[0]
     memory = layer_memory(first.full_cost, first.engine.scheduler.kv.num_device_blocks,
                           spec.scheduler.block_size)
-    groups = SimPipelineGroups(instances, memory, link, coordinated=settings.coordinated)
+    groups = SimPipelineGroups(instances, memory, link, coordinated=settings.coordinated,
+                               lookahead=settings.lookahead)
     coordinator = KunServeCoordinator(
         groups, memory, spec.scheduler.block_size, settings.monitor,
         kv_mode=settings.kv_mode,  # type: ignore[arg-type]

@@ -95,6 +95,8 @@ class PipelineSimInstance(SimInstance):
 
     def finish_step(self) -> tuple[StepBatch, StepOutput]:
         batch, result = self._pipeline.popleft()  # batches leave in the order they entered
+        if self._stage_free[0] > self.engine.clock.now():  # stage 0 still busy: the
+            self.hooks.wake_at(self, self._stage_free[0])  # freed slot starts then
         output = self.engine.finish_step(batch, result)
         self.stats.num_steps += 1
         return batch, output

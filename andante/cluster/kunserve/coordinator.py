@@ -36,13 +36,18 @@ KVModeOption = Literal["exchange", "recompute", "auto"]
 KVModeChooser = Callable[[GroupPlan], KVMode]
 
 
+EvictionCallback = Callable[[list[Request], list[Request]], None]
+
+
 @runtime_checkable
 class FailingGroups(Protocol):
     """A `PipelineGroups` that handles a member's failure: the group restores without
-    it; returns the group's requests that never streamed a token (to re-queue); it
-    finished the started ones as failed, with a clear reason."""
+    it and, once its requests are out (at the group's next step boundary), calls
+    `on_evicted(requeue, failed)`: the requests that never streamed a token (to
+    re-queue) and the started ones, which it finished as failed with a clear reason
+    and reported as finished."""
 
-    def fail_member(self, index: int) -> list[Request]: ...
+    def fail_member(self, index: int, on_evicted: EvictionCallback) -> None: ...
 
 
 @dataclass(slots=True)
@@ -157,24 +162,22 @@ class KunServeCoordinator:
             started = {r.request_id for r in controller.owned_by(index)
                        if r.num_output_tokens > 0}
             return controller.instance_failed(index, started.__contains__)
-        leader = next(g.leader for g in self.groups.groups() if index in g.members)
-        owned_before = {r.request_id for r in controller.owned_by(leader)}
-        requeue = self.groups.fail_member(index)
         controller.slots[index].down = True
         outcome = FailureOutcome()
-        for req in requeue:
-            controller.on_finished(req.request_id)
-            outcome.requeued.append(req.request_id)
-            controller.submit(fresh_copy(req))
-        still = {r.request_id for r in controller.owned_by(leader)}
-        outcome.failed = sorted(owned_before - still - set(outcome.requeued))
-        for rid in outcome.failed:
-            controller.on_finished(rid)
-        self.counters.num_requeued += len(outcome.requeued)
-        self.counters.num_failed_requests += len(outcome.failed)
-        self.events.append((controller.slots[leader].load.stats.time, "failure",
-                            f"instance {index}: {len(outcome.requeued)} re-queued, "
-                            f"{len(outcome.failed)} failed"))
+
+        def evicted(requeue: list[Request], failed: list[Request]) -> None:
+            for req in requeue:
+                controller.on_finished(req.request_id)
+                outcome.requeued.append(req.request_id)
+                controller.submit(fresh_copy(req))
+            outcome.failed += [req.request_id for req in failed]
+            self.counters.num_requeued += len(requeue)
+            self.counters.num_failed_requests += len(failed)
+            now = max((r.timeline.finish_time or 0.0 for r in failed), default=0.0)
+            self.events.append((now, "failure", f"instance {index}: {len(requeue)} "
+                                                f"re-queued, {len(failed)} failed"))
+
+        self.groups.fail_member(index, evicted)
         return outcome
 
 
