@@ -463,8 +463,11 @@ class LocalPipelineGroups:
             self._groups.pop(group.plan.leader, None)
         for member in group.plan.members[1:]:
             if self._instances[member].running:
+                # alive again at once (the controller re-queues the leader's requests
+                # here); its engine is rebuilt before anything else in its inbox
+                self._instances[member].group_leader = None
                 self._workers[member].at_boundary(
-                    partial(self._rebuild_member, group.origins[member]))
+                    partial(self._rebuild_member, group.origins[member]), first=True)
 
     def _rebuild_member(self, origin: Origin, worker: InstanceWorker) -> None:
         self._give_back(worker.index, origin.build(), origin)

@@ -174,10 +174,15 @@ class InstanceWorker:
             self.switch.tiers.check(model)
             self._post("warm", model)
 
-    def at_boundary(self, operation: AtBoundary) -> None:
+    def at_boundary(self, operation: AtBoundary, first: bool = False) -> None:
         """Run `operation(self)` on the stepping thread at its next step boundary (in
-        inbox order): how a pipeline group forms and dissolves between steps."""
-        self._post("call", operation)
+        inbox order, or before everything waiting in the inbox if `first`): how a
+        pipeline group forms and dissolves between steps."""
+        if first:
+            self._inbox.appendleft(("call", operation))
+            self._wake.set()
+        else:
+            self._post("call", operation)
 
     def wake(self) -> None:
         self._wake.set()

@@ -14,6 +14,7 @@ import pytest
 
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.core import MonotonicClock, Request, SamplingParams
+from andante.exec.torch_executor import TorchExecutor
 from andante.exec.torch_pipeline import PipelineExecutor
 from andante.llm import build_engine
 from andante.models import load_model
@@ -213,9 +214,8 @@ def test_failed_leader_gives_members_engines_back(tiny4, reference, cluster_fact
     assert not cluster.instances[1].alive and cluster.instances[1].running
     _kill(cluster.instances[0].worker)
     member = cluster.instances[1]
-    _wait(lambda: member.alive)  # an engine of its own again
-    assert cluster.down == [0] and not groups.groups()
-    assert not isinstance(member.worker.engine.executor, PipelineExecutor)
+    _wait(lambda: isinstance(member.worker.engine.executor, TorchExecutor))
+    assert member.alive and cluster.down == [0] and not groups.groups()
     # the dead leader's requests (the member's among them) are the controller's to
     # re-queue or fail (Controller.instance_failed); the member serves new ones
     dead = cluster.instances[0].worker.engine.scheduler

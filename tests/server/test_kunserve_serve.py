@@ -38,26 +38,32 @@ def _blocks(metrics: str) -> float:
     return float(found.group(1))
 
 
-async def _burst(url: str, num: int) -> list[int]:
+async def _burst(url: str, num: int, ok_only: bool = True) -> list[int]:
+    """Completion tokens of each request (-status for a failed one if not `ok_only`)."""
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         async def one(i: int) -> int:
             reply = await client.post("/v1/completions", json={
                 "model": "tiny", "prompt": [10 + i] * 40, "max_tokens": 60,
                 "temperature": 0, "ignore_eos": True})
+            if reply.status_code != 200 and not ok_only:
+                return -reply.status_code
             assert reply.status_code == 200, reply.text
             return int(reply.json()["usage"]["completion_tokens"])
         return list(await asyncio.gather(*(one(i) for i in range(num))))
 
 
-@pytest.mark.slow
-def test_burst_forms_a_group_and_restores(tiny4: Path) -> None:
-    options = ServeOptions(
+def _options(tiny4: Path) -> ServeOptions:
+    return ServeOptions(
         model=str(tiny4), served_model_name="tiny", port=0, log_level="warning",
         instances=2, router="kunserve",
         router_options={"check_interval": "0", "min_group_seconds": "0"},
         engine=EngineOptions(num_kv_blocks=NUM_BLOCKS, max_model_len=512,
                              swap_space_gib=0.0, max_num_seqs=16))
-    with ServerThread(options) as server:
+
+
+@pytest.mark.slow
+def test_burst_forms_a_group_and_restores(tiny4: Path) -> None:
+    with ServerThread(_options(tiny4)) as server:
         before = _blocks(httpx.get(server.url + "/metrics").text)
         assert before == 2 * NUM_BLOCKS
         coordinator = server.state.runner.controller.operators[0]
@@ -82,3 +88,33 @@ def test_burst_forms_a_group_and_restores(tiny4: Path) -> None:
             assert asyncio.run(_burst(server.url, 1)) == [60]
         assert coordinator.counters.num_restores >= 1
         _wait_for(lambda: _blocks(httpx.get(server.url + "/metrics").text) == before)
+
+
+def _die(_worker: object) -> None:
+    raise RuntimeError("test hook: the leader's thread dies")
+
+
+@pytest.mark.slow
+def test_dead_leader_loses_no_request(tiny4: Path) -> None:
+    """The group's leader dies mid-burst: its partner serves alone again; the dead
+    leader's requests are the controller's (re-queued on the partner if they had not
+    streamed, else failed with an error): every request gets an answer."""
+    with ServerThread(_options(tiny4)) as server:
+        coordinator = server.state.runner.controller.operators[0]
+
+        async def run() -> list[int]:
+            burst = asyncio.ensure_future(_burst(server.url, 10, ok_only=False))
+            while not coordinator.groups.groups():
+                assert not burst.done(), "no group formed"
+                await asyncio.sleep(0.01)
+            leader = coordinator.groups.groups()[0].leader
+            server.state.runner.instances[leader].worker.at_boundary(_die)
+            return await burst
+
+        outcomes = asyncio.run(run())
+        completed = [n for n in outcomes if n > 0]
+        failed = [n for n in outcomes if n < 0]
+        assert len(completed) + len(failed) == 10  # none lost
+        assert all(n == 60 for n in completed)
+        assert all(n == -500 for n in failed)  # started: failed with a clear error
+        assert asyncio.run(_burst(server.url, 2)) == [60, 60]  # the partner serves
