@@ -118,3 +118,25 @@ def test_dead_leader_loses_no_request(tiny4: Path) -> None:
         assert all(n == 60 for n in completed)
         assert all(n == -500 for n in failed)  # started: failed with a clear error
         assert asyncio.run(_burst(server.url, 2)) == [60, 60]  # the partner serves
+
+
+@pytest.mark.slow
+def test_dead_member_makes_the_leader_restore(tiny4: Path) -> None:
+    """A member dies mid-burst: the leader restores without its layers and recomputes
+    every request that held KV; all of them complete."""
+    with ServerThread(_options(tiny4)) as server:
+        coordinator = server.state.runner.controller.operators[0]
+        groups = coordinator.groups
+
+        async def run() -> list[int]:
+            burst = asyncio.ensure_future(_burst(server.url, 10, ok_only=False))
+            while not groups.groups():
+                assert not burst.done(), "no group formed"
+                await asyncio.sleep(0.01)
+            member = groups.groups()[0].members[1]
+            server.state.runner.instances[member].worker.at_boundary(_die)
+            return await burst
+
+        assert asyncio.run(run()) == [60] * 10
+        restore = groups.restore_reports[0]
+        assert restore.failed_member is not None and restore.num_recomputed >= 1
