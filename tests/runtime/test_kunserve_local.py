@@ -29,7 +29,7 @@ from tests.models.helpers import make_tiny_checkpoint
 NUM_LAYERS = 4
 HALVES = GroupPlan((0, 1), ((0, 2), (2, 4)))
 PROMPTS = [list(range(10, 40)), [5, 17, 33, 200, 12], list(range(100, 141)), [7, 7, 7, 9]]
-NUM_TOKENS = 300  # long enough that every request runs across the form
+NUM_TOKENS = 160  # long enough that every request runs across the form
 
 
 @pytest.fixture(scope="module")
