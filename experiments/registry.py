@@ -20,6 +20,7 @@ EXPERIMENTS: MappingProxyType[str, str] = MappingProxyType({
     "andes": "experiments.andes:run",
     "ascendra": "experiments.ascendra:run",
     "qlm": "experiments.qlm:run",
+    "kunserve": "experiments.kunserve:run",
 })
 
 

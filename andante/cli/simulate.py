@@ -45,7 +45,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--pp", type=positive_int, default=1, help="pipeline stages per instance")
     p.add_argument("--instances", type=positive_int, default=1)
     p.add_argument("--router", default="round-robin",
-                   help="round-robin, least-loaded, power-of-two, ascendra (LP/HP pools)")
+                   help="round-robin, least-loaded, power-of-two, ascendra (LP/HP pools), "
+                   "kunserve (drop layers into pipeline groups under KV pressure; "
+                   "--router-option drop_threshold=1.0 restore_threshold=0.5 "
+                   "kv_mode=auto|exchange|recompute link=rdma-200g coordinated= "
+                   "lookahead= restore= drop= max_members=)")
     p.add_argument("--hp-instances", type=positive_int, default=1,
                    help="router ascendra: instances in the HP pool (the rest are LP)")
     p.add_argument("--policy", help=f"one of {', '.join(policy_names())} (default vllm; "

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from andante.cluster.instance import SWAP_MODEL, Instance, MultiModel, fresh_copy
 from andante.cluster.load import LoadReport
@@ -69,8 +70,16 @@ class FailureOutcome:
     failed: list[str] = field(default_factory=list)
 
 
+class ClusterOperator(Protocol):
+    """Runs after each instance step (`Controller.after_step`), e.g. KunServe's
+    coordinator: it reads the slots' loads and calls cluster operations."""
+
+    def after_step(self, controller: Controller) -> None: ...
+
+
 class Controller:
-    def __init__(self, instances: Sequence[Instance], router: Router) -> None:
+    def __init__(self, instances: Sequence[Instance], router: Router,
+                 operators: Sequence[ClusterOperator] = ()) -> None:
         if not instances:
             raise ValueError("a controller needs at least one instance")
         indices = [inst.index for inst in instances]
@@ -85,6 +94,7 @@ class Controller:
         self.num_requeued = 0
         self.num_model_swaps = 0
         self._holder = router if isinstance(router, QueueRouter) else None
+        self.operators = list(operators)
 
     # ---- requests in --------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -132,6 +142,12 @@ class Controller:
             self.on_handoff(index, handoffs)
         if self.queue:
             self.dispatch_queue()
+        self.after_step()
+
+    def after_step(self) -> None:
+        """Let the cluster operators act (the simulator calls it after every step)."""
+        for operator in self.operators:
+            operator.after_step(self)
 
     def on_finished(self, request_id: str) -> None:
         owned = self._owned.pop(request_id, None)
@@ -174,6 +190,18 @@ class Controller:
         self._moves[request_id] = target
         self.slots[owned[0]].instance.withdraw([request_id])
         return True
+
+    def owned_by(self, index: int) -> list[Request]:
+        """The unfinished requests instance `index` serves."""
+        return [req for owner, req in self._owned.values() if owner == index]
+
+    def reassign(self, source: int, target: int) -> int:
+        """Instance `target` now serves every request `source` held (KunServe: a group's
+        leader took its members' requests); returns how many."""
+        moved = [(rid, req) for rid, (owner, req) in self._owned.items() if owner == source]
+        for rid, req in moved:
+            self._owned[rid] = (target, req)
+        return len(moved)
 
     def instance_failed(self, index: int, started: Callable[[str], bool]) -> FailureOutcome:
         """Instance `index` is down: re-queue its requests that have not streamed a token

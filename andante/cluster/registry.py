@@ -15,6 +15,7 @@ ROUTERS = MappingProxyType({
     "ascendra": "andante.cluster.ascendra:AscendraRouter",
     "qlm": "andante.cluster.qlm.router:QLMRouter",
     "shepherd": "andante.cluster.shepherd:ShepherdRouter",
+    "kunserve": "andante.cluster.kunserve.router:KunServeRouter",
 })
 
 

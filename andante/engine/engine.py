@@ -71,6 +71,8 @@ class Engine:
             prefix_cache_queries=sched.num_prefix_query_tokens,
             prefix_cache_hits=sched.num_prefix_hit_tokens,
             num_cached_free_blocks=kv.num_cached_free_blocks,
+            num_queued_kv_blocks=kv.num_blocks_for(
+                max(0, num_tokens - totals.num_computed_tokens - sched.num_running)),
         )
 
     def limits(self) -> EngineLimits:

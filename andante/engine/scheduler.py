@@ -182,6 +182,63 @@ class Scheduler:
         self.policy.on_finish(req)
         return req
 
+    # ---- moving requests between schedulers (KunServe pipeline groups) -------------
+    @property
+    def has_in_flight(self) -> bool:
+        return bool(self._in_flight_ids)
+
+    def hold(self, request_id: str) -> None:
+        """Keep a request out of the coming steps, as if its batch were in flight, until
+        `release` (KunServe: its KV is still being exchanged); it is neither scheduled
+        nor preempted meanwhile."""
+        if request_id in self.requests:
+            self._in_flight_ids.add(request_id)
+
+    def release(self, request_id: str) -> None:
+        self._in_flight_ids.discard(request_id)
+
+    def detach(self, request_id: str) -> Request | None:
+        """Take an unfinished request out of this scheduler as it is (status, progress
+        and timeline kept; its KV here freed) so another scheduler can `adopt` it; None
+        if it is unknown or its batch is in flight."""
+        req = self.requests.get(request_id)
+        if req is None or request_id in self._in_flight_ids:
+            return None
+        del self.requests[request_id]
+        self.totals.add(req, -1)
+        self.kv.free(request_id)
+        self.waiting = [r for r in self.waiting if r is not req]
+        self.running = [r for r in self.running if r is not req]
+        self.swapped = [r for r in self.swapped if r is not req]
+        self.policy.on_finish(req)
+        return req
+
+    def adopt(self, req: Request) -> list[int] | None:
+        """Take in a detached request. WAITING/PREEMPTED ones queue (PREEMPTED at the
+        front, as after a preemption); a RUNNING one keeps its progress and gets a new
+        device table covering its computed tokens, returned (None, nothing changed, if
+        it does not fit: the caller recomputes it instead)."""
+        rid = req.request_id
+        if rid in self.requests:
+            raise RequestRejected(f"duplicate request id {rid!r}")
+        table: list[int] = []
+        if req.status == _RUNNING:
+            if not self.kv.can_allocate(rid, req.num_computed_tokens):
+                return None
+            table = list(self.kv.allocate(rid, req.num_computed_tokens))
+            self.running.append(req)
+        elif req.status == RequestStatus.PREEMPTED:
+            self.waiting.insert(0, req)
+        elif req.status == RequestStatus.WAITING:
+            self.waiting.append(req)
+        else:
+            raise RequestRejected(f"request {rid!r} is {req.status.name}: cannot adopt it")
+        self.requests[rid] = req
+        self.totals.add(req)
+        self._num_added += 1
+        self.policy.on_arrival(req)
+        return table
+
     def abort_request(
         self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED
     ) -> Request | None:

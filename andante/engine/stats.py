@@ -42,6 +42,9 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # tokens looked up at admissions
     prefix_cache_hits: int = 0  # of them, found cached (prefill saved)
     num_cached_free_blocks: int = 0  # of num_free_blocks, keeping a cached prefix
+    # KV blocks the queued work needs: uncomputed tokens beyond running decodes' next
+    # token (KunServe §4.1's demand of the queued requests)
+    num_queued_kv_blocks: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

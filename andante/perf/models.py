@@ -29,6 +29,10 @@ BUILTIN_MODELS: tuple[ModelSpec, ...] = (
     ModelSpec(name="qwen2.5-14b", num_layers=48, hidden_size=5120, num_heads=40,
               num_kv_heads=8, head_dim=128, intermediate_size=13824, vocab_size=152064,
               mlp_kind="gated", tie_word_embeddings=False, max_model_len=32768),
+    # Qwen/Qwen2.5-72B-Instruct (QKV biases not counted); KunServe §5 serves it with TP4
+    ModelSpec(name="qwen2.5-72b", num_layers=80, hidden_size=8192, num_heads=64,
+              num_kv_heads=8, head_dim=128, intermediate_size=29568, vocab_size=152064,
+              mlp_kind="gated", tie_word_embeddings=False, max_model_len=32768),
     # meta-llama/Llama-3.1-70B-Instruct; served with tensor parallelism 4 or 8
     ModelSpec(name="llama-3.1-70b", num_layers=80, hidden_size=8192, num_heads=64,
               num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256,

@@ -34,10 +34,20 @@ class LocalInstance(LaterOperations):
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        # told (on the dying thread, before `on_down`) when the instance fails:
+        # a KunServe pipeline group restores its other members
+        self.failure_listeners: list[OnChange] = []
+        self.group_leader: int | None = None  # set while in a KunServe pipeline group
 
     # ---- the Instance seam (controller thread) ------------------------------------
     @property
     def alive(self) -> bool:
+        """Serving requests of its own: running, and not a KunServe group's member."""
+        return self.running and self.group_leader in (None, self.index)
+
+    @property
+    def running(self) -> bool:
+        """Its stepping thread runs (a group's member too)."""
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
     def submit(self, req: Request) -> None:
@@ -84,6 +94,8 @@ class LocalInstance(LaterOperations):
         except BaseException as exc:  # the engine is broken: this instance stays down
             log.exception("instance %d failed", self.index)
             self.error = exc
+            for listener in list(self.failure_listeners):
+                listener(self.index, exc)
             on_down(self.index, exc)
 
 

@@ -83,6 +83,9 @@ class StepMessage:
 Post = Callable[[StepMessage], None]
 OnChange = Callable[[int, BaseException | None], None]  # (instance index, the cause)
 Build = Callable[[str, Any], tuple[Engine, OutputAdapter]]  # (model, weights) -> engine
+AtBoundary = Callable[["InstanceWorker"], None]  # run by the stepping thread, between steps
+# run after each step (True: the step ran a batch); returns False once it has finished
+BoundaryTask = Callable[[bool], bool]
 
 
 @dataclass(slots=True)
@@ -137,6 +140,17 @@ class InstanceWorker:
         self._swaps: list[ModelSwap] = []
         self._bandwidth: dict[str, float] = {}  # tier -> measured bytes/s of its swaps
         self._warming: set[str] = set()  # models being read into host memory
+        self._init_grouping()
+
+    def _init_grouping(self) -> None:
+        """KunServe (andante.runtime.kunserve): while this worker's instance is a member
+        of a pipeline group, requests reaching its inbox go on to the group's leader
+        (`redirect`; aborts go where the controller placed the request: the leader, since
+        the coordinator reassigned the member's requests); `_tasks` run between steps
+        (the chunked KV exchange)."""
+        self.redirect: InstanceWorker | None = None
+        self._tasks: list[BoundaryTask] = []
+        self._report_due = False
 
     # ---- any thread ---------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -160,6 +174,16 @@ class InstanceWorker:
             self.switch.tiers.check(model)
             self._post("warm", model)
 
+    def at_boundary(self, operation: AtBoundary, first: bool = False) -> None:
+        """Run `operation(self)` on the stepping thread at its next step boundary (in
+        inbox order, or before everything waiting in the inbox if `first`): how a
+        pipeline group forms and dissolves between steps."""
+        if first:
+            self._inbox.appendleft(("call", operation))
+            self._wake.set()
+        else:
+            self._post("call", operation)
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -175,19 +199,25 @@ class InstanceWorker:
         self._wake.clear()
         self._apply_inbox()
         idle = False
-        if not self.engine.has_work and not self._swap_due:
+        if not self.engine.has_work and not self._swap_due and not self._tasks:
             if timeout is not None and timeout > 0:
                 idle = not self._wake.wait(timeout)
             self._apply_inbox()
         message = None
+        ran_batch = False
         if self.engine.has_work:
             out = self.engine.step()
             self.engine.finish_stopped(out, self.adapter.stopped(out))
             message = self._message(out, stepped=True)
+            ran_batch = out.batch.num_seqs > 0
+        if self._tasks:
+            self._run_tasks(ran_batch)
         if self._swap_due:
             self._swap(self._pending_swap or self._parked[0].model)
         heartbeat = idle and self.switch is not None  # fresh time for a queue router
-        if message is None and (self._aborted or self._withdrawn or self._swaps or heartbeat):
+        report, self._report_due = self._report_due, False
+        if message is None and (self._aborted or self._withdrawn or self._swaps or heartbeat
+                                or report):
             message = self._message(None, stepped=False)
         if message is not None and self._swaps:
             message.swaps, self._swaps = self._swaps, []
@@ -195,11 +225,30 @@ class InstanceWorker:
             message.load = self.host.report()
         return message
 
+    def _run_tasks(self, ran_batch: bool) -> None:
+        self._tasks = [task for task in self._tasks if task(ran_batch)]
+
+    def report_soon(self) -> None:
+        """Send a load report after the next boundary even if no step runs (the
+        engine's blocks changed: a pipeline group formed or dissolved); any thread."""
+        self._report_due = True
+        self._wake.set()
+
+    def add_task(self, task: BoundaryTask) -> None:
+        """Run `task` after every step from now on until it returns False (stepping
+        thread only: from an `at_boundary` operation)."""
+        self._tasks.append(task)
+
     def _apply_inbox(self) -> None:
         inbox = self._inbox
         while inbox:
             kind, item = inbox.popleft()
-            if kind == "add":
+            if kind == "add" and self.redirect is not None:
+                self.redirect.submit(item)  # a group's member: its leader serves
+                continue
+            if kind == "call":
+                item(self)
+            elif kind == "add":
                 self._add(item)
             elif kind == "abort":
                 self._abort(item)

@@ -79,7 +79,23 @@ def build_backend(options: ServeOptions) -> Backend:
     build = _ray_instances if options.backend == "ray" else _local_instances
     instances, limits, tokenizer, name, clock = build(options, plans)
     name = options.served_model_name or name
-    return Backend(ClusterRunner(instances, router), tokenizer, name, limits, clock)
+    operators = _kunserve(options, router, instances) if options.router == "kunserve" else []
+    return Backend(ClusterRunner(instances, router, operators), tokenizer, name, limits, clock)
+
+
+def _kunserve(options: ServeOptions, router: Any, instances: list[HostedInstance]
+              ) -> list[Any]:
+    """`--router kunserve`: KunServe's coordinator over the in-process instances
+    (andante.runtime.kunserve), with the router's settings (`--router-option`)."""
+    from andante.runtime.kunserve import local_coordinator
+    from andante.runtime.local import LocalInstance
+
+    local = [inst for inst in instances if isinstance(inst, LocalInstance)]
+    if options.backend == "ray" or len(local) != len(instances):
+        raise ValueError("--router kunserve runs on in-process instances (--backend inprocess)")
+    if not router.settings.drop:
+        return []
+    return [local_coordinator(local, router.settings)]
 
 
 def instance_plans(options: ServeOptions) -> list[PoolMember]:

@@ -47,6 +47,8 @@ class _EngineCollector(Collector):
             ("num_requests_waiting", "Requests waiting to be scheduled.", snap.num_waiting),
             ("num_requests_swapped", "Requests swapped out to host memory.", snap.num_swapped),
             ("kv_cache_usage_perc", "KV-cache usage (1 = full).", snap.kv_usage),
+            ("num_kv_blocks", "Device KV-cache blocks (KunServe adds dropped weights).",
+             snap.num_blocks),
         )
         for name, doc, value in gauges:
             family = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])

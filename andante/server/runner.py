@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from andante.cluster.controller import Controller
+from andante.cluster.controller import ClusterOperator, Controller
 from andante.cluster.load import total_stats
 from andante.cluster.router import Router
 from andante.core.request import Request
@@ -37,9 +37,10 @@ OnFailure = Callable[[BaseException], None]
 
 
 class ClusterRunner:
-    def __init__(self, instances: list[HostedInstance], router: Router) -> None:
+    def __init__(self, instances: list[HostedInstance], router: Router,
+                 operators: Sequence[ClusterOperator] = ()) -> None:
         self.instances = instances
-        self.controller = Controller(instances, router)
+        self.controller = Controller(instances, router, operators)
         self.stats = self._total()  # the cluster's figures as one engine's
         self.error: BaseException | None = None
         self._started: set[str] = set()  # requests that streamed at least one token
@@ -96,7 +97,7 @@ class ClusterRunner:
             self.num_model_swaps += len(message.swaps)
             for observer in self._swap_observers:
                 observer(message.swaps)
-        owner = self.controller.owner_of
+        owner = self._owner_view(index)
         deltas: list[Delta] = []
         for delta in message.outputs:
             if owner(delta.request_id) == index:
@@ -113,6 +114,16 @@ class ClusterRunner:
         handoffs = [req for req in message.handoffs if owner(req.request_id) == index]
         self.controller.on_step(index, finished, handoffs)
         self.stats = self._total()
+
+    def _owner_view(self, index: int) -> Callable[[str], int | None]:
+        """Who owns a request, as instance `index` should see it: a KunServe group's
+        member counts its leader's requests as its own (its last step's output may
+        arrive after the coordinator handed its requests to the leader)."""
+        owner = self.controller.owner_of
+        leader = getattr(self.instances[index], "group_leader", None)
+        if leader is None:
+            return owner
+        return lambda rid: index if owner(rid) in (index, leader) else owner(rid)
 
     def _on_down(self, index: int, exc: BaseException | None) -> None:
         outcome = self.controller.instance_failed(index, self._started.__contains__)

@@ -81,15 +81,22 @@ class PipelineSimInstance(SimInstance):
         t = now
         for stage in range(self.num_stages):
             if stage:
-                t += hop
+                t = self._hop_done(t, hop)
             t = max(t, self._stage_free[stage]) + per_stage
             self._stage_free[stage] = t
         self._pipeline.append((batch, result))
         self.stats.busy_time += per_stage
         return t
 
+    def _hop_done(self, start: float, hop: float) -> float:
+        """When hidden states sent at `start` reach the next stage (KunServe's groups
+        share the link with KV exchanges)."""
+        return start + hop
+
     def finish_step(self) -> tuple[StepBatch, StepOutput]:
         batch, result = self._pipeline.popleft()  # batches leave in the order they entered
+        if self._stage_free[0] > self.engine.clock.now():  # stage 0 still busy: the
+            self.hooks.wake_at(self, self._stage_free[0])  # freed slot starts then
         output = self.engine.finish_step(batch, result)
         self.stats.num_steps += 1
         return batch, output

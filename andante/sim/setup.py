@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from andante.cluster.ascendra import pool_plan
@@ -16,6 +17,7 @@ from andante.cluster.qlm.router import preemption_mode_for
 from andante.cluster.registry import make_router
 from andante.cluster.router import Router
 from andante.core.clock import ManualClock
+from andante.core.imports import load_class
 from andante.engine.config import SchedulerConfig
 from andante.engine.engine import Engine
 from andante.exec.sim_executor import GIB, SimExecutor
@@ -25,6 +27,10 @@ from andante.perf.cost_model import CostModel
 from andante.sim.pipeline import build_pipeline_instance
 from andante.sim.simulator import SimInstance, Simulator
 from andante.sim.tiers import ModelTiers
+
+# Routers whose cluster is built by another module (named, imported on demand).
+CLUSTER_BUILDERS = MappingProxyType(
+    {"kunserve": "andante.sim.kunserve_setup:build_kunserve_simulator"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +194,11 @@ def build_simulator(
     spec: ClusterSpec, router: Router | None = None, decode_runs: bool = True
 ) -> Simulator:
     """The cluster `spec` describes; `router` replaces the one `spec.router` names."""
+    chosen = router or make_router(spec.router, spec.router_options)
+    builder = CLUSTER_BUILDERS.get(chosen.name)
+    if builder is not None:  # a router that needs its own instances (KunServe's groups)
+        simulator: Simulator = load_class(builder)(spec, chosen, decode_runs)
+        return simulator
     clock = ManualClock()
     instances = [build_instance(spec, i, clock) for i in range(spec.num_instances)]
-    chosen = router or make_router(spec.router, spec.router_options)
     return Simulator(instances, Controller(instances, chosen), clock, decode_runs)

@@ -455,6 +455,8 @@ class Simulator(SimHooks):
             self.finished(inst, output.finished)
         if self.controller.queue:
             self.controller.dispatch_queue()
+        if self.controller.operators:
+            self.controller.after_step()
         if inst.tiers is not None:
             inst.at_step_boundary()
             if inst.busy:

@@ -1,0 +1,186 @@
+"""KunServe's coordinator: a cluster operator that drops, restores and signals (§3-§4.4).
+
+Design note (the paper's Figure 4: monitor -> global memory manager -> local managers).
+After each instance step the controller calls `after_step`; at most every
+`check_interval` seconds (engine clock) the coordinator
+1. reads every serving unit's load (an ungrouped alive instance, or a group through its
+   leader) and computes its unmet KV demand (`monitor.unmet_demand`);
+2. if a unit throttles, runs Figure 6's greedy plan (`plan.drop_plan`) over the units,
+   chooses each new group's KV mode (exchange or recompute, by cost when a chooser is
+   given) and asks the `PipelineGroups` to form it; the leader now owns the members'
+   requests (`Controller.reassign`); a plan that cannot free enough raises the
+   scale-up signal;
+3. restores a group whose usage fell to the restore threshold (`dissolve_group`);
+4. raises the scale-up signal when a group's usage keeps rising after its drop.
+A member that fails makes its partners restore (`member_failed`): the group's requests
+that never streamed a token are re-queued, the others failed with a clear error.
+
+It reads no clock and does no I/O: counters and `events` (time, kind, detail) are what
+the simulator's report and the server's /metrics show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol, runtime_checkable
+
+from andante.cluster.controller import Controller, FailureOutcome
+from andante.cluster.instance import fresh_copy
+from andante.cluster.kunserve.monitor import MonitorOptions, Watches, unmet_demand
+from andante.cluster.kunserve.plan import DropPlan, GroupState, LayerMemory, drop_plan
+from andante.cluster.kunserve.seam import GroupPlan, KVMode, PipelineGroups
+from andante.core.request import Request
+
+KVModeOption = Literal["exchange", "recompute", "auto"]
+KVModeChooser = Callable[[GroupPlan], KVMode]
+
+
+EvictionCallback = Callable[[list[Request], list[Request]], None]
+
+
+@runtime_checkable
+class FailingGroups(Protocol):
+    """A `PipelineGroups` that handles a member's failure: the group restores without
+    it and, once its requests are out (at the group's next step boundary), calls
+    `on_evicted(requeue, failed)`: the requests that never streamed a token (to
+    re-queue) and the started ones, which it finished as failed with a clear reason
+    and reported as finished."""
+
+    def fail_member(self, index: int, on_evicted: EvictionCallback) -> None: ...
+
+
+@dataclass(slots=True)
+class CoordinatorCounters:
+    num_checks: int = 0
+    num_throttles: int = 0
+    num_drops: int = 0  # groups formed
+    num_restores: int = 0
+    num_scale_up_signals: int = 0
+    num_failures: int = 0
+    num_requeued: int = 0
+    num_failed_requests: int = 0
+
+    def summary(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
+class KunServeCoordinator:
+    groups: PipelineGroups
+    memory: LayerMemory
+    block_size: int
+    options: MonitorOptions = field(default_factory=MonitorOptions)
+    kv_mode: KVModeOption = "exchange"
+    choose_kv_mode: KVModeChooser | None = None
+    max_members: int | None = None
+    restore: bool = True
+    counters: CoordinatorCounters = field(default_factory=CoordinatorCounters)
+    events: list[tuple[float, str, str]] = field(default_factory=list)
+    _last_check: float = float("-inf")
+    _watches: Watches = field(default_factory=Watches)
+    _throttled_before: bool = False
+
+    # ---- the operator -------------------------------------------------------------
+    def after_step(self, controller: Controller) -> None:
+        now = max((slot.load.stats.time for slot in controller.slots if slot.alive),
+                  default=0.0)
+        if now - self._last_check < self.options.check_interval:
+            return
+        self._last_check = now
+        self.counters.num_checks += 1
+        units = self._units(controller)
+        throttled = any(u.pressure for u in units)
+        if throttled:
+            self._drop(controller, units, now)
+        self._throttled_before = throttled
+        self._watch_groups(controller, now)
+
+    def _units(self, controller: Controller) -> list[GroupState]:
+        grouped = {m for g in self.groups.groups() for m in g.members}
+        layouts = [g for g in self.groups.groups()]
+        layouts += [GroupPlan((s.index,), ((0, self.memory.num_layers),))
+                    for s in controller.slots if s.alive and s.index not in grouped]
+        return [GroupState(plan, unmet_demand(controller.slots[plan.leader].load.stats,
+                                              self.block_size, self.options))
+                for plan in layouts if controller.slots[plan.leader].alive]
+
+    # ---- drop (§4.1) ----------------------------------------------------------------
+    def _drop(self, controller: Controller, units: list[GroupState], now: float) -> None:
+        if not self._throttled_before:
+            self.counters.num_throttles += 1
+        demand = sum(u.pressure for u in units)
+        plan = drop_plan(units, demand, self.memory, self.max_members)
+        formed = [g for g in plan.groups if self._form(controller, g, now)]
+        if not plan.satisfied and not self._throttled_before:
+            self._signal_scale_up(now, f"no drop plan frees {demand} blocks "
+                                       f"(best frees {plan.freed_blocks})")
+        if formed:
+            self.events.append((now, "drop", _describe(plan, formed)))
+
+    def _form(self, controller: Controller, group: GroupPlan, now: float) -> bool:
+        group = replace(group, kv_mode=self._kv_mode_for(group))
+        if not self.groups.form_group(group):
+            return False
+        for member in group.members[1:]:
+            controller.reassign(member, group.leader)
+        self.counters.num_drops += 1
+        self._watches.groups.pop(group.leader, None)
+        return True
+
+    def _kv_mode_for(self, group: GroupPlan) -> KVMode:
+        if self.kv_mode != "auto":
+            return self.kv_mode
+        return self.choose_kv_mode(group) if self.choose_kv_mode else "exchange"
+
+    # ---- restore and scale-up (§4.4) ------------------------------------------------
+    def _watch_groups(self, controller: Controller, now: float) -> None:
+        base = self.memory.num_blocks_whole
+        for group in self.groups.groups():
+            stats = controller.slots[group.leader].load.stats
+            due = self._watches.restore_due(group.leader, stats, base, now, self.options)
+            if self._watches.keeps_rising(group.leader, self.options):
+                self._signal_scale_up(now, f"usage of group {group.members} keeps rising "
+                                           "after the drop")
+            if due and self.restore and self.groups.dissolve_group(group.leader):
+                self.counters.num_restores += 1
+                self._watches.groups.pop(group.leader, None)
+                self.events.append((now, "restore", f"group {list(group.members)}"))
+
+    def _signal_scale_up(self, now: float, reason: str) -> None:
+        self.counters.num_scale_up_signals += 1
+        self.events.append((now, "scale-up", reason))
+
+    # ---- failures (§4.4 "Fault tolerance") -----------------------------------------
+    def member_failed(self, controller: Controller, index: int) -> FailureOutcome:
+        """Instance `index` failed: its partners restore, the group's requests are
+        re-queued (not started) or were failed (started); an ungrouped instance fails as
+        the controller handles any instance failure."""
+        self.counters.num_failures += 1
+        in_group = any(index in g.members for g in self.groups.groups())
+        if not in_group or not isinstance(self.groups, FailingGroups):
+            started = {r.request_id for r in controller.owned_by(index)
+                       if r.num_output_tokens > 0}
+            return controller.instance_failed(index, started.__contains__)
+        controller.slots[index].down = True
+        outcome = FailureOutcome()
+
+        def evicted(requeue: list[Request], failed: list[Request]) -> None:
+            for req in requeue:
+                controller.on_finished(req.request_id)
+                outcome.requeued.append(req.request_id)
+                controller.submit(fresh_copy(req))
+            outcome.failed += [req.request_id for req in failed]
+            self.counters.num_requeued += len(requeue)
+            self.counters.num_failed_requests += len(failed)
+            now = max((r.timeline.finish_time or 0.0 for r in failed), default=0.0)
+            self.events.append((now, "failure", f"instance {index}: {len(requeue)} "
+                                                f"re-queued, {len(failed)} failed"))
+
+        self.groups.fail_member(index, evicted)
+        return outcome
+
+
+def _describe(plan: DropPlan, formed: list[GroupPlan]) -> str:
+    groups = "; ".join(f"{list(g.members)} {g.kv_mode}" for g in formed)
+    return f"demand {plan.demand_blocks} blocks, frees {plan.freed_blocks}: {groups}"

@@ -1,0 +1,135 @@
+"""Lookahead microbatch formation for pipeline groups (KunServe §4.3, eq. (1), Fig. 11).
+
+Design note. A pipeline stalls when consecutive microbatches take unequal times (its
+Figure 8): a stage waits for the slow one. Token-count chunking does not balance them,
+because attention is quadratic: a chunk of c tokens after p cached ones costs, by the
+paper's eq. (1),
+    cost(p, c) = alpha * (p*c + (c^2 + c)/2) + beta * c   (+ gamma once per microbatch),
+prefix attention, self attention, the MLP, and a per-microbatch constant. Under a burst
+many requests are queued, so the scheduler can look ahead at all of them: Figure 11's
+divide-and-conquer starts from one microbatch holding every pending token and splits
+each microbatch into two of half its cost (a prefill chunk may be cut where the cost
+reaches the half; a decode token may not), level by level, until there are as many
+microbatches as stages or a microbatch has fewer than `min_tokens` tokens (too small to
+use the GPU well). O(log L) levels of linear passes.
+
+`bubble_ratio` replays microbatch costs through the stages (a microbatch's next round
+starts only after its previous round left the last stage, as autoregressive decoding
+requires) and returns the idle share of the stages, the figure §5.3 reports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCostModel:
+    """Eq. (1) coefficients (seconds per pair, per token, per microbatch)."""
+
+    alpha: float
+    beta: float
+    gamma: float
+
+    def __post_init__(self) -> None:
+        if min(self.alpha, self.beta, self.gamma) < 0:
+            raise ValueError(f"eq. (1) coefficients must be >= 0, got {self}")
+
+    def chunk(self, prefix: int, tokens: int) -> float:
+        return self.alpha * (prefix * tokens + (tokens * tokens + tokens) / 2) \
+            + self.beta * tokens
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """`tokens` new tokens of a request after `prefix` cached ones; a prefill chunk
+    may be split, a decode token not."""
+
+    request_id: str
+    prefix: int
+    tokens: int
+    splittable: bool = True
+
+
+def microbatch_cost(items: Sequence[WorkItem], model: ChunkCostModel) -> float:
+    if not items:
+        return 0.0
+    return model.gamma + sum(model.chunk(i.prefix, i.tokens) for i in items)
+
+
+def _tokens_for_cost(item: WorkItem, budget: float, model: ChunkCostModel) -> int:
+    """The largest c <= item.tokens with chunk(prefix, c) <= budget (closed form)."""
+    a, b = model.alpha / 2, model.alpha * (item.prefix + 0.5) + model.beta
+    if budget <= 0:
+        return 0
+    c = budget / b if a == 0 else (-b + math.sqrt(b * b + 4 * a * budget)) / (2 * a)
+    return max(0, min(item.tokens, int(c)))
+
+
+def split_half(items: Sequence[WorkItem], model: ChunkCostModel
+               ) -> tuple[list[WorkItem], list[WorkItem]]:
+    """Two microbatches of about half the cost of `items` each (order kept)."""
+    target = (microbatch_cost(items, model) - model.gamma) / 2  # each half pays gamma
+    first: list[WorkItem] = []
+    spent = 0.0
+    for k, item in enumerate(items):
+        cost = model.chunk(item.prefix, item.tokens)
+        if spent + cost <= target:
+            first.append(item)
+            spent += cost
+            continue
+        rest = list(items[k + 1:])
+        if item.splittable and item.tokens > 1:
+            head = _tokens_for_cost(item, target - spent, model)
+            if head > 0:
+                first.append(WorkItem(item.request_id, item.prefix, head))
+            tail = WorkItem(item.request_id, item.prefix + head, item.tokens - head)
+            return first, [tail, *rest]
+        if target - spent > spent + cost - target:  # the item lands nearer the half here
+            return [*first, item], rest
+        return first, [item, *rest]
+    return first, []
+
+
+def form_microbatches(items: Sequence[WorkItem], model: ChunkCostModel, num_stages: int,
+                      min_tokens: int = 1) -> list[list[WorkItem]]:
+    """Figure 11: halve by cost, level by level, until `num_stages` microbatches or
+    every microbatch is below `2 * min_tokens` tokens (see the module note)."""
+    if num_stages < 1:
+        raise ValueError(f"num_stages must be >= 1, got {num_stages}")
+    batches = [list(items)] if items else []
+    while 0 < len(batches) < num_stages:
+        grown: list[list[WorkItem]] = []
+        for batch in batches:
+            tokens = sum(i.tokens for i in batch)
+            first, second = split_half(batch, model) if tokens >= 2 * min_tokens \
+                else (batch, [])
+            grown += [b for b in (first, second) if b]
+        if len(grown) == len(batches):
+            break
+        batches = grown
+    return batches
+
+
+def bubble_ratio(costs: Sequence[float], num_stages: int, hop: float = 0.0,
+                 rounds: int = 4) -> float:
+    """Idle share of `num_stages` stages running `rounds` rounds of microbatches that
+    take `costs` seconds per stage each (see the module note)."""
+    if not costs or num_stages < 1:
+        return 0.0
+    stage_free = [0.0] * num_stages
+    done = [0.0] * len(costs)  # when each microbatch last left the last stage
+    for _ in range(rounds):
+        for k, cost in enumerate(costs):
+            t = done[k]
+            for stage in range(num_stages):
+                if stage:
+                    t += hop
+                t = max(t, stage_free[stage]) + cost
+                stage_free[stage] = t
+            done[k] = t
+    span = max(done)
+    busy = rounds * sum(costs) * num_stages
+    return max(0.0, 1.0 - busy / (num_stages * span)) if span > 0 else 0.0

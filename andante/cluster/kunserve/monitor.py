@@ -1,0 +1,103 @@
+"""KunServe's monitor: throttling on projected KV demand, restore and scale-up (§3, §4.4).
+
+Design note. An instance (or a pipeline group, through its leader) is throttled when
+requests queue for KV memory: the blocks in use, plus the blocks the queued work needs
+(`SchedulerStats.num_queued_kv_blocks`), plus the growth of the running requests over
+the next `decode_tokens` tokens each, exceed `threshold` x its blocks, while some
+request waits. The excess is its unmet demand, the R of the paper's Figure 6. Using
+projected demand, not only current use, lets the plan act before the queue builds
+("has suffered or is about to suffer", §1).
+
+Restore (§4.4): a group restores when its KV usage, measured against one instance
+without drop (the leader keeps every request after the restore), is at most
+`restore_threshold` (the paper: 50%) and not rising, with nothing queued, and the group
+has lived `min_group_seconds` (no drop/restore flapping within one burst).
+Scale-up (§4.4 "Autoscaling"): after a drop, a unit whose usage keeps rising for
+`scale_up_checks` consecutive checks while throttled, or a throttle that no plan can
+relieve, raises the signal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from andante.engine.stats import SchedulerStats
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorOptions:
+    drop_threshold: float = 1.0  # projected demand / blocks above which a unit throttles
+    decode_tokens: int = 16  # projected growth of each running request, tokens
+    restore_threshold: float = 0.5  # usage (vs one undropped instance) to restore at
+    min_group_seconds: float = 2.0
+    scale_up_checks: int = 20
+    check_interval: float = 0.05  # seconds between checks (engine clock)
+
+    def __post_init__(self) -> None:
+        if self.drop_threshold <= 0:
+            raise ValueError(f"drop_threshold must be > 0, got {self.drop_threshold}")
+        if not 0 < self.restore_threshold < 1:
+            raise ValueError(f"restore_threshold must be in (0, 1), got "
+                             f"{self.restore_threshold}")
+        if self.decode_tokens < 0 or self.scale_up_checks < 1:
+            raise ValueError("decode_tokens must be >= 0 and scale_up_checks >= 1")
+        if self.min_group_seconds < 0 or self.check_interval < 0:
+            raise ValueError("min_group_seconds and check_interval must be >= 0")
+
+
+def projected_demand(stats: SchedulerStats, block_size: int, decode_tokens: int) -> int:
+    """Blocks the unit would hold once its queue is admitted and its running requests
+    grew by `decode_tokens` tokens each."""
+    used = stats.num_blocks - stats.num_free_blocks
+    growth = -(-stats.num_running * decode_tokens // block_size)
+    return used + stats.num_queued_kv_blocks + growth
+
+
+def unmet_demand(stats: SchedulerStats, block_size: int, options: MonitorOptions) -> int:
+    """Blocks of projected demand beyond the threshold (0: not throttled)."""
+    if stats.num_waiting == 0:
+        return 0
+    demand = projected_demand(stats, block_size, options.decode_tokens)
+    return max(0, demand - int(options.drop_threshold * stats.num_blocks))
+
+
+@dataclass(slots=True)
+class GroupWatch:
+    """What the monitor remembers of one group since it formed."""
+
+    formed_at: float
+    last_usage: float = 1.0
+    num_rising: int = 0
+    signalled: bool = False
+
+    def observe(self, usage: float) -> bool:
+        """Record a usage; True if it rose since the previous check."""
+        rising = usage > self.last_usage
+        self.num_rising = self.num_rising + 1 if rising else 0
+        self.last_usage = usage
+        return rising
+
+
+@dataclass(slots=True)
+class Watches:
+    groups: dict[int, GroupWatch] = field(default_factory=dict)  # by leader
+
+    def restore_due(self, leader: int, stats: SchedulerStats, base_blocks: int, now: float,
+                    options: MonitorOptions) -> bool:
+        """Should the group led by `leader` restore now? (Updates its watch.)"""
+        watch = self.groups.setdefault(leader, GroupWatch(formed_at=now))
+        used = stats.num_blocks - stats.num_free_blocks
+        usage = used / base_blocks if base_blocks else 1.0
+        rising = watch.observe(usage)
+        if now - watch.formed_at < options.min_group_seconds:
+            return False
+        idle_queue = stats.num_waiting == 0 and stats.num_queued_kv_blocks == 0
+        return usage <= options.restore_threshold and not rising and idle_queue
+
+    def keeps_rising(self, leader: int, options: MonitorOptions) -> bool:
+        """Has the group's usage risen for `scale_up_checks` checks (signalled once)?"""
+        watch = self.groups.get(leader)
+        if watch is None or watch.signalled or watch.num_rising < options.scale_up_checks:
+            return False
+        watch.signalled = True
+        return True

@@ -1,0 +1,243 @@
+"""Pipeline stages on the torch engine: KunServe's dropped-parameter execution.
+
+Design note (KunServe §4, §4.1 "local unified memory management"). When instances merge
+into a pipeline group, member k keeps only the contiguous layer slice [s_k, e_k) of the
+model; the first stage also keeps the embedding, the last the final norm and LM head.
+Each stage's KV pool covers its own layers only, so the memory a member had for KV plus
+the weight bytes of the layers it dropped holds
+
+    blocks_k = (kv_bytes_k + dropped_weight_bytes_k) // (n_k * layer_block_bytes)
+
+blocks, where n_k = e_k - s_k: with two halves that is more than twice the blocks of one
+unsplit instance. A block id names one slot on every stage (the group has one block
+manager: the leader's), so the group's block count is the smallest stage's.
+
+`PipelineExecutor` is an `Executor`: one step flattens the batch once
+(andante.exec.torch_inputs), the first stage embeds, each stage runs its layers over
+every row and hands the hidden states to the next stage (their bytes are counted as the
+activation transfer of a real inter-GPU pipeline), the last stage applies the LM head to
+the sampled rows. All stages run on the calling thread, in order: on one CPU process
+there is no second device to overlap with, so the split changes where the memory goes,
+not the arithmetic. The layers are the unsplit engine's (`ExactLayer`/`FusedLayer`,
+`LMHead`, the same RoPE tables), so greedy outputs are token-identical.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from andante.exec.batch import StepBatch, StepResult
+from andante.exec.torch_executor import TorchExecutorOptions
+from andante.exec.torch_inputs import InputBuilder, StepInputs
+from andante.exec.torch_kv import KVPools
+from andante.exec.torch_layers import ExactLayer, FusedLayer, LMHead, packed_gemm_supported
+from andante.exec.torch_sampler import Sampler
+from andante.models.loader import LoadedModel, parse_dtype
+from andante.models.rope import inverse_frequencies, rope_table
+from andante.models.weights import LayerWeights, ModelWeights
+from andante.perf.cost_model import CostModel
+from andante.perf.specs import ModelSpec
+
+LayerSlice = tuple[int, int]
+
+
+def tensor_bytes(*tensors: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def layer_weight_bytes(w: LayerWeights) -> int:
+    return tensor_bytes(w.input_norm, w.qkv, w.qkv_bias, w.o_proj, w.post_norm, w.gate_up,
+                        w.down)
+
+
+def kept_weight_bytes(weights: ModelWeights, layers: LayerSlice) -> int:
+    """Weight bytes a member keeps for `layers` of the model: the slice's layers, plus
+    the embedding on the first stage and the final norm and LM head on the last (a tied
+    head is the embedding itself: counted once)."""
+    start, end = layers
+    total = sum(layer_weight_bytes(w) for w in weights.layers[start:end])
+    first, last = start == 0, end == len(weights.layers)
+    if first:
+        total += tensor_bytes(weights.embed)
+    if last:
+        total += tensor_bytes(weights.final_norm)
+        if weights.lm_head is not weights.embed or not first:
+            total += tensor_bytes(weights.lm_head)
+    return total
+
+
+def layer_block_bytes(model: LoadedModel, dtype: torch.dtype, block_size: int) -> int:
+    """Bytes of one KV block of one layer (K and V of every KV head)."""
+    config = model.config
+    return 2 * config.num_kv_heads * config.head_dim * block_size * dtype.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """What a member has once it keeps `layers`: its KV budget in bytes (its old KV pool
+    plus the weight bytes it dropped) and the blocks that budget holds for its slice."""
+
+    layers: LayerSlice
+    kv_bytes: int
+    dropped_weight_bytes: int
+    num_blocks: int
+
+
+def stage_memory(model: LoadedModel, options: TorchExecutorOptions, kv_bytes: int,
+                 layers: LayerSlice) -> StageMemory:
+    """The memory plan of a member that had `kv_bytes` of KV pool and keeps `layers`."""
+    dtype = parse_dtype(options.dtype)
+    weights = model.weights
+    whole = kept_weight_bytes(weights, (0, len(weights.layers)))
+    dropped = (whole - kept_weight_bytes(weights, layers)) * dtype.itemsize // max(
+        1, weights.dtype.itemsize)
+    per_block = (layers[1] - layers[0]) * layer_block_bytes(model, dtype, options.block_size)
+    return StageMemory(layers, kv_bytes, dropped, (kv_bytes + dropped) // per_block)
+
+
+class PipelineStage:
+    """Layers [start, end) of the model with their own KV pools (device and host)."""
+
+    def __init__(self, model: LoadedModel, options: TorchExecutorOptions, layers: LayerSlice,
+                 num_device_blocks: int, num_host_blocks: int, max_len: int) -> None:
+        self.layers_range = layers
+        self._init_kv(model, options, num_device_blocks, num_host_blocks)
+        self._init_weights(model, options, max_len)
+
+    def _init_kv(self, model: LoadedModel, options: TorchExecutorOptions,
+                 num_device_blocks: int, num_host_blocks: int) -> None:
+        config = model.config
+        self.dtype = parse_dtype(options.dtype)
+        self.kv = KVPools(self.num_layers, config.num_kv_heads, config.head_dim,
+                          options.block_size, num_device_blocks, num_host_blocks, self.dtype)
+
+    def _init_weights(self, model: LoadedModel, options: TorchExecutorOptions,
+                      max_len: int) -> None:
+        config, (start, end) = model.config, self.layers_range
+        weights = model.weights.to(self.dtype)
+        self.fused = packed_gemm_supported(self.dtype)
+        layer_cls = FusedLayer if self.fused else ExactLayer
+        self.layers = [layer_cls(config, w, self.kv.layer(i), self.kv.layer_slots(i))
+                       for i, w in enumerate(weights.layers[start:end])]
+        self.is_first, self.is_last = start == 0, end == config.num_layers
+        self.embed = weights.embed if self.is_first else None
+        self.lm_head = LMHead(weights.final_norm, weights.lm_head, config.rms_norm_eps,
+                              self.fused) if self.is_last else None
+        inv_freq = inverse_frequencies(config, weights.rope_freq_factors)
+        self.cos, self.sin = rope_table(inv_freq, max_len, weights.dtype)
+        self.weight_bytes = kept_weight_bytes(weights, self.layers_range)
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers_range[1] - self.layers_range[0]
+
+    def holds(self, layer: int) -> bool:
+        return self.layers_range[0] <= layer < self.layers_range[1]
+
+    def forward(self, hidden: torch.Tensor | None, inputs: StepInputs) -> torch.Tensor:
+        """The first stage takes None (it embeds the step's tokens); the others take the
+        previous stage's hidden states. Returns hidden states, or the last stage's
+        logits of the sampled rows."""
+        x = F.embedding(inputs.input_ids, self.embed) if self.embed is not None else hidden
+        assert x is not None, "a middle stage needs the previous stage's activations"
+        cos = self.cos.index_select(0, inputs.positions).unsqueeze(1)
+        sin = self.sin.index_select(0, inputs.positions).unsqueeze(1)
+        for layer in self.layers:
+            x = layer.forward(x, inputs, cos, sin)
+        if self.lm_head is None:
+            return x
+        return self.lm_head(x.index_select(0, inputs.sample_rows))
+
+
+class PipelineExecutor:
+    """Runs a model split into `stages` (contiguous, in order, covering every layer);
+    see the module note. Counts the activation bytes passed between stages."""
+
+    def __init__(self, model: LoadedModel, options: TorchExecutorOptions,
+                 stages: Sequence[PipelineStage], cost_model: CostModel,
+                 max_model_len: int) -> None:
+        self._init_stages(model, stages)
+        self.options = options
+        self.model = model
+        self.cost_model = cost_model
+        self.max_model_len = max_model_len
+        self.dtype = parse_dtype(options.dtype)
+        config = model.config
+        self.inputs = InputBuilder(options.block_size, max_model_len, config.num_kv_heads,
+                                   config.num_heads // config.num_kv_heads, self.dtype)
+        self.sampler = Sampler(options.seed)
+        self.activation_bytes = 0
+        self.num_activation_transfers = 0
+
+    def _init_stages(self, model: LoadedModel, stages: Sequence[PipelineStage]) -> None:
+        expected = 0
+        for stage in stages:
+            if stage.layers_range[0] != expected:
+                raise ValueError(f"stages must cover the layers in order, got "
+                                 f"{[s.layers_range for s in stages]}")
+            expected = stage.layers_range[1]
+        if expected != model.config.num_layers or not stages:
+            raise ValueError(f"stages cover {expected} of {model.config.num_layers} layers")
+        self.stages = list(stages)
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.model.config.to_model_spec(self.dtype.itemsize, self.model.name)
+
+    def stage_of(self, layer: int) -> PipelineStage:
+        return next(s for s in self.stages if s.holds(layer))
+
+    def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
+        if block_size != self.options.block_size:
+            raise ValueError(f"executor block size {self.options.block_size} != "
+                             f"scheduler block size {block_size}")
+        return (min(s.kv.num_device_blocks for s in self.stages),
+                min(s.kv.num_host_blocks for s in self.stages))
+
+    def execute(self, batch: StepBatch) -> StepResult:
+        started = time.perf_counter()
+        swap_time = sum(s.kv.swap(batch.swap_out, batch.swap_in) for s in self.stages)
+        sampled: list[int | None] = [None] * len(batch.requests)
+        if batch.requests:
+            with torch.inference_mode():
+                inputs = self.inputs.build(batch)
+                x: torch.Tensor | None = None
+                for stage in self.stages:
+                    if x is not None:  # the activation transfer to the next member
+                        self.activation_bytes += tensor_bytes(x)
+                        self.num_activation_transfers += 1
+                    x = stage.forward(x, inputs)
+                assert x is not None
+                if inputs.sample_index:
+                    owners = [batch.requests[i] for i in inputs.sample_index]
+                    for i, token in zip(inputs.sample_index, self.sampler.sample(x, owners),
+                                        strict=True):
+                        sampled[i] = token
+        return StepResult(sampled, time.perf_counter() - started, swap_time)
+
+
+def pipeline_executor(model: LoadedModel, options: TorchExecutorOptions,
+                      slices: Sequence[LayerSlice], kv_bytes: Sequence[int],
+                      cost_model: CostModel, max_model_len: int,
+                      num_host_blocks: int) -> PipelineExecutor:
+    """A pipeline over `slices`, member k bringing `kv_bytes[k]` of KV memory; every
+    stage gets the group's block count (the smallest stage's, see the module note)."""
+    plans = [stage_memory(model, options, b, s) for s, b in zip(slices, kv_bytes, strict=True)]
+    num_blocks = min(p.num_blocks for p in plans)
+    stages = [PipelineStage(model, options, s, num_blocks, num_host_blocks, max_model_len)
+              for s in slices]
+    return PipelineExecutor(model, options, stages, cost_model, max_model_len)
+
+
+def device_kv_bytes(num_device_blocks: int, model: LoadedModel,
+                    options: TorchExecutorOptions) -> int:
+    """Bytes of an unsplit executor's device KV pool of `num_device_blocks` blocks."""
+    dtype = parse_dtype(options.dtype)
+    return num_device_blocks * model.config.num_layers * layer_block_bytes(
+        model, dtype, options.block_size)
+

@@ -1,0 +1,182 @@
+"""Systems, workloads and runs of the KunServe experiment (see experiments/kunserve.py).
+
+Systems (KunServe §5.1's baselines on one simulated cluster, the same engine):
+- `vllm`: vLLM's loop, recompute on KV exhaustion, least-loaded dispatch;
+- `vllm-pp`: the same GPUs as static two-stage pipelines (half the instances, `pp=2`);
+- `infercept`: swap to host instead of recompute, copies overlapped with compute
+  (InferCept's swap pipelining), 64 GiB of host KV per GPU;
+- `kunserve`: `--router kunserve` (drop, coordinated exchange, lookahead, restore).
+A Llumnix-like migrating baseline was not built (see the report).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from andante.cluster.controller import Controller
+from andante.core.request import PreemptionMode, Request
+from andante.engine.config import SchedulerConfig
+from andante.sim.setup import ClusterSpec, build_simulator
+from andante.workload.arrivals import cyclic_burst
+from andante.workload.builder import resolve_traces_dir
+from andante.workload.spec import RequestSpec, to_requests
+from andante.workload.traces import load_trace
+
+SYSTEMS = ("vllm", "vllm-pp", "infercept", "kunserve")
+AZURE_CODE = Path("azure_llm_2023") / "AzureLLMInferenceTrace_code.csv"
+
+
+def traces_dir() -> Path:
+    """The shared traces ($ANDANTE_TRACES, else ../shared/traces beside the checkout)."""
+    return resolve_traces_dir(None)
+
+
+def base_spec(model: str, hardware: str, tp: int, num_instances: int) -> ClusterSpec:
+    return ClusterSpec(
+        model=model, hardware=hardware, tp=tp, num_instances=num_instances,
+        router="least-loaded",
+        scheduler=SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256,
+                                  max_model_len=16384))
+
+
+def system_spec(spec: ClusterSpec, system: str, **kun_options: Any) -> ClusterSpec:
+    if system == "vllm":
+        return spec
+    if system == "vllm-pp":
+        return dataclasses.replace(spec, pp=2, num_instances=max(1, spec.num_instances // 2))
+    if system == "infercept":
+        return dataclasses.replace(
+            spec, swap_space_gib=64.0, overlap_swaps=True,
+            scheduler=dataclasses.replace(spec.scheduler,
+                                          preemption_mode=PreemptionMode.SWAP))
+    if system == "kunserve":
+        return dataclasses.replace(spec, router="kunserve", router_options=dict(kun_options))
+    raise ValueError(f"unknown system {system!r}; choose one of {SYSTEMS}")
+
+
+# ---- workloads ---------------------------------------------------------------------
+def _lengths(num: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Chat lengths: lognormal prompts (mean ~410) and long answers (mean ~800)."""
+    prompts = np.clip(rng.lognormal(5.7, 0.8, num), 16, 4000).astype(int)
+    outputs = np.clip(rng.lognormal(6.5, 0.6, num), 8, 3000).astype(int)
+    return prompts, outputs
+
+
+def cyclic(rate: float, duration: float, seed: int, intensity: float = 3.0,
+           share: float = 0.2, cycle: float = 60.0) -> list[RequestSpec]:
+    rng = np.random.default_rng(seed)
+    times = cyclic_burst(rate, intensity, share, cycle, None, rng, duration=duration)
+    prompts, outputs = _lengths(len(times), rng)
+    return [RequestSpec(float(t), int(p), int(o)) for t, p, o in zip(times, prompts, outputs,
+                                                                     strict=True)]
+
+
+def azure_bursts(rate: float, duration: float, seed: int) -> list[RequestSpec] | None:
+    """The Azure 2023 code trace's arrival pattern (bursty), rate-scaled to `rate`
+    req/s on average, with the chat lengths above; None without the trace."""
+    path = traces_dir() / AZURE_CODE
+    if not path.exists():
+        return None
+    trace = load_trace(path)
+    scale = rate / (len(trace) / max(trace.span, 1e-9))
+    scaled = load_trace(path, rate_scale=scale, max_duration=duration)
+    rng = np.random.default_rng(seed)
+    prompts, outputs = _lengths(len(scaled.arrival_times), rng)
+    return [RequestSpec(float(t), int(p), int(o))
+            for t, p, o in zip(scaled.arrival_times, prompts, outputs, strict=True)]
+
+
+def extreme(rate: float, duration: float, seed: int) -> list[RequestSpec]:
+    """One burst that never ends: a Poisson stream far above capacity."""
+    return cyclic(rate, duration, seed, intensity=1.0, share=1.0, cycle=duration)
+
+
+# ---- runs --------------------------------------------------------------------------
+@dataclass(slots=True)
+class MemorySampler:
+    """A cluster operator sampling the KV blocks in use (and capacity) each second."""
+
+    every: float = 1.0
+    samples: list[tuple[float, int, int]] = field(default_factory=list)
+
+    def after_step(self, controller: Controller) -> None:
+        stats = [s.instance.load().stats for s in controller.slots]
+        now = max(s.time for s in stats)
+        if self.samples and now - self.samples[-1][0] < self.every:
+            return
+        used = sum(s.num_blocks - s.num_free_blocks for s in stats)
+        self.samples.append((now, used, sum(s.num_blocks for s in stats)))
+
+
+@dataclass(slots=True)
+class RunResult:
+    system: str
+    ttft: list[float]  # per request (inf: never started)
+    tpot: list[float]
+    arrivals: list[float]
+    memory: list[tuple[float, int, int]]
+    counters: dict[str, int]
+    end_time: float
+    num_unfinished: int
+
+    def percentile(self, metric: str, q: float) -> float:
+        values = [v for v in getattr(self, metric) if math.isfinite(v)]
+        return float(np.percentile(values, q)) if values else math.nan
+
+
+def run_system(spec: ClusterSpec, workload: Sequence[RequestSpec], system: str,
+        until: float | None = None) -> RunResult:
+    sim = build_simulator(spec)
+    sampler = MemorySampler()
+    sim.controller.operators.append(sampler)
+    requests = to_requests(workload)
+    report = sim.run(requests, until=until)
+    return RunResult(system, [_ttft(r) for r in requests], [_tpot(r) for r in requests],
+                     [r.arrival_time for r in requests], sampler.samples,
+                     dict(report.router_counters), report.end_time, len(report.unfinished))
+
+
+def _ttft(req: Request) -> float:
+    times = req.timeline.token_times
+    return times[0] - req.arrival_time if times else math.inf
+
+
+def _tpot(req: Request) -> float:
+    times = req.timeline.token_times
+    return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else math.nan
+
+
+def slo_violations(results: Sequence[RunResult], scales: Sequence[float]
+                   ) -> dict[str, list[float]]:
+    """Share of requests whose TTFT or TPOT exceeds scale x the best baseline's P50
+    (KunServe §5.2's SLO scale)."""
+    ttft50 = min(r.percentile("ttft", 50) for r in results)
+    tpot50 = min(r.percentile("tpot", 50) for r in results)
+    out: dict[str, list[float]] = {}
+    for r in results:
+        shares = []
+        for scale in scales:
+            bad = sum(1 for t, p in zip(r.ttft, r.tpot, strict=True)
+                      if t > scale * ttft50 or (math.isfinite(p) and p > scale * tpot50))
+            shares.append(bad / len(r.ttft) if r.ttft else 0.0)
+        out[r.system] = shares
+    return out
+
+
+def ttft_timeline(result: RunResult, window: float) -> tuple[list[float], list[float]]:
+    """Mean TTFT of the requests arriving in each `window` (unstarted: left out)."""
+    if not result.arrivals:
+        return [], []
+    buckets: dict[int, list[float]] = {}
+    for a, t in zip(result.arrivals, result.ttft, strict=True):
+        if math.isfinite(t):
+            buckets.setdefault(int(a // window), []).append(t)
+    keys = sorted(buckets)
+    return [k * window for k in keys], [float(np.mean(buckets[k])) for k in keys]

@@ -1,0 +1,56 @@
+"""Lookahead microbatch formation: eq. (1) costs, Figure 11's balanced split, bubbles."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from andante.cluster.kunserve.lookahead import (
+    ChunkCostModel,
+    WorkItem,
+    bubble_ratio,
+    form_microbatches,
+    microbatch_cost,
+    split_half,
+)
+
+MODEL = ChunkCostModel(alpha=1e-6, beta=1e-4, gamma=1e-3)
+
+
+def test_eq1_counts_prefix_and_self_attention() -> None:
+    assert MODEL.chunk(0, 2) == 1e-6 * 3 + 2e-4
+    assert MODEL.chunk(10, 2) > MODEL.chunk(0, 2)  # a later chunk costs more
+
+
+def test_split_halves_the_cost_and_cuts_a_prefill() -> None:
+    items = [WorkItem("long", 0, 4000)]
+    first, second = split_half(items, MODEL)
+    assert first[0].tokens + second[0].tokens == 4000 and second[0].prefix == first[0].tokens
+    a, b = microbatch_cost(first, MODEL), microbatch_cost(second, MODEL)
+    assert abs(a - b) / (a + b) < 0.01
+    assert first[0].tokens > 2000  # the later chunk attends to the earlier: fewer tokens
+
+
+def test_decode_tokens_are_not_split() -> None:
+    items = [WorkItem(f"d{i}", 500, 1, splittable=False) for i in range(7)]
+    batches = form_microbatches(items, MODEL, 2)
+    assert sorted(len(b) for b in batches) == [3, 4]
+
+
+@given(st.lists(st.tuples(st.integers(0, 3000), st.integers(1, 2000)), min_size=1,
+                max_size=20), st.integers(1, 8))
+def test_formation_keeps_every_token(chunks: list[tuple[int, int]], stages: int) -> None:
+    items = [WorkItem(f"r{i}", p, c) for i, (p, c) in enumerate(chunks)]
+    batches = form_microbatches(items, MODEL, stages, min_tokens=1)
+    for i, (_, c) in enumerate(chunks):
+        assert sum(x.tokens for b in batches for x in b if x.request_id == f"r{i}") == c
+    assert len(batches) <= max(stages, 1) * 2
+
+
+def test_balanced_microbatches_have_fewer_bubbles() -> None:
+    assert bubble_ratio([1.0, 1.0], 2) < 0.15  # only the fill and drain
+    assert bubble_ratio([1.8, 0.2], 2) > 0.3  # Figure 8's imbalance
+    items = [WorkItem("p", 0, 3000)] + [WorkItem(f"d{i}", 800, 1, False) for i in range(20)]
+    greedy = [microbatch_cost(items[:1], MODEL), microbatch_cost(items[1:], MODEL)]
+    balanced = [microbatch_cost(b, MODEL) for b in form_microbatches(items, MODEL, 2)]
+    assert bubble_ratio(balanced, 2) < bubble_ratio(greedy, 2)
