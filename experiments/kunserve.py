@@ -37,7 +37,7 @@ from experiments.kunserve_runs import (
 from experiments.registry import ExperimentContext
 
 SLO_SCALES = (1, 2, 3, 4, 5, 6, 8, 10)
-ABLATION = (
+ABLATION: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("vLLM (DP)", "vllm", {}),
     ("+ drop (recompute, uncoordinated, no lookahead)", "kunserve",
      {"kv_mode": "recompute", "coordinated": False, "lookahead": False}),
