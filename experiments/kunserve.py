@@ -37,7 +37,7 @@ from experiments.kunserve_runs import (
 from experiments.registry import ExperimentContext
 
 SLO_SCALES = (1, 2, 3, 4, 5, 6, 8, 10)
-ABLATION = (
+ABLATION: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("vLLM (DP)", "vllm", {}),
     ("+ drop (recompute, uncoordinated, no lookahead)", "kunserve",
      {"kv_mode": "recompute", "coordinated": False, "lookahead": False}),
@@ -61,7 +61,7 @@ PAPER = (
      "paper": "1.5x longer than vLLM"},
 )
 STYLES = {"vllm": "tab:blue", "vllm-pp": "tab:green", "infercept": "tab:purple",
-          "kunserve": "tab:red"}
+          "llumnix": "tab:orange", "kunserve": "tab:red"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -120,9 +120,9 @@ chat, so that KV memory (not prefill compute) throttles on our simulated GPUs. T
 scales BurstGPT so that average memory demand stays under 60% of capacity with peaks above;
 the memory plot of each comparison shows where ours sits. Baselines: vLLM (DP,
 recompute), vLLM with static two-stage pipelines (PP, same GPUs), an InferCept-like swap
-to host with overlapped copies. **Not built**: the Llumnix-like baseline that migrates
-running requests' KV between instances (only waiting requests can migrate in andante's
-controller today), so the paper's Llumnix column has no counterpart here.
+to host with overlapped copies, and a Llumnix-like rebalancer migrating waiting requests
+and running requests' KV from the most to the least loaded instance (andante.sim.llumnix;
+it charges the whole KV copy as a stall, where Llumnix overlaps most of it).
 """)
 
 

@@ -5,8 +5,9 @@ Systems (KunServe §5.1's baselines on one simulated cluster, the same engine):
 - `vllm-pp`: the same GPUs as static two-stage pipelines (half the instances, `pp=2`);
 - `infercept`: swap to host instead of recompute, copies overlapped with compute
   (InferCept's swap pipelining), 64 GiB of host KV per GPU;
+- `llumnix`: `--router llumnix` (andante.sim.llumnix): least-loaded dispatch, waiting
+  requests and running requests' KV migrated from the most to the least loaded instance;
 - `kunserve`: `--router kunserve` (drop, coordinated exchange, lookahead, restore).
-A Llumnix-like migrating baseline was not built (see the report).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from andante.workload.builder import resolve_traces_dir
 from andante.workload.spec import RequestSpec, to_requests
 from andante.workload.traces import load_trace
 
-SYSTEMS = ("vllm", "vllm-pp", "infercept", "kunserve")
+SYSTEMS = ("vllm", "vllm-pp", "infercept", "llumnix", "kunserve")
 AZURE_CODE = Path("azure_llm_2023") / "AzureLLMInferenceTrace_code.csv"
 
 
@@ -56,6 +57,8 @@ def system_spec(spec: ClusterSpec, system: str, **kun_options: Any) -> ClusterSp
             spec, swap_space_gib=64.0, overlap_swaps=True,
             scheduler=dataclasses.replace(spec.scheduler,
                                           preemption_mode=PreemptionMode.SWAP))
+    if system == "llumnix":
+        return dataclasses.replace(spec, router="llumnix")
     if system == "kunserve":
         return dataclasses.replace(spec, router="kunserve", router_options=dict(kun_options))
     raise ValueError(f"unknown system {system!r}; choose one of {SYSTEMS}")

@@ -23,7 +23,7 @@ warm a model (QLM §5's per-instance agents, here one call per event).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -195,10 +195,13 @@ class Controller:
         """The unfinished requests instance `index` serves."""
         return [req for owner, req in self._owned.values() if owner == index]
 
-    def reassign(self, source: int, target: int) -> int:
-        """Instance `target` now serves every request `source` held (KunServe: a group's
-        leader took its members' requests); returns how many."""
-        moved = [(rid, req) for rid, (owner, req) in self._owned.items() if owner == source]
+    def reassign(self, source: int, target: int,
+                 request_ids: Collection[str] | None = None) -> int:
+        """Instance `target` now serves every request `source` held, or those of
+        `request_ids` (KunServe: a group's leader took its members' requests; Llumnix:
+        a running request migrated); returns how many."""
+        moved = [(rid, req) for rid, (owner, req) in self._owned.items()
+                 if owner == source and (request_ids is None or rid in request_ids)]
         for rid, req in moved:
             self._owned[rid] = (target, req)
         return len(moved)

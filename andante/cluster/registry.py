@@ -16,6 +16,7 @@ ROUTERS = MappingProxyType({
     "qlm": "andante.cluster.qlm.router:QLMRouter",
     "shepherd": "andante.cluster.shepherd:ShepherdRouter",
     "kunserve": "andante.cluster.kunserve.router:KunServeRouter",
+    "llumnix": "andante.cluster.llumnix:LlumnixRouter",
 })
 
 

@@ -119,7 +119,10 @@ class KunSimInstance(PipelineSimInstance):
     # ---- the Instance seam ----------------------------------------------------------
     @property
     def alive(self) -> bool:
-        return not self.down and (self.leader is None or self.leader == self.index)
+        # draining: a group operation waits for this instance's boundary; new requests
+        # go elsewhere meanwhile
+        return not self.down and not self.draining and (
+            self.leader is None or self.leader == self.index)
 
     @property
     def is_member(self) -> bool:

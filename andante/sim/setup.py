@@ -30,7 +30,8 @@ from andante.sim.tiers import ModelTiers
 
 # Routers whose cluster is built by another module (named, imported on demand).
 CLUSTER_BUILDERS = MappingProxyType(
-    {"kunserve": "andante.sim.kunserve_setup:build_kunserve_simulator"})
+    {"kunserve": "andante.sim.kunserve_setup:build_kunserve_simulator",
+     "llumnix": "andante.sim.llumnix:build_llumnix_simulator"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,9 @@ def test_systems_are_the_papers_baselines() -> None:
     assert swap.scheduler.preemption_mode == PreemptionMode.SWAP and swap.overlap_swaps
     kun = system_spec(spec, "kunserve", lookahead=False)
     assert kun.router == "kunserve" and kun.router_options == {"lookahead": False}
+    assert system_spec(spec, "llumnix").router == "llumnix"
     with pytest.raises(ValueError):
-        system_spec(spec, "llumnix")
+        system_spec(spec, "nope")
     burst = cyclic(4.0, 60.0, seed=0)
     first = [r for r in burst if r.arrival_time < 12.0]
     assert len(first) > 0.3 * len(burst)  # 3x the rate over 20% of the cycle
@@ -38,6 +39,6 @@ def test_quick_experiment_writes_report_plots_and_results(tmp_path: Path) -> Non
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["quick"] is True
     assert {row["system"] for row in results["cyclic_14b"]} == {
-        "vllm", "vllm-pp", "infercept", "kunserve"}
+        "vllm", "vllm-pp", "infercept", "llumnix", "kunserve"}
     assert all(row["unfinished"] == 0 for row in results["cyclic_14b"])
     assert len(results["ablation"]) == 5 and results["p99_ttft_multiples"]
