@@ -54,8 +54,10 @@ from andante.policies.andes.solver import (
     top_order,
 )
 from andante.policies.phases import (
+    TokenCount,
     admit_in_order,
     advance_with_preemption,
+    budgeted,
     remaining_tokens,
     swap_in_in_order,
 )
@@ -94,6 +96,11 @@ class AndesOptions:
     slack_percentile: the refiner's preemption budget is this percentile of the
     ongoing requests' slack (public code: 10 %; 1 = the largest slack, no budget).
     max_preemptions: at most this many preemptions per decision (None: no cap).
+    chunked_prefill: steps as vLLM v1 / Sarathi-Serve instead of v0's prefill-first
+    ones: the chosen running requests advance first (a decode token, or the next chunk
+    of a prefill), then the chosen admissions prefill in chunks within what is left of
+    the step's token budget. chunk_tokens: that budget when chunking (0: the engine's
+    max_num_batched_tokens).
     """
 
     delta_t: float = 10.0
@@ -115,6 +122,8 @@ class AndesOptions:
     latency_ema: float = 0.1
     slack_percentile: float = 0.1
     max_preemptions: int | None = None
+    chunked_prefill: bool = True
+    chunk_tokens: int = 512
 
     def __post_init__(self) -> None:
         for name, value, valid in (
@@ -138,6 +147,7 @@ class AndesOptions:
             ("max_preemptions", self.max_preemptions is None or self.max_preemptions >= 0,
              ">= 0 or None"),
             ("latency_ema", 0 < self.latency_ema <= 1, "in (0, 1]"),
+            ("chunk_tokens", self.chunk_tokens >= 0, ">= 0"),
         )
         for name, ok, rule in rules:
             if not ok:
@@ -159,6 +169,7 @@ class Decision:
 class AndesPolicy(BasePolicy):
     name = "andes"
     Options = AndesOptions
+    chunks_prefill = AndesOptions().chunked_prefill  # per instance: the option's value
 
     @classmethod
     def preemption_options(cls, mode: PreemptionMode) -> dict[str, Any]:
@@ -170,11 +181,15 @@ class AndesPolicy(BasePolicy):
         self._init_state()
 
     def _init_state(self) -> None:
+        self.chunks_prefill = self.options.chunked_prefill
         self.table = RequestTable()
         self.latency = LatencyModel(self.ctx.cost_model, self.ctx.config,
                                     self.options.latency_ema)
         self.stats = AndesStats()
         self._since_solve = self.options.solver_interval
+        self.stationary = False  # see `_declare_stationary`
+        self._run_reqs: list[Request] = []  # the decode batch a decode run may repeat
+        self._run_min_inv = 0.0
 
     # ---- hooks ----------------------------------------------------------------------
     def on_arrival(self, req: Request) -> None:
@@ -195,8 +210,14 @@ class AndesPolicy(BasePolicy):
 
     # ---- one step -------------------------------------------------------------------
     def schedule(self, plan: StepPlan) -> None:
+        if self.stationary:
+            self._catch_up_run()
         self._since_solve += 1
         if not (plan.running or plan.waiting or plan.swapped):
+            return
+        if self.chunks_prefill and self.options.chunk_tokens:
+            plan.restrict_token_budget(self.options.chunk_tokens)
+        if not (plan.waiting or plan.swapped) and self._decode_all(plan):
             return
         view = View.of(self.table, plan, self.latency)
         if self._triggered(plan, view):
@@ -206,6 +227,58 @@ class AndesPolicy(BasePolicy):
         else:
             decision = self._order_queue(plan, view)
         self._carry_out(plan, decision)
+        if not (plan.waiting or plan.swapped or decision.victims):
+            self._declare_stationary(plan, decision.decode_order,
+                                     float(view.streams.inv.min()))
+
+    def _decode_all(self, plan: StepPlan) -> bool:
+        """Nothing queued and the knapsack not due: what `_order_queue` decides (decode
+        every running request, the emptiest pacer buffers first), without its arrays;
+        False (nothing done) when the knapsack is due."""
+        idx = self.table.indices(plan.running)
+        min_inv = float(self.table.inv[idx].min())
+        if self._since_solve >= self.options.solver_interval and (
+                self.latency.token_latency > min_inv):
+            return False
+        order = np.argsort(self.table.buffered(idx, plan.now), kind="stable")
+        running = plan.running
+        decode_order = [running[i] for i in order]
+        num_tokens = budgeted(plan) if self.chunks_prefill else remaining_tokens
+        advance_with_preemption(plan, decode_order, num_tokens, partial(self._mode_for, plan))
+        self._declare_stationary(plan, decode_order, min_inv)
+        return True
+
+    # ---- decode runs (the simulator's fast path, andante.sim.decode_run) ------------
+    def _declare_stationary(self, plan: StepPlan, decode_order: list[Request],
+                            min_inv: float) -> None:
+        """With nothing queued, every step decodes every running request until an
+        arrival, a finish or a block shortage (the events that end a decode run): the
+        knapsack may run (compute-bound trigger) but, with the refiner, it preempts
+        nobody when nobody is admitted. Time and QoE state then only feed bookkeeping,
+        which `_catch_up_run` replays for the steps a run applied at once."""
+        self.stationary = self.options.refiner and not plan.preemptions
+        if self.stationary:
+            self._run_reqs = decode_order
+            self._run_min_inv = min_inv
+
+    def _catch_up_run(self) -> None:
+        """What `on_step_end` and `schedule` would have recorded for each step of a
+        decode run: the tokens' QoE state, the latency estimates and the solver's
+        selective-triggering count (the knapsack it would run changes nothing)."""
+        reqs, self._run_reqs = self._run_reqs, []
+        self.stationary = False
+        times = self.latency.run_times(reqs[0].timeline.token_times) if reqs else []
+        if not times:
+            return
+        slots = self.table.slots_of(reqs)  # a request that finished is no longer tracked
+        if slots:
+            self.table.record_run(np.array(slots, dtype=np.intp), np.array(times))
+        o = self.options
+        for latency in self.latency.observe_run(times):
+            self._since_solve += 1
+            if self._since_solve >= o.solver_interval and latency > self._run_min_inv:
+                self._since_solve = 0
+                self.stats.num_solves += 1
 
     def _triggered(self, plan: StepPlan, view: View) -> bool:
         """Selective triggering (§4.2)."""
@@ -416,8 +489,16 @@ class AndesPolicy(BasePolicy):
         for victim in decision.victims:
             if plan.can_preempt(victim, PreemptionMode.RECOMPUTE):
                 plan.preempt(victim, mode_for(victim))
-        if not _admit(plan, decision.admits):
-            advance_with_preemption(plan, decision.decode_order, remaining_tokens, mode_for)
+        if not self.chunks_prefill:
+            if not _admit(plan, decision.admits):
+                advance_with_preemption(plan, decision.decode_order, remaining_tokens,
+                                        mode_for)
+            return
+        num_tokens = budgeted(plan)  # running requests first, then the admissions
+        preempted = len(plan.preemptions)
+        advance_with_preemption(plan, decision.decode_order, num_tokens, mode_for)
+        if len(plan.preemptions) == preempted:
+            _admit(plan, decision.admits, num_tokens)
 
     def _mode_for(self, plan: StepPlan, req: Request) -> PreemptionMode:
         """The cheaper of swap and recompute (§4.3), as the options allow."""
@@ -438,7 +519,8 @@ def _is_swapped(req: Request) -> bool:
     return req.status == RequestStatus.SWAPPED
 
 
-def _admit(plan: StepPlan, order: Sequence[Request]) -> bool:
+def _admit(plan: StepPlan, order: Sequence[Request],
+           num_tokens: TokenCount = remaining_tokens) -> bool:
     """Admit waiting and swap in swapped requests in `order` until one does not fit;
     True if a prefill was scheduled (the step is then a prefill step)."""
     prefilled = False
@@ -446,10 +528,10 @@ def _admit(plan: StepPlan, order: Sequence[Request]) -> bool:
         run = list(group)
         if swapped:
             before = len(plan.swap_ins)
-            swap_in_in_order(plan, run)
+            swap_in_in_order(plan, run, num_tokens)
             done = len(plan.swap_ins) - before
         else:
-            done = admit_in_order(plan, run)
+            done = admit_in_order(plan, run, num_tokens)
             prefilled = prefilled or done > 0
         if done < len(run):
             break
