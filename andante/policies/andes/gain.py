@@ -308,9 +308,6 @@ class LatencyModel:
     # ---- online refinement ----------------------------------------------------------
     def observe(self, batch: StepBatch, result: StepResult, now: float) -> None:
         """Fold one completed step into the estimates (cheap: one pass over the batch)."""
-        started = now - result.duration
-        if self._last_step_end is None or started > self._last_step_end + 1e-9:
-            self._last_decode_end = None  # the engine idled: no inter-token time to learn
         self._last_step_end = now
         num_dec = 0
         context = 0
@@ -322,6 +319,12 @@ class LatencyModel:
             return
         self._last_decode = (num_dec, context)
         self._fold_decode(num_dec, context, now)
+
+    def idle(self) -> None:
+        """Nothing runs: the next decode's gap since the last one is no inter-token time.
+        (Not inferred from gaps between steps: a real engine's loop spends time between
+        steps, and readers wait through it too.)"""
+        self._last_decode_end = None
 
     def run_times(self, token_times: list[float]) -> list[float]:
         """The times in `token_times` (a decoded request's) after the last observed

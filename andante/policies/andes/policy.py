@@ -11,11 +11,21 @@ admission/preemption pairs are worth their cost. Otherwise it orders the queue b
 gain per KV block and admits in that order, through the same refiner (a prefill stalls
 the running streams); a reader whose pacer holds more than Δt of text (its gain over Δt
 is 0) may then be preempted to admit a queued request (§3.2: the scheduler and the
-token pacer are one design). Steps are prefill-first as in vLLM v0, where Andes is
-implemented (§5): the chosen victims are preempted, the chosen waiting and swapped
-requests admitted in priority order until one does not fit (Algorithm 1's `break`), and
-only if no prefill was scheduled every running request advances by one token, the
-lowest-priority one preempted when blocks run dry — the shared loops of `phases.py`.
+token pacer are one design). With `chunked_prefill=False` steps are prefill-first as in
+vLLM v0, where Andes is implemented (§5): the chosen victims are preempted, the chosen
+waiting and swapped requests admitted in priority order until one does not fit
+(Algorithm 1's `break`), and only if no prefill was scheduled every running request
+advances by one token, the lowest-priority one preempted when blocks run dry — the
+shared loops of `phases.py`. With chunked prefill (the default; issue 14) the same
+decision is carried out as vLLM v1 / Sarathi-Serve steps: the running requests advance
+first, the admissions then take prefill chunks from what is left of the step's token
+budget, so a long prompt no longer stalls every stream for its whole prefill.
+
+Decode runs (andante.sim.decode_run): with nothing queued the decision is "decode every
+running request" until an arrival, a finish or a block shortage, whatever the time, so
+the policy declares itself `stationary` then and replays, at its next decision, what
+`on_step_end` and its selective-triggering count would have recorded for the steps the
+simulator applied at once (bit-identical state; a test compares both modes).
 """
 
 from __future__ import annotations
@@ -78,7 +88,11 @@ class AndesOptions:
     (Alg. 1) or "dp" (Appendix C). objective: "avg" QoE, "min" (max-min QoE) or
     "perfect" (number of requests at QoE 1), Appendix A. refiner: §4.3 on/off.
     refine_admissions: the refiner also weighs admissions that preempt nobody (their
-    prefill stalls the running streams); False keeps every one that fits.
+    prefill stalls the running streams); False keeps every one that fits. None (the
+    default): only with prefill-first steps. With chunked prefill a running stream is
+    never stalled by more than a chunk per step, and weighing admissions starves: the
+    Δt gain of a request that has waited long is ~0 (its QoE at now + Δt is lost served
+    or not), so it would never outweigh the stall again.
     stall_weight: multiplies the refiner's estimate of what a stall costs the running
     streams. 1 is the paper's estimate (their QoE lost over Δt); the default 10 was
     calibrated in the simulator (see the experiment report): the Δt estimate counts only
@@ -100,7 +114,9 @@ class AndesOptions:
     ones: the chosen running requests advance first (a decode token, or the next chunk
     of a prefill), then the chosen admissions prefill in chunks within what is left of
     the step's token budget. chunk_tokens: that budget when chunking (0: the engine's
-    max_num_batched_tokens).
+    max_num_batched_tokens); 512 is Sarathi-Serve's strict-SLO budget, and it won on
+    long prompts in the simulator (see the experiment's chunked-prefill section), where a
+    larger budget lets admissions stall the streams again.
     """
 
     delta_t: float = 10.0
@@ -109,7 +125,7 @@ class AndesOptions:
     solver: str = "greedy"
     objective: str = "avg"
     refiner: bool = True
-    refine_admissions: bool = True
+    refine_admissions: bool | None = None
     stall_weight: float = 10.0
     preemption: str = "auto"
     running_bonus: float = 0.1
@@ -182,6 +198,8 @@ class AndesPolicy(BasePolicy):
 
     def _init_state(self) -> None:
         self.chunks_prefill = self.options.chunked_prefill
+        refine = self.options.refine_admissions
+        self.refine_admissions = not self.chunks_prefill if refine is None else refine
         self.table = RequestTable()
         self.latency = LatencyModel(self.ctx.cost_model, self.ctx.config,
                                     self.options.latency_ema)
@@ -213,6 +231,8 @@ class AndesPolicy(BasePolicy):
         if self.stationary:
             self._catch_up_run()
         self._since_solve += 1
+        if not plan.running:
+            self.latency.idle()
         if not (plan.running or plan.waiting or plan.swapped):
             return
         if self.chunks_prefill and self.options.chunk_tokens:
@@ -243,7 +263,9 @@ class AndesPolicy(BasePolicy):
         order = np.argsort(self.table.buffered(idx, plan.now), kind="stable")
         running = plan.running
         decode_order = [running[i] for i in order]
-        num_tokens = budgeted(plan) if self.chunks_prefill else remaining_tokens
+        num_tokens: TokenCount = remaining_tokens
+        if self.chunks_prefill:
+            num_tokens, decode_order = budgeted(plan), _decodes_first(decode_order)
         advance_with_preemption(plan, decode_order, num_tokens, partial(self._mode_for, plan))
         self._declare_stationary(plan, decode_order, min_inv)
         return True
@@ -369,7 +391,7 @@ class AndesPolicy(BasePolicy):
         if o.pacer_aware and not self._fits(plan, decision.admits[0]):
             full = buffered[by_need[::-1]] > o.delta_t
             victims = by_need[::-1][full]  # most buffered first, gain 0 over Δt
-        if len(victims) or (o.refiner and o.refine_admissions and nr):
+        if len(victims) or (o.refiner and self.refine_admissions and nr):
             gains = np.zeros(len(view))
             gains[q] = gain
             decision.admits, decision.victims = self.refine(
@@ -418,7 +440,7 @@ class AndesPolicy(BasePolicy):
                         [plan.num_blocks_of(v) for v in victim_reqs],
                         plan.num_free_blocks - plan.watermark_blocks)
         keep = len(pairs)
-        if o.refiner and pairs and (o.refine_admissions or any(p.victims for p in pairs)):
+        if o.refiner and pairs and (self.refine_admissions or any(p.victims for p in pairs)):
             modes = self._modes(plan, victim_reqs)
             tokens = view.weight[victims] * plan.block_size
             swapped = np.array([m == PreemptionMode.SWAP for m in modes], dtype=bool)
@@ -426,7 +448,7 @@ class AndesPolicy(BasePolicy):
                                   self.latency.prefill_time(tokens))
             keep = accepted_prefix(pairs, gain[admits], view.base[admits], gain[victims],
                                    round_trip, self._loss_fn(plan, view, victims, tau),
-                                   budget, check_all=o.refine_admissions)
+                                   budget, check_all=self.refine_admissions)
         kept = pairs[:keep]
         return ([reqs[admits[p.admit]] for p in kept],
                 [victim_reqs[v] for p in kept for v in p.victims])
@@ -496,7 +518,8 @@ class AndesPolicy(BasePolicy):
             return
         num_tokens = budgeted(plan)  # running requests first, then the admissions
         preempted = len(plan.preemptions)
-        advance_with_preemption(plan, decision.decode_order, num_tokens, mode_for)
+        advance_with_preemption(plan, _decodes_first(decision.decode_order), num_tokens,
+                                mode_for)
         if len(plan.preemptions) == preempted:
             _admit(plan, decision.admits, num_tokens)
 
@@ -513,6 +536,15 @@ class AndesPolicy(BasePolicy):
         swap = 2.0 * float(self.latency.swap_time(np.array(req.num_computed_tokens)))
         recompute = float(self.latency.prefill_time(np.array(req.num_tokens)))
         return PreemptionMode.SWAP if swap < recompute else PreemptionMode.RECOMPUTE
+
+
+def _decodes_first(order: list[Request]) -> list[Request]:
+    """`order` with the requests still prefilling (in chunks) moved to the end, so that
+    no stream waits for a chunk's share of the token budget."""
+    prefilling = [r for r in order if r.num_uncomputed_tokens > 1]
+    if not prefilling:
+        return order
+    return [r for r in order if r.num_uncomputed_tokens <= 1] + prefilling
 
 
 def _is_swapped(req: Request) -> bool:
