@@ -6,8 +6,8 @@ paper) stall every running stream for a whole prefill, and its size-aware priori
 chunked prefill (OSDI 2024, §4) bounds the stall instead. This section runs one cyclic
 burst of long prompts on the ablation setup (Llama-3.1-70B, 8xA100) and compares
 andes (prefill-first), andes with chunked prefill (its knapsack's decision carried out
-in vLLM-v1 steps under a 512-token budget, `chunked_prefill=true`), sarathi (512
-tokens) and the paper's vllm baseline, reporting mean QoE and TTFT p99 by
+in vLLM-v1 steps with at most 1,024 prompt tokens per step, `chunked_prefill=true`),
+sarathi (512-token budget) and the paper's vllm baseline, reporting mean QoE and TTFT p99 by
 prompt-length bucket.
 """
 
@@ -31,7 +31,8 @@ INTENSITY, SHARE = 2.0, 0.35
 TEXT = f"""Long prompts ({LENGTHS.split(':', 1)[1].replace(':', ' / ')}: prompt min/max,
 output min/max tokens) in one cyclic burst (intensity {INTENSITY:g}, {SHARE:.0%} of the cycle)
 on the ablation setup. andes: the paper's prefill-first steps; andes-chunked: the same
-knapsack decisions carried out as chunked-prefill steps (512-token budget, admissions
+knapsack decisions carried out as chunked-prefill steps (<= 1,024 prompt tokens per
+step, admissions
 into free memory not weighed against the stall, which a chunk bounds); sarathi: FCFS
 with 512-token chunks; vllm: the paper's prefill-first FCFS baseline. Mean QoE and
 TTFT p99 per prompt-length bucket; "all" is the whole run."""

@@ -194,22 +194,49 @@ def _new_tokens(s: Streams, now: float, t: float, first: ArrayLike, tau: ArrayLi
 def qoe_at(s: Streams, now: float, t: float, first: ArrayLike | None = None,
            tau: ArrayLike | None = None) -> np.ndarray:
     """QoE of each stream at time t >= now; served from now (first, tau) or not."""
-    e = t - s.start
-    due = np.where(e >= 0, np.floor(e / s.inv) + 1.0, 0.0)
-    whole = due * e - s.inv * due * (due - 1.0) * 0.5
-    unread = np.minimum(np.maximum(s.n - np.floor((e - s.late) / s.inv) - 1.0, 0.0),
-                        np.maximum(s.n - 1.0, 0.0))
-    u = np.maximum(s.late, 0.0)
-    delay = s.pos - unread * u
-    k0 = s.n + 1.0 - unread  # first token whose term is arithmetic
-    if first is not None:
-        assert tau is not None
-        new, read = _new_tokens(s, now, t, first, tau, e, u)
-        delay = delay + new
-        k0 = k0 + read
-    delay = delay + _arith(k0, due, e, s.inv)
-    safe = np.where(whole > 0, whole, 1.0)
-    return np.where(whole > 0, np.minimum(np.maximum(1.0 - delay / safe, 0.0), 1.0), 1.0)
+    base = _Base.of(s, t)
+    if first is None:
+        return base.qoe(s, base.delay, base.k0)
+    assert tau is not None
+    new, read = _new_tokens(s, now, t, first, tau, base.e, base.u)
+    return base.qoe(s, base.delay + new, base.k0 + read)
+
+
+def qoe_wait_served(s: Streams, now: float, t: float, first: ArrayLike,
+                    tau: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """(qoe_at(s, now, t), qoe_at(s, now, t, first, tau)), sharing their common part."""
+    base = _Base.of(s, t)
+    new, read = _new_tokens(s, now, t, first, tau, base.e, base.u)
+    return (base.qoe(s, base.delay, base.k0),
+            base.qoe(s, base.delay + new, base.k0 + read))
+
+
+@dataclass(slots=True)
+class _Base:
+    """The part of `qoe_at` that does not depend on new tokens."""
+
+    e: np.ndarray
+    due: np.ndarray
+    whole: np.ndarray
+    u: np.ndarray
+    delay: np.ndarray  # S_delay of the delivered tokens before k0
+    k0: np.ndarray  # first token whose term is arithmetic
+
+    @classmethod
+    def of(cls, s: Streams, t: float) -> _Base:
+        e = t - s.start
+        due = np.where(e >= 0, np.floor(e / s.inv) + 1.0, 0.0)
+        whole = due * e - s.inv * due * (due - 1.0) * 0.5
+        unread = np.minimum(np.maximum(s.n - np.floor((e - s.late) / s.inv) - 1.0, 0.0),
+                            np.maximum(s.n - 1.0, 0.0))
+        u = np.maximum(s.late, 0.0)
+        return cls(e, due, whole, u, s.pos - unread * u, s.n + 1.0 - unread)
+
+    def qoe(self, s: Streams, delay: np.ndarray, k0: np.ndarray) -> np.ndarray:
+        delay = delay + _arith(k0, self.due, self.e, s.inv)
+        whole = self.whole
+        safe = np.where(whole > 0, whole, 1.0)
+        return np.where(whole > 0, np.minimum(np.maximum(1.0 - delay / safe, 0.0), 1.0), 1.0)
 
 
 def objective_gain(objective: str, q_serve: np.ndarray, q_wait: np.ndarray,
