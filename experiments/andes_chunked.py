@@ -33,7 +33,8 @@ output min/max tokens) in one cyclic burst (intensity {INTENSITY:g}, {SHARE:.0%}
 on the ablation setup. andes: the paper's prefill-first steps; andes-chunked: the same
 knapsack decisions carried out as chunked-prefill steps (<= 1,024 prompt tokens per
 step, admissions
-into free memory not weighed against the stall, which a chunk bounds); sarathi: FCFS
+into free memory not weighed against the stall, which a chunk bounds, and a request
+never served for Δt past its TTFT target admitted first); sarathi: FCFS
 with 512-token chunks; vllm: the paper's prefill-first FCFS baseline. Mean QoE and
 TTFT p99 per prompt-length bucket; "all" is the whole run."""
 

@@ -95,3 +95,33 @@ def _late_arrival_waits(options: dict[str, Any]) -> int:
 def test_admissions_into_free_memory_are_not_refused_when_chunking() -> None:
     assert _late_arrival_waits({}) == 0
     assert _late_arrival_waits({"refine_admissions": True}) == 20  # starved by the refiner
+
+
+def _queue_order_under_overload(options: dict[str, Any]) -> list[str]:
+    """Memory for one request at a time: an old request (arrived 40 s ago, its QoE over
+    Δt lost either way) and a fresh one queue behind a running stream."""
+    engine, _, clock = _engine(options, num_blocks=25)
+    engine.add_request(make_request("run", 60, 30))
+    for _ in range(3):
+        _step(engine, clock)
+    clock.advance_to(50.0)
+    engine.add_request(make_request("old", 60, 4, arrival=10.0))
+    engine.add_request(make_request("fresh", 60, 4, arrival=50.0))
+    order: list[str] = []
+    for _ in range(200):
+        _step(engine, clock)
+        for rid in ("old", "fresh"):
+            req = engine.scheduler.requests.get(rid)
+            if rid not in order and (req is None or req.num_computed_tokens):
+                order.append(rid)
+        if len(order) == 2:
+            break
+    return order
+
+
+def test_a_starved_request_goes_before_fresh_ones() -> None:
+    assert _queue_order_under_overload({}) == ["old", "fresh"]  # waited > Δt past target
+    no_limit = {"starvation_limit": 1e9}
+    assert _queue_order_under_overload(no_limit) == ["fresh", "old"]  # gain order
+    with pytest.raises(ValueError, match="starvation_limit"):
+        _engine({"starvation_limit": -1.0})

@@ -336,12 +336,15 @@ class LatencyModel:
     def observe(self, batch: StepBatch, result: StepResult, now: float) -> None:
         """Fold one completed step into the estimates (cheap: one pass over the batch)."""
         self._last_step_end = now
-        num_dec = 0
-        context = 0
-        for new, cached in zip(batch.num_new_tokens, batch.num_cached_tokens, strict=True):
-            if new == 1 and cached > 0:
-                num_dec += 1
-                context += cached
+        cached_tokens = batch.num_cached_tokens
+        if batch.num_tokens == len(cached_tokens) and min(cached_tokens, default=0) > 0:
+            num_dec, context = len(cached_tokens), sum(cached_tokens)  # all decodes
+        else:
+            num_dec = context = 0
+            for new, cached in zip(batch.num_new_tokens, cached_tokens, strict=True):
+                if new == 1 and cached > 0:
+                    num_dec += 1
+                    context += cached
         if num_dec == 0:
             return
         self._last_decode = (num_dec, context)

@@ -77,6 +77,7 @@ SOLVERS = ("greedy", "dp")
 OBJECTIVES = ("avg", "min", "perfect")
 PREEMPTIONS = ("auto", "swap", "recompute")
 RUNNING_TIE = 1e-12  # running requests win ties (a zero-gain request costs nothing kept)
+STARVED = 1e6  # above any gain per block: a starved request goes first
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,12 @@ class AndesOptions:
     (a large chunk stalls the streams again); 512 chunks also took ~1.5x the scheduler
     iterations of 1024 on ShareGPT. (Unlike Sarathi-Serve's budget it does not shrink
     as the batch grows: with hundreds of streams that would leave no room to prefill.)
+    starvation_limit: a request never served that has waited this many seconds past its
+    TTFT target goes before every other queued request (the longest-waiting first).
+    The Δt gain of such a request is ~0 whether it is served or not, so under overload
+    gain-ordered admission serves newer arrivals first indefinitely and the TTFT tail
+    grows without bound (measured on the real engine, issue 15). None (the default): Δt
+    with chunked prefill, no limit with prefill-first steps (the paper's Andes).
     """
 
     delta_t: float = 10.0
@@ -145,8 +152,12 @@ class AndesOptions:
     max_preemptions: int | None = None
     chunked_prefill: bool = True
     chunk_tokens: int = 1024
+    starvation_limit: float | None = None
 
     def __post_init__(self) -> None:
+        if self.starvation_limit is not None and not self.starvation_limit >= 0:
+            raise ValueError(f"starvation_limit must be >= 0 or None, got "
+                             f"{self.starvation_limit!r}")
         for name, value, valid in (
             ("solver", self.solver, SOLVERS),
             ("objective", self.objective, OBJECTIVES),
@@ -205,12 +216,17 @@ class AndesPolicy(BasePolicy):
         self.chunks_prefill = self.options.chunked_prefill
         refine = self.options.refine_admissions
         self.refine_admissions = not self.chunks_prefill if refine is None else refine
+        limit = self.options.starvation_limit
+        if limit is None and self.chunks_prefill:
+            limit = self.options.delta_t
+        self.starvation_limit = math.inf if limit is None else limit
         self.table = RequestTable()
         self.latency = LatencyModel(self.ctx.cost_model, self.ctx.config,
                                     self.options.latency_ema)
         self.stats = AndesStats()
         self._since_solve = self.options.solver_interval
         self.stationary = False  # see `_declare_stationary`
+        self._prefilling = False  # the last step scheduled a prompt chunk
         self._run_reqs: list[Request] = []  # the decode batch a decode run may repeat
         self._run_min_inv = 0.0
 
@@ -224,8 +240,11 @@ class AndesPolicy(BasePolicy):
     def on_step_end(self, batch: StepBatch, result: StepResult) -> None:
         now = self.now
         tokens = result.sampled_token_ids
-        got = [req for i, req in enumerate(batch.requests)
-               if batch.samples[i] and tokens[i] is not None]
+        if None not in tokens and all(batch.samples):
+            got = batch.requests  # the common case: every request got a token
+        else:
+            got = [req for i, req in enumerate(batch.requests)
+                   if batch.samples[i] and tokens[i] is not None]
         slots = self.table.slots_of(got)
         if slots:
             self.table.record(np.array(slots, dtype=np.intp), now)
@@ -265,15 +284,28 @@ class AndesPolicy(BasePolicy):
         if self._since_solve >= self.options.solver_interval and (
                 self.latency.token_latency > min_inv):
             return False
-        order = np.argsort(self.table.buffered(idx, plan.now), kind="stable")
         running = plan.running
-        decode_order = [running[i] for i in order]
+        if self._may_run_short(plan):
+            order = np.argsort(self.table.buffered(idx, plan.now), kind="stable")
+            decode_order = [running[i] for i in order]
+        else:  # every request finds its blocks: the order decides nothing
+            decode_order = list(running)
         num_tokens: TokenCount = remaining_tokens
         if self.chunks_prefill:
-            num_tokens, decode_order = budgeted(plan), _decodes_first(decode_order)
+            num_tokens = budgeted(plan)
+            if self._prefilling:
+                decode_order = _decodes_first(decode_order)
         advance_with_preemption(plan, decode_order, num_tokens, partial(self._mode_for, plan))
+        self._prefilling = max(plan.num_scheduled_tokens, default=0) > 1
         self._declare_stationary(plan, decode_order, min_inv)
         return True
+
+    @staticmethod
+    def _may_run_short(plan: StepPlan) -> bool:
+        """Could the running requests' next tokens need more blocks than are free (one
+        each, plus the prompt chunks the budget allows)?"""
+        need = len(plan.running) + plan.token_budget // plan.block_size + 1
+        return plan.num_free_blocks < need
 
     # ---- decode runs (the simulator's fast path, andante.sim.decode_run) ------------
     def _declare_stationary(self, plan: StepPlan, decode_order: list[Request],
@@ -328,12 +360,13 @@ class AndesPolicy(BasePolicy):
         gains = self.gain(view.streams, plan.now, view.first_delay(tau), tau, view)
         best: Packing | None = None
         best_k = 0
+        starved = self.starved(view, plan.now)
         for k, batch in enumerate(batches):
-            packing = self._pack(view, gains[k], capacity, int(batch))
+            packing = self._pack(view, gains[k], capacity, int(batch), starved)
             if best is None or packing.value >= best.value:
                 best, best_k = packing, k
         assert best is not None
-        return self._decide(plan, view, best, gains[best_k], float(tau[best_k, 0]))
+        return self._decide(plan, view, best, gains[best_k], float(tau[best_k, 0]), starved)
 
     def _batches(self, plan: StepPlan, view: View, capacity: float) -> np.ndarray:
         """§4.2's candidate batch sizes (only B_max without the search)."""
@@ -345,9 +378,10 @@ class AndesPolicy(BasePolicy):
         b_min, b_max = batch_range(view.weight, capacity, max_seqs, fast)
         return batch_candidates(b_min, b_max, o.max_batch_candidates)
 
-    def _pack(self, view: View, gain: np.ndarray, capacity: float, batch: int) -> Packing:
+    def _pack(self, view: View, gain: np.ndarray, capacity: float, batch: int,
+              starved: np.ndarray | None = None) -> Packing:
         o = self.options
-        prio = self.priority(gain, view.weight, view.kind)
+        prio = self.priority(gain, view.weight, view.kind, starved)
         if o.solver == "dp":
             packing = dp_pack(prio, gain, view.weight, capacity, batch, o.dp_max_items,
                               o.dp_capacity_units)
@@ -355,14 +389,14 @@ class AndesPolicy(BasePolicy):
         return greedy_pack(prio, gain, view.weight, capacity, batch)
 
     def _decide(self, plan: StepPlan, view: View, best: Packing, gain: np.ndarray,
-                tau: float) -> Decision:
+                tau: float, starved: np.ndarray | None = None) -> Decision:
         """Chosen queued requests become admissions in priority order, unchosen running
         ones candidate victims from the lowest priority up. Without the refiner every
         victim is preempted, as the knapsack decided; with it, a victim that no kept
         admission needs the memory of keeps running (pausing it would hold its KV and
         its sequence slot while serving nobody)."""
         nr = view.num_running
-        prio = self.priority(gain, view.weight, view.kind)
+        prio = self.priority(gain, view.weight, view.kind, starved)
         chosen = best.chosen
         selected = np.zeros(len(view), dtype=bool)
         selected[chosen] = True
@@ -388,7 +422,9 @@ class AndesPolicy(BasePolicy):
         q = view.queued
         gain = self.gain(view.streams.select(np.arange(nr, len(view))), now,
                          view.first_delay(tau)[q], tau, view)
-        prio = self.priority(gain, view.weight[q], view.kind[q])
+        starved = self.starved(view, now)
+        prio = self.priority(gain, view.weight[q], view.kind[q],
+                             None if starved is None else starved[q])
         order = top_order(prio, plan.config.max_num_seqs) + nr
         decision.admits = [view.reqs[i] for i in order]
         o = self.options
@@ -422,11 +458,26 @@ class AndesPolicy(BasePolicy):
         q_min = float(qoe_at(view.streams, now, now).min())
         return objective_gain(objective, q_serve, q_wait, q_now, q_min)
 
-    def priority(self, gain: np.ndarray, weight: np.ndarray, kind: np.ndarray) -> np.ndarray:
-        """Eq. 6: gain per KV block (gain alone if not size-aware); running bonus."""
+    def priority(self, gain: np.ndarray, weight: np.ndarray, kind: np.ndarray,
+                 starved: np.ndarray | None = None) -> np.ndarray:
+        """Eq. 6: gain per KV block (gain alone if not size-aware); running bonus;
+        `starved` (seconds past the starvation limit, <= 0 if not) goes first."""
         p = gain / weight if self.options.size_aware else np.array(gain, dtype=float)
         running = kind == RUNNING
-        return np.where(running, p * (1.0 + self.options.running_bonus) + RUNNING_TIE, p)
+        p = np.where(running, p * (1.0 + self.options.running_bonus) + RUNNING_TIE, p)
+        if starved is not None:
+            p = np.where(starved > 0, STARVED + starved, p)
+        return p
+
+    def starved(self, view: View, now: float) -> np.ndarray | None:
+        """Per view position: seconds a never-served queued request has waited past its
+        TTFT target and the starvation limit (<= 0: not starved); None if nobody is."""
+        if math.isinf(self.starvation_limit):
+            return None
+        s = view.streams
+        wait = now - s.start - self.starvation_limit
+        wait = np.where((view.kind != RUNNING) & (s.n == 0), wait, -1.0)
+        return wait if bool((wait > 0).any()) else None
 
     # ---- the overhead-aware refiner (§4.3, see solver.py) ---------------------------
     def refine(self, plan: StepPlan, view: View, admits: np.ndarray, victims: np.ndarray,
@@ -527,6 +578,7 @@ class AndesPolicy(BasePolicy):
                                 mode_for)
         if len(plan.preemptions) == preempted:
             _admit(plan, decision.admits, num_tokens)
+        self._prefilling = max(plan.num_scheduled_tokens, default=0) > 1
 
     def _mode_for(self, plan: StepPlan, req: Request) -> PreemptionMode:
         """The cheaper of swap and recompute (§4.3), as the options allow."""
