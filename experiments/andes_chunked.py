@@ -31,12 +31,11 @@ INTENSITY, SHARE = 2.0, 0.35
 TEXT = f"""Long prompts ({LENGTHS.split(':', 1)[1].replace(':', ' / ')}: prompt min/max,
 output min/max tokens) in one cyclic burst (intensity {INTENSITY:g}, {SHARE:.0%} of the cycle)
 on the ablation setup. andes: the paper's prefill-first steps; andes-chunked: the same
-knapsack decisions carried out as chunked-prefill steps (<= 1,024 prompt tokens per
-step, admissions
-into free memory not weighed against the stall, which a chunk bounds, and a request
-never served for Δt past its TTFT target admitted first); sarathi: FCFS
-with 512-token chunks; vllm: the paper's prefill-first FCFS baseline. Mean QoE and
-TTFT p99 per prompt-length bucket; "all" is the whole run."""
+knapsack decisions carried out as chunked-prefill steps (at most 1,024 prompt tokens per
+step; admissions into free memory not weighed against the stall, which a chunk bounds;
+a request never served for Δt past its TTFT target admitted first); sarathi: FCFS with
+512-token chunks; vllm: the paper's prefill-first FCFS baseline. Mean QoE and TTFT p99
+per prompt-length bucket; "all" is the whole run."""
 
 
 def key(s: Setup, policy: str) -> str:
