@@ -32,8 +32,8 @@ TEXT = f"""Long prompts ({LENGTHS.split(':', 1)[1].replace(':', ' / ')}: prompt 
 output min/max tokens) in one cyclic burst (intensity {INTENSITY:g}, {SHARE:.0%} of the cycle)
 on the ablation setup. andes: the paper's prefill-first steps; andes-chunked: the same
 knapsack decisions carried out as chunked-prefill steps (at most 1,024 prompt tokens per
-step; admissions into free memory not weighed against the stall, which a chunk bounds;
-a request never served for Δt past its TTFT target admitted first); sarathi: FCFS with
+step; a request never served past its TTFT target admitted first, without the
+refiner's weighing); sarathi: FCFS with
 512-token chunks; vllm: the paper's prefill-first FCFS baseline. Mean QoE and TTFT p99
 per prompt-length bucket; "all" is the whole run."""
 

@@ -1,5 +1,6 @@
 """Andes with chunked prefill: its decisions carried out as vLLM-v1 steps (issue 14
-item 6), and the refiner no longer starving requests that waited long (issue 15)."""
+item 6), and requests that waited past their TTFT target no longer starved by gain order
+or by the refiner (issue 15)."""
 
 from __future__ import annotations
 
@@ -92,9 +93,11 @@ def _late_arrival_waits(options: dict[str, Any]) -> int:
     return 20
 
 
-def test_admissions_into_free_memory_are_not_refused_when_chunking() -> None:
-    assert _late_arrival_waits({}) == 0
-    assert _late_arrival_waits({"refine_admissions": True}) == 20  # starved by the refiner
+def test_a_late_request_skips_the_refiner() -> None:
+    assert _late_arrival_waits({}) == 0  # past its TTFT target: starved, admitted now
+    no_limit = {"starvation_limit": 1e9}
+    assert _late_arrival_waits(no_limit) == 20  # the refiner weighs its ~0 gain: starves
+    assert _late_arrival_waits({**no_limit, "refine_admissions": False}) == 0
 
 
 def _queue_order_under_overload(options: dict[str, Any]) -> list[str]:
@@ -120,7 +123,7 @@ def _queue_order_under_overload(options: dict[str, Any]) -> list[str]:
 
 
 def test_a_starved_request_goes_before_fresh_ones() -> None:
-    assert _queue_order_under_overload({}) == ["old", "fresh"]  # waited > Δt past target
+    assert _queue_order_under_overload({}) == ["old", "fresh"]  # waited past its target
     no_limit = {"starvation_limit": 1e9}
     assert _queue_order_under_overload(no_limit) == ["fresh", "old"]  # gain order
     with pytest.raises(ValueError, match="starvation_limit"):
