@@ -9,7 +9,9 @@ by bisection; the quick run uses the full run's value). Figures: 15/16 (QoE vs b
 intensity/duration, 4 policies, both setups), 17-20 and Appendix A on Llama-70B as
 §6.4, and the real-trace analogue (Azure conversation trace, scaled so that vLLM's
 share of requests at QoE >= 0.95 is closest to the paper's 75 %, and at the heaviest
-scale tried, where FCFS queues build up).
+scale tried, where FCFS queues build up). "andes" here is the paper's prefill-first
+Andes (`chunked_prefill=false`); the chunked-prefill section (andes_chunked.py)
+compares it with andes-chunked and sarathi on long prompts, by prompt-length bucket.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from andante.bench.report import Report
 from andante.policies.andes import AndesOptions
-from experiments import andes_report
+from experiments import andes_chunked, andes_report
 from experiments.andes_runs import (
     LLAMA,
     PHI,
@@ -38,6 +40,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "andes-dp": ("andes", {"solver": "dp", "dp_max_items": 128, "dp_capacity_units": 128}),
     "andes-min": ("andes", {"objective": "min"}),
     "andes-perfect": ("andes", {"objective": "perfect"}),
+    "andes-chunked": ("andes", {"chunked_prefill": True}),
 }
 DEFAULT_INTENSITY, DEFAULT_SHARE = 2.0, 0.35  # BurstGPT statistics (§6.3)
 STALL_WEIGHT = AndesOptions().stall_weight
@@ -56,6 +59,7 @@ class Plan:
     trace_scales: tuple[float, ...]  # candidates; vLLM's attainment picks one
     stall_weights: tuple[float, ...] = (1.0, 3.0, 10.0, 30.0)  # refiner calibration
     rates: dict[str, float] = field(default_factory=dict)  # empty: calibrate
+    long_prompt_rate: float = 1.0  # req/s of the chunked-prefill section's long prompts
     objectives: bool = True
 
     @property
@@ -171,6 +175,7 @@ def run(ctx: ExperimentContext) -> Report:
     jobs += [j for sc in scales for j in _trace_jobs(plan, sc, ctx.seed, POLICIES, True)]
     weights = tuple(sw_name(w) for w in plan.stall_weights if sw_name(w) != "andes")
     jobs += _trace_jobs(plan, scale, ctx.seed, weights, False)
+    jobs += andes_chunked.jobs(plan, plan.long_prompt_rate, ctx.seed, variant)
     jobs.sort(key=lambda j: (j.spec.model != "phi-3-mini", j.spec.policy == "vllm"))
     outcomes = run_jobs(jobs)
     report = Report(ctx.output_dir, "Andes: QoE-aware token-level scheduling, reproduced")

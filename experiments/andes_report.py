@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from andante.bench.report import Report
+from experiments import andes_chunked
 from experiments import andes_plots as plots
 from experiments import andes_text as text
 from experiments.andes_runs import Outcome, Setup
@@ -212,6 +213,7 @@ def write(report: Report, plan: Plan, rates: Mapping[str, Mapping[str, float]],
     if plan.objectives:
         results["appendix_a"] = figs.objectives()
     results["trace"] = text.trace_section(report, plan, outcomes, trials, traces)
+    results["chunked_prefill"] = andes_chunked.section(report, plan, dict(outcomes))
     report.section("Where and why the figures differ", text.discussion(results))
     for key, value in results.items():
         report.result(key, value)

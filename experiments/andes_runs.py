@@ -45,6 +45,8 @@ class Setup:
         config = SchedulerConfig(max_model_len=self.max_model_len,
                                  max_num_batched_tokens=max(8192, self.max_model_len))
         policy = VLLM_BASELINE if policy == "vllm" else policy
+        if policy == "andes":  # the paper's prefill-first steps unless told otherwise
+            options = {"chunked_prefill": False, **(options or {})}
         return ClusterSpec(model=self.model, hardware=HARDWARE, tp=self.tp, policy=policy,
                            policy_options=dict(options or {}), scheduler=config)
 
@@ -78,6 +80,7 @@ class Outcome:
     qoe: np.ndarray | None = None
     ttft: np.ndarray | None = None
     queue: np.ndarray | None = None  # rows: time, waiting, running, swapped, kv usage
+    prompts: np.ndarray | None = None  # prompt tokens per request (detail)
 
     @property
     def mean_qoe(self) -> float:
@@ -130,6 +133,7 @@ def run_job(job: Job) -> Outcome:
         out.qoe = np.array(qoe_all(records, report.end_time))
         out.ttft = np.array([v if (v := ttft(r)) is not None else np.nan for r in records])
         out.queue = np.array(probes[0].samples)
+        out.prompts = np.array([r.num_prompt_tokens for r in records])
     return out
 
 

@@ -26,11 +26,13 @@ class LQSFOptions(AndesOptions):
     refine_admissions: bool = False
     pacer_aware: bool = False
     max_preemptions: int | None = 1
+    chunked_prefill: bool = False  # vLLM v0's prefill-first steps, as the paper's baseline
 
 
 class LQSFPolicy(AndesPolicy):
     name = "lqsf"
     Options = LQSFOptions
+    chunks_prefill = False
 
 
 __all__ = ["LQSFOptions", "LQSFPolicy"]

@@ -47,6 +47,7 @@ def _engine(num_blocks: int, options: dict[str, Any], costs: Any = None,
     executor.cost_model = costs
     config = SchedulerConfig(block_size=4, watermark=0.0, max_model_len=256,
                              max_num_batched_tokens=256, max_num_seqs=max_num_seqs)
+    options = {"chunked_prefill": False, **options}  # the paper's prefill-first steps
     return build_engine(executor, clock, "andes", config, options), executor, clock
 
 

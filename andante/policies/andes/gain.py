@@ -12,6 +12,7 @@ runs dry at C_n = start + (n-1)·inv + ℓ_n.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -105,6 +106,19 @@ class RequestTable:
         self.pos[idx] += np.maximum(late, 0.0)
         self.n[idx] = n + 1.0
 
+    def record_run(self, idx: np.ndarray, times: np.ndarray) -> None:
+        """One new token at each of `times` (increasing) for each slot of `idx`: what
+        `record` once per time does, bit for bit (a simulator decode run)."""
+        n = self.n[idx][:, None] + np.arange(len(times), dtype=float)[None, :]
+        ideal = np.asarray(times, dtype=float)[None, :] - n * self.inv[idx][:, None]
+        late = np.maximum.accumulate(
+            np.concatenate([self.late[idx][:, None], ideal - self.start[idx][:, None]],
+                           axis=1), axis=1)[:, 1:]
+        terms = np.concatenate([self.pos[idx][:, None], np.maximum(late, 0.0)], axis=1)
+        self.late[idx] = late[:, -1]
+        self.pos[idx] = np.cumsum(terms, axis=1)[:, -1]  # sequential, as `record` adds
+        self.n[idx] = n[:, -1] + 1.0
+
     def buffered(self, idx: np.ndarray, now: float) -> np.ndarray:
         """Seconds of text the reader still has in its pacer buffer at `now` (>= 0)."""
         n = self.n[idx]
@@ -180,22 +194,49 @@ def _new_tokens(s: Streams, now: float, t: float, first: ArrayLike, tau: ArrayLi
 def qoe_at(s: Streams, now: float, t: float, first: ArrayLike | None = None,
            tau: ArrayLike | None = None) -> np.ndarray:
     """QoE of each stream at time t >= now; served from now (first, tau) or not."""
-    e = t - s.start
-    due = np.where(e >= 0, np.floor(e / s.inv) + 1.0, 0.0)
-    whole = due * e - s.inv * due * (due - 1.0) * 0.5
-    unread = np.minimum(np.maximum(s.n - np.floor((e - s.late) / s.inv) - 1.0, 0.0),
-                        np.maximum(s.n - 1.0, 0.0))
-    u = np.maximum(s.late, 0.0)
-    delay = s.pos - unread * u
-    k0 = s.n + 1.0 - unread  # first token whose term is arithmetic
-    if first is not None:
-        assert tau is not None
-        new, read = _new_tokens(s, now, t, first, tau, e, u)
-        delay = delay + new
-        k0 = k0 + read
-    delay = delay + _arith(k0, due, e, s.inv)
-    safe = np.where(whole > 0, whole, 1.0)
-    return np.where(whole > 0, np.minimum(np.maximum(1.0 - delay / safe, 0.0), 1.0), 1.0)
+    base = _Base.of(s, t)
+    if first is None:
+        return base.qoe(s, base.delay, base.k0)
+    assert tau is not None
+    new, read = _new_tokens(s, now, t, first, tau, base.e, base.u)
+    return base.qoe(s, base.delay + new, base.k0 + read)
+
+
+def qoe_wait_served(s: Streams, now: float, t: float, first: ArrayLike,
+                    tau: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """(qoe_at(s, now, t), qoe_at(s, now, t, first, tau)), sharing their common part."""
+    base = _Base.of(s, t)
+    new, read = _new_tokens(s, now, t, first, tau, base.e, base.u)
+    return (base.qoe(s, base.delay, base.k0),
+            base.qoe(s, base.delay + new, base.k0 + read))
+
+
+@dataclass(slots=True)
+class _Base:
+    """The part of `qoe_at` that does not depend on new tokens."""
+
+    e: np.ndarray
+    due: np.ndarray
+    whole: np.ndarray
+    u: np.ndarray
+    delay: np.ndarray  # S_delay of the delivered tokens before k0
+    k0: np.ndarray  # first token whose term is arithmetic
+
+    @classmethod
+    def of(cls, s: Streams, t: float) -> _Base:
+        e = t - s.start
+        due = np.where(e >= 0, np.floor(e / s.inv) + 1.0, 0.0)
+        whole = due * e - s.inv * due * (due - 1.0) * 0.5
+        unread = np.minimum(np.maximum(s.n - np.floor((e - s.late) / s.inv) - 1.0, 0.0),
+                            np.maximum(s.n - 1.0, 0.0))
+        u = np.maximum(s.late, 0.0)
+        return cls(e, due, whole, u, s.pos - unread * u, s.n + 1.0 - unread)
+
+    def qoe(self, s: Streams, delay: np.ndarray, k0: np.ndarray) -> np.ndarray:
+        delay = delay + _arith(k0, self.due, self.e, s.inv)
+        whole = self.whole
+        safe = np.where(whole > 0, whole, 1.0)
+        return np.where(whole > 0, np.minimum(np.maximum(1.0 - delay / safe, 0.0), 1.0), 1.0)
 
 
 def objective_gain(objective: str, q_serve: np.ndarray, q_wait: np.ndarray,
@@ -243,6 +284,7 @@ class LatencyModel:
         self.mean_context = 512.0
         self._last_decode_end: float | None = None
         self._last_step_end: float | None = None
+        self._last_decode = (0, 0)  # (requests, summed context) of the last decode step
 
     def _init_tables(self, config: SchedulerConfig) -> None:
         self._tau_cache: dict[int, np.ndarray] = {}
@@ -293,18 +335,77 @@ class LatencyModel:
     # ---- online refinement ----------------------------------------------------------
     def observe(self, batch: StepBatch, result: StepResult, now: float) -> None:
         """Fold one completed step into the estimates (cheap: one pass over the batch)."""
-        started = now - result.duration
-        if self._last_step_end is None or started > self._last_step_end + 1e-9:
-            self._last_decode_end = None  # the engine idled: no inter-token time to learn
         self._last_step_end = now
-        num_dec = 0
-        context = 0
-        for new, cached in zip(batch.num_new_tokens, batch.num_cached_tokens, strict=True):
-            if new == 1 and cached > 0:
-                num_dec += 1
-                context += cached
+        cached_tokens = batch.num_cached_tokens
+        if batch.num_tokens == len(cached_tokens) and min(cached_tokens, default=0) > 0:
+            num_dec, context = len(cached_tokens), sum(cached_tokens)  # all decodes
+        else:
+            num_dec = context = 0
+            for new, cached in zip(batch.num_new_tokens, cached_tokens, strict=True):
+                if new == 1 and cached > 0:
+                    num_dec += 1
+                    context += cached
         if num_dec == 0:
             return
+        self._last_decode = (num_dec, context)
+        self._fold_decode(num_dec, context, now)
+
+    def idle(self) -> None:
+        """Nothing runs: the next decode's gap since the last one is no inter-token time.
+        (Not inferred from gaps between steps: a real engine's loop spends time between
+        steps, and readers wait through it too.)"""
+        self._last_decode_end = None
+
+    def run_times(self, token_times: list[float]) -> list[float]:
+        """The times in `token_times` (a decoded request's) after the last observed
+        step: the steps of a simulator decode run that no `observe` saw."""
+        if self._last_step_end is None:
+            return []
+        return token_times[bisect_right(token_times, self._last_step_end):]
+
+    def observe_run(self, times: list[float]) -> list[float]:
+        """Fold a decode run (len(times) steps like the last decode step, each with one
+        more token of context per request, ending at `times`) into the estimates, as
+        `observe` once per step would; returns the token latency before each step."""
+        num_dec, context = self._last_decode
+        if self.cost_model is None or self._last_decode_end is None:
+            before = []
+            for j, now in enumerate(times, start=1):
+                before.append(self.token_latency)
+                self._fold_decode(num_dec, context + j * num_dec, now)
+        else:
+            before = self._fold_run(num_dec, context, times)
+        if times:
+            self._last_step_end = times[-1]
+        return before
+
+    def _fold_run(self, num_dec: int, context: int, times: list[float]) -> list[float]:
+        """`_fold_decode` for each of `times` (the same arithmetic, in locals: a decode
+        run can stand for hundreds of steps)."""
+        a, low, high = self.ema, *RATIO_BOUNDS
+        mean, latency, ratio = self.mean_context, self.token_latency, self.ratio
+        last = self._last_decode_end
+        assert last is not None
+        b = min(num_dec, self.max_batch)
+        before = []
+        bucket, predicted = -1, 0.0
+        for j, now in enumerate(times, start=1):
+            before.append(latency)
+            mean += a * ((context + j * num_dec) / num_dec - mean)
+            if now > last:
+                gap = now - last
+                latency += a * (gap - latency)
+                if int(mean // CONTEXT_BUCKET) != bucket:
+                    self.mean_context = mean
+                    bucket = int(mean // CONTEXT_BUCKET)
+                    predicted = float(self._decode_table()[b])
+                ratio += a * (min(max(gap / predicted, low), high) - ratio)
+            last = now
+        self.mean_context, self.token_latency, self.ratio = mean, latency, ratio
+        self._last_decode_end = last
+        return before
+
+    def _fold_decode(self, num_dec: int, context: int, now: float) -> None:
         a = self.ema
         self.mean_context += a * (context / num_dec - self.mean_context)
         last, self._last_decode_end = self._last_decode_end, now
@@ -314,5 +415,6 @@ class LatencyModel:
         self.token_latency += a * (gap - self.token_latency)
         if self.cost_model is not None:
             predicted = float(self._decode_table()[min(num_dec, self.max_batch)])
-            observed = float(np.clip(gap / predicted, *RATIO_BOUNDS))
+            low, high = RATIO_BOUNDS  # np.clip's value, without its per-call overhead
+            observed = min(max(gap / predicted, low), high)
             self.ratio += a * (observed - self.ratio)

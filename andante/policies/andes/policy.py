@@ -11,11 +11,21 @@ admission/preemption pairs are worth their cost. Otherwise it orders the queue b
 gain per KV block and admits in that order, through the same refiner (a prefill stalls
 the running streams); a reader whose pacer holds more than Δt of text (its gain over Δt
 is 0) may then be preempted to admit a queued request (§3.2: the scheduler and the
-token pacer are one design). Steps are prefill-first as in vLLM v0, where Andes is
-implemented (§5): the chosen victims are preempted, the chosen waiting and swapped
-requests admitted in priority order until one does not fit (Algorithm 1's `break`), and
-only if no prefill was scheduled every running request advances by one token, the
-lowest-priority one preempted when blocks run dry — the shared loops of `phases.py`.
+token pacer are one design). With `chunked_prefill=False` steps are prefill-first as in
+vLLM v0, where Andes is implemented (§5): the chosen victims are preempted, the chosen
+waiting and swapped requests admitted in priority order until one does not fit
+(Algorithm 1's `break`), and only if no prefill was scheduled every running request
+advances by one token, the lowest-priority one preempted when blocks run dry — the
+shared loops of `phases.py`. With chunked prefill (the default; issue 14) the same
+decision is carried out as vLLM v1 / Sarathi-Serve steps: the running requests advance
+first, the admissions then take prefill chunks from what is left of the step's token
+budget, so a long prompt no longer stalls every stream for its whole prefill.
+
+Decode runs (andante.sim.decode_run): with nothing queued the decision is "decode every
+running request" until an arrival, a finish or a block shortage, whatever the time, so
+the policy declares itself `stationary` then and replays, at its next decision, what
+`on_step_end` and its selective-triggering count would have recorded for the steps the
+simulator applied at once (bit-identical state; a test compares both modes).
 """
 
 from __future__ import annotations
@@ -39,7 +49,9 @@ from andante.policies.andes.gain import (
     Streams,
     objective_gain,
     qoe_at,
+    qoe_wait_served,
 )
+from andante.policies.andes.options import AndesOptions
 from andante.policies.andes.solver import (
     RUNNING,
     Packing,
@@ -54,94 +66,16 @@ from andante.policies.andes.solver import (
     top_order,
 )
 from andante.policies.phases import (
+    TokenCount,
     admit_in_order,
     advance_with_preemption,
+    budgeted,
     remaining_tokens,
     swap_in_in_order,
 )
 
-SOLVERS = ("greedy", "dp")
-OBJECTIVES = ("avg", "min", "perfect")
-PREEMPTIONS = ("auto", "swap", "recompute")
 RUNNING_TIE = 1e-12  # running requests win ties (a zero-gain request costs nothing kept)
-
-
-@dataclass(frozen=True, slots=True)
-class AndesOptions:
-    """Defaults follow the paper where it gives a value and Andes' public code (vLLM
-    fork) where it is silent.
-
-    delta_t: QoE-gain horizon Δt (s). watermark: KV usage that triggers the solver.
-    solver_interval: the solver may run every this many steps. solver: "greedy"
-    (Alg. 1) or "dp" (Appendix C). objective: "avg" QoE, "min" (max-min QoE) or
-    "perfect" (number of requests at QoE 1), Appendix A. refiner: §4.3 on/off.
-    refine_admissions: the refiner also weighs admissions that preempt nobody (their
-    prefill stalls the running streams); False keeps every one that fits.
-    stall_weight: multiplies the refiner's estimate of what a stall costs the running
-    streams. 1 is the paper's estimate (their QoE lost over Δt); the default 10 was
-    calibrated in the simulator (see the experiment report): the Δt estimate counts only
-    the tokens due within Δt, while a stall delays every later token of every running
-    stream, and an admission's gain assumes it would otherwise wait the whole Δt.
-    preemption: "auto" picks the cheaper of swap and recompute per request.
-    running_bonus: priority bonus of running requests. size_aware: priority is gain
-    per KV block (False: gain alone, as LQSF). batch_search: search B in
-    [B_min, B_max] (False: B = B_max). max_batch_candidates: at most this many B
-    values are evaluated (evenly spread, ends included; 0 = all). pacer_aware:
-    between solver runs, readers buffered beyond Δt may be preempted for waiting
-    requests. dp_max_items / dp_capacity_units bound the DP (items kept by
-    priority; capacity coarsened to this many units; exact below both).
-    latency_ema: weight of a new observation in the online latency estimates.
-    slack_percentile: the refiner's preemption budget is this percentile of the
-    ongoing requests' slack (public code: 10 %; 1 = the largest slack, no budget).
-    max_preemptions: at most this many preemptions per decision (None: no cap).
-    """
-
-    delta_t: float = 10.0
-    watermark: float = 0.9
-    solver_interval: int = 10
-    solver: str = "greedy"
-    objective: str = "avg"
-    refiner: bool = True
-    refine_admissions: bool = True
-    stall_weight: float = 10.0
-    preemption: str = "auto"
-    running_bonus: float = 0.1
-    size_aware: bool = True
-    batch_search: bool = True
-    max_batch_candidates: int = 16
-    pacer_aware: bool = True
-    dp_max_items: int = 256
-    dp_capacity_units: int = 256
-    latency_ema: float = 0.1
-    slack_percentile: float = 0.1
-    max_preemptions: int | None = None
-
-    def __post_init__(self) -> None:
-        for name, value, valid in (
-            ("solver", self.solver, SOLVERS),
-            ("objective", self.objective, OBJECTIVES),
-            ("preemption", self.preemption, PREEMPTIONS),
-        ):
-            if value not in valid:
-                raise ValueError(f"{name} must be one of {valid}, got {value!r}")
-        fin = math.isfinite
-        rules: tuple[tuple[str, bool, str], ...] = (
-            ("delta_t", fin(self.delta_t) and self.delta_t > 0, "> 0 s"),
-            ("watermark", 0 <= self.watermark <= 1, "in [0, 1]"),
-            ("solver_interval", self.solver_interval >= 1, ">= 1"),
-            ("stall_weight", fin(self.stall_weight) and self.stall_weight >= 0, ">= 0"),
-            ("running_bonus", fin(self.running_bonus) and self.running_bonus >= 0, ">= 0"),
-            ("max_batch_candidates", self.max_batch_candidates >= 0, ">= 0"),
-            ("dp_max_items", self.dp_max_items >= 1, ">= 1"),
-            ("dp_capacity_units", self.dp_capacity_units >= 1, ">= 1"),
-            ("slack_percentile", 0 <= self.slack_percentile <= 1, "in [0, 1]"),
-            ("max_preemptions", self.max_preemptions is None or self.max_preemptions >= 0,
-             ">= 0 or None"),
-            ("latency_ema", 0 < self.latency_ema <= 1, "in (0, 1]"),
-        )
-        for name, ok, rule in rules:
-            if not ok:
-                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+STARVED = 1e6  # above any gain per block: a starved request goes first
 
 
 @dataclass(slots=True)
@@ -159,6 +93,7 @@ class Decision:
 class AndesPolicy(BasePolicy):
     name = "andes"
     Options = AndesOptions
+    chunks_prefill = AndesOptions().chunked_prefill  # per instance: the option's value
 
     @classmethod
     def preemption_options(cls, mode: PreemptionMode) -> dict[str, Any]:
@@ -170,11 +105,21 @@ class AndesPolicy(BasePolicy):
         self._init_state()
 
     def _init_state(self) -> None:
+        self.chunks_prefill = self.options.chunked_prefill
+        self.refine_admissions = self.options.refine_admissions
+        limit = self.options.starvation_limit
+        if limit is None and self.chunks_prefill:
+            limit = 0.0
+        self.starvation_limit = math.inf if limit is None else limit
         self.table = RequestTable()
         self.latency = LatencyModel(self.ctx.cost_model, self.ctx.config,
                                     self.options.latency_ema)
         self.stats = AndesStats()
         self._since_solve = self.options.solver_interval
+        self.stationary = False  # see `_declare_stationary`
+        self._prefilling = False  # the last step scheduled a prompt chunk
+        self._run_reqs: list[Request] = []  # the decode batch a decode run may repeat
+        self._run_min_inv = 0.0
 
     # ---- hooks ----------------------------------------------------------------------
     def on_arrival(self, req: Request) -> None:
@@ -186,8 +131,11 @@ class AndesPolicy(BasePolicy):
     def on_step_end(self, batch: StepBatch, result: StepResult) -> None:
         now = self.now
         tokens = result.sampled_token_ids
-        got = [req for i, req in enumerate(batch.requests)
-               if batch.samples[i] and tokens[i] is not None]
+        if None not in tokens and all(batch.samples):
+            got = batch.requests  # the common case: every request got a token
+        else:
+            got = [req for i, req in enumerate(batch.requests)
+                   if batch.samples[i] and tokens[i] is not None]
         slots = self.table.slots_of(got)
         if slots:
             self.table.record(np.array(slots, dtype=np.intp), now)
@@ -195,8 +143,16 @@ class AndesPolicy(BasePolicy):
 
     # ---- one step -------------------------------------------------------------------
     def schedule(self, plan: StepPlan) -> None:
+        if self.stationary:
+            self._catch_up_run()
         self._since_solve += 1
+        if not plan.running:
+            self.latency.idle()
         if not (plan.running or plan.waiting or plan.swapped):
+            return
+        if self.chunks_prefill and self.options.chunk_tokens:
+            plan.restrict_token_budget(len(plan.running) + self.options.chunk_tokens)
+        if not (plan.waiting or plan.swapped) and self._decode_all(plan):
             return
         view = View.of(self.table, plan, self.latency)
         if self._triggered(plan, view):
@@ -206,6 +162,73 @@ class AndesPolicy(BasePolicy):
         else:
             decision = self._order_queue(plan, view)
         self._carry_out(plan, decision)
+        if not (plan.waiting or plan.swapped or decision.victims):
+            self._declare_stationary(plan, decision.decode_order,
+                                     float(view.streams.inv.min()))
+
+    def _decode_all(self, plan: StepPlan) -> bool:
+        """Nothing queued and the knapsack not due: what `_order_queue` decides (decode
+        every running request, the emptiest pacer buffers first), without its arrays;
+        False (nothing done) when the knapsack is due."""
+        idx = self.table.indices(plan.running)
+        min_inv = float(self.table.inv[idx].min())
+        if self._since_solve >= self.options.solver_interval and (
+                self.latency.token_latency > min_inv):
+            return False
+        running = plan.running
+        if self._may_run_short(plan):
+            order = np.argsort(self.table.buffered(idx, plan.now), kind="stable")
+            decode_order = [running[i] for i in order]
+        else:  # every request finds its blocks: the order decides nothing
+            decode_order = list(running)
+        num_tokens: TokenCount = remaining_tokens
+        if self.chunks_prefill:
+            num_tokens = budgeted(plan)
+            if self._prefilling:
+                decode_order = _decodes_first(decode_order)
+        advance_with_preemption(plan, decode_order, num_tokens, partial(self._mode_for, plan))
+        self._prefilling = max(plan.num_scheduled_tokens, default=0) > 1
+        self._declare_stationary(plan, decode_order, min_inv)
+        return True
+
+    @staticmethod
+    def _may_run_short(plan: StepPlan) -> bool:
+        """Could the running requests' next tokens need more blocks than are free (one
+        each, plus the prompt chunks the budget allows)?"""
+        need = len(plan.running) + plan.token_budget // plan.block_size + 1
+        return plan.num_free_blocks < need
+
+    # ---- decode runs (the simulator's fast path, andante.sim.decode_run) ------------
+    def _declare_stationary(self, plan: StepPlan, decode_order: list[Request],
+                            min_inv: float) -> None:
+        """With nothing queued, every step decodes every running request until an
+        arrival, a finish or a block shortage (the events that end a decode run): the
+        knapsack may run (compute-bound trigger) but, with the refiner, it preempts
+        nobody when nobody is admitted. Time and QoE state then only feed bookkeeping,
+        which `_catch_up_run` replays for the steps a run applied at once."""
+        self.stationary = self.options.refiner and not plan.preemptions
+        if self.stationary:
+            self._run_reqs = decode_order
+            self._run_min_inv = min_inv
+
+    def _catch_up_run(self) -> None:
+        """What `on_step_end` and `schedule` would have recorded for each step of a
+        decode run: the tokens' QoE state, the latency estimates and the solver's
+        selective-triggering count (the knapsack it would run changes nothing)."""
+        reqs, self._run_reqs = self._run_reqs, []
+        self.stationary = False
+        times = self.latency.run_times(reqs[0].timeline.token_times) if reqs else []
+        if not times:
+            return
+        slots = self.table.slots_of(reqs)  # a request that finished is no longer tracked
+        if slots:
+            self.table.record_run(np.array(slots, dtype=np.intp), np.array(times))
+        o = self.options
+        for latency in self.latency.observe_run(times):
+            self._since_solve += 1
+            if self._since_solve >= o.solver_interval and latency > self._run_min_inv:
+                self._since_solve = 0
+                self.stats.num_solves += 1
 
     def _triggered(self, plan: StepPlan, view: View) -> bool:
         """Selective triggering (§4.2)."""
@@ -228,12 +251,13 @@ class AndesPolicy(BasePolicy):
         gains = self.gain(view.streams, plan.now, view.first_delay(tau), tau, view)
         best: Packing | None = None
         best_k = 0
+        starved = self.starved(view, plan.now)
         for k, batch in enumerate(batches):
-            packing = self._pack(view, gains[k], capacity, int(batch))
+            packing = self._pack(view, gains[k], capacity, int(batch), starved)
             if best is None or packing.value >= best.value:
                 best, best_k = packing, k
         assert best is not None
-        return self._decide(plan, view, best, gains[best_k], float(tau[best_k, 0]))
+        return self._decide(plan, view, best, gains[best_k], float(tau[best_k, 0]), starved)
 
     def _batches(self, plan: StepPlan, view: View, capacity: float) -> np.ndarray:
         """§4.2's candidate batch sizes (only B_max without the search)."""
@@ -245,9 +269,10 @@ class AndesPolicy(BasePolicy):
         b_min, b_max = batch_range(view.weight, capacity, max_seqs, fast)
         return batch_candidates(b_min, b_max, o.max_batch_candidates)
 
-    def _pack(self, view: View, gain: np.ndarray, capacity: float, batch: int) -> Packing:
+    def _pack(self, view: View, gain: np.ndarray, capacity: float, batch: int,
+              starved: np.ndarray | None = None) -> Packing:
         o = self.options
-        prio = self.priority(gain, view.weight, view.kind)
+        prio = self.priority(gain, view.weight, view.kind, starved)
         if o.solver == "dp":
             packing = dp_pack(prio, gain, view.weight, capacity, batch, o.dp_max_items,
                               o.dp_capacity_units)
@@ -255,14 +280,14 @@ class AndesPolicy(BasePolicy):
         return greedy_pack(prio, gain, view.weight, capacity, batch)
 
     def _decide(self, plan: StepPlan, view: View, best: Packing, gain: np.ndarray,
-                tau: float) -> Decision:
+                tau: float, starved: np.ndarray | None = None) -> Decision:
         """Chosen queued requests become admissions in priority order, unchosen running
         ones candidate victims from the lowest priority up. Without the refiner every
         victim is preempted, as the knapsack decided; with it, a victim that no kept
         admission needs the memory of keeps running (pausing it would hold its KV and
         its sequence slot while serving nobody)."""
         nr = view.num_running
-        prio = self.priority(gain, view.weight, view.kind)
+        prio = self.priority(gain, view.weight, view.kind, starved)
         chosen = best.chosen
         selected = np.zeros(len(view), dtype=bool)
         selected[chosen] = True
@@ -288,7 +313,9 @@ class AndesPolicy(BasePolicy):
         q = view.queued
         gain = self.gain(view.streams.select(np.arange(nr, len(view))), now,
                          view.first_delay(tau)[q], tau, view)
-        prio = self.priority(gain, view.weight[q], view.kind[q])
+        starved = self.starved(view, now)
+        prio = self.priority(gain, view.weight[q], view.kind[q],
+                             None if starved is None else starved[q])
         order = top_order(prio, plan.config.max_num_seqs) + nr
         decision.admits = [view.reqs[i] for i in order]
         o = self.options
@@ -296,7 +323,7 @@ class AndesPolicy(BasePolicy):
         if o.pacer_aware and not self._fits(plan, decision.admits[0]):
             full = buffered[by_need[::-1]] > o.delta_t
             victims = by_need[::-1][full]  # most buffered first, gain 0 over Δt
-        if len(victims) or (o.refiner and o.refine_admissions and nr):
+        if len(victims) or (o.refiner and self.refine_admissions and nr):
             gains = np.zeros(len(view))
             gains[q] = gain
             decision.admits, decision.victims = self.refine(
@@ -314,8 +341,7 @@ class AndesPolicy(BasePolicy):
     def gain(self, s: Streams, now: float, first: np.ndarray, tau: np.ndarray,
              view: View) -> np.ndarray:
         t = now + self.options.delta_t
-        q_wait = qoe_at(s, now, t)
-        q_serve = qoe_at(s, now, t, first, tau)
+        q_wait, q_serve = qoe_wait_served(s, now, t, first, tau)
         objective = self.options.objective
         if objective == "avg":
             return objective_gain(objective, q_serve, q_wait, q_wait)
@@ -323,11 +349,26 @@ class AndesPolicy(BasePolicy):
         q_min = float(qoe_at(view.streams, now, now).min())
         return objective_gain(objective, q_serve, q_wait, q_now, q_min)
 
-    def priority(self, gain: np.ndarray, weight: np.ndarray, kind: np.ndarray) -> np.ndarray:
-        """Eq. 6: gain per KV block (gain alone if not size-aware); running bonus."""
+    def priority(self, gain: np.ndarray, weight: np.ndarray, kind: np.ndarray,
+                 starved: np.ndarray | None = None) -> np.ndarray:
+        """Eq. 6: gain per KV block (gain alone if not size-aware); running bonus;
+        `starved` (seconds past the starvation limit, <= 0 if not) goes first."""
         p = gain / weight if self.options.size_aware else np.array(gain, dtype=float)
         running = kind == RUNNING
-        return np.where(running, p * (1.0 + self.options.running_bonus) + RUNNING_TIE, p)
+        p = np.where(running, p * (1.0 + self.options.running_bonus) + RUNNING_TIE, p)
+        if starved is not None:
+            p = np.where(starved > 0, STARVED + starved, p)
+        return p
+
+    def starved(self, view: View, now: float) -> np.ndarray | None:
+        """Per view position: seconds a never-served queued request has waited past its
+        TTFT target and the starvation limit (<= 0: not starved); None if nobody is."""
+        if math.isinf(self.starvation_limit):
+            return None
+        s = view.streams
+        wait = now - s.start - self.starvation_limit
+        wait = np.where((view.kind != RUNNING) & (s.n == 0), wait, -1.0)
+        return wait if bool((wait > 0).any()) else None
 
     # ---- the overhead-aware refiner (§4.3, see solver.py) ---------------------------
     def refine(self, plan: StepPlan, view: View, admits: np.ndarray, victims: np.ndarray,
@@ -345,15 +386,17 @@ class AndesPolicy(BasePolicy):
                         [plan.num_blocks_of(v) for v in victim_reqs],
                         plan.num_free_blocks - plan.watermark_blocks)
         keep = len(pairs)
-        if o.refiner and pairs and (o.refine_admissions or any(p.victims for p in pairs)):
+        if o.refiner and pairs and (self.refine_admissions or any(p.victims for p in pairs)):
             modes = self._modes(plan, victim_reqs)
             tokens = view.weight[victims] * plan.block_size
             swapped = np.array([m == PreemptionMode.SWAP for m in modes], dtype=bool)
             round_trip = np.where(swapped, 2.0 * self.latency.swap_time(tokens),
                                   self.latency.prefill_time(tokens))
+            starved = self.starved(view, plan.now)
             keep = accepted_prefix(pairs, gain[admits], view.base[admits], gain[victims],
                                    round_trip, self._loss_fn(plan, view, victims, tau),
-                                   budget, check_all=o.refine_admissions)
+                                   budget, check_all=self.refine_admissions,
+                                   exempt=None if starved is None else starved[admits] > 0)
         kept = pairs[:keep]
         return ([reqs[admits[p.admit]] for p in kept],
                 [victim_reqs[v] for p in kept for v in p.victims])
@@ -402,8 +445,9 @@ class AndesPolicy(BasePolicy):
             if not len(risk):
                 return np.zeros(len(stall))
             sub = s.select(risk)
-            on_time = qoe_at(sub, now, t, tau, tau)
-            late = qoe_at(sub, now, t, tau + stall[:, None], tau)
+            firsts = tau + np.concatenate(([0.0], stall))[:, None]  # on time, then late
+            q = qoe_at(sub, now, t, firsts, tau)
+            on_time, late = q[0], q[1:]
             q_now = qoe_at(sub, now, now) if objective == "perfect" else on_time
             lost = objective_gain(objective, on_time, late, q_now, q_min)
             return np.asarray(weight * lost.sum(axis=1))
@@ -416,8 +460,18 @@ class AndesPolicy(BasePolicy):
         for victim in decision.victims:
             if plan.can_preempt(victim, PreemptionMode.RECOMPUTE):
                 plan.preempt(victim, mode_for(victim))
-        if not _admit(plan, decision.admits):
-            advance_with_preemption(plan, decision.decode_order, remaining_tokens, mode_for)
+        if not self.chunks_prefill:
+            if not _admit(plan, decision.admits):
+                advance_with_preemption(plan, decision.decode_order, remaining_tokens,
+                                        mode_for)
+            return
+        num_tokens = budgeted(plan)  # running requests first, then the admissions
+        preempted = len(plan.preemptions)
+        advance_with_preemption(plan, _decodes_first(decision.decode_order), num_tokens,
+                                mode_for)
+        if len(plan.preemptions) == preempted:
+            _admit(plan, decision.admits, num_tokens)
+        self._prefilling = max(plan.num_scheduled_tokens, default=0) > 1
 
     def _mode_for(self, plan: StepPlan, req: Request) -> PreemptionMode:
         """The cheaper of swap and recompute (§4.3), as the options allow."""
@@ -434,11 +488,21 @@ class AndesPolicy(BasePolicy):
         return PreemptionMode.SWAP if swap < recompute else PreemptionMode.RECOMPUTE
 
 
+def _decodes_first(order: list[Request]) -> list[Request]:
+    """`order` with the requests still prefilling (in chunks) moved to the end, so that
+    no stream waits for a chunk's share of the token budget."""
+    prefilling = [r for r in order if r.num_uncomputed_tokens > 1]
+    if not prefilling:
+        return order
+    return [r for r in order if r.num_uncomputed_tokens <= 1] + prefilling
+
+
 def _is_swapped(req: Request) -> bool:
     return req.status == RequestStatus.SWAPPED
 
 
-def _admit(plan: StepPlan, order: Sequence[Request]) -> bool:
+def _admit(plan: StepPlan, order: Sequence[Request],
+           num_tokens: TokenCount = remaining_tokens) -> bool:
     """Admit waiting and swap in swapped requests in `order` until one does not fit;
     True if a prefill was scheduled (the step is then a prefill step)."""
     prefilled = False
@@ -446,10 +510,10 @@ def _admit(plan: StepPlan, order: Sequence[Request]) -> bool:
         run = list(group)
         if swapped:
             before = len(plan.swap_ins)
-            swap_in_in_order(plan, run)
+            swap_in_in_order(plan, run, num_tokens)
             done = len(plan.swap_ins) - before
         else:
-            done = admit_in_order(plan, run)
+            done = admit_in_order(plan, run, num_tokens)
             prefilled = prefilled or done > 0
         if done < len(run):
             break

@@ -243,17 +243,20 @@ def _losses(loss_at: Callable[[np.ndarray], np.ndarray], points: np.ndarray) -> 
 def accepted_prefix(pairs: Sequence[Pair], admit_gain: np.ndarray, admit_cost: np.ndarray,
                     victim_gain: np.ndarray, victim_cost: np.ndarray,
                     loss_at: Callable[[np.ndarray], np.ndarray],
-                    budget: float = np.inf, check_all: bool = False) -> int:
+                    budget: float = np.inf, check_all: bool = False,
+                    exempt: np.ndarray | None = None) -> int:
     """How many leading pairs the refiner keeps (see the module note); a pair with
     victims is also cancelled once the cumulative overhead would exceed `budget`.
-    check_all: weigh admissions without victims too (else they are always kept)."""
+    check_all: weigh admissions without victims too (else they are always kept), except
+    those `exempt` marks (by admission index: starved requests)."""
     if not pairs:
         return 0
     cost = np.array([admit_cost[p.admit] + sum(victim_cost[v] for v in p.victims)
                      for p in pairs])
     after = np.cumsum(cost)
     before = after - cost
-    checked = [k for k, p in enumerate(pairs) if p.victims or check_all]
+    checked = [k for k, p in enumerate(pairs)
+               if p.victims or (check_all and (exempt is None or not exempt[p.admit]))]
     if not checked:
         return len(pairs)
     points = np.concatenate([before[checked], after[checked]])
