@@ -113,16 +113,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, nargs="+", default=[10, 50, 100, 200])
     parser.add_argument("--instances", type=int, nargs="+", default=[2, 8, 32])
-    parser.add_argument("--time-limit", type=float, default=DEFAULTS.time_limit_s)
+    parser.add_argument("--work-limit", type=int, default=DEFAULTS.work_limit,
+                        help="HiGHS limit checks before it stops (deterministic budget)")
+    parser.add_argument("--max-nodes", type=int, default=DEFAULTS.max_nodes)
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="opt-in wall-clock cap in s (plans then depend on load)")
     parser.add_argument("--horizon", type=int, default=DEFAULTS.horizon_groups,
                         help="groups the MILP orders; 0: the whole queue")
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     options = PlannerOptions(num_samples=args.samples, time_limit_s=args.time_limit,
+                             work_limit=args.work_limit, max_nodes=args.max_nodes,
                              horizon_groups=args.horizon or None)
     results = [run(n, g, options, args.repeats) for n in args.groups for g in args.instances]
     print(json.dumps({"benchmark": "qlm_planner", "time_limit_s": args.time_limit,
+                      "work_limit": args.work_limit, "max_nodes": args.max_nodes,
                       "horizon_groups": options.horizon_groups,
                       "num_samples": args.samples, "repeats": args.repeats,
                       "results": results}))
