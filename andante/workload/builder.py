@@ -8,7 +8,8 @@ cycle_length), "azure-conv" / "azure-code" (replay of the Azure 2023 traces unde
 `lengths` picks the lengths (see `parse_lengths`). `rate_scale` multiplies the request
 rate of every kind (a trace replays rate_scale× faster). Synthetic kinds stop at
 `num_requests` or `duration` s, whichever comes first; traces are cut the same way
-(None for both replays the whole trace).
+(None for both replays the whole trace). `model_mix` ("NAME:WEIGHT,...", QLM's
+multi-model workloads) gives each request a model drawn by weight, seeded by `seed`.
 
 Arrivals, lengths and SLOs draw from three independent streams spawned from `seed`, so
 the same config gives the same workload, and changing e.g. the length distribution
@@ -29,6 +30,7 @@ import numpy as np
 from andante.workload import lengths as length_samplers
 from andante.workload.arrivals import burst_rates, cyclic_burst, gamma, poisson
 from andante.workload.formats import TraceColumns, parse_trace_columns
+from andante.workload.mixes import assign_models, parse_model_mix
 from andante.workload.slo import SLOConfig, assign_slos
 from andante.workload.spec import RequestSpec
 from andante.workload.traces import Trace, load_trace
@@ -143,6 +145,8 @@ class WorkloadConfig:
     slo: per-request SLO assignment. traces_dir: see `resolve_traces_dir`.
     model, priority: copied onto every request. trace_columns: an explicit column mapping
     ("time=...,prompt=...,output=...[,unit=ms]") for the files named by "trace:<path>".
+    model_mix: "NAME:WEIGHT,..." (weights normalised): each request's model drawn by
+    weight instead of `model`.
     """
 
     kind: str = "poisson"
@@ -162,10 +166,15 @@ class WorkloadConfig:
     model: str = ""
     priority: int = 0
     trace_columns: str | None = None
+    model_mix: str | None = None
 
     def __post_init__(self) -> None:
         kind, _ = parse_kind(self.kind)
         self.columns()
+        if self.model_mix is not None:
+            parse_model_mix(self.model_mix)
+            if self.model:
+                raise ValueError(f"give model ({self.model!r}) or model_mix, not both")
         for name in ("rate", "cv", "cycle_length", "rate_scale"):
             _check_positive(name, getattr(self, name))
         if kind == "burst":
@@ -267,4 +276,6 @@ def build_workload_traced(cfg: WorkloadConfig) -> tuple[list[RequestSpec], Trace
         )
         for i in range(len(times))
     ]
+    if cfg.model_mix is not None:
+        specs = assign_models(specs, parse_model_mix(cfg.model_mix), cfg.seed)
     return specs, trace
