@@ -53,6 +53,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import highspy
 import numpy as np
@@ -191,15 +192,15 @@ def build_problem(groups: Sequence[RequestGroup], views: Sequence[InstanceView],
                                                        for m in v.models_on_device}))
     index = {m: k for k, m in enumerate(models)}
     drain, completion = np.zeros((n, g, s)), np.zeros((n, g, s))
-    allowed = np.zeros((n, g), dtype=bool)
+    memory = np.array([v.device_memory_bytes for v in views])
+    allowed = np.array([estimator.weight_bytes(gr.model) <= memory for gr in groups],
+                       dtype=bool).reshape(n, g)
+    memo: dict[tuple[object, ...], Any] = {}  # the cost model's answers, shared
     for i, group in enumerate(groups):
         outputs = estimator.sample_outputs(group, s, rng)  # common to every instance
-        for gi, view in enumerate(views):
-            if estimator.weight_bytes(group.model) > view.device_memory_bytes:
-                continue
-            allowed[i, gi] = True
-            times = estimator.group_times(view, group, s, rng, outputs)
-            drain[i, gi], completion[i, gi] = times.drain, times.completion
+        fits = np.flatnonzero(allowed[i])
+        drain[i, fits], completion[i, fits] = estimator.times_across(
+            [views[k] for k in fits.tolist()], group, outputs, memo)
     swap_in = np.array([[estimator.swap_in_time(v, m) if m in estimator.model_bytes else 0.0
                          for m in models] for v in views]).reshape(g, len(models))
     on_device = np.array([[m in v.models_on_device for m in models] for v in views],
