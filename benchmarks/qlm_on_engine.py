@@ -13,7 +13,8 @@ The default load is one where round-robin `vllm` misses SLOs on this CPU: three 
 on two instances, so one model is never on a device and round-robin swaps whenever its
 requests come. Each run is cut at `--max-run-s` (60 s): a request still open then
 counts as missed (and its tokens are not counted). Seeds are interleaved (the order of
-the systems alternates per seed) and the load average is recorded per run.
+the systems alternates per seed) and the load average is recorded per run. Each run is
+a fresh process (`--single SYSTEM`), so no run inherits another's memory or threads.
 
 Prints ONE JSON line: per system and seed the SLO attainment (finished within its
 deadline), the output throughput (tokens/s over the run), the swaps per minute, the mean
@@ -30,6 +31,8 @@ import math
 import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -121,6 +124,20 @@ def run_system(args: argparse.Namespace, router: str, arrivals: list[Arrival]) -
     }
 
 
+def _run_apart(args: argparse.Namespace, system: str, seed: int) -> dict[str, Any]:
+    """One run in a fresh process (its result: the last line it prints)."""
+    argv = [sys.executable, __file__, "--single", system, "--seeds", str(seed),
+            "--rate", str(args.rate), "--duration", str(args.duration),
+            "--max-run-s", str(args.max_run_s), "--instances", str(args.instances),
+            "--threads", str(args.threads), "--num-kv-blocks", str(args.num_kv_blocks)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{system} seed {seed} failed ({done.returncode}): "
+                           f"{done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate", type=float, default=3.0, help="requests/s (default 3)")
@@ -131,12 +148,17 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per instance")
     p.add_argument("--num-kv-blocks", type=int, default=256)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--single", choices=list(SYSTEMS),
+                   help="run this system on the first seed only and print its result")
     args = p.parse_args()
+    if args.single:
+        arrivals = workload(args.rate, args.duration, args.seeds[0])
+        print(json.dumps(run_system(args, SYSTEMS[args.single], arrivals)))
+        return
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
     for k, seed in enumerate(args.seeds):  # interleaved: the order alternates per seed
-        arrivals = workload(args.rate, args.duration, seed)
         for name in list(SYSTEMS)[:: 1 if k % 2 == 0 else -1]:
-            runs[name].append({"seed": seed, **run_system(args, SYSTEMS[name], arrivals)})
+            runs[name].append({"seed": seed, **_run_apart(args, name, seed)})
     keys = ("slo_attainment", "output_throughput", "swaps_per_minute")
     medians = {name: {key: statistics.median(r[key] for r in rs) for key in keys}
                for name, rs in runs.items()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,8 @@ from andante.cluster.instance import SWAP_MODEL, MultiModel
 from andante.runtime.ray_actors import RayMultiModelInstance
 from andante.server import EngineOptions
 from tests.server.test_multi_model import (
+    PROMPTS,
+    REAL,
     TOYS,
     _complete,
     _metric,
@@ -91,3 +94,30 @@ def test_qlm_on_ray_actors_swaps_models_and_loses_nothing() -> None:
         assert timed == runner.num_model_swaps  # every swap the actor made was timed
         device, warm = runner.instances[0].models()
         assert {device, *warm} == {"alpha", "beta"}
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from tests.models.helpers import make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("ray-mm")
+    return (make_tiny_checkpoint(root / "one", seed=1),
+            make_tiny_checkpoint(root / "two", seed=2))
+
+
+@pytest.mark.parametrize(("host_memory_gib", "tier"), [(None, "warm"), (0.0, "cold")])
+def test_real_checkpoints_swap_warm_or_cold_in_a_ray_actor(
+        tiny_checkpoints: tuple[Path, Path], host_memory_gib: float | None, tier: str) -> None:
+    one, two = tiny_checkpoints
+    models = (("one", str(one)), ("two", str(two)))
+    options = _options(models, engine=REAL, backend="ray", max_restarts=0,
+                       host_memory_gib=host_memory_gib)
+    with _server(options) as srv:
+        texts = {name: [_complete(srv.url, name, p)["choices"][0]["text"] for p in PROMPTS[:2]]
+                 for name in ("one", "two", "one")}  # one, then two (a swap), then one
+        metrics = httpx.get(f"{srv.url}/metrics").text
+        device, warm = srv.state.runner.instances[0].models()
+    assert texts["one"] != texts["two"]  # the swapped-in model's own weights answer
+    assert _metric(metrics, "andante:model_swap_seconds_count", tier=tier) == 2
+    assert _metric(metrics, "andante:model_swap_seconds_sum", tier=tier) > 0
+    assert device == "one" and warm == (() if tier == "cold" else ("two",))
