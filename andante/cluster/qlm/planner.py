@@ -175,7 +175,7 @@ class Plan:
     feasible: bool  # meets the SAA chance constraints
     fallback: bool  # the program gave no usable plan: EDF over groups (§A.3)
     needs_capacity: bool  # not even the fallback meets the chance constraints
-    status: str  # HiGHS's model status: optimal, time_limit, infeasible, ...
+    status: str  # optimal, work_limit (the budget bound), infeasible, time_limit (opt-in), ...
     reason: str
     source: str = "milp"  # "milp", or "edf" when the EDF plan was kept
 
