@@ -89,9 +89,9 @@ def run(num_groups: int, num_instances: int, options: PlannerOptions, repeats: i
                        {n: catalog.get_model(s).weight_bytes for n, s in MODELS.items()})
     groups = form_groups(requests(num_groups, num_instances), AVG_BATCH, DELTA,
                          mean_output_tokens=est.outputs.mean)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     problem = build_problem(groups, views, est, now=num_groups * 0.1, options=options)
-    build_s = time.perf_counter() - t0
+    build_s, build_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     solve_s, cpu_s = [], []
     for _ in range(repeats):
         t1, c1 = time.perf_counter(), time.process_time()
@@ -103,6 +103,7 @@ def run(num_groups: int, num_instances: int, options: PlannerOptions, repeats: i
             "solve_ms": round(1e3 * statistics.median(solve_s), 1),
             "solve_cpu_ms": round(1e3 * statistics.median(cpu_s), 1),
             "build_ms": round(1e3 * build_s, 1),
+            "build_cpu_ms": round(1e3 * build_cpu_s, 1),
             "status": plan.status, "fallback": plan.fallback, "source": plan.source,
             "needs_capacity": plan.needs_capacity, "feasible": plan.feasible,
             "objective": round(plan.objective, 1), "edf_objective": round(edf.objective, 1),
@@ -113,16 +114,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, nargs="+", default=[10, 50, 100, 200])
     parser.add_argument("--instances", type=int, nargs="+", default=[2, 8, 32])
-    parser.add_argument("--time-limit", type=float, default=DEFAULTS.time_limit_s)
+    parser.add_argument("--work-limit", type=int, default=DEFAULTS.work_limit,
+                        help="HiGHS limit checks before it stops (deterministic budget)")
+    parser.add_argument("--max-nodes", type=int, default=DEFAULTS.max_nodes)
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="opt-in wall-clock cap in s (plans then depend on load)")
     parser.add_argument("--horizon", type=int, default=DEFAULTS.horizon_groups,
                         help="groups the MILP orders; 0: the whole queue")
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     options = PlannerOptions(num_samples=args.samples, time_limit_s=args.time_limit,
+                             work_limit=args.work_limit, max_nodes=args.max_nodes,
                              horizon_groups=args.horizon or None)
     results = [run(n, g, options, args.repeats) for n in args.groups for g in args.instances]
     print(json.dumps({"benchmark": "qlm_planner", "time_limit_s": args.time_limit,
+                      "work_limit": args.work_limit, "max_nodes": args.max_nodes,
                       "horizon_groups": options.horizon_groups,
                       "num_samples": args.samples, "repeats": args.repeats,
                       "results": results}))

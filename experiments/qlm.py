@@ -3,7 +3,9 @@
 Design note: QLM §8. Fig. 8/9: W_A (multi-model) throughput and SLO attainment against
 the share of requests for tail models and of latency-sensitive requests; Fig. 11/12: the
 same for W_B (single model); Fig. 10/13: the ablation, each serving operation removed in
-turn; Fig. 14: hardware heterogeneity (A10 + A100 mixes); W_C mega prompts; Fig. 17: the
+turn; Fig. 14: hardware heterogeneity (A10 + A100 mixes); W_C mega prompts; W_A with
+arrivals from the shared Azure trace beside Poisson; Fig. 16: queue size (SLO attainment
+against the mean queue, and the queue over time per system); Fig. 17: the
 estimator's accuracy (R²); Fig. 18: the group size δ; Fig. 19: the planner's overhead
 (benchmarks/qlm_planner.py). Every system runs the same simulated engine, so the
 multiples measure queue management alone. Numbers from the paper are quoted beside ours.
@@ -24,6 +26,7 @@ from andante.sim import ClusterSpec
 from andante.workload.spec import RequestSpec
 from experiments import qlm_plots as plots
 from experiments.qlm_runs import (
+    ARRIVALS,
     FULL_MODELS,
     MAX_CONTEXT,
     QUICK_MODELS,
@@ -160,6 +163,45 @@ def workload_sections(report: Report, scale: Scale) -> dict[str, Any]:
     return {"tail": tail, "latency": latency, "single": single_panel}
 
 
+def azure_section(report: Report, scale: Scale) -> dict[str, Any]:
+    """W_A's tail-share sweep with arrivals from the Azure conversation trace."""
+    models, n, seed = scale.models, scale.num_requests, scale.seed
+    panel = _sweep(scale, scale.shares, scale.cluster(),
+                   lambda x: w_a(models, x, 0.2, scale.rate, n, seed, ARRIVALS[1]))
+    _sweep_section(report, "fig8_wa_tail_share_azure",
+                   "W_A with Azure-trace arrivals: share of tail-model requests (Fig. 8)",
+                   "tail share", panel, f"As Fig. 8, but the arrivals are the first {n} of "
+                   "the shared Azure 2023 conversation trace, replayed at the sweep's mean "
+                   f"rate ({scale.rate:g} req/s): its bursts kept, its rate rescaled.")
+    return panel
+
+
+def queue_section(report: Report, scale: Scale) -> None:
+    """Fig. 16: W_B at rising rates (longer queues); SLO attainment against the mean queue
+    size, and the queue over time per system at the highest rate."""
+    factors = (1.0, 2.0, 4.0) if len(scale.shares) < 5 else (0.5, 1.0, 2.0, 3.0, 4.0)
+    spec = base_spec(scale.models[:1], scale.num_instances)
+    rows, series = [], {}
+    for factor in factors:
+        workload = w_b(scale.models[0], 0.3, factor * scale.rate_b, scale.num_requests,
+                       scale.seed)
+        for system in SYSTEMS:
+            point = run_point(system_spec(spec, system), workload)
+            rows.append({"rate (req/s)": factor * scale.rate_b, "system": system,
+                         "mean queue": point.mean_queue, **point.row()})
+            series[system] = point.queue  # the last (highest) rate's is kept
+    report.section("Queue size (Fig. 16)", (
+        "W_B (30% latency-sensitive) at rising arrival rates: the queue is the number of "
+        "requests arrived and not yet scheduled (global queue plus the engines' waiting "
+        "queues), time-averaged over the run. Left: SLO attainment against that mean "
+        "queue size, per system (the paper's Fig. 16); right: the queue over time at the "
+        "highest rate."))
+    report.table(rows)
+    _figure(report, "fig16_queue_size", plots.queue_size(rows, series),
+            "SLO attainment vs queue size; queue size over time")
+    report.result("fig16_queue_size", {"rows": rows, "series": series})
+
+
 def ablation_section(report: Report, scale: Scale, name: str, spec: ClusterSpec,
                      workload: list[RequestSpec], title: str) -> list[dict[str, Any]]:
     rows = []
@@ -236,7 +278,8 @@ def planner_section(report: Report, quick: bool) -> None:
     results = json.loads(out.stdout)["results"]
     report.section("Planner overhead (Fig. 19)", "benchmarks/qlm_planner.py: median wall "
                    "time of one plan (MILP over the 12 most urgent groups, the rest by EDF; "
-                   "HiGHS limited to 75 ms). Target: <= 100 ms for 100 groups.")
+                   "HiGHS limited by a deterministic work budget, so plans are reproducible). "
+                   "Target: <= 100 ms for 100 groups.")
     report.table([{k: r[k] for k in ("groups", "instances", "solve_ms", "build_ms", "status",
                                      "fallback", "source")} for r in results])
     report.result("fig19_planner", results)
@@ -270,7 +313,7 @@ def headline_section(report: Report, panels: dict[str, Any],
     """Our multiples beside the paper's, and why they differ."""
     rows = []
     for name, label in (("tail", "W_A (tail share)"), ("latency", "W_A (latency share)"),
-                        ("single", "W_B")):
+                        ("azure", "W_A (tail share, Azure arrivals)"), ("single", "W_B")):
         multiples = _multiples(panels[name])
         for baseline in SYSTEMS[1:]:
             rows.append({"workload": label, "baseline": baseline,
@@ -307,7 +350,8 @@ def run(ctx: ExperimentContext) -> Report:
     scale = Scale.of(ctx)
     report.section("Setup", (
         f"Simulated instances running the real engine; ShareGPT lengths (prompt + output "
-        f"<= {MAX_CONTEXT}), Poisson arrivals, {scale.num_requests} requests per point, seed "
+        f"<= {MAX_CONTEXT}), Poisson arrivals (and, in one section, the Azure trace's), "
+        f"{scale.num_requests} requests per point, seed "
         f"{scale.seed}. SLOs (end to end): latency-sensitive 20 s, batch 300 s. Systems: "
         "QLM (qlm router, edf engines), vLLM (round-robin, FCFS), EDF (round-robin, EDF "
         "engines), SHEPHERD (static model placement, deadline-ordered static batches). "
@@ -317,6 +361,9 @@ def run(ctx: ExperimentContext) -> Report:
     report.table(PAPER)
     _log("workload sweeps")
     panels = workload_sections(report, scale)
+    _log("Azure-trace arrivals, queue size")
+    panels["azure"] = azure_section(report, scale)
+    queue_section(report, scale)
     _log("ablations")
     ablation = ablation_section(report, scale, "fig10_ablation_wa", scale.cluster(),
                      w_a(scale.models, 0.6, 0.2, scale.rate, scale.num_requests, scale.seed),

@@ -50,6 +50,31 @@ def bars(rows: Sequence[Mapping[str, Any]], label_key: str,
     return fig
 
 
+def queue_size(rows: Sequence[Mapping[str, Any]],
+               series: Mapping[str, tuple[Sequence[float], Sequence[int]]]) -> Any:
+    """Left: SLO attainment against the mean queue size per system (Fig. 16); right: the
+    queue size over time per system."""
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.2, 3.4))
+    for system in dict.fromkeys(r["system"] for r in rows):
+        label, color, marker = STYLES.get(system, (system, None, "x"))
+        mine = sorted((r["mean queue"], r["SLO attainment"]) for r in rows
+                      if r["system"] == system)
+        left.plot([q for q, _ in mine], [a for _, a in mine], marker=marker, color=color,
+                  label=label)
+        times, sizes = series[system]
+        right.plot(times, sizes, color=color, label=label)
+    left.set_xlabel("mean queue size (requests)")
+    left.set_ylabel("SLO attainment")
+    right.set_xlabel("time (s)")
+    right.set_ylabel("queue size (requests)")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def close(fig: Any) -> None:
     """Free a saved figure (the experiment draws many)."""
     pyplot().close(fig)

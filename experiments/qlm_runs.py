@@ -8,6 +8,13 @@ or state swap chosen by cost), `vllm` (FCFS `vllm` engines behind round-robin), 
 instance without a swap-driving router swaps to the oldest waiting request's model when
 its engine runs dry (andante.sim.simulator), the baselines' behaviour in the paper
 ("none of them consider the impact of model swapping").
+
+Arrivals (QLM §8 "Workloads": the Azure traces and Poisson): `poisson` at the given rate,
+or a shared Azure 2023 trace (`azure-conv`, `azure-code`) replayed from its own
+timestamps, sped up or slowed down (`rate_scale`) so that its first `num_requests`
+arrivals come at the given mean rate: the trace's burstiness is kept, its rate is the
+experiment's. The queue size of a run is the number of requests that have arrived and
+not yet been scheduled (in the global queue or an engine's waiting queue), over time.
 """
 
 from __future__ import annotations
@@ -17,24 +24,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from andante.cluster.qlm import r_squared
 from andante.cluster.qlm.router import QLMRouter
 from andante.cluster.registry import make_router
+from andante.core.request import Request
 from andante.sim import ClusterSpec, SimRun, simulate
 from andante.sim.setup import InstanceSpec, with_router
 from andante.workload import WorkloadConfig, build_workload
 from andante.workload.mixes import (
     add_mega_prompts,
     assign_deadlines,
-    assign_models,
+    format_model_mix,
     head_tail_weights,
 )
 from andante.workload.spec import RequestSpec
+from andante.workload.traces import load_trace
 
 SYSTEMS = ("qlm", "vllm", "edf", "shepherd")
 MAX_CONTEXT = 4000  # prompt + output: Vicuna-13B's 4096-token context
 QUICK_MODELS = ("mistral-7b", "llama-3.1-8b", "vicuna-13b", "phi-3-mini")
 FULL_MODELS = (*QUICK_MODELS, "qwen2.5-14b", "opt-13b")
+ARRIVALS = ("poisson", "azure-conv")
+QUEUE_POINTS = 120  # samples of the queue size over a run
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +62,8 @@ class Point:
     num_swaps: int
     counters: dict[str, int]
     estimator_r2: float | None
+    mean_queue: float = 0.0  # requests waiting to be scheduled, time-averaged
+    queue: tuple[tuple[float, ...], tuple[int, ...]] = ((), ())  # (times, sizes)
 
     def row(self) -> dict[str, Any]:
         return {"SLO attainment": self.slo_attainment, "throughput (req/s)": self.throughput,
@@ -78,29 +93,54 @@ def system_spec(spec: ClusterSpec, system: str, **qlm_options: Any) -> ClusterSp
     return dataclasses.replace(with_router(spec, router), policy=policy)
 
 
-def sharegpt(rate: float, num_requests: int, seed: int) -> list[RequestSpec]:
-    return build_workload(WorkloadConfig(kind="poisson", rate=rate, num_requests=num_requests,
-                                         lengths="sharegpt", max_context=MAX_CONTEXT,
-                                         seed=seed))
+def sharegpt(rate: float, num_requests: int, seed: int, arrivals: str = "poisson",
+             model_mix: str | None = None) -> list[RequestSpec]:
+    """ShareGPT lengths; Poisson arrivals or a trace's at mean `rate` (module note)."""
+    cfg = WorkloadConfig(kind=arrivals, rate=rate, num_requests=num_requests,
+                         lengths="sharegpt", max_context=MAX_CONTEXT, seed=seed,
+                         model_mix=model_mix)
+    if arrivals != "poisson":
+        cfg = dataclasses.replace(cfg, rate_scale=rate / trace_rate(cfg))
+    return build_workload(cfg)
+
+
+def trace_rate(cfg: WorkloadConfig) -> float:
+    """The mean request rate of the trace's first `cfg.num_requests` arrivals."""
+    times = load_trace(cfg.trace_path(cfg.kind), 1.0, cfg.num_requests).arrival_times
+    if len(times) < 2 or times[-1] <= times[0]:
+        raise ValueError(f"trace {cfg.kind!r}: too few arrivals to measure its rate")
+    return (len(times) - 1) / float(times[-1] - times[0])
 
 
 def w_a(models: Sequence[str], tail_share: float, latency_share: float, rate: float,
-        num_requests: int, seed: int) -> list[RequestSpec]:
+        num_requests: int, seed: int, arrivals: str = "poisson") -> list[RequestSpec]:
     """W_A: the first model is the popular one, the others are tail models."""
-    specs = assign_models(sharegpt(rate, num_requests, seed),
-                          head_tail_weights(models, 1, tail_share), seed)
+    mix = format_model_mix(head_tail_weights(models, 1, tail_share))
+    specs = sharegpt(rate, num_requests, seed, arrivals, mix)
     return assign_deadlines(specs, latency_share, seed)
 
 
-def w_b(model: str, latency_share: float, rate: float, num_requests: int, seed: int
-        ) -> list[RequestSpec]:
-    specs = assign_models(sharegpt(rate, num_requests, seed), {model: 1.0}, seed)
+def w_b(model: str, latency_share: float, rate: float, num_requests: int, seed: int,
+        arrivals: str = "poisson") -> list[RequestSpec]:
+    specs = sharegpt(rate, num_requests, seed, arrivals, format_model_mix({model: 1.0}))
     return assign_deadlines(specs, latency_share, seed)
 
 
 def w_c(models: Sequence[str], mega_share: float, rate: float, num_requests: int,
         seed: int) -> list[RequestSpec]:
     return add_mega_prompts(w_a(models, 0.6, 0.2, rate, num_requests, seed), mega_share, seed)
+
+
+def queue_sizes(requests: Sequence[Request], end: float, points: int = QUEUE_POINTS
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(times, requests arrived and not yet scheduled at each) over [first arrival, end]."""
+    arrived = np.sort([r.arrival_time for r in requests])
+    started = np.sort([r.timeline.first_scheduled_time for r in requests
+                       if r.timeline.first_scheduled_time is not None])
+    times = np.linspace(arrived[0], max(end, arrived[0]), points)
+    waiting = (np.searchsorted(arrived, times, side="right")
+               - np.searchsorted(started, times, side="right"))
+    return times, waiting
 
 
 def run_point(spec: ClusterSpec, workload: Sequence[RequestSpec]) -> Point:
@@ -118,9 +158,13 @@ def _point(run: SimRun, router: QLMRouter | None) -> Point:
     start = min(r.arrival_time for r in requests)
     span = max(run.report.end_time - start, 1e-9)
     finished = len(done)
+    times, waiting = queue_sizes([*run.report.finished, *run.report.unfinished],
+                                 run.report.end_time)
     return Point(met / len(requests), finished / span, finished,
                  len(run.report.model_swaps), run.report.router_counters,
-                 None if router is None else estimator_r2(run, router))
+                 None if router is None else estimator_r2(run, router),
+                 float(waiting.mean()),
+                 (tuple(times.round(3).tolist()), tuple(int(w) for w in waiting)))
 
 
 def estimator_r2(run: SimRun, router: QLMRouter) -> float | None:

@@ -69,6 +69,8 @@ async def _one(
     extra: dict[str, Any] = {"temperature": cfg.temperature}
     if cfg.ignore_eos:
         extra["ignore_eos"] = True
+    if spec.model:  # a workload's model mix: each request names its model
+        extra["model"] = spec.model
     slo = spec.slo if cfg.send_objectives else None
     priority = spec.priority if cfg.send_objectives and spec.priority else None
     rid = f"bench-{index}"

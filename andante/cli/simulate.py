@@ -28,7 +28,6 @@ from andante.sim import ClusterSpec, SimRun, simulate
 from andante.sim.cluster_file import load_cluster_file
 from andante.sim.setup import with_router
 from andante.workload import RequestSpec, Trace, build_workload_traced
-from andante.workload.mixes import assign_models, parse_model_mix
 
 ASCENDRA = "ascendra"
 
@@ -57,8 +56,6 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--router-option", action="append", metavar="KEY=VALUE")
     p.add_argument("--cluster", type=Path, metavar="FILE",
                    help="TOML cluster file (andante.sim.cluster_file); flags: its defaults")
-    p.add_argument("--model-mix", metavar="NAME:WEIGHT,...",
-                   help="each request asks for one of these models (QLM multi-model)")
     p.add_argument("--compare", help="comma-separated policies to run on the same workload")
     p.add_argument("--policy-option", action="append", metavar="KEY=VALUE",
                    help="a policy tunable, read as its declared type (none/null where allowed); "
@@ -194,8 +191,6 @@ def run(args: argparse.Namespace) -> int:
     policies = policies_from_args(args)
     config = workload_from_args(args)
     workload, trace = build_workload_traced(config)
-    if args.model_mix:
-        workload = assign_models(workload, parse_model_mix(args.model_mix), args.seed)
     goodput = parse_goodput(args.goodput)
     outcomes = {policy: _run_one(args, policy, workload, goodput) for policy in policies}
     _print(outcomes, args, _workload_line(args, trace, len(workload)))

@@ -52,6 +52,9 @@ def add_workload_args(parser: argparse.ArgumentParser, default_num: int = 2000) 
     g.add_argument("--rate-scale", type=positive_float, default=1.0, help="multiply the rate")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--traces-dir", help="folder of the traces (default ../shared/traces)")
+    g.add_argument("--model-mix", metavar="NAME:WEIGHT,...",
+                   help="each request asks for a model drawn by these weights (several "
+                   "models in one workload, QLM), e.g. mistral-7b:3,llama-3.1-8b:1")
     s = parser.add_argument_group("per-request objectives")
     s.add_argument("--ttft-slo", type=positive_float, help="fixed TTFT SLO (s)")
     s.add_argument("--tbt-slo", type=positive_float, help="TBT SLO (s)")
@@ -92,4 +95,5 @@ def workload_from_args(args: argparse.Namespace) -> WorkloadConfig:
         traces_dir=args.traces_dir,
         trace_columns=args.trace_columns,
         prefix_sharing=args.prefix_sharing,
+        model_mix=args.model_mix,
     )

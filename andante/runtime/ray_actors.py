@@ -13,6 +13,14 @@ controller re-queues its requests that have not streamed a token and fails the o
 waits until the restarted actor answers, and reports it up again; with no restart left
 the instance stays down. A restarted actor starts empty; anything it still receives for
 a request the controller has re-queued is discarded by the owner check upstream.
+
+A multi-model actor (`RayMultiModelInstance`, QLM LSO 5) runs the same `InstanceWorker`
+with its `ModelSwitch`: `swap_model` and `warm_model` are control calls, so the swap
+itself (the outgoing model's requests handed back with the step message, the incoming
+one loaded warm from host memory or cold from disk, timed) is the in-process one. The
+driver answers `model_state` without a round trip: the costs and hardware are fetched
+once, and every step message carries the worker's `ModelReport`; a swap asked for but
+not yet reported counts as pending, so a router never sends a second one.
 """
 
 from __future__ import annotations
@@ -22,13 +30,21 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from andante.cluster.instance import BASIC_CAPABILITIES, LaterOperations
+from andante.cluster.instance import BASIC_CAPABILITIES, SWAP_MODEL, LaterOperations, ModelState
 from andante.cluster.load import LoadReport
 from andante.core.request import Request
 from andante.engine.stats import EngineLimits
-from andante.runtime.worker import InstanceWorker, OnChange, Post, StepMessage
+from andante.runtime.worker import (
+    InstanceWorker,
+    ModelReport,
+    OnChange,
+    Post,
+    StepMessage,
+    state_from,
+)
 
 log = logging.getLogger("andante.cluster")
 
@@ -77,6 +93,18 @@ def _actor_class() -> Any:
         @ray.method(concurrency_group="control")
         def withdraw(self, request_ids: list[str]) -> None:
             self.worker.withdraw(request_ids)
+
+        @ray.method(concurrency_group="control")
+        def swap_model(self, model: str) -> None:
+            self.worker.swap_model(model)
+
+        @ray.method(concurrency_group="control")
+        def warm_model(self, model: str) -> None:
+            self.worker.warm_model(model)
+
+        @ray.method(concurrency_group="control")
+        def describe_models(self) -> tuple[dict[str, EngineLimits], ModelState]:
+            return self.worker.describe_models()
 
         @ray.method(concurrency_group="step")
         def step(self, timeout: float) -> StepMessage | None:
@@ -182,3 +210,70 @@ class RayInstance(LaterOperations):
             except errors.RayActorError:
                 time.sleep(RESTART_POLL_S)
         return False
+
+
+class RayMultiModelInstance(RayInstance):
+    """A Ray instance whose worker serves several models (see the module note): it swaps
+    models (QLM LSO 5), warms them and reports them (`MultiModel`)."""
+
+    capabilities = BASIC_CAPABILITIES | {SWAP_MODEL}
+
+    def __init__(self, index: int, factory: WorkerFactory, role: str = "",
+                 max_restarts: int = 3, spread: bool = False) -> None:
+        super().__init__(index, factory, role, max_restarts, spread)
+        self._basis: ModelState | None = None
+        self._limits: dict[str, EngineLimits] = {}
+        self._reported: ModelReport | None = None
+        self._asked: str | None = None  # a swap sent, not yet seen in a report
+
+    def describe_models(self) -> dict[str, EngineLimits]:
+        """Each model's engine limits (waits for the actor to be built)."""
+        self._fetch_basis()
+        return dict(self._limits)
+
+    def _fetch_basis(self) -> ModelState:
+        if self._basis is None:
+            self._limits, self._basis = self._ray.get(self.actor.describe_models.remote())
+        return self._basis
+
+    def swap_model(self, model: str) -> None:
+        """Serve `model` from the actor's next step boundary."""
+        known = self._fetch_basis().costs
+        if model not in known:
+            raise ValueError(f"unknown model {model!r}; this instance serves {list(known)}")
+        self._asked = model
+        self.actor.swap_model.remote(model)
+
+    def warm_model(self, model: str) -> bool:
+        """Load `model` into the actor's host memory ahead of need (warm start)."""
+        self.actor.warm_model.remote(model)
+        return True
+
+    def observe(self, message: StepMessage) -> None:
+        super().observe(message)
+        report = message.models
+        if report is not None:
+            self._reported = report
+            if self._asked in (report.device, report.pending):
+                self._asked = None  # the actor has taken the swap in
+
+    def _report_now(self) -> ModelReport:
+        basis = self._fetch_basis()
+        report = self._reported or ModelReport(basis.device, basis.host)
+        if self._asked is not None:
+            report = replace(report, pending=self._asked, next_model=self._asked)
+        return report
+
+    def model_state(self) -> ModelState:
+        return state_from(self._fetch_basis(), self._report_now())
+
+    def models(self) -> tuple[str, tuple[str, ...]]:
+        """The model on the device and the warm ones (host memory), as last reported."""
+        report = self._report_now()
+        return report.device, report.host
+
+    def device_model(self) -> str:
+        return self._report_now().device
+
+    def next_model(self) -> str | None:
+        return self._report_now().next_model

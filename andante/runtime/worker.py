@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from andante.cluster.host import EngineHost
@@ -67,6 +67,30 @@ class NoOutputs:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class ModelReport:
+    """Where a multi-model worker's models are now: the device model, the warm ones, a
+    swap it has taken in (`pending`), the model it will swap to next (a pending swap or
+    its parked head's) and each tier's bandwidth as measured by its swaps. Sent with
+    every step message, so an instance in another process answers without a round trip."""
+
+    device: str
+    host: tuple[str, ...]
+    pending: str | None = None
+    next_model: str | None = None
+    bandwidth: tuple[tuple[str, float], ...] = ()
+
+
+def state_from(basis: ModelState, report: ModelReport) -> ModelState:
+    """`basis` (the costs, weights' bytes and hardware of an instance's models) with the
+    placement of `report`: the device is the model a pending swap brings in."""
+    device = report.pending or report.device
+    measured = dict(report.bandwidth)
+    return replace(basis, device=device, host=tuple(m for m in report.host if m != device),
+                   host_link_bandwidth=measured.get(WARM, basis.host_link_bandwidth),
+                   disk_bandwidth=measured.get(COLD, basis.disk_bandwidth))
+
+
 @dataclass(slots=True)
 class StepMessage:
     """What instance `index` reports after one step (or an idle wake-up)."""
@@ -78,6 +102,7 @@ class StepMessage:
     load: LoadReport = field(default_factory=LoadReport)
     stepped: bool = False
     swaps: list[ModelSwap] = field(default_factory=list)
+    models: ModelReport | None = None  # a multi-model worker's placement after the step
 
 
 Post = Callable[[StepMessage], None]
@@ -90,12 +115,14 @@ BoundaryTask = Callable[[bool], bool]
 
 @dataclass(slots=True)
 class ModelSwitch:
-    """A multi-model worker's models (`tiers`), how it builds an engine for one, and each
-    model's cost model (for a router's estimates: QLM's §6 estimator)."""
+    """A multi-model worker's models (`tiers`), how it builds an engine for one, each
+    model's cost model (for a router's estimates: QLM's §6 estimator) and, where known,
+    each model's engine limits (what the server admits for it)."""
 
     tiers: ModelTiers
     build: Build
     costs: Mapping[str, CostModel]
+    limits: Mapping[str, EngineLimits] = field(default_factory=dict)
 
 
 class HostedInstance(Instance, Protocol):
@@ -223,6 +250,8 @@ class InstanceWorker:
             message.swaps, self._swaps = self._swaps, []
             message.handoffs.extend(self._drain_handoffs())
             message.load = self.host.report()
+        if message is not None and self.switch is not None:
+            message.models = self.model_report()
         return message
 
     def _run_tasks(self, ran_batch: bool) -> None:
@@ -417,22 +446,36 @@ class InstanceWorker:
         tiers = self.switch.tiers
         return tiers.device, tuple(tiers.host.copy())  # copy: one atomic call
 
-    def model_state(self) -> ModelState:
-        """The models here and what a router needs to estimate serving them (QLM §6):
-        tier bandwidths as measured by this worker's swaps, else the hardware's."""
+    def model_report(self) -> ModelReport:
+        """Where the models are now (read from any thread)."""
+        assert self.switch is not None
+        tiers = self.switch.tiers
+        return ModelReport(tiers.device, tuple(tiers.host.copy()), self._pending_swap,
+                           self.next_model, tuple(self._bandwidth.copy().items()))
+
+    def model_basis(self) -> ModelState:
+        """What a router needs to estimate serving each model here (QLM §6), with the
+        hardware's tier bandwidths; `state_from` adds where the models are."""
         assert self.switch is not None
         tiers, costs = self.switch.tiers, self.switch.costs
-        device = self._pending_swap or tiers.device
-        hw = costs[device].hardware
+        hw = costs[tiers.device].hardware
         return ModelState(
-            device=device, host=tuple(m for m in tiers.host.copy() if m != device),
-            loading_s=0.0,
-            costs=costs, weight_bytes={m: c.model.weight_bytes for m, c in costs.items()},
-            host_link_bandwidth=self._bandwidth.get(WARM, hw.host_link_bandwidth),
-            disk_bandwidth=self._bandwidth.get(COLD, hw.disk_bandwidth),
+            device=tiers.device, host=(), loading_s=0.0, costs=costs,
+            weight_bytes={m: c.model.weight_bytes for m, c in costs.items()},
+            host_link_bandwidth=hw.host_link_bandwidth, disk_bandwidth=hw.disk_bandwidth,
             device_memory_bytes=hw.mem_capacity,
             host_memory_bytes=tiers.host_capacity_bytes or 0,
             block_size=self.engine.scheduler.config.block_size)
+
+    def model_state(self) -> ModelState:
+        """The models here and what a router needs to estimate serving them (QLM §6):
+        tier bandwidths as measured by this worker's swaps, else the hardware's."""
+        return state_from(self.model_basis(), self.model_report())
+
+    def describe_models(self) -> tuple[dict[str, EngineLimits], ModelState]:
+        """Each model's engine limits and the basis of `model_state` (multi-model)."""
+        assert self.switch is not None
+        return dict(self.switch.limits), self.model_basis()
 
     def describe(self) -> tuple[EngineLimits, str]:
         """What the engine could ever serve, and the model's name."""

@@ -104,9 +104,6 @@ class ServeOptions:
             raise ValueError(f"every model needs a name (NAME=PATH), got {names}")
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
-        if self.models and self.backend != "inprocess":
-            raise ValueError(f"several models (--model NAME=PATH) need the inprocess "
-                             f"backend, got {self.backend!r}")
         if self.models and self.router == "ascendra":
             raise ValueError("router 'ascendra' is not available with several models")
         if self.host_memory_gib is not None and self.host_memory_gib < 0:

@@ -7,12 +7,15 @@ robin over the models) and the others warm in host memory while they fit
 their model (`ModelRouter`), else one swaps to it (`InstanceWorker`: the outgoing
 model's unfinished requests are handed back, never lost). The weights are read once per
 process and shared by the instances (in-process instances share them, as with one
-model); a cold swap reads the checkpoint again.
+model); a cold swap reads the checkpoint again. With `--backend ray` each actor builds
+the same worker (`ray_multi_worker`: its own copy of the weights) and the driver keeps
+only the tokenizers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ from andante.engine import Engine
 from andante.engine.stats import EngineLimits
 from andante.models.interface import Tokenizer
 from andante.perf.cost_model import CostModel
+from andante.runtime.clock import WallClock
 from andante.runtime.local import MultiModelInstance
 from andante.runtime.model_router import ModelRouter
 from andante.runtime.models import ModelTiers
@@ -76,30 +80,79 @@ def weight_bytes(weights: Any) -> int:
 
 def build_multi_model(options: ServeOptions, router: Router, build_engine: BuildEngine
                       ) -> tuple[ClusterRunner, Mapping[str, ServedModel], Clock]:
-    """The runner over in-process multi-model instances, and every served model."""
+    """The runner over multi-model instances (in-process or Ray), and every served model."""
+    build = _ray_instances if options.backend == "ray" else _local_instances
+    instances, served, clock = build(options, build_engine)
+    if not isinstance(router, QueueRouter):  # qlm places by model itself
+        router = ModelRouter(router, instances)
+    return ClusterRunner(list[HostedInstance](instances), router), served, clock
+
+
+_Built = tuple[list[Any], Mapping[str, ServedModel], Clock]  # HostedInstance & ModelHolder
+
+
+def _local_instances(options: ServeOptions, build_engine: BuildEngine) -> _Built:
+    clock = MonotonicClock()
+    costs: dict[str, CostModel] = {}  # filled below; read by the workers at swap time
+    limits: dict[str, EngineLimits] = {}
+    weights = _load_all(options)
+    workers = [_worker(options, i, clock, weights, build_engine, (costs, limits))
+               for i in range(options.instances)]
+    served = _describe(options, clock, weights, build_engine, workers, (costs, limits))
+    return [MultiModelInstance(w) for w in workers], served, clock
+
+
+def _load_all(options: ServeOptions) -> Mapping[str, Any]:
+    return {name: load_weights(path, options.engine.dtype) for name, path in options.models}
+
+
+def ray_multi_worker(options: ServeOptions, build_engine: BuildEngine, origin: float,
+                     index: int) -> InstanceWorker:
+    """The factory each Ray actor calls: the worker of instance `index` over its own
+    copy of the weights, with every model's cost model and limits."""
+    clock = WallClock(origin)
+    costs: dict[str, CostModel] = {}
+    limits: dict[str, EngineLimits] = {}
+    weights = _load_all(options)
+    worker = _worker(options, index, clock, weights, build_engine, (costs, limits))
+    _describe(options, clock, weights, build_engine, [worker], (costs, limits))
+    return worker
+
+
+def _ray_instances(options: ServeOptions, build_engine: BuildEngine) -> _Built:
+    from andante.runtime.ray_actors import RayMultiModelInstance, init_ray
+
+    init_ray(options.ray_address)
+    clock = WallClock()
+    factory = functools.partial(ray_multi_worker, options, build_engine, clock.origin)
+    spread = options.ray_address != "local"
+    instances = [RayMultiModelInstance(i, factory, "", options.max_restarts, spread)
+                 for i in range(options.instances)]
+    limits = [inst.describe_models() for inst in instances][0]  # waits for the actors
+    served = {name: ServedModel(name, _tokenizer(path), limits[name])
+              for name, path in options.models}
+    return instances, served, clock
+
+
+def _tokenizer(path: str | None) -> Tokenizer:
+    if path == TOY_MODEL:
+        from andante.server.toy import ByteTokenizer
+
+        return ByteTokenizer()
+    from andante.models.loader import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+_Known = tuple[dict[str, CostModel], dict[str, EngineLimits]]  # filled by `_describe`
+
+
+def _worker(options: ServeOptions, index: int, clock: Clock, weights: Mapping[str, Any],
+            build_engine: BuildEngine, known: _Known) -> InstanceWorker:
+    """Instance `index`: model index mod M on the device, the others warm if they fit."""
     paths = dict(options.models)
     names = tuple(paths)
-    clock = MonotonicClock()
-    weights = {name: load_weights(path, options.engine.dtype) for name, path in paths.items()}
     cap = None if options.host_memory_gib is None else int(options.host_memory_gib * GIB)
-    costs: dict[str, CostModel] = {}  # filled below; read by the workers at swap time
-    workers = [_worker(options, i, clock, (names, paths, weights, cap), build_engine, costs)
-               for i in range(options.instances)]
-    served = _describe(options, clock, weights, build_engine, workers, costs)
-    locals_ = [MultiModelInstance(w) for w in workers]
-    instances: list[HostedInstance] = list(locals_)
-    if not isinstance(router, QueueRouter):  # qlm places by model itself
-        router = ModelRouter(router, locals_)
-    return ClusterRunner(instances, router), served, clock
-
-
-_Models = tuple[tuple[str, ...], Mapping[str, str | None], Mapping[str, Any], int | None]
-
-
-def _worker(options: ServeOptions, index: int, clock: Clock, models: _Models,
-            build_engine: BuildEngine, costs: Mapping[str, CostModel]) -> InstanceWorker:
-    """Instance `index`: model index mod M on the device, the others warm if they fit."""
-    names, paths, weights, cap = models
     device = names[index % len(names)]
 
     def build(model: str, loaded: Any) -> tuple[Engine, OutputAdapter]:
@@ -115,7 +168,7 @@ def _worker(options: ServeOptions, index: int, clock: Clock, models: _Models,
     log.info("instance %d: %s on the device, warm: %s", index, device,
              ", ".join(tiers.host) or "none")
     return InstanceWorker(index, engine, adapter, model_name=device,
-                          switch=ModelSwitch(tiers, build, costs))
+                          switch=ModelSwitch(tiers, build, *known))
 
 
 def _shared(loaded: Any) -> Any:
@@ -124,14 +177,15 @@ def _shared(loaded: Any) -> Any:
 
 def _describe(options: ServeOptions, clock: Clock, weights: Mapping[str, Any],
               build_engine: BuildEngine, workers: list[InstanceWorker],
-              costs: dict[str, CostModel]) -> dict[str, ServedModel]:
+              known: _Known) -> dict[str, ServedModel]:
     """Each model's tokenizer, limits and cost model: from a worker's engine where one
     serves it, else from an engine built once for it (a model no device holds yet)."""
     served: dict[str, ServedModel] = {}
+    costs, limits = known
 
     def record(name: str, engine: Engine, adapter: Any) -> None:
         served[name] = ServedModel(name, adapter.tokenizer, engine.limits())
-        costs[name] = engine.executor.cost_model
+        costs[name], limits[name] = engine.executor.cost_model, served[name].limits
 
     for worker in workers:
         if worker.model_name not in served:

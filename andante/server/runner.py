@@ -27,6 +27,7 @@ from andante.core.request import Request
 from andante.engine.stats import SchedulerStats
 from andante.runtime.local import MultiModelInstance
 from andante.runtime.models import ModelSwap
+from andante.runtime.ray_actors import RayMultiModelInstance
 from andante.runtime.worker import HostedInstance, StepMessage
 from andante.server.outputs import Delta
 
@@ -163,7 +164,7 @@ class ClusterRunner:
 def _instance_stats(inst: HostedInstance) -> dict[str, Any]:
     load = inst.load()
     extra: dict[str, Any] = {}
-    if isinstance(inst, MultiModelInstance):  # which model is on the device, which warm
+    if isinstance(inst, (MultiModelInstance, RayMultiModelInstance)):  # device and warm
         extra["device_model"], extra["warm_models"] = inst.models()
     return {"index": inst.index, "role": inst.role, "alive": inst.alive,
             **asdict(load), "stats": stats_dict(load.stats), **extra}

@@ -10,7 +10,8 @@ prefixes (`andante.workload.prefix`); a replayed trace's own block hash ids (Moo
 come with its own lengths. `rate_scale` multiplies the request
 rate of every kind (a trace replays rate_scale× faster). Synthetic kinds stop at
 `num_requests` or `duration` s, whichever comes first; traces are cut the same way
-(None for both replays the whole trace).
+(None for both replays the whole trace). `model_mix` ("NAME:WEIGHT,...", QLM's
+multi-model workloads) gives each request a model drawn by weight, seeded by `seed`.
 
 Arrivals, lengths and SLOs draw from three independent streams spawned from `seed`, so
 the same config gives the same workload, and changing e.g. the length distribution
@@ -31,6 +32,7 @@ import numpy as np
 from andante.workload import lengths as length_samplers
 from andante.workload.arrivals import burst_rates, cyclic_burst, gamma, poisson
 from andante.workload.formats import TraceColumns, parse_trace_columns
+from andante.workload.mixes import assign_models, parse_model_mix
 from andante.workload.prefix import apply_prefix_sharing, parse_prefix_sharing, with_trace_ids
 from andante.workload.slo import SLOConfig, assign_slos
 from andante.workload.spec import RequestSpec
@@ -146,6 +148,8 @@ class WorkloadConfig:
     slo: per-request SLO assignment. traces_dir: see `resolve_traces_dir`.
     model, priority: copied onto every request. trace_columns: an explicit column mapping
     ("time=...,prompt=...,output=...[,unit=ms]") for the files named by "trace:<path>".
+    model_mix: "NAME:WEIGHT,..." (weights normalised): each request's model drawn by
+    weight instead of `model`.
     """
 
     kind: str = "poisson"
@@ -166,12 +170,17 @@ class WorkloadConfig:
     priority: int = 0
     trace_columns: str | None = None
     prefix_sharing: str | None = None  # andante.workload.prefix: system:N, conversation:C
+    model_mix: str | None = None
 
     def __post_init__(self) -> None:
         kind, _ = parse_kind(self.kind)
         if self.prefix_sharing is not None:
             parse_prefix_sharing(self.prefix_sharing)
         self.columns()
+        if self.model_mix is not None:
+            parse_model_mix(self.model_mix)
+            if self.model:
+                raise ValueError(f"give model ({self.model!r}) or model_mix, not both")
         for name in ("rate", "cv", "cycle_length", "rate_scale"):
             _check_positive(name, getattr(self, name))
         if kind == "burst":
@@ -275,7 +284,10 @@ def build_workload_traced(cfg: WorkloadConfig) -> tuple[list[RequestSpec], Trace
     ]
     if trace is not None and _lengths_are_the_traces(cfg):
         specs = with_trace_ids(specs, trace)  # its block hash ids, row for row
-    return apply_prefix_sharing(specs, cfg.prefix_sharing, cfg.max_context), trace
+    specs = apply_prefix_sharing(specs, cfg.prefix_sharing, cfg.max_context)
+    if cfg.model_mix is not None:
+        specs = assign_models(specs, parse_model_mix(cfg.model_mix), cfg.seed)
+    return specs, trace
 
 
 def _lengths_are_the_traces(cfg: WorkloadConfig) -> bool:

@@ -64,6 +64,11 @@ def parse_model_mix(text: str) -> dict[str, float]:
     return {m: w / total for m, w in weights.items()}
 
 
+def format_model_mix(weights: dict[str, float]) -> str:
+    """The `parse_model_mix` text of `weights` (exact: floats keep their repr)."""
+    return ",".join(f"{name}:{weight!r}" for name, weight in weights.items() if weight > 0)
+
+
 def assign_models(specs: Sequence[RequestSpec], weights: dict[str, float], seed: int = 0
                   ) -> list[RequestSpec]:
     """Each request asks for a model drawn with probability `weights[model]`."""

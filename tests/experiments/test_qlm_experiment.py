@@ -5,9 +5,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from experiments.qlm_runs import base_spec, mixed_hardware, system_spec
+from andante.core.request import Request
+from andante.core.sampling import SamplingParams
+from andante.workload import WorkloadConfig
+from experiments.qlm_runs import (
+    QUICK_MODELS,
+    base_spec,
+    mixed_hardware,
+    queue_sizes,
+    system_spec,
+    w_a,
+)
 from experiments.registry import ExperimentContext, experiment_names, run_experiment
 
 
@@ -23,17 +34,47 @@ def test_systems_are_the_papers_baselines() -> None:
     assert [mixed.instance_spec(i).hardware for i in range(2)] == ["a10-24g", "a100-80g"]
 
 
+def test_azure_arrivals_keep_the_traces_bursts_at_the_experiments_rate() -> None:
+    if not WorkloadConfig(kind="azure-conv").trace_path("azure-conv").exists():
+        pytest.skip("the shared Azure trace is not beside the repository")
+    specs = w_a(QUICK_MODELS, 0.6, 0.2, 3.0, 300, 0, arrivals="azure-conv")
+    poisson = w_a(QUICK_MODELS, 0.6, 0.2, 3.0, 300, 0)
+    for workload in (specs, poisson):
+        times = np.array([s.arrival_time for s in workload])
+        assert (len(times) - 1) / (times[-1] - times[0]) == pytest.approx(3.0, rel=0.15)
+    gaps = np.diff([s.arrival_time for s in specs])
+    assert [s.model for s in specs] == [s.model for s in poisson]  # the same model draw
+    assert not np.allclose(gaps, np.diff([s.arrival_time for s in poisson]))
+
+
+def test_queue_size_counts_requests_arrived_and_not_yet_scheduled() -> None:
+    def req(rid: str, arrival: float, start: float | None) -> Request:
+        r = Request(rid, [1], SamplingParams(max_tokens=1), arrival)
+        r.timeline.first_scheduled_time = start
+        return r
+
+    reqs = [req("a", 0.0, 1.0), req("b", 0.5, 3.0), req("c", 2.0, None)]
+    times, sizes = queue_sizes(reqs, end=4.0, points=9)  # every 0.5 s
+    assert times.tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0]
+    assert sizes.tolist() == [1, 2, 1, 1, 2, 2, 1, 1, 1]
+
+
 @pytest.mark.slow
 def test_quick_experiment_writes_report_plots_and_results(tmp_path: Path) -> None:
     assert "qlm" in experiment_names()
     run_experiment("qlm", ExperimentContext(tmp_path, quick=True))
     assert (tmp_path / "report.md").read_text().startswith("# QLM")
     for name in ("fig8_wa_tail_share", "fig9_wa_latency_share", "fig12_wb_latency_share",
-                 "fig10_ablation_wa", "fig13_ablation_wb", "wc_mega_prompts"):
+                 "fig10_ablation_wa", "fig13_ablation_wb", "wc_mega_prompts",
+                 "fig8_wa_tail_share_azure", "fig16_queue_size"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["quick"] is True
     tail = results["fig8_wa_tail_share"]["curves"]
     assert set(tail) == {"qlm", "vllm", "edf", "shepherd"}
     assert all(0.0 <= v <= 1.0 for c in tail.values() for v in c["slo_attainment"])
+    queue = results["fig16_queue_size"]
+    assert {r["system"] for r in queue["rows"]} == {"qlm", "vllm", "edf", "shepherd"}
+    assert all(len(times) == len(sizes) > 0 for times, sizes in queue["series"].values())
+    assert set(results["fig8_wa_tail_share_azure"]["curves"]) == set(tail)
     assert results["fig19_planner"] and results["fig10_ablation_wa"][0]["variant"].startswith("QLM")

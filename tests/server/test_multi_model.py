@@ -235,7 +235,6 @@ def test_parse_models_refuses_mixed_or_unnamed(items: list[str], match: str) -> 
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"models": (("a", None), ("a", None))}, "unique"),
     ({"models": (("", None),)}, "name"),
-    ({"models": (("a", None),), "backend": "ray"}, "inprocess"),
     ({"models": (("a", None),), "host_memory_gib": -1.0}, "host_memory_gib"),
 ])
 def test_bad_multi_model_options(kwargs: dict[str, Any], match: str) -> None:

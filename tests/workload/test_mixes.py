@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -53,3 +54,30 @@ def test_deadlines_and_mega_prompts() -> None:
     num_mega = sum(s.prompt_len == 3000 for s in mega)
     assert 0 < num_mega < 0.1 * len(mega)
     assert all(s.output_len == 900 for s in mega if s.prompt_len == 3000)
+
+
+def test_a_model_mix_in_the_workload_config_draws_each_requests_model() -> None:
+    from andante.workload import WorkloadConfig, build_workload
+    from andante.workload.mixes import assign_models, format_model_mix
+
+    mix = {"a": 0.7, "b": 0.2, "c": 0.1}
+    base = WorkloadConfig(kind="poisson", rate=5.0, num_requests=400, lengths="fixed:8:4",
+                          seed=3)
+    mixed = build_workload(dataclasses.replace(base, model_mix=format_model_mix(mix)))
+    plain = build_workload(base)
+    assert [s.arrival_time for s in mixed] == [s.arrival_time for s in plain]
+    assert mixed == assign_models(plain, mix, 3)  # the same draw as assigning afterwards
+    counts = {m: sum(s.model == m for s in mixed) for m in mix}
+    assert counts["a"] > counts["b"] > counts["c"] > 0
+    assert parse_model_mix(format_model_mix(mix)) == pytest.approx(mix)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"model_mix": "a:0"}, "weight > 0"), ({"model_mix": ""}, "empty"),
+    ({"model_mix": "a:1", "model": "b"}, "not both"),
+])
+def test_bad_model_mix_in_the_workload_config(kwargs: dict, match: str) -> None:
+    from andante.workload import WorkloadConfig
+
+    with pytest.raises(ValueError, match=match):
+        WorkloadConfig(**kwargs)

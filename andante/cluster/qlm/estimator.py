@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -197,18 +197,52 @@ class RCTEstimator:
         """S samples of eqs. 1-5 for `group` run at the head of `view`'s queue; pass
         `outputs` ([S, members], from `sample_outputs`) to reuse one draw across instances."""
         outs = self.sample_outputs(group, num_samples, rng) if outputs is None else outputs
-        theta = self.throughput(view, group.model)
-        waiting = (np.cumsum(outs, axis=1) - outs) / theta  # eq. 2 inside the group (FCFS)
+        drain, completion = self.times_across([view], group, outs)
+        waiting = (np.cumsum(outs, axis=1) - outs) / self.throughput(view, group.model)
+        return GroupTimes(drain=drain[0], completion=completion[0], waiting=waiting)
+
+    def times_across(self, views: Sequence[InstanceView], group: RequestGroup,
+                     outputs: np.ndarray, memo: dict[tuple[object, ...], Any] | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """(drain, completion), each [views, S]: `group` at the head of each view's queue,
+        for one draw of its `outputs` ([S, members]) shared by every view (common random
+        numbers), in one array computation over the views. `memo` keeps the cost model's
+        answers (Θ, prefill and decode steps) across the groups of one plan."""
+        memo = {} if memo is None else memo
+        model = group.model
         lengths, where = np.unique(group.prompt_tokens, return_inverse=True)
-        prefill = np.array([self.cost.prefill_time(view.instance_id, group.model, int(p))
-                            for p in lengths])[where]
-        context = int(np.mean(group.prompt_tokens) + self.outputs.mean(group.key) / 2)
-        step = self.cost.decode_time(view.instance_id, group.model, view.avg_batch_size,
-                                     max(1, context))
-        decode = outs * (self.inefficiency * step)  # eq. 4
-        completion = (waiting + prefill[None, :] + decode).max(axis=1)  # eqs. 1, 5
-        return GroupTimes(drain=outs.sum(axis=1) / theta, completion=completion,
-                          waiting=waiting)
+        context = max(1, int(np.mean(group.prompt_tokens) + self.outputs.mean(group.key) / 2))
+        key = ("views", model, context, tuple(lengths.tolist()),
+               tuple(v.instance_id for v in views))
+        costs = memo.get(key)
+        if costs is None:  # groups of one model and prompt shape share the views' costs
+            rows = [self._view_costs(v, model, context, lengths, memo) for v in views]
+            costs = memo[key] = (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
+                                 np.array([r[2] for r in rows]).reshape(len(views), -1))
+        theta, step, prefill = costs
+        ahead = np.cumsum(outputs, axis=1) - outputs  # eq. 2 inside the group (FCFS)
+        completion = (ahead[None] / theta[:, None, None] + prefill[:, where][:, None, :]
+                      + outputs[None] * (self.inefficiency * step)[:, None, None])  # eq. 4
+        drain = outputs.sum(axis=1)[None, :] / theta[:, None]
+        return drain, completion.max(axis=2)  # eqs. 1, 5
+
+    def _view_costs(self, view: InstanceView, model: str, context: int, lengths: np.ndarray,
+                    memo: dict[tuple[object, ...], Any]) -> tuple[float, float, list[float]]:
+        """Θ, one decode step at `context` and the prefill of each prompt length, for
+        `model` on `view` (memoised by instance id)."""
+        iid = view.instance_id
+        keys = [("theta", iid, model), ("decode", iid, model, view.avg_batch_size, context)]
+        if keys[0] not in memo:
+            memo[keys[0]] = self.throughput(view, model)
+        if keys[1] not in memo:
+            memo[keys[1]] = self.cost.decode_time(iid, model, view.avg_batch_size, context)
+        prefill = []
+        for p in lengths.tolist():
+            key = ("prefill", iid, model, p)
+            if key not in memo:
+                memo[key] = self.cost.prefill_time(iid, model, p)
+            prefill.append(memo[key])
+        return memo[keys[0]], memo[keys[1]], prefill
 
     def queue_times(self, view: InstanceView, groups: Sequence[RequestGroup], num_samples: int,
                     rng: np.random.Generator) -> QueueEstimate:

@@ -31,10 +31,18 @@ Simplifications for scale, all options: each queue has L positions, L = ⌈slack
 share⌉ + 1 instead of the paper's L = #groups; the program orders only the
 `horizon_groups` most urgent groups (by deadline) and the others follow them by EDF list
 scheduling; HiGHS starts from the EDF plan when that meets the chance constraints, so a
-time-limited answer is never worse than EDF. If there is no plan meeting the chance
-constraints (infeasible, or no solution by the time limit), the plan falls back to EDF
+budget-limited answer is never worse than EDF. If there is no plan meeting the chance
+constraints (infeasible, or no solution within the budget), the plan falls back to EDF
 over groups (list scheduling onto the instance that frees up first) and, when EDF does not
 meet them either, says that more capacity is needed (§A.3).
+
+Reproducibility. The solver's budget is a deterministic work measure, not wall-clock
+time: at most `max_nodes` branch-and-bound nodes and `work_limit` of HiGHS's own limit
+checks (its MIP interrupt callback, which it reaches at fixed points of its single-
+threaded search: root cut rounds, heuristics, nodes), with a fixed `random_seed`. The same
+inputs therefore give the same plan on a busy and an idle machine, even when the budget
+binds (status "work_limit"). A wall-clock `time_limit_s` exists as an opt-in safety net;
+a plan it cuts short depends on the machine's speed.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import highspy
 import numpy as np
@@ -70,7 +79,9 @@ class PlannerOptions:
     delta: float = 4.0  # group size cap, in average batches (§4, §8.3)
     num_samples: int = 8  # S, SAA samples of the stochastic terms
     chance_level: float = 0.9  # Δ of eq. 12
-    time_limit_s: float = 0.075  # HiGHS wall-clock limit (issue #12: <= 100 ms a plan)
+    work_limit: int = 20  # HiGHS limit checks (MIP interrupt callbacks) before it stops
+    max_nodes: int = 500  # branch-and-bound nodes before it stops
+    time_limit_s: float | None = None  # opt-in wall-clock cap (breaks reproducibility)
     mip_rel_gap: float = 1e-4
     queue_slack: float = 1.5  # positions per queue, in fair shares of the groups
     max_queue_length: int | None = None  # overrides queue_slack when set
@@ -81,7 +92,11 @@ class PlannerOptions:
 
     def __post_init__(self) -> None:
         check_positive("delta", self.delta)
-        check_positive("time_limit_s", self.time_limit_s)
+        if self.time_limit_s is not None:
+            check_positive("time_limit_s", self.time_limit_s)
+        if self.work_limit < 1 or self.max_nodes < 1:
+            raise ValueError(f"work_limit and max_nodes must be >= 1, got "
+                             f"{self.work_limit!r}, {self.max_nodes!r}")
         check_positive("queue_slack", self.queue_slack)
         check_positive("completion_weight", self.completion_weight)
         check_non_negative("swap_weight", self.swap_weight)
@@ -160,7 +175,7 @@ class Plan:
     feasible: bool  # meets the SAA chance constraints
     fallback: bool  # the program gave no usable plan: EDF over groups (§A.3)
     needs_capacity: bool  # not even the fallback meets the chance constraints
-    status: str  # HiGHS's model status: optimal, time_limit, infeasible, ...
+    status: str  # optimal, work_limit (the budget bound), infeasible, time_limit (opt-in), ...
     reason: str
     source: str = "milp"  # "milp", or "edf" when the EDF plan was kept
 
@@ -177,15 +192,15 @@ def build_problem(groups: Sequence[RequestGroup], views: Sequence[InstanceView],
                                                        for m in v.models_on_device}))
     index = {m: k for k, m in enumerate(models)}
     drain, completion = np.zeros((n, g, s)), np.zeros((n, g, s))
-    allowed = np.zeros((n, g), dtype=bool)
+    memory = np.array([v.device_memory_bytes for v in views])
+    allowed = np.array([estimator.weight_bytes(gr.model) <= memory for gr in groups],
+                       dtype=bool).reshape(n, g)
+    memo: dict[tuple[object, ...], Any] = {}  # the cost model's answers, shared
     for i, group in enumerate(groups):
         outputs = estimator.sample_outputs(group, s, rng)  # common to every instance
-        for gi, view in enumerate(views):
-            if estimator.weight_bytes(group.model) > view.device_memory_bytes:
-                continue
-            allowed[i, gi] = True
-            times = estimator.group_times(view, group, s, rng, outputs)
-            drain[i, gi], completion[i, gi] = times.drain, times.completion
+        fits = np.flatnonzero(allowed[i])
+        drain[i, fits], completion[i, fits] = estimator.times_across(
+            [views[k] for k in fits.tolist()], group, outputs, memo)
     swap_in = np.array([[estimator.swap_in_time(v, m) if m in estimator.model_bytes else 0.0
                          for m in models] for v in views]).reshape(g, len(models))
     on_device = np.array([[m in v.models_on_device for m in models] for v in views],
@@ -511,15 +526,42 @@ def _quiet_first_highs() -> None:
         os.close(saved)
 
 
-def _run_highs(model: _Milp, options: PlannerOptions, start: np.ndarray | None
-               ) -> tuple[str, np.ndarray | None]:
-    """Solve with HiGHS from an optional incumbent; ('optimal'|'time_limit'|..., x)."""
+_STATUS = {highspy.HighsModelStatus.kOptimal: "optimal",
+           highspy.HighsModelStatus.kInfeasible: "infeasible",
+           highspy.HighsModelStatus.kInterrupt: "work_limit",
+           highspy.HighsModelStatus.kSolutionLimit: "work_limit",  # max_nodes reached
+           highspy.HighsModelStatus.kTimeLimit: "time_limit"}
+
+
+def _solver(options: PlannerOptions) -> highspy.Highs:
+    """A quiet single-threaded HiGHS with the plan's deterministic budget (module note)."""
     _quiet_first_highs()
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(options.time_limit_s))
-    h.setOptionValue("mip_rel_gap", float(options.mip_rel_gap))
     h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", int(options.seed) % (2**31))
+    h.setOptionValue("mip_rel_gap", float(options.mip_rel_gap))
+    h.setOptionValue("mip_max_nodes", int(options.max_nodes))
+    if options.time_limit_s is not None:
+        h.setOptionValue("time_limit", float(options.time_limit_s))
+    checks = [0]
+
+    def interrupt(_kind: highspy.cb.HighsCallbackType, _message: str,
+                  _out: highspy.cb.HighsCallbackOutput, data_in: highspy.cb.HighsCallbackInput,
+                  _user: object) -> None:
+        checks[0] += 1
+        if checks[0] > options.work_limit:
+            data_in.user_interrupt = True
+
+    h.setCallback(interrupt, None)
+    h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
+    return h
+
+
+def _run_highs(model: _Milp, options: PlannerOptions, start: np.ndarray | None
+               ) -> tuple[str, np.ndarray | None]:
+    """Solve with HiGHS from an optional incumbent; ('optimal'|'work_limit'|..., x)."""
+    h = _solver(options)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = len(model.cost), len(model.row_lower)
     lp.col_cost_, lp.col_lower_, lp.col_upper_ = model.cost, model.lower, model.upper
@@ -536,12 +578,9 @@ def _run_highs(model: _Milp, options: PlannerOptions, start: np.ndarray | None
         h.setSolution(solution)
     h.run()
     status = h.getModelStatus()
-    names = {highspy.HighsModelStatus.kOptimal: "optimal",
-             highspy.HighsModelStatus.kInfeasible: "infeasible",
-             highspy.HighsModelStatus.kTimeLimit: "time_limit"}
     has_x = h.getInfo().primal_solution_status == 2  # kSolutionStatusFeasible
     x = np.asarray(h.getSolution().col_value) if has_x else None
-    return names.get(status, h.modelStatusToString(status)), x
+    return _STATUS.get(status, h.modelStatusToString(status)), x
 
 
 def _extract(x: np.ndarray, lay: _Layout) -> list[list[int]]:

@@ -117,7 +117,7 @@ class QLMCounters:
 
 
 class QLMRouter:
-    """Options are the paper's knobs (δ, S, Δ, the solver's time limit and horizon) and
+    """Options are the paper's knobs (δ, S, Δ, the solver's budget and horizon) and
     one switch per operation, for the ablation: `pull`, `load_balance`, `warm_start`,
     `plan` (False: EDF over groups only). `pull_reserve`: KV tokens a pulled request
     reserves for its output, in mean outputs of its group."""
@@ -125,7 +125,8 @@ class QLMRouter:
     name = "qlm"
 
     def __init__(self, delta: float = 4.0, avg_batch: int = 32, num_samples: int = 8,
-                 chance_level: float = 0.9, time_limit_ms: float = 75.0,
+                 chance_level: float = 0.9, work_limit: int = 20, max_nodes: int = 500,
+                 time_limit_ms: float | None = None,
                  horizon_groups: int = 12, replan_interval: float = 5.0,
                  default_deadline: float = 3600.0, pull: bool = True,
                  load_balance: bool = True, warm_start: bool = True, plan: bool = True,
@@ -141,7 +142,9 @@ class QLMRouter:
                              f"got {replan_interval!r}, {default_deadline!r}")
         self.options = PlannerOptions(delta=delta, num_samples=num_samples,
                                       chance_level=chance_level,
-                                      time_limit_s=time_limit_ms / 1000.0,
+                                      work_limit=work_limit, max_nodes=max_nodes,
+                                      time_limit_s=None if time_limit_ms is None
+                                      else time_limit_ms / 1000.0,
                                       horizon_groups=horizon_groups, seed=seed)
         self.avg_batch, self.replan_interval = avg_batch, replan_interval
         self.default_deadline = default_deadline

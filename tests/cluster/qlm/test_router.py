@@ -138,3 +138,10 @@ def test_planner_fallback_is_logged_and_counted(caplog: pytest.LogCaptureFixture
     assert router.counters.num_fallbacks >= 1 and router.counters.num_needs_capacity >= 1
     assert "more capacity is needed" in caplog.text
     assert run.report.router_counters["num_needs_capacity"] == router.counters.num_needs_capacity
+
+
+def test_the_planner_budget_is_work_not_wall_clock_by_default() -> None:
+    default = QLMRouter().options
+    assert default.time_limit_s is None and default.work_limit >= 1
+    tuned = QLMRouter(work_limit=3, max_nodes=7, time_limit_ms=250.0).options
+    assert (tuned.work_limit, tuned.max_nodes, tuned.time_limit_s) == (3, 7, 0.25)
