@@ -41,6 +41,35 @@ def test_decode_runs_give_identical_timelines(policy: str, mode: PreemptionMode)
     assert steps == [s.num_steps for s in stepped.report.instance_stats]
 
 
+@pytest.mark.parametrize("policy", ["fastserve", "fastserve-fcfs"])
+@pytest.mark.parametrize(("hardware", "starve_limit"),
+                         [("a100-80g", 3.0), ("a100-80g", 0.01), ("a10-24g", 3.0)])
+def test_fastserve_decode_runs_give_identical_timelines(policy: str, hardware: str,
+                                                        starve_limit: float) -> None:
+    """FastServe's MLFQ state is replayed after a run: demotions and promotions (a
+    starvation limit below a step's time promotes every job each step) come out as
+    stepping would make them, so later decisions match too."""
+    workload = build_workload(WorkloadConfig(
+        kind="gamma", rate=20.0, cv=3.0, num_requests=150, lengths="uniform:32:1500:1:300",
+        seed=3,
+    ))
+    options = {"starve_limit": starve_limit} if policy == "fastserve" else {}
+    spec = ClusterSpec(model="llama-3.1-8b", hardware=hardware, policy=policy,
+                       policy_options=options, scheduler=SchedulerConfig(max_num_seqs=64),
+                       gpu_memory_utilization=0.85)
+    stepped = simulate(spec, workload, decode_runs=False)
+    fast = simulate(spec, workload, decode_runs=True)
+    assert _timelines(fast) == _timelines(stepped)
+    assert fast.report.end_time == stepped.report.end_time
+    if hardware == "a100-80g":  # room for every job: runs happen
+        sim = build_simulator(spec, decode_runs=True)
+        engine = sim.instances[0].engine
+        outputs: list[int] = []
+        engine.add_observer(lambda out, stats: outputs.append(out.num_steps))
+        sim.run(to_requests(workload))
+        assert max(outputs) > 1
+
+
 def test_until_is_respected_by_decode_runs() -> None:
     workload = build_workload(WorkloadConfig(kind="poisson", rate=5.0, num_requests=20,
                                              lengths="fixed:64:2000", seed=0))
