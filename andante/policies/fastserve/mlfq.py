@@ -104,28 +104,28 @@ class SkipJoinMLFQ:
         new_level = self.level_for(next_iteration_time(req), min(level + 1, len(self.quanta) - 1))
         self._move(req, state, new_level)
 
-    def replay_decode_run(self, reqs: Sequence[Request], times: Sequence[float],
+    def replay_decode_run(self, reqs: Sequence[Request], starts: Sequence[float],
+                          services: Sequence[float],
                           next_iteration_time: Callable[[Request, int], float]) -> None:
-        """Step j of the run was scheduled at times[j] and ended at times[j+1] with every
+        """Step j of the run was scheduled at starts[j] and charged services[j] with every
         job (`reqs`) in it; `next_iteration_time(req, j)`: the job's next iteration after
         step j (the job has since advanced by the later steps). When no job can starve
-        during the run, only the last step's start times matter (and their order: the
-        job order then); otherwise every step is scheduled and charged as it was."""
-        services = [end - start for start, end in pairwise(times)]
+        during the run, only the last step's start time matters (and the order of the
+        jobs then); otherwise every step is scheduled and charged as it was."""
         last = len(services) - 1
         limit = self.starve_limit
         oldest = next(iter(self._by_last_run), None)
         if limit is not None and oldest is not None and (
-                times[0] - self._jobs[oldest].last_run >= limit
-                or any(s >= limit for s in services[:last])):
+                starts[0] - self._jobs[oldest].last_run >= limit
+                or any(b - a >= limit for a, b in pairwise(starts))):
             for j, service in enumerate(services):
-                self.promote_starved(times[j])
-                self._mark_all(times[j])
+                self.promote_starved(starts[j])
+                self._mark_all(starts[j])
                 self._charge_all(reqs, j, service, next_iteration_time)
             return
         for j in range(last):
             self._charge_all(reqs, j, services[j], next_iteration_time)
-        self._mark_all(times[last])
+        self._mark_all(starts[last])
         self._charge_all(reqs, last, services[last], next_iteration_time)
 
     def _mark_all(self, now: float) -> None:
@@ -242,7 +242,8 @@ class FCFSOrder:
     def promote_starved(self, now: float) -> list[Request]:
         return []
 
-    def replay_decode_run(self, reqs: Sequence[Request], times: Sequence[float],
+    def replay_decode_run(self, reqs: Sequence[Request], starts: Sequence[float],
+                          services: Sequence[float],
                           next_iteration_time: Callable[[Request, int], float]) -> None:
         return None
 

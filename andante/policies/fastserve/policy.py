@@ -19,9 +19,8 @@ Decode runs (the simulator's fast path, andante.sim.decode_run): when every job 
 an all-decode batch, nothing waits or is swapped, nothing moved, and the device holds
 every job to its last token beside the reserve, the same batch is certain to follow
 until an arrival or a finish (the order may change, the batch cannot). The policy then
-declares itself `stationary`; the next `schedule` replays on the job order what the
-steps applied at once would have recorded (`SkipJoinMLFQ.replay_decode_run`), from the
-tokens' times.
+declares itself `stationary`; `on_decode_run` replays on the job order what the steps
+applied at once would have recorded (`SkipJoinMLFQ.replay_decode_run`).
 """
 
 from __future__ import annotations
@@ -113,7 +112,8 @@ class JobOrder(Protocol):
     def enst(self, batch_size: int, now: float,
              wanted: Collection[Request]) -> dict[Request, float]: ...
 
-    def replay_decode_run(self, reqs: Sequence[Request], times: Sequence[float],
+    def replay_decode_run(self, reqs: Sequence[Request], starts: Sequence[float],
+                          services: Sequence[float],
                           next_iteration_time: Callable[[Request, int], float]) -> None: ...
 
 
@@ -134,7 +134,6 @@ class FastServePolicy(BasePolicy):
                             opts.swap_in_after_swap_out)
         self.arrivals = ArrivalRate(opts.rate_window)
         self.stationary = False  # see the design note: decode runs
-        self._run: tuple[list[Request], int] | None = None  # the batch, its tokens' mark
 
     def _make_order(self, opts: FastServeOptions) -> JobOrder:
         base = opts.base_quantum
@@ -185,13 +184,8 @@ class FastServePolicy(BasePolicy):
         for req in batch.requests:
             if not req.is_finished:
                 self.order.charge(req, service, self.iteration_time)
-        if self.stationary:
-            reqs = list(batch.requests)
-            self._run = (reqs, len(reqs[0].timeline.token_times))
 
     def schedule(self, plan: StepPlan) -> None:
-        if self._run is not None:
-            self._replay_decode_run(*self._run)
         now = plan.now
         self.order.promote_starved(now)
         order = self.order.ordered()
@@ -219,23 +213,20 @@ class FastServePolicy(BasePolicy):
                                              limit)) for r in plan.scheduled)
         return blocks <= plan.num_total_blocks - plan.watermark_blocks - reserve
 
-    def _replay_decode_run(self, reqs: list[Request], mark: int) -> None:
-        """Charge the steps of the decode run that followed the step that declared it
-        (none if the simulator applied none)."""
-        self._run = None
-        times = reqs[0].timeline.token_times
-        if len(times) <= mark:
-            return
-        run = times[mark - 1:]  # the declaring step's end, then each run step's end
-        last = len(run) - 2
+    def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
+        """Replay the run's steps on the job order (each step was scheduled when the one
+        before it ended: the run's tokens' times)."""
+        k = len(durations)
+        token_times = batch.requests[0].timeline.token_times
+        starts = token_times[-k - 1:-1]
+        cost = self.ctx.cost_model
 
         def next_time(req: Request, step: int) -> float:
-            computed = req.num_computed_tokens - (last - step)
-            cost = self.ctx.cost_model
+            computed = req.num_computed_tokens - (k - 1 - step)
             return cost.decode_time(1, computed) if cost is not None \
                 else DEFAULT_BASE_QUANTUM + 1 / DEFAULT_PREFILL_RATE
 
-        self.order.replay_decode_run(reqs, run, next_time)
+        self.order.replay_decode_run(batch.requests, starts, durations, next_time)
 
 
 class FastServeFCFSPolicy(FastServePolicy):
