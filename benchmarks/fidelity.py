@@ -1,21 +1,32 @@
-"""Simulator fidelity: one Poisson workload on the real engine and in the simulator.
+"""Simulator fidelity: the same Poisson workloads on the real engine and in the simulator.
 
-The real run replays the workload live: requests (random prompt ids of the workload's
-lengths, greedy, exactly `output_len` tokens) are submitted when the wall clock reaches
-their arrival times, and the real scheduler (`--policy`, default vllm) drives the
-TorchExecutor on the embedded SmolLM2-135M. The simulated run feeds the same workload
-to `andante.sim.simulate` with `--model smollm2-135m --hardware cpu`, i.e. the profile
-`andante calibrate` saved (with `--calibrate`, the sweep runs first, on the same machine
-state). Prints one JSON line: median TTFT and TPOT on both sides and their relative
-errors |sim - real| / real (target <= 10%).
+Calibrates first, in the same run (the machine state the real runs then see): the step
+sweep of `andante calibrate`, fitted and saved as the profile `cpu` in a private
+profiles folder (the user's own profiles are not touched; `--no-calibrate` uses the
+saved profile `--hardware` instead). Then, for each rate of `--rates` (default 0.5, 1
+and 2 req/s): the real run replays the workload live (random prompt ids of the
+workload's lengths, greedy, exactly `output_len` tokens, submitted when the wall clock
+reaches their arrival times; the real scheduler, `--policy`, drives the TorchExecutor on
+the embedded SmolLM2-135M), and the simulated run feeds the same workload to
+`andante.sim.simulate` with `--model smollm2-135m` on the fitted profile. Target: mean
+TTFT and mean TPOT within 10% (|sim - real| / real) at every rate.
+
+`--prefix-caching on|off` sets the engine's prefix caching on both sides where this build
+has it (`SchedulerConfig.enable_prefix_caching`); the prompts here share no prefix.
+
+Prints one JSON line: the fit error, per rate the real and simulated figures and their
+errors, the worst error, and the load average before and after (the machine's load
+moves the real figures: say so when reporting).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -24,20 +35,42 @@ import numpy as np
 from andante.core import MonotonicClock, Request, SamplingParams
 from andante.metrics.record import records_from_requests
 from andante.metrics.summary import Summary, summarize
+from andante.perf.paths import ANDANTE_HOME_ENV
 from andante.policies import SchedulerConfig
 from andante.sim import ClusterSpec, simulate
 from andante.workload import RequestSpec, WorkloadConfig, build_workload
 
+TARGET = 0.10
+PREFIX_CACHING_FIELD = "enable_prefix_caching"  # SchedulerConfig's switch, where it exists
 
-def real_run(args: argparse.Namespace, workload: list[RequestSpec],
-             config: SchedulerConfig) -> Summary:
+
+def scheduler_config(prefix_caching: str) -> SchedulerConfig:
+    """The engine limits both sides use, with prefix caching as asked where the build has
+    it; ValueError for "on" where it does not."""
+    config = SchedulerConfig(max_model_len=2048, max_num_batched_tokens=8192)
+    if any(f.name == PREFIX_CACHING_FIELD for f in dataclasses.fields(config)):
+        return dataclasses.replace(config, **{PREFIX_CACHING_FIELD: prefix_caching == "on"})
+    if prefix_caching == "on":
+        raise ValueError("--prefix-caching on: this build's engine has no prefix caching")
+    return config
+
+
+def _executor(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The embedded model and one TorchExecutor, shared by the calibration and every real
+    run (each run's engine starts with an empty KV cache)."""
     from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
-    from andante.llm import build_offline_engine, run_timed
     from andante.models import load_model
 
     model = load_model(None, "bfloat16")
-    executor = TorchExecutor(model, TorchExecutorOptions(num_threads=args.threads,
-                                                         kv_cache_gib=args.kv_cache_gib))
+    return model, TorchExecutor(model, TorchExecutorOptions(num_threads=args.threads,
+                                                            kv_cache_gib=args.kv_cache_gib))
+
+
+def real_run(args: argparse.Namespace, model_and_executor: tuple[Any, Any],
+             workload: list[RequestSpec], config: SchedulerConfig) -> Summary:
+    from andante.llm import build_offline_engine, run_timed
+
+    model, executor = model_and_executor
     engine = build_offline_engine(model, args.policy, config, executor,
                                   clock=MonotonicClock())
     warm = [Request(f"warm{i}", [1000 + i] * 64, SamplingParams(max_tokens=4, temperature=0,
@@ -67,56 +100,77 @@ def sim_run(args: argparse.Namespace, workload: list[RequestSpec],
 
 
 def _figures(summary: Summary) -> dict[str, float]:
-    return {"ttft_median_ms": round(summary.ttft.median * 1e3, 2),
-            "tpot_median_ms": round(summary.tpot.median * 1e3, 2),
-            "ttft_mean_ms": round(summary.ttft.mean * 1e3, 2),
+    return {"ttft_mean_ms": round(summary.ttft.mean * 1e3, 2),
             "tpot_mean_ms": round(summary.tpot.mean * 1e3, 2),
+            "ttft_median_ms": round(summary.ttft.median * 1e3, 2),
+            "tpot_median_ms": round(summary.tpot.median * 1e3, 2),
             "num_finished": summary.num_finished}
 
 
-def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
-    from andante.exec.torch_calibrate import calibrate
-    from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
-    from andante.models import load_model
-    from andante.perf.catalog import save_hardware
+def _errors(real: dict[str, float], sim: dict[str, float]) -> dict[str, float]:
+    return {f"{m}_error": round(abs(sim[f"{m}_mean_ms"] - real[f"{m}_mean_ms"])
+                                / real[f"{m}_mean_ms"], 4) for m in ("ttft", "tpot")}
 
-    model = load_model(None, "bfloat16")
-    executor = TorchExecutor(model, TorchExecutorOptions(num_threads=args.threads,
-                                                         kv_cache_gib=args.kv_cache_gib))
+
+def _calibrate(args: argparse.Namespace, executor: Any) -> dict[str, Any]:
+    """Fit the profile `args.hardware` into a private profiles folder (ANDANTE_HOME)."""
+    from andante.cli.calibrate import save_fit
+    from andante.exec.torch_calibrate import calibrate
+
+    os.environ[ANDANTE_HOME_ENV] = tempfile.mkdtemp(prefix="andante-fidelity-")
+    started = time.perf_counter()
     result = calibrate(executor, name=args.hardware)
-    save_hardware(result.hardware)
-    return {"fit_error": round(result.error, 4), "num_samples": len(result.samples)}
+    save_fit(result.hardware, result.error, force=True)
+    return {"fit_error": round(result.error, 4), "num_samples": len(result.samples),
+            "wall_s": round(time.perf_counter() - started, 1)}
+
+
+def _loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rate", type=float, default=0.5, help="requests/s (Poisson)")
-    p.add_argument("--num-requests", type=int, default=30)
+    p.add_argument("--rates", default="0.5,1,2", help="requests/s (Poisson), comma-separated")
+    p.add_argument("--num-requests", type=int, default=30, help="per rate")
     p.add_argument("--lengths", default="uniform:32:256:16:96")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", default="vllm")
-    p.add_argument("--hardware", default="cpu", help="saved profile the simulator uses")
+    p.add_argument("--hardware", default="cpu", help="the profile the simulator uses")
+    p.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
+                   help="calibrate first (default; into a private profiles folder)")
+    p.add_argument("--prefix-caching", choices=["on", "off"], default="off")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
-    p.add_argument("--calibrate", action="store_true", help="calibrate (and save) first")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    workload = build_workload(WorkloadConfig(kind="poisson", rate=args.rate,
-                                             num_requests=args.num_requests,
-                                             lengths=args.lengths, seed=args.seed))
-    config = SchedulerConfig(max_model_len=2048, max_num_batched_tokens=8192)
-    calibration = _calibrate(args) if args.calibrate else None
-    started = time.perf_counter()
-    real = _figures(real_run(args, workload, config))
-    sim = _figures(sim_run(args, workload, config))
-    errors = {f"{m}_error": round(abs(sim[f"{m}_median_ms"] - real[f"{m}_median_ms"])
-                                  / real[f"{m}_median_ms"], 4) for m in ("ttft", "tpot")}
-    print(json.dumps({"benchmark": "fidelity", "workload": {
-        "kind": "poisson", "rate": args.rate, "num_requests": args.num_requests,
-        "lengths": args.lengths, "seed": args.seed}, "policy": args.policy,
-        "calibration": calibration, "real": real, "sim": sim, **errors, "target": 0.10,
-        "wall_s": round(time.perf_counter() - started, 1),
-        "loadavg": [round(x, 2) for x in os.getloadavg()]}))
+    try:
+        rates = [float(r) for r in args.rates.split(",")]
+        config = scheduler_config(args.prefix_caching)
+    except ValueError as exc:
+        print(f"fidelity.py: error: {exc}", file=sys.stderr)
+        return 2
+    load_before, started = _loadavg(), time.perf_counter()
+    model_and_executor = _executor(args)
+    calibration = _calibrate(args, model_and_executor[1]) if args.calibrate else None
+    runs = []
+    for rate in rates:
+        workload = build_workload(WorkloadConfig(kind="poisson", rate=rate,
+                                                 num_requests=args.num_requests,
+                                                 lengths=args.lengths, seed=args.seed))
+        real = _figures(real_run(args, model_and_executor, workload, config))
+        sim = _figures(sim_run(args, workload, config))
+        runs.append({"rate": rate, "real": real, "sim": sim, **_errors(real, sim),
+                     "loadavg": _loadavg()})
+        print(f"rate {rate}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+    worst = max(max(r["ttft_error"], r["tpot_error"]) for r in runs)
+    print(json.dumps({
+        "benchmark": "fidelity", "workload": {
+            "kind": "poisson", "num_requests": args.num_requests, "lengths": args.lengths,
+            "seed": args.seed}, "policy": args.policy, "prefix_caching": args.prefix_caching,
+        "calibration": calibration, "runs": runs, "worst_error": worst, "target": TARGET,
+        "within_target": worst <= TARGET, "wall_s": round(time.perf_counter() - started, 1),
+        "loadavg_before": load_before, "loadavg_after": _loadavg()}))
     return 0
 
 

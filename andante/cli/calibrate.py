@@ -1,4 +1,12 @@
-"""`andante calibrate`: fit the cost model to this machine and save a hardware profile."""
+"""`andante calibrate`: fit the cost model to this machine and save a hardware profile.
+
+A fit is only as good as the machine state it was measured in (a busy machine gives
+steps that the fitted model cannot explain). So the fit's mean |relative error| over the
+measured steps is printed and stored in the profile; a fit above `--max-error` is
+refused (not saved; the profile in place stays) unless `--force`; and a profile that a
+new fit replaces is kept as a dated copy `NAME-YYYYmmdd-HHMMSS`, itself a profile that
+`--hardware` accepts.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +15,17 @@ import dataclasses
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from andante.cli.options import positive_int
 
-MAX_FIT_ERROR = 0.2  # mean |relative error| beyond which a fit is flagged
+if TYPE_CHECKING:
+    from andante.exec.torch_calibrate import Calibration
+    from andante.perf.specs import HardwareSpec
+
+MAX_FIT_ERROR = 0.15  # mean |relative error| of a fit above which it is not saved
 
 
 def add_parser(subparsers: Any) -> None:
@@ -21,9 +34,10 @@ def add_parser(subparsers: Any) -> None:
         help="time real engine steps and save a fitted `cpu` hardware profile",
         description="Run a short sweep of real steps (prefills, decodes, mixed), fit the "
                     "cost model's coefficients (Ascendra §5.1) and save the profile, so "
-                    "`andante simulate --hardware cpu` predicts the real engine. A profile "
-                    "it replaces is kept as NAME-YYYYmmdd-HHMMSS; a fit whose mean error "
-                    "exceeds 20% is flagged.",
+                    "`andante simulate --hardware cpu` predicts the real engine. Prints the "
+                    "fit's mean error and stores it in the profile. A fit whose error "
+                    f"exceeds --max-error (default {MAX_FIT_ERROR:.0%}) is not saved unless "
+                    "--force; a profile it replaces is kept as NAME-YYYYmmdd-HHMMSS.",
     )
     p.add_argument("--model", help="HF model directory or .gguf file (default: embedded)")
     p.add_argument("--name", default="cpu", help="profile name to save (default: cpu)")
@@ -31,9 +45,24 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
     p.add_argument("--repeats", type=positive_int, default=3, help="timings per shape")
     p.add_argument("--quick", action="store_true", help="a tiny sweep (smoke test)")
+    p.add_argument("--max-error", type=_fraction, default=MAX_FIT_ERROR, metavar="FRACTION",
+                   help="refuse to save a fit whose mean |relative error| exceeds this "
+                   f"(default {MAX_FIT_ERROR})")
+    p.add_argument("--force", action="store_true",
+                   help="save the fit even if its error exceeds --max-error")
     p.add_argument("--dry-run", action="store_true", help="fit and print; do not save")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     p.set_defaults(run=run)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < 10:
+        raise argparse.ArgumentTypeError(f"must be a fraction > 0 (0.1 = 10%), got {text}")
+    return value
 
 
 def _progress(done: int, total: int) -> None:
@@ -49,28 +78,70 @@ def keep_previous(name: str, profiles_dir: Path | None = None) -> str | None:
     directory = profiles_dir or hardware_profiles_dir()
     if not (directory / f"{name}.json").is_file():
         return None
-    dated = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    dated = stem = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    suffix = 1
+    while (directory / f"{dated}.json").exists():  # two calibrations in one second
+        suffix += 1
+        dated = f"{stem}-{suffix}"
     old = get_hardware(name, directory)
     save_hardware(dataclasses.replace(old, name=dated), directory)
     return dated
 
 
-def fit_warning(error: float, previous: str | None) -> str | None:
-    """The warning for a fit whose mean relative error exceeds MAX_FIT_ERROR, if any."""
-    if error <= MAX_FIT_ERROR:
-        return None
-    keep = (f"; the previous profile is kept as {previous!r} (--hardware {previous})"
-            if previous else "")
-    return (f"the fit's mean error is {error:.0%} (over {MAX_FIT_ERROR:.0%}): this profile "
+@dataclass(frozen=True, slots=True)
+class SaveOutcome:
+    """What became of a fit: saved (where, and the dated name of the profile it
+    replaced), refused (over the threshold, nothing written), or a dry run."""
+
+    hardware: HardwareSpec
+    saved_to: Path | None
+    previous: str | None
+    refused: bool
+    message: str | None  # the refusal, or the warning for a forced or dry-run bad fit
+
+
+def save_fit(hardware: HardwareSpec, error: float, max_error: float = MAX_FIT_ERROR, *,
+             force: bool = False, dry_run: bool = False,
+             profiles_dir: Path | None = None) -> SaveOutcome:
+    """Stamp the fit's error and date on `hardware` and save it unless it is refused."""
+    from andante.perf.catalog import save_hardware
+
+    stamped = dataclasses.replace(hardware, fit_error=round(error, 4),
+                                  calibrated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                              time.gmtime()))
+    over = error > max_error
+    if dry_run:
+        return SaveOutcome(stamped, None, None, False, _too_high(error, max_error) if over
+                           else None)
+    if over and not force:
+        return SaveOutcome(stamped, None, None, True, _refusal(hardware.name, error,
+                                                               max_error, profiles_dir))
+    previous = keep_previous(hardware.name, profiles_dir)
+    path = save_hardware(stamped, profiles_dir)
+    message = f"{_too_high(error, max_error)}; saved anyway (--force)" if over else None
+    return SaveOutcome(stamped, path, previous, False, message)
+
+
+def _too_high(error: float, max_error: float) -> str:
+    return (f"the fit's mean error is {error:.1%} (over {max_error:.0%}): this profile "
             "mispredicts the steps it was fitted on, so simulations with it will too; a busy "
-            f"machine is the usual cause: calibrate again when it is idle{keep}")
+            "machine is the usual cause: calibrate again when it is idle")
 
 
-def run(args: argparse.Namespace) -> int:
+def _refusal(name: str, error: float, max_error: float, profiles_dir: Path | None) -> str:
+    from andante.perf.catalog import describe_hardware, hardware_names
+
+    kept = (f"; the profile in place is kept: {describe_hardware(name, profiles_dir)}"
+            if name in hardware_names(profiles_dir) else "")
+    return (f"not saved: {_too_high(error, max_error)} (or pass --max-error or --force)"
+            f"{kept}")
+
+
+def _measure(args: argparse.Namespace) -> tuple[str, Calibration]:
+    """Time the sweep on the real engine and fit: (model name, calibration)."""
     from andante.exec.torch_calibrate import QUICK_SWEEP, SweepConfig, calibrate
     from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
     from andante.models.loader import load_model
-    from andante.perf.catalog import save_hardware
 
     model = load_model(args.model, args.dtype)
     executor = TorchExecutor(model, TorchExecutorOptions(
@@ -81,28 +152,37 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr)
     result = calibrate(executor, sweep, args.name, progress=_progress)
     print(file=sys.stderr)
-    previous = None if args.dry_run else keep_previous(args.name)
-    path = None if args.dry_run else save_hardware(result.hardware)
-    warning = fit_warning(result.error, previous)
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
-    hw = result.hardware
-    record = {"profile": hw.name, "model": model.name, "dtype": args.dtype,
-              "num_samples": len(result.samples), "fit_error": round(result.error, 4),
-              "previous_saved_as": previous, "warning": warning,
-              "coefficients": dataclasses.asdict(hw.coefficients),
-              "peak_flops": hw.peak_flops, "mem_bandwidth": hw.mem_bandwidth,
-              "host_link_bandwidth": hw.host_link_bandwidth,
-              "saved_to": str(path) if path else None}
+    return model.name, result
+
+
+def run(args: argparse.Namespace) -> int:
+    model_name, result = _measure(args)
+    outcome = save_fit(result.hardware, result.error, args.max_error, force=args.force,
+                       dry_run=args.dry_run)
+    if outcome.message:
+        print(f"{'error' if outcome.refused else 'warning'}: {outcome.message}",
+              file=sys.stderr)
+    hw = outcome.hardware
     if args.json:
-        print(json.dumps(record))
-        return 0
+        print(json.dumps({
+            "profile": hw.name, "model": model_name, "dtype": args.dtype,
+            "num_samples": len(result.samples), "fit_error": hw.fit_error,
+            "max_error": args.max_error, "refused": outcome.refused,
+            "previous_saved_as": outcome.previous, "warning": outcome.message,
+            "coefficients": dataclasses.asdict(hw.coefficients),
+            "peak_flops": hw.peak_flops, "mem_bandwidth": hw.mem_bandwidth,
+            "host_link_bandwidth": hw.host_link_bandwidth,
+            "saved_to": str(outcome.saved_to) if outcome.saved_to else None}))
+        return 1 if outcome.refused else 0
     print(f"profile {hw.name!r}: mean |error| of the fit {result.error:.1%} over "
-          f"{len(result.samples)} measured steps")
+          f"{len(result.samples)} measured steps (threshold {args.max_error:.0%})")
     print(f"  rates: {hw.peak_flops / 1e9:.0f} GFLOP/s, {hw.mem_bandwidth / 1e9:.1f} GB/s "
           f"memory, {hw.host_link_bandwidth / 1e9:.1f} GB/s swap")
     print(f"  coefficients: {hw.coefficients}")
-    print(f"  saved to {path}" if path else "  (dry run: not saved)")
-    if previous:
-        print(f"  the previous profile is kept as {previous!r}")
-    return 0
+    if outcome.saved_to:
+        print(f"  saved to {outcome.saved_to}")
+    else:
+        print("  refused: not saved" if outcome.refused else "  (dry run: not saved)")
+    if outcome.previous:
+        print(f"  the previous profile is kept as {outcome.previous!r}")
+    return 1 if outcome.refused else 0

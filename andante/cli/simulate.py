@@ -22,7 +22,13 @@ from andante.cli.workload_args import add_workload_args, workload_from_args
 from andante.core.request import PreemptionMode
 from andante.engine.policy import parse_options
 from andante.metrics import Summary, format_table
-from andante.perf.catalog import get_model, hardware_names, model_names
+from andante.perf.catalog import (
+    describe_hardware,
+    get_hardware,
+    get_model,
+    hardware_names,
+    model_names,
+)
 from andante.policies import SchedulerConfig, policy_class, policy_names
 from andante.sim import ClusterSpec, SimRun, simulate
 from andante.sim.cluster_file import load_cluster_file
@@ -185,6 +191,7 @@ class _Outcome:
     summary: Summary
     meta: dict[str, Any]
     header: str
+    profile: str  # the hardware profile and its fit error (`describe_hardware`)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -213,7 +220,7 @@ def _run_one(args: argparse.Namespace, policy: str, workload: list[RequestSpec],
     if args.output is not None:
         write_summary(args.output / policy, sim_run.summary, meta)
     header = f"{spec.model} on {spec.num_instances} x {spec.hardware} (tp={spec.tp})"
-    return _Outcome(sim_run.summary, meta, header)
+    return _Outcome(sim_run.summary, meta, header, describe_hardware(spec.hardware))
 
 
 def _meta(sim_run: SimRun, label: str) -> dict[str, Any]:
@@ -224,6 +231,7 @@ def _meta(sim_run: SimRun, label: str) -> dict[str, Any]:
         "simulated_seconds": sim_run.report.end_time, "wall_seconds": sim_run.wall_seconds,
         "num_unfinished": len(sim_run.report.unfinished),
         "router": spec.router, "num_model_swaps": len(sim_run.report.model_swaps),
+        "profile_fit_error": get_hardware(spec.hardware).fit_error,
         **sim_run.report.router_counters,
     }
 
@@ -241,7 +249,9 @@ def _print(outcomes: dict[str, _Outcome], args: argparse.Namespace, workload: st
         for outcome in outcomes.values():
             print(json.dumps({**outcome.meta, **outcome.summary.to_dict()}))
         return
-    print(f"{next(iter(outcomes.values())).header}, {workload}")
+    first = next(iter(outcomes.values()))
+    print(f"{first.header}, {workload}")
+    print(f"hardware profile: {first.profile}")
     print(format_table({p: o.summary for p, o in outcomes.items()}))
     for policy, outcome in outcomes.items():
         summary = outcome.summary

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -35,10 +36,12 @@ class Policy(Protocol):
     swapped requests to bring back. It must not mutate requests. The hooks tell it
     about arrivals, finished requests and completed steps; they must be cheap.
     A policy must make progress: if any request can run alone, some step must
-    schedule something. `stationary` is True if its decisions depend only on the
-    queues' contents and the free blocks (not on time) and it needs no `on_step_end`
-    for all-decode steps: the simulator may then apply runs of identical decode steps
-    at once (andante.sim.decode_run). `chunks_prefill` is True if it splits a prefill
+    schedule something. `stationary` is True (it may change after each `schedule`) if
+    its next decisions depend only on the queues' contents and the free blocks (not on
+    time) until an arrival or a finish, so that the simulator may apply runs of
+    identical all-decode steps at once (andante.sim.decode_run); such a run then calls
+    `on_decode_run` with each step's duration instead of `on_step_end` per step, for a
+    policy that keeps per-step state to replay it. `chunks_prefill` is True if it splits a prefill
     longer than the step's token budget (else the budget must cover max_model_len).
     """
 
@@ -53,6 +56,8 @@ class Policy(Protocol):
     def on_finish(self, req: Request) -> None: ...
 
     def on_step_end(self, batch: StepBatch, result: StepResult) -> None: ...
+
+    def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,11 @@ class BasePolicy:
         return None
 
     def on_step_end(self, batch: StepBatch, result: StepResult) -> None:
+        return None
+
+    def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
+        """The steps of a decode run repeating `batch` took `durations` (their tokens
+        are recorded and their requests' `num_computed_tokens` advanced)."""
         return None
 
 

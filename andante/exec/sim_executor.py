@@ -75,11 +75,9 @@ class SimExecutor:
         step_time = self.cost_model.step_time
         durations: list[float] = []
         total = 0.0
-        num_seqs = shape.num_seqs
         while len(durations) < max_steps and total < time_budget:
             duration = step_time(shape)
             durations.append(duration)
             total += duration
-            shape.attn_pairs += num_seqs
-            shape.kv_tokens_read += num_seqs
+            shape.advance_decodes()
         return durations

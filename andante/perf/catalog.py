@@ -92,3 +92,16 @@ def save_hardware(spec: HardwareSpec, profiles_dir: Path | None = None) -> Path:
     path = directory / f"{spec.name}{PROFILE_SUFFIX}"
     path.write_text(spec.to_json() + "\n", encoding="utf-8")
     return path
+
+
+def describe_hardware(name: str, profiles_dir: Path | None = None) -> str:
+    """Which profile `name` is and how far to trust it: built-in, or saved with the mean
+    error of its calibration fit (what `andante simulate` prints in its header)."""
+    spec = get_hardware(name, profiles_dir)
+    if name in builtin_hardware_names():
+        return f"{name} (built-in, fitted to published figures)"
+    path = _profiles_dir(profiles_dir) / f"{name}{PROFILE_SUFFIX}"
+    error = "fit error unknown" if spec.fit_error is None else \
+        f"fit error {spec.fit_error:.1%}"
+    when = f", calibrated {spec.calibrated_at}" if spec.calibrated_at else ""
+    return f"{name} (saved {path}, {error}{when})"

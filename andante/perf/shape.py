@@ -30,6 +30,16 @@ class BatchShape:
         if c == 1 and num_cached_tokens > 0:
             self.num_decode_seqs += 1
 
+    def copy(self) -> BatchShape:
+        return BatchShape(self.num_seqs, self.num_tokens, self.num_sampled,
+                          self.num_decode_seqs, self.attn_pairs, self.kv_tokens_read)
+
+    def advance_decodes(self) -> None:
+        """An all-decode step's shape becomes the next step's (every sequence one token
+        longer): what a run of identical decode steps goes through."""
+        self.attn_pairs += self.num_seqs
+        self.kv_tokens_read += self.num_seqs
+
     @classmethod
     def of(cls, chunks: list[tuple[int, int]]) -> BatchShape:
         """Shape of a step from (new tokens, cached tokens) pairs; every sequence samples."""

@@ -174,6 +174,10 @@ class HardwareSpec:
     coefficients: CostCoefficients = CostCoefficients()
     collective_latency: float = 10e-6  # fixed cost of one small all-reduce, s
     disk_bandwidth: float = 7.0e9  # model weights read from local disk, B/s (hardware.py)
+    # A calibrated profile's provenance (`andante calibrate`): the fit's mean |relative
+    # error| over the steps it measured, and when (UTC, ISO 8601). None for built-ins.
+    fit_error: float | None = None
+    calibrated_at: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -185,6 +189,8 @@ class HardwareSpec:
         _require_rate("HardwareSpec", "collective_latency", self.collective_latency,
                       allow_zero=True)
         _require_rate("HardwareSpec", "disk_bandwidth", self.disk_bandwidth)
+        if self.fit_error is not None:
+            _require_rate("HardwareSpec", "fit_error", self.fit_error, allow_zero=True)
         if not isinstance(self.coefficients, CostCoefficients):
             raise ValueError(f"HardwareSpec.coefficients must be CostCoefficients, "
                              f"got {self.coefficients!r}")
@@ -213,7 +219,8 @@ class HardwareSpec:
         if unknown:
             raise ValueError(f"unknown hardware profile keys {unknown}")
         missing = sorted(known - set(data) - {"coefficients", "collective_latency",
-                                               "disk_bandwidth"})
+                                               "disk_bandwidth", "fit_error",
+                                               "calibrated_at"})
         if missing:
             raise ValueError(f"hardware profile lacks keys {missing}")
         if "coefficients" in data:

@@ -37,13 +37,20 @@ class OrderedPolicy(BasePolicy):
         super().__init__(ctx)
         self._keys: dict[Request, Any] = {}
         self._waiting_sorted = True
+        self._tail_key: Any = None  # no waiting key since the last sort is above it
 
     def sort_key(self, req: Request) -> Any:
         raise NotImplementedError
 
     def on_arrival(self, req: Request) -> None:
-        self._keys[req] = self.sort_key(req)
-        self._waiting_sorted = False
+        """The scheduler appends `req` to the waiting queue: it stays sorted while the
+        arrivals' keys do not decrease (arrival order, deadlines of one SLO), so a long
+        queue is not sorted again at every arrival."""
+        key = self._keys[req] = self.sort_key(req)
+        if self._tail_key is not None and key < self._tail_key:
+            self._waiting_sorted = False
+        else:
+            self._tail_key = key
 
     def on_finish(self, req: Request) -> None:
         self._keys.pop(req, None)
@@ -64,6 +71,7 @@ class OrderedPolicy(BasePolicy):
         if not self._waiting_sorted:
             plan.waiting.sort(key=self._key)
             self._waiting_sorted = True
+            self._tail_key = self._key(plan.waiting[-1]) if plan.waiting else None
         if self.sorts_running:
             plan.running.sort(key=self._key)
 

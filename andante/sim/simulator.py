@@ -85,7 +85,8 @@ class SimInstance(LaterOperations):
         self.host = EngineHost(engine, drop_late)
         self.stats = InstanceStats()
         self.in_flight: tuple[StepBatch, StepResult] | None = None
-        self.decode_run: tuple[StepBatch, list[float], int, float] | None = None  # + start
+        # batch, end times, durations, token, start
+        self.decode_run: tuple[StepBatch, list[float], list[float], int, float] | None = None
         self.kick_pending = False
         self.hooks = SimHooks()
         self._report: tuple[tuple[float, int, int, int, int], LoadReport] | None = None
@@ -280,12 +281,13 @@ class SimInstance(LaterOperations):
         return now + result.duration
 
     def begin_decode_run(self, runs: DecodeRunExecutor, batch: StepBatch,
-                         times: list[float]) -> None:
-        """Start the run of identical decode steps of `batch` ending at `times`
-        (andante.sim.decode_run): their blocks now, their tokens when it ends."""
+                         times: list[float], durations: list[float]) -> None:
+        """Start the run of identical decode steps of `batch` ending at `times` (each
+        lasting `durations`, andante.sim.decode_run): their blocks now, their tokens
+        when it ends."""
         now = self.engine.clock.now()
         reserve_blocks(self.engine.scheduler, batch, len(times))
-        self.decode_run = (batch, times, runs.token_id, now)
+        self.decode_run = (batch, times, durations, runs.token_id, now)
         self.stats.num_steps += len(times)
         self.stats.busy_time += times[-1] - now
 
@@ -301,12 +303,14 @@ class SimInstance(LaterOperations):
         self.stats.num_steps += 1
         return batch, output
 
-    def _finish_decode_run(self, batch: StepBatch, times: list[float], token_id: int,
+    def _finish_decode_run(self, batch: StepBatch, times: list[float],
+                           durations: list[float], token_id: int,
                            start: float) -> tuple[StepBatch, StepOutput]:
         self.decode_run = None
         requests, engine = batch.requests, self.engine
         got = engine.scheduler.record_tokens(requests, repeat(len(times)), repeat(token_id),
                                              *times)
+        engine.scheduler.policy.on_decode_run(batch, durations)
         result = StepResult([token_id] * len(requests), times[-1] - start)
         output = StepOutput(batch, result, got, [r for r in got if r.is_finished], len(times))
         engine.notify(output)
@@ -479,10 +483,10 @@ class Simulator(SimHooks):
         if inst.host.dropper is not None:
             stop_at = min(stop_at, inst.host.drop_horizon())
         times: list[float] = []
+        durations = executor.decode_run_durations(batch, max_steps,
+                                                  min(stop_at, self._until) - now)
         t = now
-        for duration in executor.decode_run_durations(
-            batch, max_steps, min(stop_at, self._until) - now
-        ):
+        for duration in durations:
             t += duration
             if t >= stop_at or t > self._until:
                 break
@@ -490,7 +494,7 @@ class Simulator(SimHooks):
         del times[fit_blocks(scheduler, batch, len(times)):]
         if not times:
             return False
-        inst.begin_decode_run(executor, batch, times)
+        inst.begin_decode_run(executor, batch, times, durations[:len(times)])
         self._events.push(times[-1], EventKind.STEP_DONE, inst)
         return True
 

@@ -106,6 +106,8 @@ def test_ascendra_run_is_labelled_and_takes_pool_options(
     argv = ["simulate", "--no-progress", "--router", "ascendra", "--instances", "3",
             "--num-requests", "4", "--lengths", "fixed:50:5"]
     assert main(argv) == 0
-    assert capsys.readouterr().out.splitlines()[1].split() == ["metric", "ascendra"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("hardware profile: ")
+    assert lines[2].split() == ["metric", "ascendra"]
     assert main([*argv, "--policy-option", "lp.chunk=maybe"]) == 2
     assert "option chunk='maybe': expected bool" in capsys.readouterr().err

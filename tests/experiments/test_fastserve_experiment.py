@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.fastserve import mlfq_share
 from experiments.fastserve_runs import max_rate_within
 from experiments.registry import ExperimentContext, experiment_names, run_experiment
 
@@ -18,6 +19,13 @@ def test_max_rate_is_read_off_the_curve() -> None:
     assert max_rate_within(rates, [0.1, 0.2, 0.25], 0.3) == (3.0, ">=")
     assert max_rate_within(rates, [0.5, 0.6, 0.7], 0.3) == (1.0, "<")
     assert max_rate_within(rates, [0.1, math.nan, 0.2], 0.3) == (1.0, "")
+
+
+def test_mlfq_share_of_the_gain_over_vllm() -> None:
+    assert mlfq_share({"vllm": 4.0, "fastserve-fcfs": 2.0}) == pytest.approx(0.5)
+    assert mlfq_share({"vllm": 2.0, "fastserve-fcfs": 2.0}) == pytest.approx(1.0)
+    assert math.isnan(mlfq_share({"vllm": math.nan, "fastserve-fcfs": 2.0}))
+    assert math.isnan(mlfq_share({"vllm": 1.0, "fastserve-fcfs": 1.0}))
 
 
 @pytest.mark.slow
@@ -34,3 +42,6 @@ def test_quick_experiment_writes_report_plots_and_results(tmp_path: Path) -> Non
         assert set(panel["curves"]) == {"vllm", "fastserve-fcfs", "fastserve"}
         assert all(n > 0 for n in panel["curves"]["fastserve"]["finished"])
     assert report.results["fig8"]["peak_gb"]["fastserve"] > 0
+    rows = {row["policy"]: row for row in report.results["memory_bound"]}
+    assert rows["fastserve"]["preemptions / request"] <= 2
+    assert rows["fastserve"]["makespan (s)"] <= 1.1 * rows["fastserve-fcfs"]["makespan (s)"]

@@ -41,6 +41,66 @@ def test_decode_runs_give_identical_timelines(policy: str, mode: PreemptionMode)
     assert steps == [s.num_steps for s in stepped.report.instance_stats]
 
 
+@pytest.mark.parametrize("policy", ["fastserve", "fastserve-fcfs"])
+@pytest.mark.parametrize(("hardware", "starve_limit"),
+                         [("a100-80g", 3.0), ("a100-80g", 0.01), ("a10-24g", 3.0)])
+def test_fastserve_decode_runs_give_identical_timelines(policy: str, hardware: str,
+                                                        starve_limit: float) -> None:
+    """FastServe's MLFQ state is replayed after a run: demotions and promotions (a
+    starvation limit below a step's time promotes every job each step) come out as
+    stepping would make them, so later decisions match too."""
+    workload = build_workload(WorkloadConfig(
+        kind="gamma", rate=20.0, cv=3.0, num_requests=150, lengths="uniform:32:1500:1:300",
+        seed=3,
+    ))
+    options = {"starve_limit": starve_limit} if policy == "fastserve" else {}
+    spec = ClusterSpec(model="llama-3.1-8b", hardware=hardware, policy=policy,
+                       policy_options=options, scheduler=SchedulerConfig(max_num_seqs=64),
+                       gpu_memory_utilization=0.85)
+    stepped = simulate(spec, workload, decode_runs=False)
+    fast = simulate(spec, workload, decode_runs=True)
+    assert _timelines(fast) == _timelines(stepped)
+    assert fast.report.end_time == stepped.report.end_time
+    if hardware == "a100-80g":  # room for every job: runs happen
+        sim = build_simulator(spec, decode_runs=True)
+        engine = sim.instances[0].engine
+        outputs: list[int] = []
+        engine.add_observer(lambda out, stats: outputs.append(out.num_steps))
+        sim.run(to_requests(workload))
+        assert max(outputs) > 1
+
+
+@pytest.mark.parametrize("policy", ["ascendra-lp", "ascendra-hp"])
+def test_ascendra_decode_runs_feed_the_perf_model_as_stepping(policy: str) -> None:
+    """Runs apply; the online performance model sees every step (its samples and error
+    are the same), so refits and the decisions after them are too."""
+    workload = build_workload(WorkloadConfig(
+        kind="gamma", rate=8.0, cv=3.0, num_requests=150, lengths="uniform:32:1500:1:300",
+        seed=3,
+    ))
+    spec = ClusterSpec(model="llama-3.1-8b", hardware="a100-80g", policy=policy,
+                       policy_options={"refit_every": 64, "tolerance": 0.0})
+    models = {}
+    for runs in (False, True):
+        sim = build_simulator(spec, decode_runs=runs)
+        engine = sim.instances[0].engine
+        outputs: list[int] = []
+        engine.add_observer(lambda out, stats, o=outputs: o.append(out.num_steps))
+        requests = to_requests(workload)
+        sim.run(requests)
+        models[runs] = (engine.scheduler.policy.perf_model, _timelines_of(requests), outputs)
+    (stepped, stepped_lines, _), (fast, fast_lines, outputs) = models[False], models[True]
+    assert max(outputs) > 1
+    assert fast_lines == stepped_lines
+    assert fast.num_fits == stepped.num_fits > 0
+    assert fast.error == stepped.error
+    assert fast.cost_model.coefficients == stepped.cost_model.coefficients
+
+
+def _timelines_of(requests: list[Request]) -> dict[str, tuple]:
+    return {r.request_id: (tuple(r.timeline.token_times), r.status) for r in requests}
+
+
 def test_until_is_respected_by_decode_runs() -> None:
     workload = build_workload(WorkloadConfig(kind="poisson", rate=5.0, num_requests=20,
                                              lengths="fixed:64:2000", seed=0))

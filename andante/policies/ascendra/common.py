@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from andante.core.request import Request
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
@@ -12,8 +14,7 @@ from andante.policies.ascendra.perf import OnlinePerfModel
 
 def shape_with(shape: BatchShape, num_new: int, num_cached: int, samples: bool) -> BatchShape:
     """A copy of `shape` with one more request's chunk."""
-    out = BatchShape(shape.num_seqs, shape.num_tokens, shape.num_sampled,
-                     shape.num_decode_seqs, shape.attn_pairs, shape.kv_tokens_read)
+    out = shape.copy()
     out.add(num_new, num_cached, samples)
     return out
 
@@ -54,6 +55,16 @@ class AscendraBase(BasePolicy):
     def on_step_end(self, batch: StepBatch, result: StepResult) -> None:
         if batch.requests:
             self.perf_model.observe(batch.shape(), result.duration - result.swap_time)
+
+    def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
+        """Feed the performance model each step of the run, as stepping would have."""
+        k = len(durations)
+        shape = BatchShape()
+        for req in batch.requests:
+            shape.add(1, req.num_computed_tokens - k, True)
+        for duration in durations:
+            self.perf_model.observe(shape.copy(), duration)
+            shape.advance_decodes()
 
     def ttft_of(self, req: Request) -> float:
         ttft = req.slo.ttft

@@ -13,6 +13,9 @@ cache must stay free after reserving the expected decode growth of every running
 just admitted) request, the expectation coming from the history of decode lengths (the
 mean output of the requests it finished). The engine's own
 max_num_seqs is the hard cap, so give HP instances a large one.
+Its decisions depend on the queues, the free blocks and the finished requests' decode
+lengths alone: it is `stationary` (the simulator's decode runs feed the performance
+model through `on_decode_run`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from andante.policies.phases import (
 class AscendraHPPolicy(AscendraBase):
     name = "ascendra-hp"
     Options = HPOptions
+    stationary = True
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)

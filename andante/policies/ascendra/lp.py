@@ -12,7 +12,9 @@ would miss their TTFT SLO even if started now on an HP instance busy with a full
 (wait + predicted prefill + full-batch time > SLO) are handed back to the controller,
 prompt only, to be offloaded to an HP instance; each request is offloaded at most once.
 The batch size stays small (the engine's max_num_seqs, 128 in the paper) to keep room
-for decodes.
+for decodes. With nothing waiting and every running request decoding, the next steps
+repeat this one until an arrival or a finish: the policy is then `stationary` (the
+simulator's decode runs feed the performance model through `on_decode_run`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class AscendraLPPolicy(AscendraBase):
         self._full_batch = (-1, 0.0)
         self._handoffs: list[str] = []
         self._handed: set[str] = set()  # offloaded once: never again
+        self.stationary = False  # see the design note
 
     # ---- hooks --------------------------------------------------------------------
     def take_handoffs(self) -> list[str]:
@@ -95,6 +98,8 @@ class AscendraLPPolicy(AscendraBase):
                 break
         if opts.offload:
             self._pick_offloads(plan, fresh)
+        self.stationary = not (plan.waiting or plan.swapped or plan.preemptions) and len(
+            plan.scheduled) == len(plan.running) and shape.num_decode_seqs == shape.num_seqs
 
     def _step_budget(self, decodes: list[Request]) -> float:
         """C: what the decodes' TBT allows (an explicit `step_budget` wins)."""

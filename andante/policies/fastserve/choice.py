@@ -15,7 +15,13 @@ jobs likely to run next). Walking the job order, highest priority first:
   token and sequence budgets: it is claimed on the plan (`StepPlan.claim`), which
   schedules it once the evictions that make room for it are recorded;
 - paused jobs on the device without a place are the eviction candidates; those not
-  evicted still run if the budgets allow (work conservation: their KV is there).
+  evicted still run if the budgets allow (work conservation: their KV is there);
+- a job on the device whose KV the host tier cannot take now is *pinned* (swapping
+  modes): a job without KV on the device (new, recomputed or swapped) never takes its
+  place, since evicting it would discard its KV. The paper swaps and never recomputes
+  (§4.2); where the host is too small to swap, keeping the KV is the nearest behaviour.
+  Without this, MLFQ demotion and starvation promotion (Alg. 1, line 19) hand the device
+  back and forth between long jobs whose KV is recomputed on every turn (issue 14.5).
 """
 
 from __future__ import annotations
@@ -63,6 +69,8 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
     started = len(plan.running) + len(plan.swapped) + len(in_flight)
     room = plan.num_free_blocks + plan.num_free_host_blocks - started if bound_by_host \
         else math.inf
+    pinned = _pinned(plan, order) if bound_by_host else {}
+    pinned_left = sum(pinned.values())  # blocks of pinned jobs not walked yet
     for req in order:
         status = req.status
         new = status in _NO_KV
@@ -82,7 +90,8 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
         else:
             n = req.num_uncomputed_tokens
         blocks = plan.num_blocks_for(req.num_computed_tokens + n)
-        if used + blocks > (capacity if new else held_capacity):
+        pinned_left -= pinned.get(req, 0)
+        if used + pinned_left + blocks > (capacity if new else held_capacity):
             if status == _RUNNING:
                 choice.unplaced.append(req)
             if not new:
@@ -102,6 +111,23 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
                 choice.any_new = True
                 room -= blocks
     return choice
+
+
+def _pinned(plan: StepPlan, order: Sequence[Request]) -> dict[Request, int]:
+    """Jobs on the device that the host tier cannot take, with the blocks their next
+    iteration holds. The host is filled from the lowest priority up (the eviction order),
+    so the jobs left swappable can all be swapped out together."""
+    host_free = plan.num_free_host_blocks
+    out: dict[Request, int] = {}
+    for req in reversed(order):
+        if req.status != _RUNNING or plan.is_in_flight(req):
+            continue
+        held = plan.num_blocks_of(req)
+        if held <= host_free:
+            host_free -= held
+        else:
+            out[req] = plan.num_blocks_for(req.num_computed_tokens + req.num_uncomputed_tokens)
+    return out
 
 
 def fill(plan: StepPlan, spared: Sequence[Request], free: int) -> None:

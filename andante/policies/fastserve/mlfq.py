@@ -16,6 +16,9 @@ order, FIFO within a queue.
   of the queues from j's down to i's, as in the paper; for j ahead in i's own queue we
   add its remaining quantum there (the paper's sum is empty for them).
 Bookkeeping is O(1) per event (dicts keep insertion order); one ENST pass is O(jobs).
+`replay_decode_run` applies, for a run of identical decode steps that the simulator
+applied at once (andante.sim.decode_run), what scheduling and charging them one by one
+would have: promotions, last-run times, charges and demotions, step by step.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import bisect
 import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from andante.core.request import Request
 
@@ -99,6 +103,52 @@ class SkipJoinMLFQ:
             return
         new_level = self.level_for(next_iteration_time(req), min(level + 1, len(self.quanta) - 1))
         self._move(req, state, new_level)
+
+    def replay_decode_run(self, reqs: Sequence[Request], starts: Sequence[float],
+                          services: Sequence[float],
+                          next_iteration_time: Callable[[Request, int], float]) -> None:
+        """Step j of the run was scheduled at starts[j] and charged services[j] with every
+        job (`reqs`) in it; `next_iteration_time(req, j)`: the job's next iteration after
+        step j (the job has since advanced by the later steps). When no job can starve
+        during the run, only the last step's start time matters (and the order of the
+        jobs then); otherwise every step is scheduled and charged as it was."""
+        last = len(services) - 1
+        limit = self.starve_limit
+        oldest = next(iter(self._by_last_run), None)
+        if limit is not None and oldest is not None and (
+                starts[0] - self._jobs[oldest].last_run >= limit
+                or any(b - a >= limit for a, b in pairwise(starts))):
+            for j, service in enumerate(services):
+                self.promote_starved(starts[j])
+                self._mark_all(starts[j])
+                self._charge_all(reqs, j, service, next_iteration_time)
+            return
+        for j in range(last):
+            self._charge_all(reqs, j, services[j], next_iteration_time)
+        self._mark_all(starts[last])
+        self._charge_all(reqs, last, services[last], next_iteration_time)
+
+    def _mark_all(self, now: float) -> None:
+        """Every job was scheduled at `now`, in the job order (as a step marks them)."""
+        for req in self.ordered():
+            self.mark_run(req, now)
+
+    def _charge_all(self, reqs: Sequence[Request], step: int, service: float,
+                    next_iteration_time: Callable[[Request, int], float]) -> None:
+        """`charge` of each job still queued, inlined (a run's hot loop)."""
+        jobs, quanta, attained = self._jobs, self.quanta, self._attained
+        lowest = len(quanta) - 1
+        for req in reqs:
+            state = jobs.get(req)
+            if state is None:
+                continue
+            level = state.level
+            state.attained += service
+            attained[level] += service
+            if state.attained >= quanta[level] * (1.0 - 1e-9):
+                new_level = self.level_for(next_iteration_time(req, step),
+                                           min(level + 1, lowest))
+                self._move(req, state, new_level)
 
     def promote_starved(self, now: float) -> list[Request]:
         """Move every job idle for at least α to the tail of Q1 (Algorithm 1, line 19)."""
@@ -191,6 +241,11 @@ class FCFSOrder:
 
     def promote_starved(self, now: float) -> list[Request]:
         return []
+
+    def replay_decode_run(self, reqs: Sequence[Request], starts: Sequence[float],
+                          services: Sequence[float],
+                          next_iteration_time: Callable[[Request, int], float]) -> None:
+        return None
 
     def ordered(self) -> list[Request]:
         return sorted(self._jobs, key=_arrival)  # insertion order is nearly sorted

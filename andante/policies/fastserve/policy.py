@@ -14,12 +14,19 @@ paper's ablation with the same engine and swapping. A batch mixes prefills with
 decodes (iteration-level scheduling, as FastServe's engine). With pipeline
 parallelism (§4.3) the scheduler hides jobs of batches still in flight from the plan;
 they keep their place in the queues and the next batch takes the best pending jobs.
+
+Decode runs (the simulator's fast path, andante.sim.decode_run): when every job is in
+an all-decode batch, nothing waits or is swapped, nothing moved, and the device holds
+every job to its last token beside the reserve, the same batch is certain to follow
+until an arrival or a finish (the order may change, the batch cannot). The policy then
+declares itself `stationary`; `on_decode_run` replays on the job order what the steps
+applied at once would have recorded (`SkipJoinMLFQ.replay_decode_run`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -105,6 +112,10 @@ class JobOrder(Protocol):
     def enst(self, batch_size: int, now: float,
              wanted: Collection[Request]) -> dict[Request, float]: ...
 
+    def replay_decode_run(self, reqs: Sequence[Request], starts: Sequence[float],
+                          services: Sequence[float],
+                          next_iteration_time: Callable[[Request, int], float]) -> None: ...
+
 
 class FastServePolicy(BasePolicy):
     name = "fastserve"
@@ -122,6 +133,7 @@ class FastServePolicy(BasePolicy):
         self.kv = KVPlanner(opts.kv_mode, ctx.cost_model, opts.swap_budget,
                             opts.swap_in_after_swap_out)
         self.arrivals = ArrivalRate(opts.rate_window)
+        self.stationary = False  # see the design note: decode runs
 
     def _make_order(self, opts: FastServeOptions) -> JobOrder:
         base = opts.base_quantum
@@ -185,6 +197,36 @@ class FastServePolicy(BasePolicy):
                       lambda jobs: self.order.enst(size, now, jobs))
         for req in plan.scheduled:
             self.order.mark_run(req, now)
+        self.stationary = self._batch_repeats(plan, reserve)
+
+    # ---- decode runs ----------------------------------------------------------------
+    def _batch_repeats(self, plan: StepPlan, reserve: int) -> bool:
+        """Is this all-decode batch of every job certain to be chosen again, step after
+        step, until a job arrives or finishes? (See the design note.)"""
+        if plan.waiting or plan.swapped or plan.preemptions or plan.swap_ins \
+                or plan.in_flight_ids or len(plan.scheduled) != len(self.order):
+            return False
+        if any(n != 1 for n in plan.num_scheduled_tokens):
+            return False
+        limit = self.ctx.config.max_model_len
+        blocks = sum(plan.num_blocks_for(min(r.num_prompt_tokens + r.sampling.max_tokens,
+                                             limit)) for r in plan.scheduled)
+        return blocks <= plan.num_total_blocks - plan.watermark_blocks - reserve
+
+    def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
+        """Replay the run's steps on the job order (each step was scheduled when the one
+        before it ended: the run's tokens' times)."""
+        k = len(durations)
+        token_times = batch.requests[0].timeline.token_times
+        starts = token_times[-k - 1:-1]
+        cost = self.ctx.cost_model
+
+        def next_time(req: Request, step: int) -> float:
+            computed = req.num_computed_tokens - (k - 1 - step)
+            return cost.decode_time(1, computed) if cost is not None \
+                else DEFAULT_BASE_QUANTUM + 1 / DEFAULT_PREFILL_RATE
+
+        self.order.replay_decode_run(batch.requests, starts, durations, next_time)
 
 
 class FastServeFCFSPolicy(FastServePolicy):
