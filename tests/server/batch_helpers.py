@@ -21,8 +21,8 @@ def batch_lines(n: int, url: str = "/v1/completions", max_tokens: int = 4,
                             if url == "/v1/completions" else
                             {"messages": [{"role": "user", "content": "hi"}],
                              "max_tokens": max_tokens})
-    return [{"custom_id": f"{prefix}-{i}", "method": "POST", "url": url, "body": body}
-            for i in range(n)]
+    return [{"custom_id": f"{prefix}-{i}", "method": "POST", "url": url,
+             "body": json.loads(json.dumps(body))} for i in range(n)]
 
 
 def jsonl(lines: list[dict[str, Any]]) -> bytes:
