@@ -14,7 +14,8 @@ from typing import Any
 
 # the Batch status life cycle (OpenAI): validating -> in_progress -> finalizing ->
 # completed; or failed (validation), expired (window over), cancelling -> cancelled
-VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED = "validating", "in_progress", "finalizing", "completed"
+VALIDATING, IN_PROGRESS = "validating", "in_progress"
+FINALIZING, COMPLETED = "finalizing", "completed"
 FAILED, EXPIRED, CANCELLING, CANCELLED = "failed", "expired", "cancelling", "cancelled"
 STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED, FAILED, EXPIRED, CANCELLING,
             CANCELLED)

@@ -78,7 +78,7 @@ class RedisStreamsStore:
     def _init_client(self, url: str) -> None:
         import redis  # the fleet's extra (`andante[redis]`)
 
-        self._redis = redis.Redis.from_url(url)
+        self._redis: Any = redis.Redis.from_url(url)  # redis-py's stubs are loose
         self._redis.ping()  # fail at start, with the URL in the message, if unreachable
         self._complete = self._redis.register_script(COMPLETE_SCRIPT)
 

@@ -104,7 +104,7 @@ class SQLiteStore:
 
     def file_content(self, file_id: str) -> bytes | None:
         rows = self._query("SELECT content FROM files WHERE id=?", (file_id,))
-        return bytes(rows[0][0]) if rows else None  # type: ignore[arg-type]
+        return bytes(rows[0][0]) if rows else None  # type: ignore[call-overload]
 
     # ---- batches ------------------------------------------------------------------
     def create_batch(self, batch: BatchRecord, items: Sequence[WorkItem]) -> None:

@@ -21,6 +21,7 @@ outcome (the store's claims), and resumes every unfinished batch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -212,10 +213,8 @@ class BatchService:
                 self._tick()
             except Exception:  # a store hiccup must not end the feeder: log, go on
                 log.exception("batches: the feeder's step failed")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), TICK_S)
-            except TimeoutError:
-                pass
             self._wake.clear()
 
     def _tick(self) -> None:
