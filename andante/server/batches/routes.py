@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,6 +17,11 @@ from andante.server.openai_api import parse_body, read_body
 from andante.server.protocol import request_schema
 
 MAX_METADATA_KEYS = 16  # OpenAI's limits on metadata
+ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"  # ids this server hands out (file-..., batch_...)
+UPLOAD_SCHEMA = {"requestBody": {"required": True, "content": {"multipart/form-data": {
+    "schema": {"type": "object", "required": ["file", "purpose"], "properties": {
+        "file": {"type": "string", "format": "binary"},
+        "purpose": {"type": "string", "enum": ["batch"]}}}}}}}
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 
 
@@ -42,7 +47,10 @@ def batch_router(service: BatchService, limits: HTTPLimits) -> APIRouter:
                              header_timeout=limits.header_timeout,
                              body_timeout=max(limits.body_timeout, 300.0))
 
-    @router.post("/files", status_code=200)
+    file_id_path = Path(pattern=ID_PATTERN)
+    batch_id_path = Path(pattern=ID_PATTERN)
+
+    @router.post("/files", status_code=200, openapi_extra=UPLOAD_SCHEMA)
     async def upload(request: Request) -> dict[str, Any]:
         raw = await read_body(request, file_limits)
         try:
@@ -61,11 +69,11 @@ def batch_router(service: BatchService, limits: HTTPLimits) -> APIRouter:
                               upload.content).to_api()
 
     @router.get("/files/{file_id}")
-    async def get_file(file_id: str) -> dict[str, Any]:
+    async def get_file(file_id: str = file_id_path) -> dict[str, Any]:
         return service.file(file_id).to_api()
 
     @router.get("/files/{file_id}/content")
-    async def file_content(file_id: str) -> Response:
+    async def file_content(file_id: str = file_id_path) -> Response:
         return Response(service.file_content(file_id), media_type="application/octet-stream")
 
     @router.post("/batches", openapi_extra=request_schema(CreateBatchBody))
@@ -76,7 +84,7 @@ def batch_router(service: BatchService, limits: HTTPLimits) -> APIRouter:
                               body.metadata).to_api()
 
     @router.get("/batches/{batch_id}")
-    async def retrieve(batch_id: str) -> dict[str, Any]:
+    async def retrieve(batch_id: str = batch_id_path) -> dict[str, Any]:
         return service.get(batch_id).to_api()
 
     @router.get("/batches")
@@ -85,7 +93,7 @@ def batch_router(service: BatchService, limits: HTTPLimits) -> APIRouter:
         return service.page(after, limit)
 
     @router.post("/batches/{batch_id}/cancel")
-    async def cancel(batch_id: str) -> dict[str, Any]:
+    async def cancel(batch_id: str = batch_id_path) -> dict[str, Any]:
         return service.cancel(batch_id).to_api()
 
     return router
