@@ -6,10 +6,12 @@ fill the capacity interactive requests leave). Interactive first, by one rule: t
 feeder claims batch work from the store only while (1) no interactive request is
 waiting for its first token and (2) fewer than `max_in_flight` batch requests are in
 flight (default: a quarter of `max_num_seqs` per instance, at most half of
-`--max-queued`). So an arriving interactive request never queues behind more than
-`max_in_flight` batch requests, and batch work stops growing the moment interactive
-requests wait; batch requests also run at low priority with the batch's deadline as
-their SLO (`execute.py`), for the policies that order by either.
+`--max-queued`), and (3) at most `max_in_flight / RAMP_TICKS` start per tick of the
+feeder (`TICK_S`, or sooner when a batch request finishes), so their prefills come in
+small groups rather than one long step. So an arriving interactive request never
+queues behind more than `max_in_flight` batch requests, and batch work stops growing
+the moment interactive requests wait; batch requests also run at low priority with the
+batch's deadline as their SLO (`execute.py`), for the policies that order by either.
 
 Each item's outcome is made durable (`DurableStore.complete`) before its entry is
 acknowledged; the batch is finalized (output and error files written, status
@@ -67,6 +69,7 @@ log = logging.getLogger("andante.server")
 TICK_S = 0.05  # the feeder's period when nothing wakes it
 SWEEP_S = 1.0  # how often open batches are checked (expiry, finalization, cache)
 MAX_ATTEMPTS = 3
+RAMP_TICKS = 4  # from idle to max_in_flight batch requests in at least this many ticks
 RATE_WINDOW_S = 60.0
 
 
@@ -85,6 +88,7 @@ class BatchService:
         self.options = options
         self.wall = wall
         self.max_in_flight = options.max_in_flight or default_max_in_flight(state)
+        self.max_starts_per_tick = max(1, self.max_in_flight // RAMP_TICKS)
         self._init_running()
 
     def _init_running(self) -> None:
@@ -224,12 +228,13 @@ class BatchService:
         if now - self._last_keep_alive >= self.options.claim_idle_s / 3:
             self._last_keep_alive = now
             self.store.keep_alive([r.item for r in self.running.values()])
-        while (room := self.room()) > 0:
+        starts = self.max_starts_per_tick
+        while (room := min(self.room(), starts)) > 0:
             items = self.store.claim(self.models, room)
             if not items:
                 return
             for item in items:
-                self._dispatch(item)
+                starts -= self._dispatch(item)
 
     def room(self) -> int:
         """How many more batch requests may start now (the rule in the module note)."""
@@ -240,10 +245,11 @@ class BatchService:
             return 0
         return self.max_in_flight - len(self.running)
 
-    def _dispatch(self, item: WorkItem) -> None:
+    def _dispatch(self, item: WorkItem) -> bool:
+        """Run the item, or settle it at once (cancelled, expired); True if it runs."""
         key = (item.batch_id, item.custom_id)
         if key in self.running:  # claimed twice (an idle entry of ours): already running
-            return
+            return False
         batch = self._batch(item.batch_id)
         if batch is None or batch.status in (CANCELLING, CANCELLED):
             self._settle(item, batch_error_outcome(item, "batch_cancelled",
@@ -256,6 +262,8 @@ class BatchService:
             running = _Running(item)
             self.running[key] = running
             running.task = asyncio.get_running_loop().create_task(self._run(running, batch))
+            return True
+        return False
 
     async def _run(self, running: _Running, batch: BatchRecord) -> None:
         item = running.item
