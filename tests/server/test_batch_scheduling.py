@@ -4,16 +4,24 @@ at most `max_in_flight` batch requests run at once."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import time
 from types import SimpleNamespace
 from typing import Any
 
 from andante.core.request import Request
+from andante.runtime.durable.records import IN_PROGRESS, BatchRecord, RequestCounts, WorkItem
 from andante.runtime.durable.store import open_store
 from andante.server import ServerThread
-from andante.server.batches.execute import BATCH_PRIORITY
-from andante.server.batches.service import BatchService, default_max_in_flight
+from andante.server.batches.execute import BATCH_PRIORITY, EngineFailure
+from andante.server.batches.service import (
+    MAX_ATTEMPTS,
+    BatchService,
+    _Running,
+    default_max_in_flight,
+)
 from andante.server.config import BatchOptions, EngineOptions, ServeOptions
 from tests.server.batch_helpers import batch_lines, finished, submit, wait_batch
 from tests.server.helpers import toy_options
@@ -61,3 +69,31 @@ def test_batch_requests_carry_the_deadline_and_a_low_priority() -> None:
         assert req.slo.deadline is not None
         assert 7200 - (time.time() - before) - 2 <= req.slo.deadline <= 7200
     assert most[0] <= 2
+
+
+class _FailingRunner:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.num_not_started = 0
+
+    async def run(self, item: Any, seconds_left: float) -> Any:
+        self.calls += 1
+        raise EngineFailure("the engine failed")
+
+
+def test_an_engine_failure_is_retried_then_fails_the_line(tmp_path: Any) -> None:
+    store = open_store("sqlite", tmp_path)
+    service = BatchService(_fake_state(0), store, BatchOptions())
+    batch = BatchRecord("batch_x", "file", "/v1/completions", "1h", 0, int(time.time()) + 3600,
+                        counts=RequestCounts(total=1))
+    batch.enter(IN_PROGRESS, 0)
+    store.create_batch(batch, [WorkItem("batch_x", "a", 1, "/v1/completions", "{}", "toy")])
+    item = store.claim(["toy"], 1)[0]
+    service.runner = _FailingRunner()  # type: ignore[assignment]
+    service.running[("batch_x", "a")] = running = _Running(item)
+    asyncio.run(service._run(running, batch))
+    assert service.runner.calls == MAX_ATTEMPTS and not service.running
+    [outcome] = store.outcomes("batch_x")
+    assert json.loads(outcome.text)["response"]["status_code"] == 500
+    assert store.get_batch("batch_x").status == "completed"  # finalized: one failed line
+    store.close()

@@ -3,6 +3,7 @@ retrieve, list, cancel), with OpenAI's shapes and errors."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Path, Query, Request
@@ -65,8 +66,11 @@ def batch_router(service: BatchService, limits: HTTPLimits) -> APIRouter:
             raise APIError(400, "purpose: the form has no 'purpose' field", "purpose",
                            "missing_field")
         name = upload.filename or "upload.jsonl"
-        return service.upload(name, purpose.content.decode("utf-8", "replace"),
-                              upload.content).to_api()
+        # checking a large file line by line takes a while: off the event loop
+        record = await asyncio.to_thread(service.upload, name,
+                                         purpose.content.decode("utf-8", "replace"),
+                                         upload.content)
+        return record.to_api()
 
     @router.get("/files/{file_id}")
     async def get_file(file_id: str = file_id_path) -> dict[str, Any]:

@@ -16,8 +16,9 @@ batch's deadline as their SLO (`execute.py`), for the policies that order by eit
 Each item's outcome is made durable (`DurableStore.complete`) before its entry is
 acknowledged; the batch is finalized (output and error files written, status
 completed / expired / cancelled) when every item has an outcome. A request whose
-engine failed runs again (up to `MAX_ATTEMPTS`); a restart replays whatever had no
-outcome (the store's claims), and resumes every unfinished batch.
+engine failed runs again (`MAX_ATTEMPTS` in all, then its line is a 500); one cut short
+by the server stopping gets no outcome: a restart replays whatever had none (the
+store's claims), and resumes every unfinished batch.
 """
 
 from __future__ import annotations
@@ -52,7 +53,12 @@ from andante.runtime.durable.records import (
     window_seconds,
 )
 from andante.runtime.durable.store import DurableStore
-from andante.server.batches.execute import EngineFailure, ItemRunner, batch_error_outcome
+from andante.server.batches.execute import (
+    EngineFailure,
+    ItemRunner,
+    batch_error_outcome,
+    response_outcome,
+)
 from andante.server.batches.input import (
     ENDPOINTS,
     MAX_REPORTED,
@@ -62,7 +68,7 @@ from andante.server.batches.input import (
     parse_batch_file,
 )
 from andante.server.config import BatchOptions
-from andante.server.errors import APIError
+from andante.server.errors import APIError, error_body
 from andante.server.state import ServerState
 
 log = logging.getLogger("andante.server")
@@ -274,9 +280,14 @@ class BatchService:
                     outcome = await self.runner.run(item, batch.expires_at - self.wall())
                     break
                 except EngineFailure as exc:
-                    if running.attempts >= MAX_ATTEMPTS or not self.state.runner.is_alive:
-                        log.warning("batches: %s; not retried", exc)
-                        return  # no outcome: replayed after a restart
+                    if not self.state.runner.is_alive:
+                        return  # no outcome: the server is going down, a restart replays it
+                    if running.attempts >= MAX_ATTEMPTS:
+                        log.warning("batches: %s, %d times; it fails", exc, running.attempts)
+                        outcome = response_outcome(item, 500, None, error_body(
+                            500, f"the engine failed {running.attempts} times while serving "
+                            "this request", None, "engine_error"))
+                        break
                     log.info("batches: %s; running it again", exc)
             self._settle(item, outcome)
         finally:
