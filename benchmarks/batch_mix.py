@@ -77,7 +77,8 @@ def ttfts(url: str, specs: list[RequestSpec]) -> dict[str, float]:
     run = asyncio.run(run_bench(specs, cfg))
     assert not run.errors, run.errors[:3]
     s = run.summary.to_dict()
-    return {"ttft_p50_ms": float(s["median_ttft_ms"] or 0), "ttft_p99_ms": float(s["p99_ttft_ms"] or 0)}
+    return {"ttft_p50_ms": float(s["median_ttft_ms"] or 0),
+            "ttft_p99_ms": float(s["p99_ttft_ms"] or 0)}
 
 
 def one_round(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -144,7 +145,7 @@ def main() -> None:
             engine=EngineOptions(max_num_seqs=args.max_num_seqs, num_threads=args.threads),
             batch=BatchOptions(state_dir=state_dir, max_in_flight=args.batch_max_in_flight))
         with ServerThread(options) as server:
-            in_flight = server._app.state.batches.max_in_flight
+            in_flight = server._app.state.batches.feeder.max_in_flight
             rounds = [one_round(server.url, args) for _ in range(args.rounds)]
     print(json.dumps({
         "benchmark": "batch_mix", "model": "smollm2-135m (embedded, CPU)",

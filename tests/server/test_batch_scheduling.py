@@ -16,9 +16,9 @@ from andante.runtime.durable.records import IN_PROGRESS, BatchRecord, RequestCou
 from andante.runtime.durable.store import open_store
 from andante.server import ServerThread
 from andante.server.batches.execute import BATCH_PRIORITY, EngineFailure
-from andante.server.batches.service import (
+from andante.server.batches.feeder import (
     MAX_ATTEMPTS,
-    BatchService,
+    BatchFeeder,
     _Running,
     default_max_in_flight,
 )
@@ -35,7 +35,7 @@ def _fake_state(waiting: int, batch_waiting: int = 0, alive: bool = True) -> Any
 
 def test_room_is_zero_while_interactive_requests_wait(tmp_path: Any) -> None:
     store = open_store("sqlite", tmp_path)
-    service = BatchService(_fake_state(0), store, BatchOptions())
+    service = BatchFeeder(_fake_state(0), store, BatchOptions())
     assert service.max_in_flight == default_max_in_flight(service.state) == 8  # 16/4 * 2
     assert service.room() == 8
     service.state = _fake_state(1)
@@ -55,8 +55,8 @@ def test_batch_requests_carry_the_deadline_and_a_low_priority() -> None:
 
         def spy(req: Request) -> None:
             seen.append(req)
-            service = server._app.state.batches
-            most[0] = max(most[0], len(service.running))
+            feeder = server._app.state.batches.feeder
+            most[0] = max(most[0], len(feeder.running))
             original(req)
 
         runner.submit = spy  # type: ignore[method-assign]
@@ -83,7 +83,7 @@ class _FailingRunner:
 
 def test_an_engine_failure_is_retried_then_fails_the_line(tmp_path: Any) -> None:
     store = open_store("sqlite", tmp_path)
-    service = BatchService(_fake_state(0), store, BatchOptions())
+    service = BatchFeeder(_fake_state(0), store, BatchOptions())
     batch = BatchRecord("batch_x", "file", "/v1/completions", "1h", 0, int(time.time()) + 3600,
                         counts=RequestCounts(total=1))
     batch.enter(IN_PROGRESS, 0)

@@ -6,7 +6,7 @@
 - `andante:batch_requests_in_flight`: batch requests on the engines of this server;
 - `andante:batch_deadline_slack_seconds{batch_id}`: per unfinished batch, the time left
   before it expires minus the time its remaining requests need at the recent pace
-  (`BatchService.slack`); `andante:batches_at_risk`: how many have negative slack.
+  (`BatchFeeder.slack`); `andante:batches_at_risk`: how many have negative slack.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class BatchCollector(Collector):
         yield requests
         in_flight = GaugeMetricFamily(PREFIX + "batch_requests_in_flight",
                                       "Batch requests running on this server's engines.")
-        in_flight.add_metric([], float(len(self.service.running)))
+        in_flight.add_metric([], float(len(self.service.feeder.running)))
         yield in_flight
 
     def _risk(self) -> Iterator[Metric]:
@@ -52,8 +52,8 @@ class BatchCollector(Collector):
                                   "the batch expires minus the time its remaining requests "
                                   "need at the recent pace.", labels=["batch_id"])
         at_risk = 0
-        for batch in self.service.open:
-            value = self.service.slack(batch)
+        for batch in self.service.feeder.open:
+            value = self.service.feeder.slack(batch)
             slack.add_metric([batch.id], value)
             at_risk += value < 0
         yield slack
