@@ -27,21 +27,32 @@ from tests.server.batch_helpers import batch_lines, finished, submit, wait_batch
 from tests.server.helpers import toy_options
 
 
-def _fake_state(waiting: int, batch_waiting: int = 0, alive: bool = True) -> Any:
+def _fake_state(waiting: int, running: int = 0, alive: bool = True) -> Any:
+    """Interactive requests: `waiting` for their first token, `running` past it."""
     options = ServeOptions(model="toy", engine=EngineOptions(max_num_seqs=16), instances=2)
     return SimpleNamespace(options=options, runner=SimpleNamespace(is_alive=alive),
-                           hub=SimpleNamespace(num_not_started=waiting + batch_waiting))
+                           hub=SimpleNamespace(num_not_started=waiting,
+                                               num_in_flight=waiting + running))
 
 
-def test_room_is_zero_while_interactive_requests_wait(tmp_path: Any) -> None:
+def test_room_follows_the_interactive_load(tmp_path: Any) -> None:
     store = open_store("sqlite", tmp_path)
-    service = BatchFeeder(_fake_state(0), store, BatchOptions())
-    assert service.max_in_flight == default_max_in_flight(service.state) == 8  # 16/4 * 2
-    assert service.room() == 8
-    service.state = _fake_state(1)
-    assert service.room() == 0
-    service.state = _fake_state(0, alive=False)
-    assert service.room() == 0
+    feeder = BatchFeeder(_fake_state(0), store, BatchOptions(), wall=lambda: 1000.0)
+    assert feeder.max_in_flight == default_max_in_flight(feeder.state) == 8  # 16/4 * 2
+    assert feeder.room() == 8  # idle: the whole share
+    feeder.state = _fake_state(0, running=3)
+    assert feeder.room() == 2  # beside interactive requests: a quarter
+    feeder.state = _fake_state(1, running=3)
+    assert feeder.room() == 0  # one waits for its first token: nothing starts
+    feeder.state = _fake_state(0, alive=False)
+    assert feeder.room() == 0
+    late = BatchRecord("batch_late", "f", "/v1/completions", "1m", 900, 1010,
+                       counts=RequestCounts(total=100))
+    feeder.open = [late]
+    feeder.finished_at.extend([999.0] * 60)  # 1 request/s: 100 left need 100 s > 10 s left
+    assert feeder.at_risk
+    feeder.state = _fake_state(0, running=3)
+    assert feeder.room() == 8  # a deadline at risk: the whole share again
     store.close()
 
 

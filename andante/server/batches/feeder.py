@@ -5,12 +5,15 @@ fill the capacity interactive requests leave). Interactive first, by one rule: t
 feeder claims batch work from the store only while (1) no interactive request is
 waiting for its first token and (2) fewer than `max_in_flight` batch requests are in
 flight (default: a quarter of `max_num_seqs` per instance, at most half of
-`--max-queued`), and (3) at most `max_in_flight / RAMP_TICKS` start per tick of the
-feeder (`TICK_S`, or sooner when a batch request finishes), so their prefills come in
-small groups rather than one long step. So an arriving interactive request never
-queues behind more than `max_in_flight` batch requests, and batch work stops growing
-the moment interactive requests wait; batch requests also run at low priority with the
-batch's deadline as their SLO (`execute.py`), for the policies that order by either.
+`--max-queued`); while interactive requests are in flight, only a quarter of that
+(`SHARE_DIVISOR`), unless a batch is at risk of missing its window at the recent pace
+(its deadline slack is negative: then the whole `max_in_flight`); and (3) at most
+`max_in_flight / RAMP_TICKS` start per tick of the feeder (`TICK_S`, or sooner when a
+batch request finishes), so their prefills come in small groups rather than one long
+step. So batch work fills the engines when interactive traffic leaves them idle,
+trickles beside it, stops growing the moment an interactive request waits, and speeds
+up when a deadline needs it; batch requests also run at low priority with the batch's
+deadline as their SLO (`execute.py`), for the policies that order by either.
 
 Each item's outcome is made durable (`DurableStore.complete`) before its entry is
 acknowledged; the batch is finalized (output and error files written, status
@@ -60,6 +63,7 @@ TICK_S = 0.05  # the feeder's period when nothing wakes it
 SWEEP_S = 1.0  # how often open batches are checked (expiry, finalization, cache)
 MAX_ATTEMPTS = 3
 RAMP_TICKS = 4  # from idle to max_in_flight batch requests in at least this many ticks
+SHARE_DIVISOR = 4  # beside interactive requests: max_in_flight / this batch requests
 RATE_WINDOW_S = 60.0
 
 
@@ -151,10 +155,19 @@ class BatchFeeder:
         """How many more batch requests may start now (the rule in the module note)."""
         if not self.state.runner.is_alive:
             return 0
-        interactive_waiting = self.state.hub.num_not_started - self.runner.num_not_started
-        if interactive_waiting > 0:
-            return 0
-        return self.max_in_flight - len(self.running)
+        hub = self.state.hub
+        if hub.num_not_started - self.runner.num_not_started > 0:
+            return 0  # an interactive request waits for its first token
+        cap = self.max_in_flight
+        interactive = hub.num_in_flight - len(self.runner.streams)
+        if interactive > 0 and not self.at_risk:
+            cap = max(1, cap // SHARE_DIVISOR)
+        return cap - len(self.running)
+
+    @property
+    def at_risk(self) -> bool:
+        """Some unfinished batch will miss its window at the recent pace."""
+        return any(self.slack(batch) < 0 for batch in self.open)
 
     def _dispatch(self, item: WorkItem) -> bool:
         """Run the item, or settle it at once (cancelled, expired); True if it runs."""
