@@ -234,8 +234,6 @@ class BatchFeeder:
         """Finalize the open batches whose items all have outcomes; forget old cache."""
         self._last_sweep = now = self.wall()
         self.cache = {k: v for k, v in self.cache.items() if now - v[0] <= SWEEP_S}
-        while self.finished_at and now - self.finished_at[0] > RATE_WINDOW_S:
-            self.finished_at.popleft()
         self.open = self.store.open_batches()
         for batch in self.open:
             if batch.counts.remaining <= 0 or batch.status == FINALIZING:
@@ -247,7 +245,7 @@ class BatchFeeder:
         if batch is None or not batch.is_open:
             return
         now = self.wall()
-        cancelling = batch.status == CANCELLING
+        cancelling = CANCELLING in batch.times  # also after a crash while finalizing
         batch.enter(FINALIZING, now)
         self.store.save_batch(batch)
         outcomes = self.store.outcomes(batch_id)
@@ -276,8 +274,9 @@ class BatchFeeder:
     def throughput(self) -> float:
         """Batch requests finished per second over the last minute (this controller)."""
         now = self.wall()
-        recent = [t for t in self.finished_at if now - t <= RATE_WINDOW_S]
-        return len(recent) / RATE_WINDOW_S
+        while self.finished_at and now - self.finished_at[0] > RATE_WINDOW_S:
+            self.finished_at.popleft()
+        return len(self.finished_at) / RATE_WINDOW_S
 
     def slack(self, batch: BatchRecord) -> float:
         """Seconds to spare at the current pace: time left minus the time the remaining
