@@ -43,3 +43,16 @@ def test_bad_files_exit_2_with_a_message(tmp_path: Path,
     mixed.write_bytes(jsonl(batch_lines(1) + batch_lines(1, "/v1/chat/completions", prefix="c")))
     assert main(["batch", str(mixed), *TOY]) == 2
     assert "one endpoint" in capsys.readouterr().err
+
+
+def test_serve_with_an_unusable_queue_exits_2(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    serve = ["serve", "--model", "toy", "--port", "0", "--log-level", "error"]
+    assert main([*serve, "--state-dir", str(not_a_dir / "state")]) == 2
+    assert "cannot open the batch queue" in capsys.readouterr().err
+    assert main([*serve, "--queue", "redis://127.0.0.1:1"]) == 2
+    assert "cannot reach the Redis queue" in capsys.readouterr().err
+    assert main([*serve, "--queue", "nats://x"]) == 2
+    assert "queue must be 'sqlite' or redis://" in capsys.readouterr().err

@@ -79,7 +79,10 @@ class RedisStreamsStore:
         import redis  # the fleet's extra (`andante[redis]`)
 
         self._redis: Any = redis.Redis.from_url(url)  # redis-py's stubs are loose
-        self._redis.ping()  # fail at start, with the URL in the message, if unreachable
+        try:
+            self._redis.ping()  # fail at start, with the URL in the message
+        except redis.RedisError as exc:
+            raise ValueError(f"cannot reach the Redis queue at {url}: {exc}") from None
         self._complete = self._redis.register_script(COMPLETE_SCRIPT)
 
     def _ensure_group(self, stream: str) -> None:

@@ -18,6 +18,7 @@ group shared by every controller, `XAUTOCLAIM` of a dead consumer's entries).
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -79,13 +80,17 @@ def default_state_dir() -> Path:
 
 def open_store(queue: str, state_dir: str | Path | None = None, consumer: str = "",
                claim_idle_s: float = 30.0) -> DurableStore:
-    """`queue` "sqlite" (a file in `state_dir`) or "redis://HOST:PORT[/DB]"."""
+    """`queue` "sqlite" (a file in `state_dir`) or "redis://HOST:PORT[/DB]"; a
+    `ValueError` saying why if it cannot be opened."""
     if queue == "sqlite":
         from andante.runtime.durable.sqlite import SQLiteStore
 
         directory = Path(state_dir) if state_dir is not None else default_state_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        return SQLiteStore(directory / SQLITE_FILE)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            return SQLiteStore(directory / SQLITE_FILE)
+        except (OSError, sqlite3.Error) as exc:
+            raise ValueError(f"cannot open the batch queue in {directory}: {exc}") from None
     if queue.startswith(("redis://", "rediss://", "unix://")):
         from andante.runtime.durable.redis_streams import RedisStreamsStore
 
