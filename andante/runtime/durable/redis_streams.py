@@ -76,7 +76,11 @@ class RedisStreamsStore:
         self.num_claimed_from_others = 0
 
     def _init_client(self, url: str) -> None:
-        import redis  # the fleet's extra (`andante[redis]`)
+        try:
+            import redis  # the fleet's extra
+        except ImportError:
+            raise ValueError("a Redis queue needs the redis package: pip install -e "
+                             "'.[redis]'") from None
 
         self._redis: Any = redis.Redis.from_url(url)  # redis-py's stubs are loose
         try:
