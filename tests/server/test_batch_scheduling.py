@@ -41,7 +41,7 @@ def test_room_follows_the_interactive_load(tmp_path: Any) -> None:
     assert feeder.max_in_flight == default_max_in_flight(feeder.state) == 8  # 16/4 * 2
     assert feeder.room() == 8  # idle: the whole share
     feeder.state = _fake_state(0, running=3)
-    assert feeder.room() == 2  # beside interactive requests: a quarter
+    assert feeder.room() == 2  # beside interactive requests: one per instance
     feeder.state = _fake_state(1, running=3)
     assert feeder.room() == 0  # one waits for its first token: nothing starts
     feeder.state = _fake_state(0, alive=False)

@@ -5,9 +5,9 @@ fill the capacity interactive requests leave). Interactive first, by one rule: t
 feeder claims batch work from the store only while (1) no interactive request is
 waiting for its first token and (2) fewer than `max_in_flight` batch requests are in
 flight (default: a quarter of `max_num_seqs` per instance, at most half of
-`--max-queued`); while interactive requests are in flight, only a quarter of that
-(`SHARE_DIVISOR`), unless a batch is at risk of missing its window at the recent pace
-(its deadline slack is negative: then the whole `max_in_flight`); and (3) at most
+`--max-queued`); while interactive requests are in flight, one per instance, unless a
+batch is at risk of missing its window at the recent pace (its deadline slack is
+negative: then the whole `max_in_flight`); and (3) at most
 `max_in_flight / RAMP_TICKS` start per tick of the feeder (`TICK_S`, or sooner when a
 batch request finishes), so their prefills come in small groups rather than one long
 step. So batch work fills the engines when interactive traffic leaves them idle,
@@ -63,7 +63,6 @@ TICK_S = 0.05  # the feeder's period when nothing wakes it
 SWEEP_S = 1.0  # how often open batches are checked (expiry, finalization, cache)
 MAX_ATTEMPTS = 3
 RAMP_TICKS = 4  # from idle to max_in_flight batch requests in at least this many ticks
-SHARE_DIVISOR = 4  # beside interactive requests: max_in_flight / this batch requests
 RATE_WINDOW_S = 60.0
 
 
@@ -161,7 +160,7 @@ class BatchFeeder:
         cap = self.max_in_flight
         interactive = hub.num_in_flight - len(self.runner.streams)
         if interactive > 0 and not self.at_risk:
-            cap = max(1, cap // SHARE_DIVISOR)
+            cap = min(cap, self.state.options.instances)  # one beside them per instance
         return cap - len(self.running)
 
     @property
