@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What `make test` needs beyond `make run`: the dev and ray extras (pytest, schemathesis,
-# the multi-node backend and its CI failure test) and headless Chromium + its WebDriver
-# (Debian packages) for the live-page browser test.
+# the multi-node backend and its CI failure test), headless Chromium + its WebDriver
+# (Debian packages) for the live-page browser test, and redis-server for the Batch API's
+# Redis Streams queue tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,5 +16,15 @@ if ! [ -x /usr/bin/chromium ] || ! [ -x /usr/bin/chromedriver ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
   else
     echo "bootstrap-test: chromium/chromium-driver missing; the browser test will be skipped" >&2
+  fi
+fi
+
+if ! command -v redis-server >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "bootstrap-test: installing redis-server (apt)" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  else
+    echo "bootstrap-test: redis-server missing; the Redis queue tests will be skipped" >&2
   fi
 fi

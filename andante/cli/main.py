@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 # sub-command -> module with `add_parser(subparsers)` and `run(args) -> int`
-COMMANDS = ("simulate", "experiment", "serve", "bench", "generate", "calibrate")
+COMMANDS = ("simulate", "experiment", "serve", "batch", "bench", "generate", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:

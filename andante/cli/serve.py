@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from andante.cli.batch import add_queue_args, batch_options_from_args
 from andante.cli.options import (
     add_prefix_caching_arg,
     parse_key_values,
@@ -14,6 +15,7 @@ from andante.cli.options import (
 )
 from andante.core.request import PreemptionMode
 from andante.policies import policy_names
+from andante.runtime.durable.store import default_state_dir
 
 
 def add_parser(subparsers: Any) -> None:
@@ -46,6 +48,7 @@ def add_parser(subparsers: Any) -> None:
     _add_http_args(p)
     _add_engine_args(p)
     _add_cluster_args(p)
+    add_queue_args(p, state_dir_default=str(default_state_dir()))
     p.set_defaults(run=run)
 
 
@@ -142,7 +145,9 @@ def options_from_args(args: argparse.Namespace) -> Any:
         ray_address=args.ray_address,
         max_restarts=args.max_restarts,
         limits=HTTPLimits(max_body_bytes=args.max_body_bytes, header_timeout=args.header_timeout,
-                          body_timeout=args.body_timeout, public_metrics=args.public_metrics),
+                          body_timeout=args.body_timeout, public_metrics=args.public_metrics,
+                          max_file_bytes=args.max_file_bytes),
+        batch=batch_options_from_args(args),
     )
 
 

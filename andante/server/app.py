@@ -12,6 +12,8 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from andante.server.backend import Backend, build_backend
+from andante.server.batches import create_batch_service
+from andante.server.batches.routes import install_batch_routes
 from andante.server.config import ServeOptions
 from andante.server.errors import install_error_handlers
 from andante.server.guard import EdgeGuard
@@ -24,20 +26,25 @@ def create_app(options: ServeOptions, backend: Backend | None = None) -> FastAPI
     """A server app; `backend` defaults to `build_backend(options)`. The engine thread
     starts with the app's lifespan and stops with it."""
     state = ServerState.create(options, backend or build_backend(options))
+    batches = create_batch_service(state)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.start(asyncio.get_running_loop())
+        batches.start()  # resumes the store's unfinished batches
         try:
             yield
         finally:
+            await batches.stop()
             state.stop()
 
     app = FastAPI(title="andante", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.andante = state
+    app.state.batches = batches
     app.add_middleware(EdgeGuard, api_key=options.api_key, limits=options.limits)
     install_error_handlers(app)
     install_openai_routes(app, state)
+    install_batch_routes(app, batches, options.limits)
     _install_ops_routes(app, state)
     return app
 

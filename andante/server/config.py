@@ -42,16 +42,44 @@ class HTTPLimits:
     `/`, `/api/stats` and `/openapi.json` stay open when an API key is set."""
 
     max_body_bytes: int = 4 << 20
+    max_file_bytes: int = 200 << 20  # POST /v1/files (OpenAI's limit for a batch file)
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     public_metrics: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        for name in ("max_body_bytes", "max_file_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("header_timeout", "body_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOptions:
+    """The Batch API's durable queue (andante.runtime.durable). `queue`: "sqlite" (a file
+    in `state_dir`; None: a temporary directory, removed at exit, so nothing survives a
+    restart; `andante serve` defaults to a directory under the user's cache) or
+    "redis://HOST:PORT" (one queue for several servers; `consumer`: this server's name
+    in the consumer group, default host-pid; `claim_idle_s`: a consumer's entries idle
+    this long are taken over by another). `max_in_flight`: batch requests on the
+    engines at once (None: a quarter of max_num_seqs per instance)."""
+
+    queue: str = "sqlite"
+    state_dir: str | None = None
+    max_in_flight: int | None = None
+    claim_idle_s: float = 30.0
+    consumer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.queue != "sqlite" and not self.queue.startswith(("redis://", "rediss://",
+                                                                 "unix://")):
+            raise ValueError(f"queue must be 'sqlite' or redis://HOST:PORT, got {self.queue!r}")
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+        if not self.claim_idle_s > 0:
+            raise ValueError(f"claim_idle_s must be > 0, got {self.claim_idle_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +110,7 @@ class ServeOptions:
     # when given, `model` and `served_model_name` are unused
     models: tuple[tuple[str, str | None], ...] = ()
     host_memory_gib: float | None = None  # cap on the warm models' host copies
+    batch: BatchOptions = field(default_factory=BatchOptions)
 
     def __post_init__(self) -> None:
         self._check_models()

@@ -4,7 +4,9 @@ declared size. A refusal is an OpenAI-style JSON error, never a traceback.
 With an API key every path but `/health` needs it (the live page, `/metrics`,
 `/api/stats` and `/openapi.json` too, unless `public_metrics`). A POST must say
 `Content-Type: application/json`: a web page can make a visitor's browser send a form or
-`text/plain` to a local server without asking, but not JSON (the CORS preflight).
+`text/plain` to a local server without asking, but not JSON (the CORS preflight). The
+one exception, `POST /v1/files` (Batch API uploads, multipart, up to `max_file_bytes`),
+only stores a file: running it takes a JSON `POST /v1/batches`.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from andante.server.errors import APIError, error_response
 OPEN_PATHS = frozenset({"/health"})
 PUBLIC_PATHS = frozenset({"/", "/metrics", "/api/stats", "/openapi.json"})
 JSON = "application/json"
+MULTIPART = "multipart/form-data"
+UPLOAD_PATH = "/v1/files"
 
 
-def too_large(size: int, limit: int) -> APIError:
+def too_large(size: int, limit: int, option: str = "--max-body-bytes") -> APIError:
     """413 for a body of `size` bytes (declared, or read so far) over `limit`."""
     return APIError(413, f"the request body has at least {size} bytes; the limit is {limit} "
-                    "(--max-body-bytes)", None, "request_too_large")
+                    f"({option})", None, "request_too_large")
 
 
 class EdgeGuard:
@@ -45,7 +49,8 @@ class EdgeGuard:
         await self.app(scope, receive, send)
 
     def check(self, path: str, method: str, headers: Headers) -> APIError | None:
-        return self._auth(path, headers) or (self._body(headers) if method == "POST" else None)
+        return self._auth(path, headers) or (self._body(path, headers) if method == "POST"
+                                                 else None)
 
     def _auth(self, path: str, headers: Headers) -> APIError | None:
         if self.key is None or path in OPEN_PATHS:
@@ -60,12 +65,16 @@ class EdgeGuard:
         return APIError(401, "invalid or missing API key (Authorization: Bearer KEY)",
                         None, "invalid_api_key")
 
-    def _body(self, headers: Headers) -> APIError | None:
+    def _body(self, path: str, headers: Headers) -> APIError | None:
         kind = headers.get("content-type", "").partition(";")[0].strip().lower()
-        if kind != JSON:
-            return APIError(415, f"Content-Type must be {JSON}, got {kind or 'none'!r}",
+        upload = path == UPLOAD_PATH  # the one multipart route (the Batch API's files)
+        expected = MULTIPART if upload else JSON
+        if kind != expected:
+            return APIError(415, f"Content-Type must be {expected}, got {kind or 'none'!r}",
                             None, "unsupported_media_type")
+        limit = self.limits.max_file_bytes if upload else self.limits.max_body_bytes
         declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.limits.max_body_bytes:
-            return too_large(int(declared), self.limits.max_body_bytes)
+        if declared.isdigit() and int(declared) > limit:
+            return too_large(int(declared), limit,
+                             "--max-file-bytes" if upload else "--max-body-bytes")
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -12,7 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
-from andante.server.admission import new_request_id
+from andante.server.admission import Admission, new_request_id
 from andante.server.config import HTTPLimits
 from andante.server.errors import APIError, from_pydantic
 from andante.server.guard import too_large
@@ -107,19 +108,24 @@ async def _generate(
     return JSONResponse(reply.full(text, last.finish_reason or "stop", last.num_output_tokens))
 
 
+def prepare_completion(admission: Admission, raw: bytes) -> tuple[CompletionRequest, list[int]]:
+    """Parse a /v1/completions body and tokenise its prompt (400/404 if invalid)."""
+    body = parse_body(raw, CompletionRequest)
+    admission.check_model(body.model)
+    return body, admission.completion_prompt(body)
+
+
+def prepare_chat(admission: Admission, raw: bytes) -> tuple[ChatCompletionRequest, list[int]]:
+    """Parse a /v1/chat/completions body and apply its chat template (400/404 if invalid)."""
+    body = parse_body(raw, ChatCompletionRequest)
+    admission.check_model(body.model)
+    return body, admission.chat_prompt(body)
+
+
 def openai_router(state: ServerState) -> APIRouter:
     router = APIRouter(prefix="/v1")
-    admission = state.admission
-
-    def completion(raw: bytes) -> tuple[CompletionRequest, list[int]]:
-        body = parse_body(raw, CompletionRequest)
-        admission.check_model(body.model)
-        return body, admission.completion_prompt(body)
-
-    def chat(raw: bytes) -> tuple[ChatCompletionRequest, list[int]]:
-        body = parse_body(raw, ChatCompletionRequest)
-        admission.check_model(body.model)
-        return body, admission.chat_prompt(body)
+    completion = functools.partial(prepare_completion, state.admission)
+    chat = functools.partial(prepare_chat, state.admission)
 
     @router.post("/completions", response_model=None,
                  openapi_extra=request_schema(CompletionRequest))
