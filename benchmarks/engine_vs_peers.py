@@ -123,9 +123,9 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any] | None:
     return _subprocess_record("vllm", cmd, env)
 
 
-def run_llama(args: argparse.Namespace, model: Path) -> dict[str, Any] | None:
+def run_llama(args: argparse.Namespace, model: Path, extra: list[str]) -> dict[str, Any] | None:
     cmd = [str(args.llama_python), str(LLAMA_BENCH_SCRIPT), "--model", str(model),
-           "--threads", str(args.threads), *_common_args(args)]
+           "--threads", str(args.threads), *_common_args(args), *extra]
     return _subprocess_record(f"llama.cpp on {model.name}", cmd, dict(os.environ))
 
 
@@ -147,8 +147,10 @@ def available(args: argparse.Namespace) -> dict[str, Callable[[], dict[str, Any]
                                                                 args.llama_bf16]}
     runners: dict[str, Callable[[], dict[str, Any] | None]] = {
         "andante": lambda: run_andante(args), "vllm": lambda: run_vllm(args),
-        "llamacpp-q4_1": lambda: run_llama(args, embedded_gguf()),
-        "llamacpp-bf16": lambda: run_llama(args, args.llama_bf16)}
+        # llama.cpp 0.3.36's AMX repacking of Q4_1 weights crashes on prompts of more
+        # than a few tokens on this CPU (AMX-INT8): the plain CPU buffers are used.
+        "llamacpp-q4_1": lambda: run_llama(args, embedded_gguf(), ["--no-extra-bufts"]),
+        "llamacpp-bf16": lambda: run_llama(args, args.llama_bf16, [])}
     chosen = {}
     for name in args.systems:
         missing = [str(p) for p in needs[name] if not p.exists()]

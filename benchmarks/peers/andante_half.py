@@ -38,7 +38,7 @@ class AndanteHalf:
 
         started = time.perf_counter()
         self.model = load_model(args.andante_model, "bfloat16")
-        executor = TorchExecutor(self.model, TorchExecutorOptions(
+        self.executor = executor = TorchExecutor(self.model, TorchExecutorOptions(
             num_threads=args.threads, kv_cache_gib=2.0, swap_space_gib=0.0))
         config = SchedulerConfig(max_model_len=args.max_model_len,
                                  max_num_batched_tokens=max(8192, args.max_model_len))
@@ -138,6 +138,9 @@ def run_andante(args: argparse.Namespace) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
         "startup_s": round(half.startup_s, 2),
+        "parallel_min_tokens": half.executor.thread_choice.parallel_min_tokens,
+        "thread_probe_ms": {str(b): list(t) for b, t in
+                            half.executor.thread_choice.timings.items()},
         "prefill_ms": round(statistics.median(prefill) * 1e3, 1),
         "prefill_ms_all": [round(p * 1e3, 1) for p in prefill],
         "decode": decode,

@@ -60,6 +60,7 @@ class LlamaEngine:
             self._silence()
         started = time.perf_counter()
         mparams = lc.llama_model_default_params()
+        mparams.use_extra_bufts = args.extra_bufts
         self.model = lc.llama_model_load_from_file(str(args.model).encode(), mparams)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {args.model}")
@@ -178,7 +179,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load1, load5, _ = os.getloadavg()
     return {
         "engine": "llama.cpp", "llama_cpp_python": llama_cpp.__version__,
-        "model": str(args.model), "threads": args.threads,
+        "model": str(args.model), "threads": args.threads, "extra_bufts": args.extra_bufts,
         "batching": "one llama_decode per step over all sequences (unified KV)",
         "system_info": llama_cpp.llama_print_system_info().decode().strip(),
         "loadavg_1m_5m_at_end": [round(load1, 2), round(load5, 2)],
@@ -212,6 +213,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--conc-requests", type=int, default=16)
     parser.add_argument("--conc-prompt", type=int, default=128)
     parser.add_argument("--conc-output", type=int, default=64)
+    parser.add_argument("--no-extra-bufts", dest="extra_bufts", action="store_false",
+                        help="no extra weight buffer types (AMX / repacked layouts)")
     parser.add_argument("--verbose", action="store_true", help="keep llama.cpp's logs")
     args = parser.parse_args(argv)
     if not args.model.is_file():
