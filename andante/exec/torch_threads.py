@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -66,8 +67,7 @@ def measure_thread_choice(step: Callable[[StepBatch], object], block_size: int,
     if num_threads <= 1:
         return ThreadChoice(None)
     context = max(1, min(PROBE_CONTEXT, max_context))
-    runs = {b: (lambda batch=probe_batch(b, block_size, context): step(batch))
-            for b in PROBE_BATCHES}
+    runs = {b: partial(step, probe_batch(b, block_size, context)) for b in PROBE_BATCHES}
     samples: dict[int, tuple[list[float], list[float]]] = {b: ([], []) for b in PROBE_BATCHES}
     for run in runs.values():
         _timed_ms(run, 1)

@@ -11,7 +11,8 @@ figure this script writes the same dequantized weights as a bf16 GGUF:
 
 Usage (an interpreter with ``numpy`` and ``gguf``)::
 
-    python benchmarks/peers/write_bf16_gguf.py --out "$ANDANTE_PEERS/smollm2-135m-instruct-bf16.gguf"
+    python benchmarks/peers/write_bf16_gguf.py \
+        --out "$ANDANTE_PEERS/smollm2-135m-instruct-bf16.gguf"
 """
 
 from __future__ import annotations

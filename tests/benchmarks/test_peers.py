@@ -96,5 +96,5 @@ def test_cpu_meter_reports_shares_between_zero_and_one() -> None:
     bench = _module(REPO / "benchmarks" / "engine_vs_peers.py")
     result, machine = bench.CpuMeter().measure(lambda: sum(range(100_000)))
     assert result == sum(range(100_000))
-    assert 0.0 <= machine["others_cpu_share"]
+    assert machine["others_cpu_share"] >= 0.0
     assert set(machine) >= {"loadavg_1m_before", "loadavg_1m_after", "wall_s"}
