@@ -1,6 +1,6 @@
 # The two commands of the README. Both set up .venv on first use; only `make test`
 # installs test-only tools (dev extras, Chromium for the live-page test).
-.PHONY: run test test-fast lint
+.PHONY: run test test-fast lint peers
 
 run:
 	./scripts/bootstrap.sh
@@ -16,3 +16,8 @@ test-fast:
 lint:
 	.venv/bin/ruff check andante tests experiments benchmarks
 	.venv/bin/mypy andante
+
+# The benchmark peers (vLLM CPU, llama.cpp, converted models) under $ANDANTE_PEERS
+# (default runs/peers); see benchmarks/peers/setup --help.
+peers:
+	./benchmarks/peers/setup

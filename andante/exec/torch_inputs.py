@@ -14,7 +14,7 @@ shared by all layers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -23,32 +23,20 @@ from andante.exec.batch import StepBatch
 
 
 @dataclass(slots=True)
-class QueryChunk:
-    """Queries [start, end) of a prefill segment attend to its first `num_keys` keys,
-    of which the last end - start are the chunk's own (the causal diagonal block).
-    `mask` [(end - start) * G, end - start] (rows token-major, then the G query heads of
-    a KV head) is that block's mask: 0 where visible, -inf above the diagonal."""
-
-    start: int
-    end: int
-    num_keys: int
-    mask: torch.Tensor
-
-
-@dataclass(slots=True)
 class PrefillGroup:
     """Rows [start, start + num_seqs * num_tokens) of the step: `num_seqs` sequences of
     `num_tokens` new tokens each, after `num_cached` cached ones. Fresh prompts
-    (`blocks is None`, num_cached 0) attend to their own new K/V; a chunk after a cached
-    prefix (one sequence) reads its `blocks` from the cache. Queries are processed in
-    `chunks`, each reading only the keys up to its own causal horizon."""
+    (`blocks is None`, num_cached 0) attend causally to their own new K/V; a chunk after
+    a cached prefix (one sequence) reads its `blocks` from the cache under `mask`
+    [num_tokens, num_cached + num_tokens] (True where visible: the prefix and the causal
+    lower triangle of its own tokens)."""
 
     start: int
     num_seqs: int
     num_tokens: int
     num_cached: int = 0
     blocks: torch.Tensor | None = None
-    chunks: list[QueryChunk] = field(default_factory=list)
+    mask: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -58,7 +46,7 @@ class StepInputs:
     slots: torch.Tensor  # [T] flat KV slot of each new token
     num_decode: int
     decode_blocks: torch.Tensor | None  # [num_decode * max_blocks]
-    decode_mask: torch.Tensor | None  # [kv_heads * num_decode, 1, max_blocks * block_size]
+    decode_mask: torch.Tensor | None  # [num_decode, 1, 1, max_blocks * block_size]
     # in the model dtype: 0 where visible, -inf on padding (added to the scores)
     prefill_groups: list[PrefillGroup]
     sample_rows: torch.Tensor  # rows whose logits are sampled
@@ -80,11 +68,6 @@ def _slots(table: Sequence[int], start: int, end: int, block_size: int) -> list[
     return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
 
 
-# Query rows per attention chunk of a prefill: smaller chunks skip more of the masked
-# upper triangle but cost more kernel launches.
-QUERY_CHUNK = 128
-
-
 class InputBuilder:
     def __init__(self, block_size: int, max_len: int, num_kv_heads: int, group_size: int,
                  dtype: torch.dtype) -> None:
@@ -93,7 +76,6 @@ class InputBuilder:
         self.num_kv_heads = num_kv_heads
         self.group_size = group_size
         self.dtype = dtype
-        self._masks: dict[int, torch.Tensor] = {}  # causal masks by width (<= QUERY_CHUNK)
 
     def build(self, batch: StepBatch) -> StepInputs:
         n_new, n_cached = batch.num_new_tokens, batch.num_cached_tokens
@@ -143,8 +125,7 @@ class InputBuilder:
         context = torch.arange(max_blocks * bs)
         visible = context[None, :] < torch.tensor(lengths)[:, None]
         mask = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
-        mask = mask.expand(self.num_kv_heads, *mask.shape).reshape(-1, 1, mask.shape[-1])
-        return torch.tensor(flat, dtype=torch.long), mask
+        return torch.tensor(flat, dtype=torch.long), mask.view(len(decodes), 1, 1, -1)
 
     def _prefill_groups(self, batch: StepBatch, prefills: list[int],
                         first_row: int) -> list[PrefillGroup]:
@@ -162,20 +143,9 @@ class InputBuilder:
         return groups
 
     def _group(self, table: list[int], row: int, n: int, cached: int) -> PrefillGroup:
-        blocks = None
-        if cached:
-            used = -(-(cached + n) // self.block_size)
-            blocks = torch.tensor(table[:used], dtype=torch.long)
-        chunks = []
-        for start in range(0, n, QUERY_CHUNK):
-            end = min(n, start + QUERY_CHUNK)
-            chunks.append(QueryChunk(start, end, cached + end, self._causal_mask(end - start)))
-        return PrefillGroup(row, 1, n, cached, blocks, chunks)
-
-    def _causal_mask(self, width: int) -> torch.Tensor:
-        """[width * G, width]: -inf above the diagonal; one tensor per width, reused."""
-        mask = self._masks.get(width)
-        if mask is None:
-            mask = torch.full((width, width), float("-inf"), dtype=self.dtype).triu_(1)
-            mask = self._masks[width] = mask.repeat_interleave(self.group_size, dim=0)
-        return mask
+        if not cached:
+            return PrefillGroup(row, 1, n)
+        used = -(-(cached + n) // self.block_size)
+        blocks = torch.tensor(table[:used], dtype=torch.long)
+        mask = torch.ones(n, cached + n, dtype=torch.bool).tril_(cached)
+        return PrefillGroup(row, 1, n, cached, blocks, mask)

@@ -9,9 +9,12 @@ as inductor's CPU freezing pass does: 1.5-2x the GEMV bandwidth of `F.linear` he
 and oneDNN epilogues absorb elementwise work: RMSNorm's weight is folded into the
 following projection (W·diag(g)) and its per-row 1/rms is applied after the QKV GEMM
 (rms(x)·W = (x·W)/rms commutes with the matmul); the softmax scale is folded into W_q;
-both residual additions ride on the output and down GEMMs. Gate and up stay one GEMM
-(a GEMV costs ~20 us per call plus bytes at ~14 GB/s, so fewer, larger calls win) with
-SiLU·up applied after it. That leaves about twenty kernels per decode layer.
+both residual additions ride on the output and down GEMMs. SwiGLU is two GEMMs with
+epilogues and no elementwise kernel: the gate GEMM applies SiLU ("swish") and the up
+GEMM multiplies by that result ("mul"); measured against one fused gate/up GEMM followed
+by SiLU and a multiply, the MLP took 7% less CPU time at 1 token and 11-15% less at
+256-1024 tokens (the elementwise passes over [T, 2 * intermediate] cost more than the
+extra GEMM call). That leaves about twenty kernels per decode layer.
 """
 
 from __future__ import annotations
@@ -98,8 +101,8 @@ class FusedLayer(_Layer):
             w.qkv_bias.float() * row_scale[:, 0]).to(w.qkv.dtype)
         post = w.post_norm.float()
         self.o_w = pack(w.o_proj)
-        self.gate_up_w = pack((w.gate_up.float() * post).to(w.gate_up.dtype))
-        self.inter = inter
+        gate_up = (w.gate_up.float() * post).to(w.gate_up.dtype)
+        self.gate_w, self.up_w = pack(gate_up[:inter]), pack(gate_up[inter:])
         self.down_w = pack(w.down)
         self.eps_t = torch.tensor(self.eps, dtype=torch.float32)
         self.inv_hidden = 1.0 / config.hidden_size
@@ -118,8 +121,8 @@ class FusedLayer(_Layer):
         attn = self._attend(qkv, inputs, cos, sin, None)
         x = _mkldnn._linear_pointwise.binary(attn, x, self.o_w, None, "add")
         h = x * self._inv_rms(x)
-        gate_up = _mkldnn._linear_pointwise(h, self.gate_up_w, None, "none", [], "")
-        act = F.silu(gate_up[:, :self.inter]) * gate_up[:, self.inter:]
+        gate = _mkldnn._linear_pointwise(h, self.gate_w, None, "swish", [], "")
+        act = _mkldnn._linear_pointwise.binary(h, gate, self.up_w, None, "mul")
         return _mkldnn._linear_pointwise.binary(act, x, self.down_w, None, "add")
 
 

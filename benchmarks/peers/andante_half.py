@@ -1,0 +1,199 @@
+"""andante's half of engine_vs_peers.py: the figures, and a torch.profiler of its steps.
+
+The engine runs in-process through the real scheduler (`vllm` policy) and TorchExecutor,
+driven the way the peers drive their own engines: a batch of prompts is added and run to
+completion. The figures are taken exactly as the vLLM peer takes them (see
+benchmarks/vllm_peer/vllm_offline_bench.py): prefill = wall time of a 256-token prompt
+with max_tokens=1; decode step = engine time from the first to the last token of a
+1 + 32-token generation / 32 (the wall-clock difference T(1 + 32) - T(1) is kept as a
+cross-check); concurrent = 16 requests x (128 in, 64 out) submitted together, output
+tokens / wall second.
+
+`profile_steps` profiles single engine steps of the three kinds named by issue 15: a
+256-token prefill, a batch-8 decode step and a 16-request mixed step (8 decodes + 8
+fresh 128-token prompts), writing an operator table and a Chrome trace per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from peer_paths import VLLM_BENCH_SCRIPT
+
+
+class AndanteHalf:
+    """The andante engine, driven like the peer drives `LLM.generate`."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
+        from andante.llm import build_offline_engine
+        from andante.models import load_model
+        from andante.policies import SchedulerConfig
+
+        started = time.perf_counter()
+        self.model = load_model(args.andante_model, "bfloat16")
+        self.executor = executor = TorchExecutor(self.model, TorchExecutorOptions(
+            num_threads=args.threads, kv_cache_gib=2.0, swap_space_gib=0.0))
+        config = SchedulerConfig(max_model_len=args.max_model_len,
+                                 max_num_batched_tokens=max(8192, args.max_model_len))
+        self.engine = build_offline_engine(self.model, "vllm", config, executor)
+        self.startup_s = time.perf_counter() - started
+        self.count = 0
+
+    def add(self, prompts: list[list[int]], max_tokens: int) -> list[Any]:
+        from andante.core import Request, SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        now = self.engine.clock.now()
+        requests = []
+        for prompt in prompts:
+            self.count += 1
+            requests.append(Request(f"b{self.count}", prompt, params, now))
+            self.engine.add_request(requests[-1])
+        return requests
+
+    def timed(self, prompts: list[list[int]], max_tokens: int) -> tuple[float, float]:
+        """(wall seconds, engine seconds per step after the first token) of one batch."""
+        from andante.llm import run_to_completion
+
+        started = time.perf_counter()
+        requests = self.add(prompts, max_tokens)
+        run_to_completion(self.engine)
+        elapsed = time.perf_counter() - started
+        for req in requests:
+            if len(req.output_token_ids) != max_tokens:
+                raise RuntimeError(f"expected {max_tokens} tokens, got {req.num_output_tokens}")
+        first = max(r.timeline.token_times[0] for r in requests)
+        last = max(r.timeline.token_times[-1] for r in requests)
+        return elapsed, (last - first) / max(1, max_tokens - 1)
+
+
+def load_peer_module() -> Any:
+    """The vLLM peer script as a module, for `synthetic_prompt` and `INDEX_BASE` (it
+    imports vLLM only inside functions)."""
+    spec = importlib.util.spec_from_file_location("vllm_offline_bench", VLLM_BENCH_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Prompts:
+    """Fresh synthetic prompts per phase, the same ids every peer uses."""
+
+    def __init__(self) -> None:
+        self.peer = load_peer_module()
+        self.next = dict(self.peer.INDEX_BASE)
+
+    def __call__(self, phase: str, count: int, length: int) -> list[list[int]]:
+        start = self.next[phase]
+        self.next[phase] += count
+        return [self.peer.synthetic_prompt(length, i) for i in range(start, start + count)]
+
+
+def _warm_up(half: AndanteHalf, prompts: _Prompts, args: argparse.Namespace) -> None:
+    half.timed(prompts("warmup", 1, args.prefill_len), 1)
+    for b in (1, 8):
+        half.timed(prompts("warmup", b, args.decode_ctx), 1 + args.decode_steps)
+    half.timed(prompts("warmup", args.conc_requests, args.conc_prompt), args.conc_output)
+
+
+def _decode(half: AndanteHalf, prompts: _Prompts, args: argparse.Namespace,
+            batch: int) -> dict[str, Any]:
+    engine, wall = [], []
+    n = args.decode_steps
+    for _ in range(args.repeats):
+        first, _ = half.timed(prompts("decode", batch, args.decode_ctx), 1)
+        full, step = half.timed(prompts("decode", batch, args.decode_ctx), 1 + n)
+        engine.append(step)
+        wall.append((full - first) / n)
+    step = statistics.median(engine)
+    return {"ms_per_step": round(step * 1e3, 2), "tok_s": round(batch / step, 1),
+            "ms_per_step_all": [round(s * 1e3, 2) for s in engine],
+            "ms_per_step_wall": round(statistics.median(wall) * 1e3, 2)}
+
+
+def run_andante(args: argparse.Namespace) -> dict[str, Any]:
+    """One round of andante's figures, in the peers' record format."""
+    import torch
+
+    half = AndanteHalf(args)
+    prompts = _Prompts()
+    _warm_up(half, prompts, args)
+    prefill = [half.timed(prompts("prefill", 1, args.prefill_len), 1)[0]
+               for _ in range(args.repeats)]
+    decode = {f"b{b}": _decode(half, prompts, args, b) for b in (1, 8)}
+    conc = [args.conc_requests * args.conc_output
+            / half.timed(prompts("concurrent", args.conc_requests, args.conc_prompt),
+                         args.conc_output)[0]
+            for _ in range(max(1, (args.repeats + 1) // 2))]
+    return {
+        "engine": "andante", "model": half.model.name, "dtype": "bfloat16",
+        "threads": torch.get_num_threads(),
+        "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
+        "startup_s": round(half.startup_s, 2),
+        "parallel_min_tokens": half.executor.thread_choice.parallel_min_tokens,
+        "thread_probe_ms": {str(b): list(t) for b, t in
+                            half.executor.thread_choice.timings.items()},
+        "prefill_ms": round(statistics.median(prefill) * 1e3, 1),
+        "prefill_ms_all": [round(p * 1e3, 1) for p in prefill],
+        "decode": decode,
+        "concurrent": {"out_tok_s": round(statistics.median(conc), 1),
+                       "out_tok_s_all": [round(c, 1) for c in conc]},
+    }
+
+
+def _profiled_step(half: AndanteHalf, name: str, out_dir: Path) -> dict[str, Any]:
+    """Profile the engine's next step; writes NAME.txt (operator table) and a trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        started = time.perf_counter()
+        output = half.engine.step()
+        elapsed = time.perf_counter() - started
+    batch = output.batch
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+    (out_dir / f"{name}.txt").write_text(table)
+    prof.export_chrome_trace(str(out_dir / f"{name}.trace.json"))
+    return {"step_ms": round(elapsed * 1e3, 2), "executor_ms": round(
+        output.result.duration * 1e3, 2), "requests": len(batch.requests),
+        "tokens": batch.num_tokens}
+
+
+def _step_until(half: AndanteHalf, done: Any) -> None:
+    while not done():
+        half.engine.step()
+
+
+def _drain(half: AndanteHalf) -> None:
+    from andante.llm import run_to_completion
+
+    run_to_completion(half.engine)
+
+
+def profile_steps(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """Profile a prefill step, a batch-8 decode step and a 16-request mixed step."""
+    half = AndanteHalf(args)
+    prompts = _Prompts()
+    _warm_up(half, prompts, args)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps: dict[str, Any] = {}
+    half.add(prompts("prefill", 1, args.prefill_len), 1)
+    steps["prefill_256"] = _profiled_step(half, "prefill_256", out_dir)
+    _drain(half)
+    decoding = half.add(prompts("decode", 8, args.decode_ctx), 1 + args.decode_steps)
+    _step_until(half, lambda: all(r.num_output_tokens >= 1 for r in decoding))
+    steps["decode_b8"] = _profiled_step(half, "decode_b8", out_dir)
+    _drain(half)
+    mixed = half.add(prompts("concurrent", 8, args.conc_prompt), args.conc_output)
+    _step_until(half, lambda: all(r.num_output_tokens >= 1 for r in mixed))
+    half.add(prompts("concurrent", 8, args.conc_prompt), args.conc_output)
+    steps["mixed_16"] = _profiled_step(half, "mixed_16", out_dir)
+    _drain(half)
+    return {"benchmark": "engine_profile", "out_dir": str(out_dir), "steps": steps}
