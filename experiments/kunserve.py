@@ -79,9 +79,10 @@ class Scale:
 
 FULL = Scale(num_instances=4, demand=0.5, intensity=4.0, cycle=180.0, duration=360.0,
              long_duration=720.0, extreme_factor=3.0)
-# one burst (all arrivals within it) on 2 instances: enough to fill their KV and drop
-QUICK = Scale(num_instances=2, demand=0.6, intensity=5.0, cycle=120.0, duration=30.0,
-              long_duration=60.0, extreme_factor=3.0)
+# quick: one burst (all arrivals within it) on 2 instances, its rate scaled to fill their
+# KV (a mean demand of 100% over the cycle) so that KunServe drops and restores
+QUICK = Scale(num_instances=2, demand=0.8, intensity=3.0, cycle=240.0, duration=60.0,
+              long_duration=90.0, extreme_factor=3.0)
 
 
 def _log(message: str) -> None:
