@@ -309,9 +309,9 @@ def _paper(report: Report, compared: dict[str, dict[str, RunResult]]) -> None:
   prefill compute in its bursts (KV peaks near 70%): nothing throttles on memory, no
   group forms, and every system has the same P99 (the paper's 8.4-11.9x needs memory to
   run out first).
-- The Llumnix-like rebalancer finds no imbalance to move under least-loaded dispatch of
-  equal instances, so it equals vLLM here; the paper's Llumnix migrates between
-  instances with uneven load.
+- The Llumnix-like rebalancer equals vLLM on the cyclic bursts: least-loaded dispatch
+  over equal instances leaves it little imbalance to move (not traced further), while
+  the paper's Llumnix gains from migration.
 - The ablation's rows without lookahead overstate the bubbles: once grouped, the leader
   may run 2 x max_num_seqs requests, and the engine's single max_num_seqs caps both the
   running set and one step, so without lookahead the first microbatch takes every ready
