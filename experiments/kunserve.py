@@ -24,9 +24,9 @@ from andante.sim.setup import ClusterSpec
 from andante.workload.spec import RequestSpec
 from experiments.kunserve_runs import (
     SYSTEMS,
+    DemandScaling,
     RunResult,
     azure_bursts,
-    DemandScaling,
     base_spec,
     cyclic,
     demand_scaling,
@@ -106,8 +106,9 @@ def run(ctx: ExperimentContext) -> Report:
     if azure is not None:
         compared["Qwen-2.5-14B, Azure arrivals"] = _compare(
             report, "azure_14b", "Qwen-2.5-14B, Azure code trace arrivals", spec14, azure)
-    compared["Qwen-2.5-72B TP4, cyclic bursts"] = _compare(report, "cyclic_72b", "Qwen-2.5-72B (TP4), cyclic bursts", spec72,
-             cyclic(rate72, scale.duration, ctx.seed + 1, scale.intensity, cycle=scale.cycle))
+    cyc72 = cyclic(rate72, scale.duration, ctx.seed + 1, scale.intensity, cycle=scale.cycle)
+    compared["Qwen-2.5-72B TP4, cyclic bursts"] = _compare(
+        report, "cyclic_72b", "Qwen-2.5-72B (TP4), cyclic bursts", spec72, cyc72)
     _ablation(report, spec14, cyc)
     _long_run(report, spec14, cyclic(rate14, scale.long_duration, ctx.seed + 2,
                                      scale.intensity, cycle=scale.cycle))

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from andante.cluster.controller import Controller
+from andante.core.clock import ManualClock
 from andante.core.request import PreemptionMode, Request
 from andante.engine.config import SchedulerConfig
-from andante.core.clock import ManualClock
 from andante.sim.setup import ClusterSpec, build_cost_model, build_instance, build_simulator
 from andante.workload.arrivals import cyclic_burst
 from andante.workload.builder import resolve_traces_dir
