@@ -39,6 +39,7 @@ from andante.cluster.kunserve.lookahead import ChunkCostModel, WorkItem, form_mi
 from andante.cluster.kunserve.plan import LayerMemory
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.core.request import Request, RequestStatus
+from andante.engine.config import SchedulerConfig
 from andante.engine.engine import Engine, StepOutput
 from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch
@@ -184,7 +185,7 @@ class KunSimInstance(PipelineSimInstance):
         """Cap this step at the first of the balanced microbatches that Figure 11 forms
         from a cycle's worth of work (the running requests' next tokens and the queued
         prompts that fit); the policy fills the step in its own order up to the caps."""
-        scheduler, base = self.engine.scheduler, self.base_config
+        scheduler, base = self.engine.scheduler, self.group_config()
         budget = base.max_num_batched_tokens * self.num_stages
         items = [WorkItem(r.request_id, r.num_computed_tokens, max(1, r.num_uncomputed_tokens),
                           r.num_uncomputed_tokens > 1) for r in scheduler.running]
@@ -203,11 +204,21 @@ class KunSimInstance(PipelineSimInstance):
         if not batches:
             scheduler.config = base
             return
+        # only the token budget is capped: max_num_seqs also caps the running set
+        # (admission), which must stay the group's (see `group_config`)
         first = batches[0]
         scheduler.config = dataclasses.replace(
-            base, max_num_seqs=max(1, min(base.max_num_seqs, len(first))),
-            max_num_batched_tokens=max(1, min(base.max_num_batched_tokens,
-                                              sum(i.tokens for i in first))))
+            base, max_num_batched_tokens=max(1, min(base.max_num_batched_tokens,
+                                                    sum(i.tokens for i in first))))
+
+    def group_config(self) -> SchedulerConfig:
+        """The leader's budgets while grouped: a step (one microbatch) keeps one
+        instance's budgets, while the running set may hold `num_stages` x max_num_seqs
+        (the members' requests were adopted; as in vLLM's pipeline parallelism, each
+        microbatch in flight has its own sequence budget). With one instance's cap the
+        group could not admit a queued request until its running set fell below 256."""
+        base = self.base_config
+        return dataclasses.replace(base, max_num_seqs=base.max_num_seqs * self.num_stages)
 
     def hold(self, request_ids: Sequence[str], until: float) -> None:
         """Stall these requests until `until` (their KV is on its way)."""
@@ -255,6 +266,7 @@ class KunSimInstance(PipelineSimInstance):
         stage_cost = CostModel(stage, self.full_cost.hardware, tp=self.tp)
         self._set_cost(stage_cost)
         self.num_stages = len(plan.members)
+        self.engine.scheduler.config = self.group_config()
         self._stage_free = [0.0] * self.num_stages
         model = self.full_cost.model
         self._hop_per_token = model.hidden_size * model.dtype_bytes / (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from andante.cluster.controller import Controller
@@ -125,4 +126,31 @@ def test_llumnix_like_baseline_migrates_and_loses_nothing() -> None:
     specs = [RequestSpec(0.0, 400, 1200 if i % 2 == 0 else 5) for i in range(80)]
     requests, counters, _ = _run(spec, specs)
     assert counters["num_running_migrations"] + counters["num_waiting_migrations"] > 0
+    assert all(r.status == RequestStatus.FINISHED_LENGTH for r in requests)
+
+
+@dataclass(slots=True)
+class _GroupRunning:
+    """Records the largest running set of a grouped leader, and its budgets."""
+
+    most_running: int = 0
+    seq_caps: set[int] = field(default_factory=set)
+
+    def after_step(self, controller: Controller) -> None:
+        for slot in controller.slots:
+            inst = slot.instance
+            if isinstance(inst, KunSimInstance) and inst.grouped:
+                scheduler = inst.engine.scheduler
+                self.most_running = max(self.most_running, len(scheduler.running))
+                self.seq_caps.add(scheduler.config.max_num_seqs)
+
+
+def test_a_group_admits_past_one_instances_sequence_cap() -> None:
+    spec = dataclasses.replace(_spec(), scheduler=SchedulerConfig(
+        max_num_batched_tokens=2048, max_num_seqs=48, max_model_len=8192))
+    watch = _GroupRunning()
+    requests, counters, _ = _run(spec, _burst(200), watch)
+    assert counters["num_drops"] >= 1
+    assert watch.seq_caps == {2 * 48}  # lookahead caps tokens, never the running set
+    assert watch.most_running > 48
     assert all(r.status == RequestStatus.FINISHED_LENGTH for r in requests)
