@@ -117,10 +117,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any] | None:
         cmd.append("--enforce-eager")
     if args.vllm_shared_machine:
         cmd.append("--shared-machine")
-    env = dict(os.environ)
-    if args.added_wait_policy:  # vLLM runs with its own defaults
-        env.pop("OMP_WAIT_POLICY", None)
-    return _subprocess_record("vllm", cmd, env)
+    return _subprocess_record("vllm", cmd, dict(os.environ))
 
 
 def run_llama(args: argparse.Namespace, model: Path, extra: list[str]) -> dict[str, Any] | None:
@@ -252,6 +249,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--busy-share", type=float, default=0.25,
                    help="mark a system-round busy when other processes used more than this "
                    "share of all CPUs during it")
+    p.add_argument("--wait-policy", choices=("default", "passive", "active"),
+                   default="default",
+                   help="OMP_WAIT_POLICY for every system (default: the environment's, "
+                        "else OpenMP's own spinning; passive is kinder to a shared machine "
+                        "but slows 2-thread steps several-fold)")
     p.add_argument("--profile", action="store_true",
                    help="profile andante's steps with torch.profiler instead of comparing")
     p.add_argument("--profile-dir", type=Path, default=None,
@@ -265,8 +267,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.added_wait_policy = "OMP_WAIT_POLICY" not in os.environ
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # shared 2-core machine
+    if args.wait_policy != "default":  # the same for every system: like for like
+        os.environ["OMP_WAIT_POLICY"] = args.wait_policy.upper()
     if args.profile:
         out_dir = args.profile_dir or REPO / "runs" / "profile" / _now().strftime(
             "%Y%m%dT%H%M%SZ")

@@ -57,7 +57,8 @@ def free_port() -> int:
 def andante_command(args: argparse.Namespace, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "andante.cli.main", "serve", "--port", str(port),
            "--policy", args.policy, "--max-queued", "100000", "--log-level", "warning",
-           "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs)]
+           "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
+           "--no-prefix-caching"]  # like vLLM's side below: the same work for both
     if args.andante_model:
         cmd += ["--model", args.andante_model]
     for option in args.policy_option:
