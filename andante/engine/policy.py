@@ -41,12 +41,15 @@ class Policy(Protocol):
     time) until an arrival or a finish, so that the simulator may apply runs of
     identical all-decode steps at once (andante.sim.decode_run); such a run then calls
     `on_decode_run` with each step's duration instead of `on_step_end` per step, for a
-    policy that keeps per-step state to replay it. `chunks_prefill` is True if it splits a prefill
-    longer than the step's token budget (else the budget must cover max_model_len).
+    policy that keeps per-step state to replay it; `decode_run_reserve_blocks` device
+    blocks must still be free at the end of such a run (a policy whose decision changes
+    when free memory falls below a threshold). `chunks_prefill` is True if it splits a
+    prefill longer than the step's token budget (else the budget must cover max_model_len).
     """
 
     name: str
     stationary: bool
+    decode_run_reserve_blocks: int
     chunks_prefill: bool
 
     def schedule(self, plan: StepPlan) -> None: ...
@@ -75,6 +78,7 @@ class BasePolicy:
     name = "base"
     Options: ClassVar[type] = NoOptions
     stationary = False  # see Policy
+    decode_run_reserve_blocks = 0  # see Policy
     chunks_prefill = False  # see Policy
 
     def __init__(self, ctx: PolicyContext) -> None:

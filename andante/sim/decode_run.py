@@ -46,15 +46,18 @@ def _fits(scheduler: Scheduler, batch: StepBatch, k: int) -> bool:
     kv = scheduler.kv
     need = sum(kv.num_new_blocks_needed(r.request_id, r.num_computed_tokens + k)
                for r in batch.requests)
-    return need <= kv.num_free_device_blocks
+    return need <= kv.num_free_device_blocks - scheduler.policy.decode_run_reserve_blocks
 
 
 def fit_blocks(scheduler: Scheduler, batch: StepBatch, num_steps: int) -> int:
-    """The largest k <= num_steps whose k decode steps find all their blocks free."""
+    """The largest k <= num_steps whose k decode steps find all their blocks free
+    (leaving the policy's `decode_run_reserve_blocks`)."""
     if num_steps <= 0 or _fits(scheduler, batch, num_steps):
         return max(0, num_steps)
     # the blocks needed grow with k: bisect for the first k that does not fit
-    return bisect_left(range(num_steps), True, key=lambda k: not _fits(scheduler, batch, k)) - 1
+    first_short = bisect_left(range(num_steps), True,
+                              key=lambda k: not _fits(scheduler, batch, k))
+    return max(0, first_short - 1)  # 0: even the reserve is not free now
 
 
 def reserve_blocks(scheduler: Scheduler, batch: StepBatch, num_steps: int) -> None:

@@ -13,27 +13,35 @@ from andante.policies import SchedulerConfig
 from andante.policies.andes.gain import RequestTable
 from andante.sim import ClusterSpec, build_simulator
 from andante.workload import WorkloadConfig, build_workload, to_requests
+from andante.workload.slo import SLOConfig
 from tests.engine.helpers import make_request
 
 
-def _run(options: dict[str, object], runs: bool) -> tuple[dict[str, tuple], int, int, int]:
-    workload = build_workload(WorkloadConfig(
-        kind="gamma", rate=30.0, cv=3.0, num_requests=120, lengths="uniform:32:1500:1:300",
-        seed=4,
-    ))
-    spec = ClusterSpec(model="llama-3.1-8b", hardware="a10-24g", policy="andes",
-                       policy_options=options, scheduler=SchedulerConfig(max_num_seqs=64),
+GAMMA_BURSTS = WorkloadConfig(kind="gamma", rate=30.0, cv=3.0, num_requests=120,
+                              lengths="uniform:32:1500:1:300", seed=4)
+# 20 requests admitted at once whose outputs then fill the KV past the watermark, with
+# nothing queued; fast readers (the compute-bound trigger fires at every solve)
+GROWING = WorkloadConfig(kind="gamma", rate=100.0, cv=1.0, num_requests=20,
+                         lengths="uniform:400:600:1000:1500", seed=4, slo=SLOConfig(tds=100.0))
+
+
+def _run(options: dict[str, object], runs: bool, policy: str = "andes",
+         workload: WorkloadConfig = GAMMA_BURSTS,
+         watermark: float = 0.01) -> tuple[dict[str, tuple], int, int, int]:
+    spec = ClusterSpec(model="llama-3.1-8b", hardware="a10-24g", policy=policy,
+                       policy_options=options,
+                       scheduler=SchedulerConfig(max_num_seqs=64, watermark=watermark),
                        gpu_memory_utilization=0.85)  # small KV: queues and preemptions too
     sim = build_simulator(spec, decode_runs=runs)
     engine = sim.instances[0].engine
     outputs: list[int] = []
     engine.add_observer(lambda out, stats: outputs.append(out.num_steps))
-    requests = to_requests(workload)
+    requests = to_requests(build_workload(workload))
     sim.run(requests)
     timelines = {r.request_id: (tuple(r.timeline.token_times), r.timeline.num_recomputes,
                                 r.timeline.num_swaps_out, r.status) for r in requests}
-    policy = engine.scheduler.policy
-    return timelines, engine.num_steps, len(outputs), policy.stats.num_solves  # type: ignore[attr-defined]
+    policy_ = engine.scheduler.policy
+    return timelines, engine.num_steps, len(outputs), policy_.stats.num_solves  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("options", [{}, {"chunked_prefill": False},
@@ -46,11 +54,29 @@ def test_decode_runs_give_identical_timelines(options: dict[str, object]) -> Non
     assert outputs_fast < outputs_stepped  # some decode steps were applied in runs
 
 
-def test_without_the_refiner_andes_is_never_stationary() -> None:
-    """The knapsack's victims are preempted then even with nobody to admit."""
+def test_without_the_refiner_nor_batch_search_andes_is_never_stationary() -> None:
+    """The knapsack's victims are preempted then even with nobody to admit (a smaller
+    batch may win), so every step is scheduled."""
     _, _, outputs_stepped, _ = _run({"refiner": False}, runs=False)
     _, _, outputs_fast, _ = _run({"refiner": False}, runs=True)
     assert outputs_fast == outputs_stepped
+
+
+@pytest.mark.parametrize(("options", "workload", "watermark"), [
+    ({}, GAMMA_BURSTS, 0.01), ({"solver_interval": 1, "watermark": 0.3}, GAMMA_BURSTS, 0.01),
+    ({"solver_interval": 1}, GROWING, 0.2), ({"solver_interval": 1}, GROWING, 0.05),
+])
+def test_without_the_refiner_runs_leave_the_watermark_free(
+        options: dict[str, object], workload: WorkloadConfig, watermark: float) -> None:
+    """LQSF (no refiner, B = B_max) keeps every running request while the free blocks
+    cover the watermark: decode runs that leave it free give the stepped timelines
+    (GROWING crosses the watermark with nothing queued: runs ignoring it differ)."""
+    stepped, steps, outputs_stepped, solves = _run(options, False, "lqsf", workload, watermark)
+    fast, fast_steps, outputs_fast, fast_solves = _run(options, True, "lqsf", workload,
+                                                       watermark)
+    assert fast == stepped
+    assert (fast_steps, fast_solves) == (steps, solves)
+    assert outputs_fast < outputs_stepped
 
 
 @settings(max_examples=40, deadline=None)

@@ -23,9 +23,11 @@ budget, so a long prompt no longer stalls every stream for its whole prefill.
 
 Decode runs (andante.sim.decode_run): with nothing queued the decision is "decode every
 running request" until an arrival, a finish or a block shortage, whatever the time, so
-the policy declares itself `stationary` then and replays, at its next decision, what
+the policy declares itself `stationary` then and replays, when the run ends, what
 `on_step_end` and its selective-triggering count would have recorded for the steps the
-simulator applied at once (bit-identical state; a test compares both modes).
+simulator applied at once (bit-identical state; a test compares both modes). Without
+the refiner (LQSF) it is stationary too, leaving the admission watermark free (see
+`_declare_stationary`).
 """
 
 from __future__ import annotations
@@ -117,8 +119,8 @@ class AndesPolicy(BasePolicy):
         self.stats = AndesStats()
         self._since_solve = self.options.solver_interval
         self.stationary = False  # see `_declare_stationary`
+        self.decode_run_reserve_blocks = 0  # set at the first decision without the refiner
         self._prefilling = False  # the last step scheduled a prompt chunk
-        self._run_reqs: list[Request] = []  # the decode batch a decode run may repeat
         self._run_min_inv = 0.0
 
     # ---- hooks ----------------------------------------------------------------------
@@ -143,8 +145,8 @@ class AndesPolicy(BasePolicy):
 
     # ---- one step -------------------------------------------------------------------
     def schedule(self, plan: StepPlan) -> None:
-        if self.stationary:
-            self._catch_up_run()
+        if self.stationary:  # the decode runs since the last decision are replayed
+            self.stationary = False
         self._since_solve += 1
         if not plan.running:
             self.latency.idle()
@@ -163,8 +165,7 @@ class AndesPolicy(BasePolicy):
             decision = self._order_queue(plan, view)
         self._carry_out(plan, decision)
         if not (plan.waiting or plan.swapped or decision.victims):
-            self._declare_stationary(plan, decision.decode_order,
-                                     float(view.streams.inv.min()))
+            self._declare_stationary(plan, float(view.streams.inv.min()))
 
     def _decode_all(self, plan: StepPlan) -> bool:
         """Nothing queued and the knapsack not due: what `_order_queue` decides (decode
@@ -188,7 +189,7 @@ class AndesPolicy(BasePolicy):
                 decode_order = _decodes_first(decode_order)
         advance_with_preemption(plan, decode_order, num_tokens, partial(self._mode_for, plan))
         self._prefilling = max(plan.num_scheduled_tokens, default=0) > 1
-        self._declare_stationary(plan, decode_order, min_inv)
+        self._declare_stationary(plan, min_inv)
         return True
 
     @staticmethod
@@ -199,24 +200,31 @@ class AndesPolicy(BasePolicy):
         return plan.num_free_blocks < need
 
     # ---- decode runs (the simulator's fast path, andante.sim.decode_run) ------------
-    def _declare_stationary(self, plan: StepPlan, decode_order: list[Request],
-                            min_inv: float) -> None:
+    def _declare_stationary(self, plan: StepPlan, min_inv: float) -> None:
         """With nothing queued, every step decodes every running request until an
         arrival, a finish or a block shortage (the events that end a decode run): the
         knapsack may run (compute-bound trigger) but, with the refiner, it preempts
         nobody when nobody is admitted. Time and QoE state then only feed bookkeeping,
-        which `_catch_up_run` replays for the steps a run applied at once."""
-        self.stationary = self.options.refiner and not plan.preemptions
+        which `on_decode_run` replays for the steps a run applied at once. Without the
+        refiner (LQSF) the knapsack's unchosen requests are preempted, but with nothing
+        queued and B = B_max (no batch search) it chooses every running request while
+        the free blocks cover the admission watermark (its capacity M less their
+        weights is free - watermark), so a run must leave the watermark free
+        (`decode_run_reserve_blocks`)."""
+        o = self.options
+        self.stationary = not plan.preemptions and (o.refiner or (
+            not o.batch_search and plan.num_free_blocks > plan.watermark_blocks))
         if self.stationary:
-            self._run_reqs = decode_order
+            if not o.refiner:
+                self.decode_run_reserve_blocks = plan.watermark_blocks
             self._run_min_inv = min_inv
 
-    def _catch_up_run(self) -> None:
+    def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
         """What `on_step_end` and `schedule` would have recorded for each step of a
         decode run: the tokens' QoE state, the latency estimates and the solver's
-        selective-triggering count (the knapsack it would run changes nothing)."""
-        reqs, self._run_reqs = self._run_reqs, []
-        self.stationary = False
+        selective-triggering count (the knapsack it would run changes nothing). The
+        policy stays stationary: another run may follow at once."""
+        reqs = batch.requests
         times = self.latency.run_times(reqs[0].timeline.token_times) if reqs else []
         if not times:
             return
