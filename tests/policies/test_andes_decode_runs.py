@@ -16,7 +16,6 @@ from andante.workload import WorkloadConfig, build_workload, to_requests
 from andante.workload.slo import SLOConfig
 from tests.engine.helpers import make_request
 
-
 GAMMA_BURSTS = WorkloadConfig(kind="gamma", rate=30.0, cv=3.0, num_requests=120,
                               lengths="uniform:32:1500:1:300", seed=4)
 # 20 requests admitted at once whose outputs then fill the KV past the watermark, with
