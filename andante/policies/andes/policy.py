@@ -302,7 +302,8 @@ class AndesPolicy(BasePolicy):
         admits = chosen[view.kind[chosen] != RUNNING]
         dropped = np.flatnonzero(~selected[:nr])
         victims = dropped[np.argsort(prio[dropped], kind="stable")]
-        admit_reqs, victim_reqs = self.refine(plan, view, admits, victims, gain, tau)
+        admit_reqs, victim_reqs = self.refine(plan, view, admits, victims, gain, tau,
+                                              starved)
         if not self.options.refiner:
             cap = self.options.max_preemptions
             victim_reqs = [view.reqs[i] for i in (victims if cap is None else victims[:cap])]
@@ -335,7 +336,7 @@ class AndesPolicy(BasePolicy):
             gains = np.zeros(len(view))
             gains[q] = gain
             decision.admits, decision.victims = self.refine(
-                plan, view, order, victims, gains, float(tau))
+                plan, view, order, victims, gains, float(tau), starved)
         return decision
 
     @staticmethod
@@ -380,8 +381,10 @@ class AndesPolicy(BasePolicy):
 
     # ---- the overhead-aware refiner (§4.3, see solver.py) ---------------------------
     def refine(self, plan: StepPlan, view: View, admits: np.ndarray, victims: np.ndarray,
-               gain: np.ndarray, tau: float) -> tuple[list[Request], list[Request]]:
-        """§4.3 over view positions (admissions best first, victims worst first)."""
+               gain: np.ndarray, tau: float, starved: np.ndarray | None = None,
+               ) -> tuple[list[Request], list[Request]]:
+        """§4.3 over view positions (admissions best first, victims worst first);
+        `starved` as `self.starved(view, plan.now)` gives it."""
         o = self.options
         budget = self._slack_budget(plan, view) if o.refiner else float("inf")
         if budget <= 0.0:
@@ -395,19 +398,29 @@ class AndesPolicy(BasePolicy):
                         plan.num_free_blocks - plan.watermark_blocks)
         keep = len(pairs)
         if o.refiner and pairs and (self.refine_admissions or any(p.victims for p in pairs)):
-            modes = self._modes(plan, victim_reqs)
-            tokens = view.weight[victims] * plan.block_size
-            swapped = np.array([m == PreemptionMode.SWAP for m in modes], dtype=bool)
-            round_trip = np.where(swapped, 2.0 * self.latency.swap_time(tokens),
-                                  self.latency.prefill_time(tokens))
-            starved = self.starved(view, plan.now)
-            keep = accepted_prefix(pairs, gain[admits], view.base[admits], gain[victims],
+            # only the victims some pair needs are weighed (`_modes` fills the host
+            # tier in victim order, so a prefix of them gets the same modes)
+            paired = victims[:max((v + 1 for p in pairs for v in p.victims), default=0)]
+            round_trip = self._round_trips(plan, victim_reqs[:len(paired)],
+                                           view.weight[paired] * plan.block_size)
+            keep = accepted_prefix(pairs, gain[admits], view.base[admits], gain[paired],
                                    round_trip, self._loss_fn(plan, view, victims, tau),
                                    budget, check_all=self.refine_admissions,
                                    exempt=None if starved is None else starved[admits] > 0)
         kept = pairs[:keep]
         return ([reqs[admits[p.admit]] for p in kept],
                 [victim_reqs[v] for p in kept for v in p.victims])
+
+    def _round_trips(self, plan: StepPlan, victims: list[Request],
+                     tokens: np.ndarray) -> np.ndarray:
+        """Seconds each of `victims` (holding `tokens`) costs to preempt and resume
+        (swap out and in, or a recompute), by the mechanism `_modes` picks."""
+        if not victims:
+            return np.zeros(0)
+        modes = self._modes(plan, victims)
+        swapped = np.array([m == PreemptionMode.SWAP for m in modes], dtype=bool)
+        return np.where(swapped, 2.0 * self.latency.swap_time(tokens),
+                        self.latency.prefill_time(tokens))
 
     def _modes(self, plan: StepPlan, victims: list[Request]) -> list[PreemptionMode]:
         """Modes for preempting `victims` in order, as the host tier fills up."""
