@@ -316,7 +316,7 @@ class AndesPolicy(BasePolicy):
         buffered = self.table.buffered(view.idx[:nr], now)
         by_need = np.argsort(buffered, kind="stable")  # emptiest buffers first
         decision = Decision(decode_order=[view.reqs[i] for i in by_need])
-        if len(view) == nr:
+        if len(view) == nr or self._admits_nobody(plan, view, buffered):
             return decision
         tau = self.latency.tau(max(1, nr))
         q = view.queued
@@ -338,6 +338,25 @@ class AndesPolicy(BasePolicy):
             decision.admits, decision.victims = self.refine(
                 plan, view, order, victims, gains, float(tau), starved)
         return decision
+
+    def _admits_nobody(self, plan: StepPlan, view: View, buffered: np.ndarray) -> bool:
+        """With chunked prefill, True when the running requests' remaining tokens fill
+        the step's token budget (nobody queued can be admitted, whatever the order) and
+        no admission could pair with a victim: no pacer holds more than Δt, or every
+        queued request fits in the free memory. The decision is then the decode order
+        alone, so the gains are not computed (the simulator's queued steps during a
+        long prompt's chunks)."""
+        if not self.chunks_prefill:
+            return False
+        if sum(r.num_uncomputed_tokens for r in plan.running) < plan.token_budget:
+            return False
+        o = self.options
+        if not o.pacer_aware or not bool((buffered > o.delta_t).any()):
+            return True
+        num_queued = len(view) - view.num_running
+        free = plan.num_free_blocks - plan.watermark_blocks
+        return num_queued <= plan.config.max_num_seqs and float(
+            view.weight[view.queued].sum()) <= free
 
     @staticmethod
     def _fits(plan: StepPlan, req: Request) -> bool:
