@@ -346,7 +346,7 @@ class AndesPolicy(BasePolicy):
         queued request fits in the free memory. The decision is then the decode order
         alone, so the gains are not computed (the simulator's queued steps during a
         long prompt's chunks)."""
-        if not self.chunks_prefill:
+        if not (self.chunks_prefill and self._prefilling):  # else all decode: budget left
             return False
         if sum(r.num_uncomputed_tokens for r in plan.running) < plan.token_budget:
             return False

@@ -251,14 +251,30 @@ def accepted_prefix(pairs: Sequence[Pair], admit_gain: np.ndarray, admit_cost: n
     those `exempt` marks (by admission index: starved requests)."""
     if not pairs:
         return 0
-    cost = np.array([admit_cost[p.admit] + sum(victim_cost[v] for v in p.victims)
-                     for p in pairs])
+    admit = np.fromiter((p.admit for p in pairs), dtype=np.intp, count=len(pairs))
+    with_victims = [k for k, p in enumerate(pairs) if p.victims]  # usually few
+    cost = admit_cost[admit].astype(float)
+    net = admit_gain[admit].astype(float)
+    for k in with_victims:  # the same sums, in the same order, as pair by pair
+        cost[k] = admit_cost[admit[k]] + sum(victim_cost[v] for v in pairs[k].victims)
+        net[k] = admit_gain[admit[k]] - sum(victim_gain[v] for v in pairs[k].victims)
     after = np.cumsum(cost)
     before = after - cost
-    checked = [k for k, p in enumerate(pairs)
-               if p.victims or (check_all and (exempt is None or not exempt[p.admit]))]
-    if not checked:
+    has_victims = np.zeros(len(pairs), dtype=bool)
+    has_victims[with_victims] = True
+    weighed = has_victims.copy()
+    if check_all:
+        weighed |= True if exempt is None else ~exempt[admit].astype(bool)
+    checked = np.flatnonzero(weighed)
+    if not len(checked):
         return len(pairs)
+    points = np.concatenate([before[checked], after[checked]])
+    losses = _losses(loss_at, points)
+    increments = losses[len(checked):] - losses[: len(checked)]
+    fails = (has_victims[checked] & (after[checked] > budget)) | ~(net[checked] > increments)
+    if fails.any():
+        return int(checked[int(np.argmax(fails))])
+    return len(pairs)
     points = np.concatenate([before[checked], after[checked]])
     losses = _losses(loss_at, points)
     increments = losses[len(checked):] - losses[: len(checked)]
