@@ -139,6 +139,7 @@ def run_andante(args: argparse.Namespace) -> dict[str, Any]:
         "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
         "startup_s": round(half.startup_s, 2),
         "parallel_min_tokens": half.executor.thread_choice.parallel_min_tokens,
+        "thread_choice": half.executor.thread_choice.source,
         "thread_probe_ms": {str(b): list(t) for b, t in
                             half.executor.thread_choice.timings.items()},
         "prefill_ms": round(statistics.median(prefill) * 1e3, 1),
