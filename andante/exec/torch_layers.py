@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from andante.exec.torch_attention import attention
+from andante.exec.torch_attention import attention, write_kv
 from andante.exec.torch_inputs import StepInputs
 from andante.models.config import ModelConfig
 from andante.models.rope import apply_rope
@@ -63,7 +63,7 @@ class _Layer:
         qk = apply_rope(qkv[:, :split].view(t, heads + kvh, dim), cos, sin)
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, split:].view(t, kvh, dim)
-        self.slots.index_copy_(1, inputs.slots, torch.cat((k, v), dim=1).transpose(0, 1))
+        write_kv(self.slots, k, v, inputs)
         return attention(q, k, v, self.pool, inputs, kvh, scale)
 
 
