@@ -38,8 +38,10 @@ class AndanteHalf:
 
         started = time.perf_counter()
         self.model = load_model(args.andante_model, "bfloat16")
+        # the thread probe measured now, not a choice cached under other load
         self.executor = executor = TorchExecutor(self.model, TorchExecutorOptions(
-            num_threads=args.threads, kv_cache_gib=2.0, swap_space_gib=0.0))
+            num_threads=args.threads, kv_cache_gib=2.0, swap_space_gib=0.0,
+            reprobe_threads=True))
         config = SchedulerConfig(max_model_len=args.max_model_len,
                                  max_num_batched_tokens=max(8192, args.max_model_len))
         self.engine = build_offline_engine(self.model, "vllm", config, executor)
