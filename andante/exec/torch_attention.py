@@ -25,7 +25,10 @@ Blocks are gathered as rows of the layer's pool flattened to [2 kvh * blocks, bs
 one thread over any other dimension, so gathering along the block dimension of the
 [2 kvh, blocks, bs, D] pool left the decode gather serial: at batch 16 and context 170
 it took 175 us per layer on one thread and on two; as rows, 63 us on two (same bytes,
-same result).
+same result). Keeping the decode rows' K/V contiguous across steps instead (a
+persistent buffer appended one token per step) was tried and dropped: it saved the
+gather's 7 ms per batch-16 step (one thread) but attention then read a larger, colder
+buffer and took 4 ms more; a fresh gather leaves its output in cache for the kernel.
 """
 
 from __future__ import annotations
