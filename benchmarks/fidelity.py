@@ -14,6 +14,13 @@ TTFT and mean TPOT within 10% (|sim - real| / real) at every rate.
 `--prefix-caching on|off` sets the engine's prefix caching on both sides where this build
 has it (`SchedulerConfig.enable_prefix_caching`); the prompts here share no prefix.
 
+Per step (`steps` in each rate's result): the real engine's measured step durations
+against the fitted cost model's prediction for the same shapes, by step kind (decode
+only, prefill only, mixed), and the engine loop's own time between steps (scheduling,
+bookkeeping) that the simulator does not model. Both sides of a ratio come from the same
+run, so the machine's load moves them alike. `--step-log PATH` writes every step as a
+JSON line.
+
 Prints one JSON line: the fit error, per rate the real and simulated figures and their
 errors, the worst error, and the load average before and after (the machine's load
 moves the real figures: say so when reporting).
@@ -33,9 +40,14 @@ from typing import Any
 import numpy as np
 
 from andante.core import MonotonicClock, Request, SamplingParams
+from andante.engine.engine import StepOutput
+from andante.engine.stats import SchedulerStats
 from andante.metrics.record import records_from_requests
 from andante.metrics.summary import Summary, summarize
+from andante.perf.catalog import get_hardware
+from andante.perf.cost_model import CostModel
 from andante.perf.paths import ANDANTE_HOME_ENV
+from andante.perf.shape import BatchShape
 from andante.policies import SchedulerConfig
 from andante.sim import ClusterSpec, simulate
 from andante.workload import RequestSpec, WorkloadConfig, build_workload
@@ -66,8 +78,60 @@ def _executor(args: argparse.Namespace) -> tuple[Any, Any]:
                                                             kv_cache_gib=args.kv_cache_gib))
 
 
+def step_kind(shape: BatchShape) -> str:
+    if shape.num_decode_seqs == shape.num_seqs:
+        return "decode"
+    return "prefill" if shape.num_decode_seqs == 0 else "mixed"
+
+
+class StepTrace:
+    """An engine observer: each real step's shape, measured duration, the cost model's
+    prediction for that shape, and the loop time since the previous step ended (only
+    while the engine had work, so idle waits for arrivals are not counted)."""
+
+    def __init__(self, cost_model: CostModel, clock: Any) -> None:
+        self.cost_model = cost_model
+        self.clock = clock
+        self.rows: list[dict[str, Any]] = []
+        self._last_end: float | None = None
+
+    def __call__(self, output: StepOutput, stats: SchedulerStats) -> None:
+        now = self.clock.now()
+        shape = output.batch.shape()
+        measured = output.result.duration
+        gap = None if self._last_end is None else now - self._last_end - measured
+        busy = stats.num_running + stats.num_waiting + stats.num_swapped > 0
+        self._last_end = now if busy else None
+        if not output.batch.requests:
+            return
+        self.rows.append({"kind": step_kind(shape), "seqs": shape.num_seqs,
+                          "tokens": shape.num_tokens, "kv_read": shape.kv_tokens_read,
+                          "measured_ms": measured * 1e3,
+                          "predicted_ms": self.cost_model.step_time(shape) * 1e3,
+                          "loop_ms": None if gap is None else gap * 1e3})
+
+    def summary(self) -> dict[str, Any]:
+        """Per kind: steps, medians, and the measured / predicted ratio of the sums."""
+        out: dict[str, Any] = {}
+        for kind in ("decode", "mixed", "prefill"):
+            rows = [r for r in self.rows if r["kind"] == kind]
+            if not rows:
+                continue
+            measured = [r["measured_ms"] for r in rows]
+            predicted = [r["predicted_ms"] for r in rows]
+            out[kind] = {"steps": len(rows),
+                         "measured_median_ms": round(float(np.median(measured)), 2),
+                         "predicted_median_ms": round(float(np.median(predicted)), 2),
+                         "ratio": round(sum(measured) / sum(predicted), 3)}
+        loops = [r["loop_ms"] for r in self.rows if r["loop_ms"] is not None]
+        if loops:
+            out["loop_median_ms"] = round(float(np.median(loops)), 3)
+        return out
+
+
 def real_run(args: argparse.Namespace, model_and_executor: tuple[Any, Any],
-             workload: list[RequestSpec], config: SchedulerConfig) -> Summary:
+             workload: list[RequestSpec], config: SchedulerConfig
+             ) -> tuple[Summary, StepTrace]:
     from andante.llm import build_offline_engine, run_timed
 
     model, executor = model_and_executor
@@ -88,8 +152,10 @@ def real_run(args: argparse.Namespace, model_and_executor: tuple[Any, Any],
                 start + spec.arrival_time)
         for i, spec in enumerate(workload)
     ]
+    trace = StepTrace(CostModel(executor.spec, get_hardware(args.hardware)), engine.clock)
+    engine.add_observer(trace)
     run_timed(engine, requests)
-    return summarize(records_from_requests(requests))
+    return summarize(records_from_requests(requests)), trace
 
 
 def sim_run(args: argparse.Namespace, workload: list[RequestSpec],
@@ -125,6 +191,14 @@ def _calibrate(args: argparse.Namespace, executor: Any) -> dict[str, Any]:
             "wall_s": round(time.perf_counter() - started, 1)}
 
 
+def _write_step_log(path: str | None, rate: float, trace: StepTrace) -> None:
+    if path is None:
+        return
+    with open(path, "a", encoding="utf-8") as out:
+        for row in trace.rows:
+            out.write(json.dumps({"rate": rate, **row}) + "\n")
+
+
 def _loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -142,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix-caching", choices=["on", "off"], default="off")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
+    p.add_argument("--step-log", default=None,
+                   help="write every real step (shape, measured, predicted) as JSON lines")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
@@ -158,10 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         workload = build_workload(WorkloadConfig(kind="poisson", rate=rate,
                                                  num_requests=args.num_requests,
                                                  lengths=args.lengths, seed=args.seed))
-        real = _figures(real_run(args, model_and_executor, workload, config))
+        real_summary, trace = real_run(args, model_and_executor, workload, config)
+        real = _figures(real_summary)
         sim = _figures(sim_run(args, workload, config))
         runs.append({"rate": rate, "real": real, "sim": sim, **_errors(real, sim),
-                     "loadavg": _loadavg()})
+                     "steps": trace.summary(), "loadavg": _loadavg()})
+        _write_step_log(args.step_log, rate, trace)
         print(f"rate {rate}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
     worst = max(max(r["ttft_error"], r["tpot_error"]) for r in runs)
     print(json.dumps({

@@ -2,7 +2,8 @@
 
 Design note. Ascendra §5.1 predicts a step's latency from its roofline terms
 tM = bytes / bandwidth and tF = FLOPs / peak with coefficients fitted by least squares
-on measured steps (andante.perf.fit, non-negative, relative error). The sweep runs the
+on measured steps (andante.perf.fit, non-negative, relative error; decode-only steps
+get their own set with a KV-read term, `fit_by_kind`). The sweep runs the
 real TorchExecutor on synthetic batches of every kind the scheduler produces: whole
 prefills, decode batches at several contexts, and mixed prefill + decode steps; every
 timed step with a prefill uses a prompt length not run before, as live prompts are
@@ -14,6 +15,7 @@ coefficients stay near 1 and the profile remains interpretable.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -29,7 +31,7 @@ from andante.exec.torch_cost import CPU_PROFILE
 from andante.exec.torch_executor import TorchExecutor
 from andante.kv.block_manager import KVBlockManager
 from andante.perf.cost_model import CostModel
-from andante.perf.fit import Sample, fit_coefficients, prediction_error
+from andante.perf.fit import Sample, fit_by_kind, prediction_error
 from andante.perf.shape import BatchShape
 from andante.perf.specs import HardwareSpec
 
@@ -55,7 +57,8 @@ class SweepConfig:
         return out
 
 
-QUICK_SWEEP = SweepConfig(prefill_lens=(32, 128), decode_batches=(1, 4),
+# Six decode shapes: enough for the decode-only steps' own fit (MIN_DECODE_SAMPLES).
+QUICK_SWEEP = SweepConfig(prefill_lens=(32, 128), decode_batches=(1, 4, 16),
                           decode_contexts=(32, 128), mixed=((32, 2, 64),), repeats=1)
 
 
@@ -184,9 +187,8 @@ def calibrate(executor: TorchExecutor, sweep: SweepConfig | None = None,
     samples = measure_steps(executor, sweep.shapes(), sweep.repeats, progress)
     if not samples:
         raise ValueError("no calibration step fits this executor's KV cache")
-    model = CostModel(executor.spec, base)
-    coefficients = fit_coefficients(model, samples)
-    fitted = base.with_coefficients(coefficients)
+    coefficients, decode = fit_by_kind(CostModel(executor.spec, base), samples)
+    fitted = dataclasses.replace(base, coefficients=coefficients, decode_coefficients=decode)
     error = prediction_error(CostModel(executor.spec, fitted), samples)
     return Calibration(fitted, samples, error)
 

@@ -10,6 +10,13 @@ of c new tokens after p cached ones has p·c + (c² + c)/2 query-key pairs; see
 `BatchShape`). Tensor parallelism divides M and F by tp and adds two ring all-reduces
 of the hidden states per layer (Megatron-LM), which are not part of the regression.
 
+On a CPU a calibrated profile adds two terms (andante.perf.fit): c6·tKV, the KV cache
+that attention reads over the memory bandwidth (a paged gather reads it far slower per
+byte than a GEMV streams weights), and a second coefficient set for steps in which every
+sequence decodes. A single fit over every step kind had to compromise: measured on this
+engine, it over-predicted small decode steps by 10-25% (the TPOT of light serving)
+while under-predicting long-context decodes by 50-70% and prefills by ~15%.
+
 Everything per step is plain float arithmetic on constants precomputed in __init__:
 the simulator calls `step_time` once per simulated step.
 """
@@ -38,8 +45,8 @@ class CostModel:
         "model", "hardware", "tp", "coefficients", "kv_bytes_per_token_per_gpu",
         "_body_bytes", "_lm_head_bytes", "_bytes_per_token", "_bytes_per_kv_read",
         "_bytes_per_sample", "_flops_per_token", "_flops_per_pair", "_flops_per_sample",
-        "_inv_bandwidth", "_inv_peak", "_c_sum", "_c_max", "_c_mem", "_c_flop", "_c_fixed",
-        "_comm_fixed", "_comm_per_token",
+        "_inv_bandwidth", "_inv_peak", "_coeffs", "_decode_coeffs", "_comm_fixed",
+        "_comm_per_token",
     )
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
@@ -61,9 +68,11 @@ class CostModel:
         self.model = model
         self.hardware = hardware
         self.tp = tp
+        # Explicit coefficients (an online refit) stand for every step kind.
         self.coefficients = coefficients if coefficients is not None else hardware.coefficients
-        c = self.coefficients
-        self._c_sum, self._c_max, self._c_mem, self._c_flop, self._c_fixed = c.as_tuple()
+        decode = hardware.decode_coefficients if coefficients is None else None
+        self._coeffs = (*self.coefficients.as_tuple(), self.coefficients.c6)
+        self._decode_coeffs = None if decode is None else (*decode.as_tuple(), decode.c6)
 
     def _init_memory_terms(self) -> None:
         m, tp = self.model, self.tp
@@ -125,6 +134,10 @@ class CostModel:
             flops += self._flops_per_sample * s
         return (mem * self._inv_bandwidth, flops * self._inv_peak)
 
+    def kv_read_time(self, shape: BatchShape) -> float:
+        """tKV: the KV cache the step's attention reads, over the memory bandwidth."""
+        return shape.kv_tokens_read * self._bytes_per_kv_read * self._inv_bandwidth
+
     def comm_time(self, num_tokens: int) -> float:
         """Tensor-parallel all-reduce time of a step that advances `num_tokens` tokens."""
         if num_tokens <= 0:
@@ -138,9 +151,14 @@ class CostModel:
             return 0.0
         t_m, t_f = self.terms(shape)
         t_max = t_m if t_m > t_f else t_f
-        return (self._c_sum * (t_m + t_f) + self._c_max * t_max + self._c_mem * t_m
-                + self._c_flop * t_f + self._c_fixed
-                + self._comm_fixed + self._comm_per_token * n)
+        decode = self._decode_coeffs
+        c_sum, c_max, c_mem, c_flop, c_fixed, c_kv = (
+            decode if decode is not None and shape.num_decode_seqs == shape.num_seqs
+            else self._coeffs)
+        t = c_sum * (t_m + t_f) + c_max * t_max + c_mem * t_m + c_flop * t_f + c_fixed
+        if c_kv:
+            t += c_kv * shape.kv_tokens_read * self._bytes_per_kv_read * self._inv_bandwidth
+        return t + self._comm_fixed + self._comm_per_token * n
 
     def prefill_time(self, num_tokens: int, num_cached: int = 0) -> float:
         """One step prefilling `num_tokens` new tokens after `num_cached` cached ones."""

@@ -8,6 +8,13 @@ problem on the four identifiable features and return C1 = 0 (the same minimum as
 over all five). NNLS is exact by enumerating the 2^4 supports: the optimum is the
 unconstrained least-squares solution on its own support. numpy only.
 
+Step kinds. On a CPU one coefficient set cannot serve every step (cost_model.py's note
+gives the measured residuals), so `fit_by_kind` fits the steps in which every sequence
+decodes on their own, with a sixth feature, tKV (the KV cache attention reads, over the
+bandwidth), and the steps with prefill work on Ascendra's four. Decode-only steps are
+what TPOT is made of; steps with a prefill are what TTFT is made of. With fewer than
+`MIN_DECODE_SAMPLES` decode-only steps one set is fitted to all steps.
+
 Tensor-parallel all-reduce time is modelled analytically by `CostModel`, so it is
 subtracted from each measured duration before fitting.
 """
@@ -25,6 +32,9 @@ from andante.perf.shape import BatchShape
 from andante.perf.specs import CostCoefficients
 
 Sample = tuple[BatchShape, float]
+
+#: Decode-only steps needed (of distinct shapes) to fit them a coefficient set of their own.
+MIN_DECODE_SAMPLES = 6
 
 
 def features(model: CostModel, shape: BatchShape) -> tuple[float, float, float, float, float]:
@@ -70,22 +80,43 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_coefficients(model: CostModel, samples: Sequence[Sample],
-                     relative: bool = True) -> CostCoefficients:
+                     relative: bool = True, kv_term: bool = False) -> CostCoefficients:
     """Non-negative least-squares coefficients for `model` from measured steps.
 
     With `relative` (the default) each step is weighted by 1 / duration, minimising the
-    squared relative error, so short decode steps count as much as long prefills.
+    squared relative error, so short decode steps count as much as long prefills. With
+    `kv_term` the KV read time tKV is a fifth feature (coefficient c6).
     """
     _check_samples(samples)
-    rows = np.array([features(model, shape)[1:] for shape, _ in samples], dtype=float)
+    rows = np.array([features(model, shape)[1:] + ((model.kv_read_time(shape),)
+                                                   if kv_term else ())
+                     for shape, _ in samples], dtype=float)
     durations = np.array([d for _, d in samples], dtype=float)
     comm = np.array([model.comm_time(shape.num_tokens) for shape, _ in samples])
     targets = durations - comm
     if relative:
         rows = rows / durations[:, None]
         targets = targets / durations
-    c2, c3, c4, c5 = (float(v) for v in _nnls(rows, targets))
-    return CostCoefficients(c1=0.0, c2=c2, c3=c3, c4=c4, c5=c5)
+    c2, c3, c4, c5, *c6 = (float(v) for v in _nnls(rows, targets))
+    return CostCoefficients(c1=0.0, c2=c2, c3=c3, c4=c4, c5=c5, c6=c6[0] if c6 else 0.0)
+
+
+def is_decode_only(shape: BatchShape) -> bool:
+    """Every sequence of the step decodes (the cost model's decode coefficients apply)."""
+    return shape.num_decode_seqs == shape.num_seqs
+
+
+def fit_by_kind(model: CostModel, samples: Sequence[Sample]
+                ) -> tuple[CostCoefficients, CostCoefficients | None]:
+    """(coefficients for steps with prefill work, for decode-only steps or None): see the
+    module note. None, and one set fitted to every step, when the decode-only steps are
+    fewer than MIN_DECODE_SAMPLES or no other step was measured."""
+    _check_samples(samples)
+    decode = [s for s in samples if is_decode_only(s[0])]
+    other = [s for s in samples if not is_decode_only(s[0])]
+    if len(decode) < MIN_DECODE_SAMPLES or not other:
+        return fit_coefficients(model, samples), None
+    return fit_coefficients(model, other), fit_coefficients(model, decode, kv_term=True)
 
 
 def prediction_error(model: CostModel, samples: Sequence[Sample]) -> float:

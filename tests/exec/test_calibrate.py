@@ -35,6 +35,7 @@ def test_calibrate_fits_and_saves(tiny_llama: Path, tmp_path: Path) -> None:
     result = calibrate(executor, QUICK_SWEEP, name="cpu-test")
     hw = result.hardware
     assert hw.name == "cpu-test" and len(result.samples) == len(QUICK_SWEEP.shapes())
+    assert hw.decode_coefficients is not None  # the quick sweep has enough decode steps
     assert hw.peak_flops > 0 and hw.mem_bandwidth > 0 and hw.host_link_bandwidth > 0
     # The fit explains how step time depends on the shape: it predicts the measured
     # steps far better than the best single number does (measured here: 4-8% against
