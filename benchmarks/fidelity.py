@@ -219,7 +219,8 @@ def _calibrate(args: argparse.Namespace, executor: Any) -> tuple[dict[str, Any],
     result = calibrate(executor, name=args.hardware)
     save_fit(result.hardware, result.error, force=True)
     base = CostModel(executor.spec, dataclasses.replace(result.hardware,
-                                                        decode_coefficients=None))
+                                                        serial_coefficients=None,
+                                                        serial_below_tokens=None))
     single = base.with_coefficients(fit_coefficients(base, result.samples))
     return {"fit_error": round(result.error, 4), "num_samples": len(result.samples),
             "single_fit_error": round(prediction_error(single, result.samples), 4),

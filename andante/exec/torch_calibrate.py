@@ -2,9 +2,9 @@
 
 Design note. Ascendra §5.1 predicts a step's latency from its roofline terms
 tM = bytes / bandwidth and tF = FLOPs / peak with coefficients fitted by least squares
-on measured steps (andante.perf.fit, non-negative, relative error; decode-only steps
-get their own set with a KV-read term, `fit_by_kind`). The sweep runs the
-real TorchExecutor on synthetic batches of every kind the scheduler produces: whole
+on measured steps (andante.perf.fit, non-negative, relative error; the steps the
+executor runs on one thread get their own set, and a KV-read term: `fit_by_threads`).
+The sweep runs the real TorchExecutor on synthetic batches of every kind the scheduler produces: whole
 prefills, decode batches at several contexts, and mixed prefill + decode steps; every
 timed step with a prefill uses a prompt length not run before, as live prompts are
 (measured here: a new length costs ~10 ms more than a repeated one). The
@@ -31,7 +31,7 @@ from andante.exec.torch_cost import CPU_PROFILE
 from andante.exec.torch_executor import TorchExecutor
 from andante.kv.block_manager import KVBlockManager
 from andante.perf.cost_model import CostModel
-from andante.perf.fit import Sample, fit_by_kind, prediction_error
+from andante.perf.fit import Sample, fit_by_threads, prediction_error
 from andante.perf.shape import BatchShape
 from andante.perf.specs import HardwareSpec
 
@@ -57,9 +57,9 @@ class SweepConfig:
         return out
 
 
-# Six decode shapes: enough for the decode-only steps' own fit (MIN_DECODE_SAMPLES).
-QUICK_SWEEP = SweepConfig(prefill_lens=(32, 128), decode_batches=(1, 4, 16),
-                          decode_contexts=(32, 128), mixed=((32, 2, 64),), repeats=1)
+# Six decode shapes, small and large batches: steps in both thread regimes.
+QUICK_SWEEP = SweepConfig(prefill_lens=(32, 128), decode_batches=(1, 2, 4, 8, 16, 32),
+                          decode_contexts=(32, 96), mixed=((32, 2, 64),), repeats=1)
 
 
 @dataclass(slots=True)
@@ -171,6 +171,13 @@ def measure_rates(executor: TorchExecutor) -> tuple[float, float, float]:
     return flops, bandwidth, n * block_bytes / seconds
 
 
+def serial_below_tokens(executor: TorchExecutor) -> int | None:
+    """Steps below this many tokens run on one thread (None: all on the same threads)."""
+    if executor.num_threads <= 1:
+        return None
+    return executor.thread_choice.parallel_min_tokens
+
+
 def total_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
@@ -187,8 +194,10 @@ def calibrate(executor: TorchExecutor, sweep: SweepConfig | None = None,
     samples = measure_steps(executor, sweep.shapes(), sweep.repeats, progress)
     if not samples:
         raise ValueError("no calibration step fits this executor's KV cache")
-    coefficients, decode = fit_by_kind(CostModel(executor.spec, base), samples)
-    fitted = dataclasses.replace(base, coefficients=coefficients, decode_coefficients=decode)
+    below = serial_below_tokens(executor)
+    coefficients, serial = fit_by_threads(CostModel(executor.spec, base), samples, below)
+    fitted = dataclasses.replace(base, coefficients=coefficients, serial_coefficients=serial,
+                                 serial_below_tokens=below if serial is not None else None)
     error = prediction_error(CostModel(executor.spec, fitted), samples)
     return Calibration(fitted, samples, error)
 

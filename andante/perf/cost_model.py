@@ -12,10 +12,12 @@ of the hidden states per layer (Megatron-LM), which are not part of the regressi
 
 On a CPU a calibrated profile adds two terms (andante.perf.fit): c6·tKV, the KV cache
 that attention reads over the memory bandwidth (a paged gather reads it far slower per
-byte than a GEMV streams weights), and a second coefficient set for steps in which every
-sequence decodes. A single fit over every step kind had to compromise: measured on this
-engine, it over-predicted small decode steps by 10-25% (the TPOT of light serving)
-while under-predicting long-context decodes by 50-70% and prefills by ~15%.
+byte than a GEMV streams weights), and a second coefficient set for the steps the engine
+runs on one thread (fewer than `serial_below_tokens` tokens: small decode batches), as
+the executor itself decides (andante.exec.torch_threads). One set over both thread
+regimes had to compromise: measured on this engine (2 threads, single-threaded decodes),
+it over-predicted small decode steps by 10-25% (the TPOT of light serving) while
+under-predicting long-context decodes by 50-70% and prefills by ~15%.
 
 Everything per step is plain float arithmetic on constants precomputed in __init__:
 the simulator calls `step_time` once per simulated step.
@@ -45,8 +47,8 @@ class CostModel:
         "model", "hardware", "tp", "coefficients", "kv_bytes_per_token_per_gpu",
         "_body_bytes", "_lm_head_bytes", "_bytes_per_token", "_bytes_per_kv_read",
         "_bytes_per_sample", "_flops_per_token", "_flops_per_pair", "_flops_per_sample",
-        "_inv_bandwidth", "_inv_peak", "_coeffs", "_decode_coeffs", "_comm_fixed",
-        "_comm_per_token",
+        "_inv_bandwidth", "_inv_peak", "_coeffs", "_serial_coeffs", "_serial_below",
+        "_comm_fixed", "_comm_per_token",
     )
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
@@ -70,9 +72,14 @@ class CostModel:
         self.tp = tp
         # Explicit coefficients (an online refit) stand for every step kind.
         self.coefficients = coefficients if coefficients is not None else hardware.coefficients
-        decode = hardware.decode_coefficients if coefficients is None else None
+        serial = hardware.serial_coefficients if coefficients is None else None
         self._coeffs = (*self.coefficients.as_tuple(), self.coefficients.c6)
-        self._decode_coeffs = None if decode is None else (*decode.as_tuple(), decode.c6)
+        # steps of fewer than `_serial_below` tokens use `_serial_coeffs` (0: none do)
+        self._serial_coeffs = self._coeffs
+        self._serial_below = 0
+        if serial is not None and hardware.serial_below_tokens is not None:
+            self._serial_coeffs = (*serial.as_tuple(), serial.c6)
+            self._serial_below = hardware.serial_below_tokens
 
     def _init_memory_terms(self) -> None:
         m, tp = self.model, self.tp
@@ -151,10 +158,8 @@ class CostModel:
             return 0.0
         t_m, t_f = self.terms(shape)
         t_max = t_m if t_m > t_f else t_f
-        decode = self._decode_coeffs
         c_sum, c_max, c_mem, c_flop, c_fixed, c_kv = (
-            decode if decode is not None and shape.num_decode_seqs == shape.num_seqs
-            else self._coeffs)
+            self._serial_coeffs if n < self._serial_below else self._coeffs)
         t = c_sum * (t_m + t_f) + c_max * t_max + c_mem * t_m + c_flop * t_f + c_fixed
         if c_kv:
             t += c_kv * shape.kv_tokens_read * self._bytes_per_kv_read * self._inv_bandwidth

@@ -8,12 +8,12 @@ problem on the four identifiable features and return C1 = 0 (the same minimum as
 over all five). NNLS is exact by enumerating the 2^4 supports: the optimum is the
 unconstrained least-squares solution on its own support. numpy only.
 
-Step kinds. On a CPU one coefficient set cannot serve every step (cost_model.py's note
-gives the measured residuals), so `fit_by_kind` fits the steps in which every sequence
-decodes on their own, with a sixth feature, tKV (the KV cache attention reads, over the
-bandwidth), and the steps with prefill work on Ascendra's four. Decode-only steps are
-what TPOT is made of; steps with a prefill are what TTFT is made of. With fewer than
-`MIN_DECODE_SAMPLES` decode-only steps one set is fitted to all steps.
+Thread regimes. A CPU engine runs small steps on one thread and the others on all of
+them (andante.exec.torch_threads), and one coefficient set cannot serve both (the
+measured residuals are in cost_model.py's note). `fit_by_threads` fits each regime its
+own set, both with a sixth feature, tKV (the KV cache attention reads, over the
+bandwidth; non-negative, so it stays 0 where it does not help). With fewer than
+`MIN_REGIME_SAMPLES` steps in either regime one set is fitted to all steps.
 
 Tensor-parallel all-reduce time is modelled analytically by `CostModel`, so it is
 subtracted from each measured duration before fitting.
@@ -33,8 +33,8 @@ from andante.perf.specs import CostCoefficients
 
 Sample = tuple[BatchShape, float]
 
-#: Decode-only steps needed (of distinct shapes) to fit them a coefficient set of their own.
-MIN_DECODE_SAMPLES = 6
+#: Measured steps each thread regime needs for a coefficient set of its own.
+MIN_REGIME_SAMPLES = 6
 
 
 def features(model: CostModel, shape: BatchShape) -> tuple[float, float, float, float, float]:
@@ -101,22 +101,22 @@ def fit_coefficients(model: CostModel, samples: Sequence[Sample],
     return CostCoefficients(c1=0.0, c2=c2, c3=c3, c4=c4, c5=c5, c6=c6[0] if c6 else 0.0)
 
 
-def is_decode_only(shape: BatchShape) -> bool:
-    """Every sequence of the step decodes (the cost model's decode coefficients apply)."""
-    return shape.num_decode_seqs == shape.num_seqs
-
-
-def fit_by_kind(model: CostModel, samples: Sequence[Sample]
-                ) -> tuple[CostCoefficients, CostCoefficients | None]:
-    """(coefficients for steps with prefill work, for decode-only steps or None): see the
-    module note. None, and one set fitted to every step, when the decode-only steps are
-    fewer than MIN_DECODE_SAMPLES or no other step was measured."""
+def fit_by_threads(model: CostModel, samples: Sequence[Sample],
+                   serial_below_tokens: int | None
+                   ) -> tuple[CostCoefficients, CostCoefficients | None]:
+    """(coefficients of the steps on all threads, of those with fewer than
+    `serial_below_tokens` tokens, run on one thread, or None): see the module note.
+    None, and one set fitted to every step, without a threshold or with fewer than
+    MIN_REGIME_SAMPLES steps in either regime."""
     _check_samples(samples)
-    decode = [s for s in samples if is_decode_only(s[0])]
-    other = [s for s in samples if not is_decode_only(s[0])]
-    if len(decode) < MIN_DECODE_SAMPLES or not other:
-        return fit_coefficients(model, samples), None
-    return fit_coefficients(model, other), fit_coefficients(model, decode, kv_term=True)
+    if serial_below_tokens is None:
+        return fit_coefficients(model, samples, kv_term=True), None
+    serial = [s for s in samples if s[0].num_tokens < serial_below_tokens]
+    parallel = [s for s in samples if s[0].num_tokens >= serial_below_tokens]
+    if min(len(serial), len(parallel)) < MIN_REGIME_SAMPLES:
+        return fit_coefficients(model, samples, kv_term=True), None
+    return (fit_coefficients(model, parallel, kv_term=True),
+            fit_coefficients(model, serial, kv_term=True))
 
 
 def prediction_error(model: CostModel, samples: Sequence[Sample]) -> float:

@@ -175,9 +175,11 @@ class HardwareSpec:
     host_link_bandwidth: float  # effective host<->device copy bandwidth, one direction, B/s
     interconnect_bandwidth: float  # effective all-reduce bus bandwidth between GPUs, B/s
     coefficients: CostCoefficients = CostCoefficients()
-    # Steps in which every sequence decodes, where a calibration fitted them apart
-    # (andante.perf.fit.fit_by_kind); None: `coefficients` for every step.
-    decode_coefficients: CostCoefficients | None = None
+    # A CPU engine runs steps of fewer than `serial_below_tokens` tokens on one thread
+    # (andante.exec.torch_threads); a calibration fits those steps their own set
+    # (andante.perf.fit.fit_by_threads). None: `coefficients` for every step.
+    serial_coefficients: CostCoefficients | None = None
+    serial_below_tokens: int | None = None
     collective_latency: float = 10e-6  # fixed cost of one small all-reduce, s
     disk_bandwidth: float = 7.0e9  # model weights read from local disk, B/s (hardware.py)
     # A calibrated profile's provenance (`andante calibrate`): the fit's mean |relative
@@ -200,9 +202,15 @@ class HardwareSpec:
         if not isinstance(self.coefficients, CostCoefficients):
             raise ValueError(f"HardwareSpec.coefficients must be CostCoefficients, "
                              f"got {self.coefficients!r}")
-        if not isinstance(self.decode_coefficients, (CostCoefficients, type(None))):
-            raise ValueError(f"HardwareSpec.decode_coefficients must be CostCoefficients or "
-                             f"None, got {self.decode_coefficients!r}")
+        if not isinstance(self.serial_coefficients, (CostCoefficients, type(None))):
+            raise ValueError(f"HardwareSpec.serial_coefficients must be CostCoefficients or "
+                             f"None, got {self.serial_coefficients!r}")
+        if (self.serial_coefficients is None) != (self.serial_below_tokens is None):
+            raise ValueError("HardwareSpec.serial_coefficients and serial_below_tokens go "
+                             "together (both set or both None)")
+        if self.serial_below_tokens is not None:
+            _require_positive_int("HardwareSpec", "serial_below_tokens",
+                                  self.serial_below_tokens)
 
     def with_coefficients(self, coefficients: CostCoefficients) -> HardwareSpec:
         return replace(self, coefficients=coefficients)
@@ -229,14 +237,15 @@ class HardwareSpec:
             raise ValueError(f"unknown hardware profile keys {unknown}")
         missing = sorted(known - set(data) - {"coefficients", "collective_latency",
                                                "disk_bandwidth", "fit_error",
-                                               "calibrated_at", "decode_coefficients"})
+                                               "calibrated_at", "serial_coefficients",
+                                               "serial_below_tokens"})
         if missing:
             raise ValueError(f"hardware profile lacks keys {missing}")
         if "coefficients" in data:
             data["coefficients"] = CostCoefficients.from_dict(data["coefficients"])
-        if data.get("decode_coefficients") is not None:
-            data["decode_coefficients"] = CostCoefficients.from_dict(
-                data["decode_coefficients"])
+        if data.get("serial_coefficients") is not None:
+            data["serial_coefficients"] = CostCoefficients.from_dict(
+                data["serial_coefficients"])
         return cls(**data)
 
     @classmethod
