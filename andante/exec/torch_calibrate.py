@@ -6,10 +6,9 @@ on measured steps (andante.perf.fit, non-negative, relative error; the steps the
 executor runs on one thread get their own set, and a KV-read term: `fit_by_threads`).
 The sweep runs the real TorchExecutor on synthetic batches of every kind the scheduler
 produces: whole prefills, decode batches at several contexts, and mixed prefill +
-decode steps; every
-timed step with a prefill uses a prompt length not run before, as live prompts are
-(measured here: a new length costs ~10 ms more than a repeated one). The
-roofline rates themselves are measured too (a large bf16 GEMM for peak FLOP/s, a large
+decode steps; every timed step with a prefill uses a prompt length not run before, as
+live prompts are (measured here: a new length costs ~10 ms more than a repeated one).
+The roofline rates themselves are measured too (a large bf16 GEMM for peak FLOP/s, a large
 copy for memory bandwidth, a KV swap for the host-link rate), so the fitted
 coefficients stay near 1 and the profile remains interpretable.
 """
