@@ -69,6 +69,10 @@ class Calibration:
     error: float = 0.0  # mean absolute relative error of the fitted model
 
 
+#: The untimed step before each timed step with a prefill (`_measure_shape`).
+LEAD_IN_DECODE: Chunks = ((1, 32),)
+
+
 def synthetic_batch(kv: KVBlockManager, chunks: Chunks, tag: str,
                     token_id: int = 1000) -> StepBatch:
     """A step of synthetic requests (prompt = `token_id` repeated), KV allocated in `kv`."""
@@ -107,13 +111,19 @@ def _measure_shape(executor: TorchExecutor, kv: KVBlockManager, chunks: Chunks, 
                    repeats: int, token_id: int) -> list[Sample]:
     """Decode-only steps: the median of `repeats` runs of one shape (decode batch sizes
     recur in live serving). Steps with a prefill: one sample per repeat, each at a fresh
-    prompt length (see `_fresh_lengths`)."""
+    prompt length (see `_fresh_lengths`), each right after an untimed one-sequence
+    decode step, as in live serving, where a prompt arrives among decode steps (on a
+    CPU those run on one thread: the step after them pays for waking the others)."""
     if all(n == 1 for n, _ in chunks):
         _time_once(executor, kv, chunks, tag, token_id)  # warm-up
         runs = [_time_once(executor, kv, chunks, tag, token_id) for _ in range(repeats)]
         return [(runs[0][0], float(statistics.median(d for _, d in runs)))]
-    return [_time_once(executor, kv, _fresh_lengths(chunks, r), f"{tag}-{r}", token_id)
-            for r in range(repeats)]
+    samples = []
+    for r in range(repeats):
+        _time_once(executor, kv, LEAD_IN_DECODE, f"{tag}-{r}-lead", token_id)
+        samples.append(_time_once(executor, kv, _fresh_lengths(chunks, r), f"{tag}-{r}",
+                                  token_id))
+    return samples
 
 
 def measure_steps(executor: TorchExecutor, shapes: Sequence[Chunks], repeats: int,
