@@ -47,7 +47,8 @@ class CostModel:
         "model", "hardware", "tp", "coefficients", "kv_bytes_per_token_per_gpu",
         "_body_bytes", "_lm_head_bytes", "_bytes_per_token", "_bytes_per_kv_read",
         "_bytes_per_sample", "_flops_per_token", "_flops_per_pair", "_flops_per_sample",
-        "_inv_bandwidth", "_inv_peak", "_coeffs", "_serial_coeffs", "_serial_below",
+        "_inv_bandwidth", "_inv_peak", "_c_sum", "_c_max", "_c_mem", "_c_flop", "_c_fixed",
+        "_c_kv_token", "_serial_coeffs", "_serial_below",
         "_comm_fixed", "_comm_per_token",
     )
 
@@ -73,9 +74,10 @@ class CostModel:
         # Explicit coefficients (an online refit) stand for every step kind.
         self.coefficients = coefficients if coefficients is not None else hardware.coefficients
         serial = hardware.serial_coefficients if coefficients is None else None
-        self._coeffs = (*self.coefficients.as_tuple(), self.coefficients.c6)
+        self._c_sum, self._c_max, self._c_mem, self._c_flop, self._c_fixed = (
+            self.coefficients.as_tuple())
         # steps of fewer than `_serial_below` tokens use `_serial_coeffs` (0: none do)
-        self._serial_coeffs = self._coeffs
+        self._serial_coeffs = (*self.coefficients.as_tuple(), self.coefficients.c6)
         self._serial_below = 0
         if serial is not None and hardware.serial_below_tokens is not None:
             self._serial_coeffs = (*serial.as_tuple(), serial.c6)
@@ -99,6 +101,8 @@ class CostModel:
         self._bytes_per_kv_read = float(self.kv_bytes_per_token_per_gpu)
         self._bytes_per_sample = m.hidden_size * dtype + m.vocab_size * LOGIT_BYTES / tp
         self._inv_bandwidth = 1.0 / self.hardware.mem_bandwidth
+        # c6·tKV as seconds per KV token read (0 unless a calibration fitted c6)
+        self._c_kv_token = self.coefficients.c6 * self._bytes_per_kv_read * self._inv_bandwidth
 
     def _init_flop_terms(self) -> None:
         m, tp = self.model, self.tp
@@ -158,12 +162,14 @@ class CostModel:
             return 0.0
         t_m, t_f = self.terms(shape)
         t_max = t_m if t_m > t_f else t_f
-        c_sum, c_max, c_mem, c_flop, c_fixed, c_kv = (
-            self._serial_coeffs if n < self._serial_below else self._coeffs)
-        t = c_sum * (t_m + t_f) + c_max * t_max + c_mem * t_m + c_flop * t_f + c_fixed
-        if c_kv:
-            t += c_kv * shape.kv_tokens_read * self._bytes_per_kv_read * self._inv_bandwidth
-        return t + self._comm_fixed + self._comm_per_token * n
+        if n < self._serial_below:
+            c_sum, c_max, c_mem, c_flop, c_fixed, c_kv = self._serial_coeffs
+            return (c_sum * (t_m + t_f) + c_max * t_max + c_mem * t_m + c_flop * t_f
+                    + c_fixed + c_kv * self.kv_read_time(shape)
+                    + self._comm_fixed + self._comm_per_token * n)
+        return (self._c_sum * (t_m + t_f) + self._c_max * t_max + self._c_mem * t_m
+                + self._c_flop * t_f + self._c_fixed + self._c_kv_token * shape.kv_tokens_read
+                + self._comm_fixed + self._comm_per_token * n)
 
     def prefill_time(self, num_tokens: int, num_cached: int = 0) -> float:
         """One step prefilling `num_tokens` new tokens after `num_cached` cached ones."""
