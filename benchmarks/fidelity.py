@@ -11,8 +11,9 @@ the embedded SmolLM2-135M), and the simulated run feeds the same workload to
 `andante.sim.simulate` with `--model smollm2-135m` on the fitted profile. Target: mean
 TTFT and mean TPOT within 10% (|sim - real| / real) at every rate.
 
-`--prefix-caching on|off` sets the engine's prefix caching on both sides where this build
-has it (`SchedulerConfig.enable_prefix_caching`); the prompts here share no prefix.
+`--prefix-caching on|off|both` (default both: every rate with it off, then on) sets the
+engine's prefix caching on both sides (`SchedulerConfig.enable_prefix_caching`); the
+prompts here share no prefix.
 
 Per step (`steps` in each rate's result): the real engine's measured step durations
 against the fitted cost model's prediction for the same shapes, by step kind (decode
@@ -239,6 +240,20 @@ def _loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _one_rate(args: argparse.Namespace, model_and_executor: tuple[Any, Any], rate: float,
+              config: SchedulerConfig, single_fit: CostModel | None) -> dict[str, Any]:
+    """The real and the simulated run of one Poisson rate, and their errors."""
+    workload = build_workload(WorkloadConfig(kind="poisson", rate=rate,
+                                             num_requests=args.num_requests,
+                                             lengths=args.lengths, seed=args.seed))
+    real_summary, trace = real_run(args, model_and_executor, workload, config, single_fit)
+    real = _figures(real_summary)
+    sim = _figures(sim_run(args, workload, config))
+    _write_step_log(args.step_log, rate, trace)
+    return {"rate": rate, "real": real, "sim": sim, **_errors(real, sim),
+            "steps": trace.summary(), "loadavg": _loadavg()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rates", default="0.5,1,2", help="requests/s (Poisson), comma-separated")
@@ -249,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hardware", default="cpu", help="the profile the simulator uses")
     p.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
                    help="calibrate first (default; into a private profiles folder)")
-    p.add_argument("--prefix-caching", choices=["on", "off"], default="off")
+    p.add_argument("--prefix-caching", choices=["on", "off", "both"], default="both",
+                   help="the engine's prefix caching on both sides (default both: every "
+                   "rate with it off, then on)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
     p.add_argument("--cpu-time", action="store_true",
@@ -261,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         rates = [float(r) for r in args.rates.split(",")]
-        config = scheduler_config(args.prefix_caching)
+        modes = ["off", "on"] if args.prefix_caching == "both" else [args.prefix_caching]
+        configs = {mode: scheduler_config(mode) for mode in modes}
         if args.cpu_time and args.threads != 1:
             raise ValueError("--cpu-time needs --threads 1 (CPU time sums the threads)")
     except ValueError as exc:
@@ -273,18 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     calibration, single_fit = (_calibrate(args, model_and_executor[1]) if args.calibrate
                                else (None, None))
     runs = []
-    for rate in rates:
-        workload = build_workload(WorkloadConfig(kind="poisson", rate=rate,
-                                                 num_requests=args.num_requests,
-                                                 lengths=args.lengths, seed=args.seed))
-        real_summary, trace = real_run(args, model_and_executor, workload, config,
-                                       single_fit)
-        real = _figures(real_summary)
-        sim = _figures(sim_run(args, workload, config))
-        runs.append({"rate": rate, "real": real, "sim": sim, **_errors(real, sim),
-                     "steps": trace.summary(), "loadavg": _loadavg()})
-        _write_step_log(args.step_log, rate, trace)
-        print(f"rate {rate}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+    for mode, config in configs.items():
+        for rate in rates:
+            runs.append({"prefix_caching": mode, **_one_rate(
+                args, model_and_executor, rate, config, single_fit)})
+            print(f"prefix caching {mode}, rate {rate}: {json.dumps(runs[-1])}",
+                  file=sys.stderr, flush=True)
     worst = max(max(r["ttft_error"], r["tpot_error"]) for r in runs)
     print(json.dumps({
         "benchmark": "fidelity", "workload": {
