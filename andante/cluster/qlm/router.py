@@ -77,12 +77,11 @@ def preemption_mode_for(cost: CostModel, context_tokens: int = 1024) -> Preempti
 
 @dataclass(frozen=True, slots=True)
 class _Window:
-    """An instance's figures at one report: time, output tokens produced in all (the
-    finished requests' and the unfinished ones' so far), running requests, the model
-    on its device and the mean context."""
+    """An instance's figures at one report: time, engine steps so far, running
+    requests, the model on its device and the mean context."""
 
     time: float
-    tokens: int
+    num_steps: int
     num_running: int
     device: str
     context: int
@@ -159,7 +158,6 @@ class QLMRouter:
         self._order: dict[str, tuple[int, int]] = {}  # group id -> (instance, position)
         self._last_check = -math.inf
         self._placed: dict[str, int] = {}  # request id -> instance
-        self._finished_tokens: dict[int, int] = {}  # instance -> output of its finished
         self._window: dict[int, _Window] = {}  # instance -> its latest report's figures
         self._last_swap: dict[int, tuple[float, float]] = {}  # instance -> (when, load s)
 
@@ -178,8 +176,6 @@ class QLMRouter:
         self.outputs.observe(key, req.num_output_tokens)
         if placed is None:
             return
-        self._finished_tokens[placed] = (self._finished_tokens.get(placed, 0)
-                                         + req.num_output_tokens)
         timeline = req.timeline
         if (self.learn_speed and self._base_cost is not None
                 and timeline.first_scheduled_time is not None
@@ -217,14 +213,13 @@ class QLMRouter:
 
     def _observe_speed(self, views: Sequence[ModelView], states: dict[int, ModelState]
                        ) -> None:
-        """Θ measured: each busy instance's output tokens since its previous report,
+        """Θ measured: each busy instance's engine steps since its previous report,
         against the cost model (andante.cluster.qlm.speed)."""
         if self._base_cost is None:
             return
         for view in views:
             stats, state = view.load.stats, states[view.index]
-            point = _Window(stats.time, self._finished_tokens.get(view.index, 0)
-                            + stats.num_output_tokens, stats.num_running, state.device,
+            point = _Window(stats.time, stats.num_steps, stats.num_running, state.device,
                             stats.num_tokens // max(1, stats.num_requests))
             last = self._window.get(view.index)
             if last is not None and point.time <= last.time:
@@ -234,7 +229,7 @@ class QLMRouter:
                     or not (last.num_running and point.num_running)):
                 continue
             self.speed.observe_window(self._base_cost, (str(view.index), point.device),
-                                      point.time - last.time, point.tokens - last.tokens,
+                                      point.time - last.time, point.num_steps - last.num_steps,
                                       (last.num_running + point.num_running) / 2,
                                       point.context)
 

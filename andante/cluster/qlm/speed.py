@@ -9,12 +9,13 @@ estimator then underestimates every completion time by that factor, so the plann
 no violation until it is too late. We learn, per (instance, model), by how much the
 instance is slower (or faster) than its cost model, separately for decode and prefill,
 from what the controller already sees:
-- decode (Θ): between two consecutive load reports of a busy instance, the output
-  tokens it produced (the unfinished requests' outputs plus those that finished in
-  between) and the seconds it took, against the seconds the cost model gives those
-  tokens at the batch it ran (d(b, context) / b per token, b the mean of the two
-  reports' running requests). The other work of the window (prefill chunks mixed into
-  the batch) counts as slowdown: Θ is the throughput of generated tokens;
+- decode (d and Θ = b / d): between two consecutive load reports of a busy instance,
+  the engine steps it ran and the seconds they took, against the seconds the cost
+  model gives as many decode steps at the batch it ran (b the mean of the two
+  reports' running requests). The other work of those steps (prefill chunks mixed
+  into the batch) counts as slowdown: Θ is the throughput of generated tokens. Load
+  reports are `SchedulerStats`, the same in the simulator, in-process and from a Ray
+  actor;
 - prefill: each finished request that ran unpreempted gives the time from its first
   scheduling to its first token, against the cost model's prefill of its prompt.
 Each factor is a ratio of sums, observed over modelled seconds, with the cost model as
@@ -94,15 +95,14 @@ class SpeedLearner:
         return 0.0 if ratio is None else ratio.observed
 
     def observe_window(self, cost: ExecutionCost, key: SpeedKey, seconds: float,
-                       num_tokens: int, batch_size: float, context_len: int) -> None:
-        """A busy instance produced `num_tokens` output tokens in `seconds` at a mean
-        batch of `batch_size` sequences of `context_len` tokens."""
-        if num_tokens <= 0 or seconds <= 0:
+                       num_steps: int, batch_size: float, context_len: int) -> None:
+        """A busy instance ran `num_steps` steps in `seconds` at a mean batch of
+        `batch_size` sequences of `context_len` tokens."""
+        if num_steps <= 0 or seconds <= 0:
             return
         iid, model = key
-        batch = max(1, round(batch_size))
-        step = cost.decode_time(iid, model, batch, max(1, context_len))
-        self.observe_decode(key, seconds, num_tokens * step / batch)
+        step = cost.decode_time(iid, model, max(1, round(batch_size)), max(1, context_len))
+        self.observe_decode(key, seconds, num_steps * step)
 
     def observe_first_token(self, cost: ExecutionCost, key: SpeedKey, num_prompt_tokens: int,
                             scheduled: float, token_times: Sequence[float]) -> None:

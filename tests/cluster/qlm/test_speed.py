@@ -78,8 +78,8 @@ def test_the_factor_stays_between_the_prior_and_the_observed_ratios(
 def test_windows_and_first_tokens_are_measured_against_the_cost_model() -> None:
     speed = SpeedLearner(prior_s=1e-9)
     flat = FlatCost(prefill_s=0.1, step_s=0.01)
-    # 8 sequences, 10 steps of 0.03 s: 80 tokens in 0.3 s where the model says 0.1 s
-    speed.observe_window(flat, KEY, seconds=0.3, num_tokens=80, batch_size=8.0,
+    # 8 sequences, 10 steps in 0.3 s where the model says 0.1 s
+    speed.observe_window(flat, KEY, seconds=0.3, num_steps=10, batch_size=8.0,
                          context_len=200)
     assert speed.decode_factor(KEY) == pytest.approx(3.0)
     speed.observe_first_token(flat, KEY, 100, scheduled=1.0, token_times=[1.2, 1.25])
