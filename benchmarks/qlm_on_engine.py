@@ -109,6 +109,9 @@ def run_system(args: argparse.Namespace, router: str, arrivals: list[Arrival]) -
         load_average = os.getloadavg()[0]
         results, makespan = asyncio.run(_drive(server.url, arrivals, args.max_run_s))
         swaps = server.state.runner.num_model_swaps
+        router = server.state.runner.controller.router
+    counters = getattr(router, "counters", None)
+    speed = getattr(router, "speed", None)
     met = sum(latency <= CLASSES[model][1] for model, latency, _ in results)
     done = [r for r in results if math.isfinite(r[1])]
     return {
@@ -121,6 +124,8 @@ def run_system(args: argparse.Namespace, router: str, arrivals: list[Arrival]) -
                            for m in CLASSES if any(mm == m for mm, _, _ in done)},
         "makespan_s": makespan,
         "load_average": load_average,
+        "router": {} if counters is None else counters.summary(),
+        "learned_slowdown": {} if speed is None else speed.summary(),
     }
 
 
