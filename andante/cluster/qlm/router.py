@@ -128,6 +128,8 @@ class QLMRouter:
             raise ValueError(f"router 'qlm': unknown option(s) {sorted(unknown)}")
         if avg_batch < 1:
             raise ValueError(f"qlm: avg_batch must be >= 1, got {avg_batch!r}")
+        if not isinstance(learn_speed, bool):
+            raise ValueError(f"qlm: learn_speed must be true or false, got {learn_speed!r}")
         if pull_reserve < 0 or swap_hysteresis < 0:
             raise ValueError(f"qlm: pull_reserve and swap_hysteresis must be >= 0, "
                              f"got {pull_reserve!r}, {swap_hysteresis!r}")

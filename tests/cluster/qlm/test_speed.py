@@ -99,6 +99,8 @@ def test_bad_settings_and_observations_are_refused() -> None:
         SpeedLearner().observe_decode(KEY, -1.0, 1.0)
     with pytest.raises(ValueError, match="swap_hysteresis"):
         QLMRouter(swap_hysteresis=-1.0)
+    with pytest.raises(ValueError, match="learn_speed must be true or false"):
+        QLMRouter(learn_speed="no")  # type: ignore[arg-type]
 
 
 # ---- in the simulator: instances slower than the estimator's cost model -----------------
