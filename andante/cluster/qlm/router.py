@@ -395,6 +395,10 @@ class QLMRouter:
                         view, vq, by_id, qview, estimator, self._drain_s(view, state))]
                     continue
                 swaps.append((view.index, actions.swap_to))
+                log.info("qlm: instance %d swaps %s -> %s at %.2f s (head group deadline "
+                         "in %.2f s, drain %.2f s)", view.index, state.device,
+                         actions.swap_to, now, queue[0].deadline - now,
+                         self._drain_s(view, state))
                 self.counters.num_swaps += 1
                 self._last_swap[view.index] = (now, self._load_time(state, actions.swap_to))
                 qview = dataclasses.replace(qview, models_on_device=(actions.swap_to,),
