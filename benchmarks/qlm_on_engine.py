@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import math
 import os
 import random
@@ -163,6 +164,8 @@ def main() -> None:
                    help="run this system on the first seed only and print its result")
     args = p.parse_args()
     if args.single:
+        logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                            format="%(relativeCreated)8.0f ms %(name)s: %(message)s")
         arrivals = workload(args.rate, args.duration, args.seeds[0])
         print(json.dumps(run_system(args, SYSTEMS[args.single], arrivals)))
         return

@@ -160,6 +160,7 @@ class QLMRouter:
         self._order: dict[str, tuple[int, int]] = {}  # group id -> (instance, position)
         self._last_check = -math.inf
         self._placed: dict[str, int] = {}  # request id -> instance
+        self._deadlines: dict[int, dict[str, float]] = {}  # instance -> its requests'
         self._window: dict[int, _Window] = {}  # instance -> its latest report's figures
         self._last_swap: dict[int, tuple[float, float]] = {}  # instance -> (when, load s)
 
@@ -172,7 +173,7 @@ class QLMRouter:
 
     def on_finished(self, req: Request) -> None:
         key = self._keys.pop(req.request_id, None)
-        placed = self._placed.pop(req.request_id, None)
+        placed = self._unplace(req.request_id)
         if key is None or not req.num_output_tokens or req.timeline.finish_time is None:
             return
         self.outputs.observe(key, req.num_output_tokens)
@@ -243,7 +244,15 @@ class QLMRouter:
         self._table.remove(gone)
         for req in queue:
             if req.request_id not in self._table:
+                self._unplace(req.request_id)  # back from an instance (a swap's flush)
                 self._table.add(self._queued(req, default_model))
+
+    def _unplace(self, request_id: str) -> int | None:
+        """Forget where a request was placed; the instance it was on, if any."""
+        index = self._placed.pop(request_id, None)
+        if index is not None:
+            self._deadlines.get(index, {}).pop(request_id, None)
+        return index
 
     def _queued(self, req: Request, default_model: str) -> QueuedRequest:
         slo = req.slo
@@ -407,6 +416,7 @@ class QLMRouter:
         for rid, index in placements:
             self._keys[rid] = self._table.key_for(self._table.get(rid))
             self._placed[rid] = index
+            self._deadlines.setdefault(index, {})[rid] = self._table.get(rid).deadline
         self._table.remove(rid for rid, _ in placements)
         return QueueDecision(tuple(placements), tuple(swaps), tuple(warm))
 
@@ -415,9 +425,11 @@ class QLMRouter:
         """Swap once the instance has drained, or at once when the head group cannot
         wait for the running batch: its slack is shorter than the (learned) drain time,
         whether it can still meet its deadline after the load or is late already (the
-        head of the queue is never starved), provided the drain would take longer than
-        the load itself and the model on the device has served at least
-        `swap_hysteresis` times as long as it took to load (no ping-pong)."""
+        head of the queue is never starved), provided that it is more urgent than every
+        request the swap would flush (EDF: otherwise those come back to the head of the
+        queue and swap the model back: ping-pong), that the drain would take longer than
+        the load itself, and that the model on the device has served at least
+        `swap_hysteresis` times as long as it took to load."""
         if state.loading_s > 0:
             return False
         load = view.load
@@ -427,7 +439,10 @@ class QLMRouter:
             return True
         since, cost = self._last_swap.get(view.index, (-math.inf, 0.0))
         drain = self._drain_s(view, state)
-        return (head.deadline - now < drain and self._load_time(state, head.model) < drain
+        running = self._deadlines.get(view.index, {})
+        more_urgent = head.deadline < min(running.values(), default=math.inf)
+        return (more_urgent and head.deadline - now < drain
+                and self._load_time(state, head.model) < drain
                 and now - since >= self.swap_hysteresis * cost)
 
     @staticmethod

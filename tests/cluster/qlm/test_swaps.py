@@ -74,6 +74,14 @@ def test_no_early_swap_when_the_head_can_wait_or_the_drain_is_shorter_than_the_l
     assert router._should_swap(_slot(drain_s=10.0, running=0), _head(50.0), _state(), 100.0)
 
 
+def test_no_early_swap_that_would_flush_more_urgent_requests() -> None:
+    router = QLMRouter()
+    router._deadlines[0] = {"running": 90.0}  # placed there, due before the head (95)
+    assert not router._should_swap(_slot(drain_s=10.0), _head(-5.0), _state(), 100.0)
+    router._deadlines[0] = {"running": 120.0}
+    assert router._should_swap(_slot(drain_s=10.0), _head(-5.0), _state(), 100.0)
+
+
 def test_hysteresis_keeps_a_swapped_in_model_long_enough() -> None:
     router = QLMRouter(swap_hysteresis=2.0)
     router._last_swap[0] = (99.0, 1.0)  # swapped 1 s ago, a 1 s load
