@@ -12,11 +12,19 @@ calls `dispatch`, which plays the global scheduler and the per-instance agents (
 3. the estimator (§6) checks, at most every `replan_interval` seconds, whether any group
    is expected to miss its SLO; then the plan generator (§7, MILP with HiGHS) reorders
    and reassigns every group. A plan that falls back to EDF is logged and counted, and
-   so is one that says more capacity is needed (§A.3);
+   so is one that says more capacity is needed (§A.3). The estimator's execution times
+   are the instances' cost models scaled by their learned speed (andante.cluster.qlm
+   .speed: Θ measured from the load reports' engine steps), and an instance's current
+   work holds the queue back only in proportion to its occupied batch slots
+   (continuous batching starts a queued request as soon as a slot frees);
 4. per instance, from the head of its virtual queue: model swap (LSO 5) when the head
-   group's model is not on the device, once the instance has drained or the group
-   cannot wait for it; warm start of the next cold model in the queue (LSO 5); request
-   pulling (LSO 1) while the instance has spare KV tokens and no backlog of its own.
+   group's model is not on the device, once the instance has drained, or at once when
+   the head group cannot wait for the drain (late groups included: the head is never
+   starved) and is due before every request the swap would flush (otherwise those
+   come back to the head and swap the model back), with hysteresis; while it drains
+   for a swap, it pulls the device model's later requests expected to finish within
+   the drain; warm start of the next cold model in the queue (LSO 5); request pulling
+   (LSO 1) while the instance has spare KV tokens and no backlog of its own.
 Eviction and GPU-CPU state swap when a more urgent head group arrives (LSOs 2-3) are
 the instances' own preemption (an `edf` engine policy preempts for it; the mode,
 recompute or swap, is chosen by cost per model and hardware: `preemption_mode_for`).
@@ -75,18 +83,6 @@ def preemption_mode_for(cost: CostModel, context_tokens: int = 1024) -> Preempti
                              cost.hardware.host_link_bandwidth, cost.prefill_time).mode
 
 
-@dataclass(frozen=True, slots=True)
-class _Window:
-    """An instance's figures at one report: time, engine steps so far, running
-    requests, the model on its device and the mean context."""
-
-    time: float
-    num_steps: int
-    num_running: int
-    device: str
-    context: int
-
-
 @dataclass(slots=True)
 class QLMCounters:
     """What the router did: plans, EDF fallbacks, "more capacity is needed", swaps."""
@@ -110,9 +106,10 @@ class QLMRouter:
     one switch per operation, for the ablation: `pull`, `load_balance`, `warm_start`,
     `plan` (False: EDF over groups only). `pull_reserve`: KV tokens a pulled request
     reserves for its output, in mean outputs of its group. `learn_speed`: learn each
-    instance's speed from finished requests (andante.cluster.qlm.speed; False: the cost
-    model alone). `swap_hysteresis`: a model swap before the instance drains needs the
-    device model to have served this many times its own load time."""
+    instance's speed from its load reports and finished requests
+    (andante.cluster.qlm.speed; False: the cost model alone). `swap_hysteresis`: a
+    model swap before the instance drains needs the device model to have served this
+    many times its own load time."""
 
     name = "qlm"
 
@@ -161,7 +158,6 @@ class QLMRouter:
         self._last_check = -math.inf
         self._placed: dict[str, int] = {}  # request id -> instance
         self._deadlines: dict[int, dict[str, float]] = {}  # instance -> its requests'
-        self._window: dict[int, _Window] = {}  # instance -> its latest report's figures
         self._last_swap: dict[int, tuple[float, float]] = {}  # instance -> (when, load s)
 
     # ---- Router -----------------------------------------------------------------------
@@ -216,25 +212,13 @@ class QLMRouter:
 
     def _observe_speed(self, views: Sequence[ModelView], states: dict[int, ModelState]
                        ) -> None:
-        """Θ measured: each busy instance's engine steps since its previous report,
-        against the cost model (andante.cluster.qlm.speed)."""
+        """Θ measured: each instance's engine steps since its previous report."""
         if self._base_cost is None:
             return
         for view in views:
-            stats, state = view.load.stats, states[view.index]
-            point = _Window(stats.time, stats.num_steps, stats.num_running, state.device,
-                            stats.num_tokens // max(1, stats.num_requests))
-            last = self._window.get(view.index)
-            if last is not None and point.time <= last.time:
-                continue  # no step since: keep the older point
-            self._window[view.index] = point
-            if (last is None or last.device != point.device or state.loading_s > 0
-                    or not (last.num_running and point.num_running)):
-                continue
-            self.speed.observe_window(self._base_cost, (str(view.index), point.device),
-                                      point.time - last.time, point.num_steps - last.num_steps,
-                                      (last.num_running + point.num_running) / 2,
-                                      point.context)
+            state = states[view.index]
+            self.speed.observe_report(self._base_cost, (str(view.index), state.device),
+                                      view.load.stats, state.loading_s > 0)
 
     # ---- groups and virtual queues ------------------------------------------------------
     def _sync(self, queue: Sequence[Request], default_model: str, now: float) -> None:

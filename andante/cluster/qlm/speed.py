@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from andante.cluster.qlm.estimator import ExecutionCost
 from andante.cluster.qlm.types import check_non_negative, check_positive
+from andante.engine.stats import SchedulerStats
 
 SpeedKey = tuple[str, str]  # (instance id, model)
 
@@ -53,6 +54,18 @@ class FadingRatio:
         return (self.observed + prior_s) / (self.modelled + prior_s)
 
 
+@dataclass(frozen=True, slots=True)
+class ReportPoint:
+    """What one load report says of an instance's pace: time, engine steps so far,
+    running requests, the model on its device and the mean context."""
+
+    time: float
+    num_steps: int
+    num_running: int
+    model: str
+    context: int
+
+
 @dataclass(slots=True)
 class SpeedLearner:
     """Slowdown factors over the cost model per (instance, model), for prefill and
@@ -62,6 +75,7 @@ class SpeedLearner:
     half_life_s: float = 60.0
     _prefill: dict[SpeedKey, FadingRatio] = field(default_factory=dict)
     _decode: dict[SpeedKey, FadingRatio] = field(default_factory=dict)
+    _last: dict[str, ReportPoint] = field(default_factory=dict)  # instance -> point
 
     def __post_init__(self) -> None:
         check_positive("prior_s", self.prior_s)
@@ -103,6 +117,24 @@ class SpeedLearner:
         iid, model = key
         step = cost.decode_time(iid, model, max(1, round(batch_size)), max(1, context_len))
         self.observe_decode(key, seconds, num_steps * step)
+
+    def observe_report(self, cost: ExecutionCost, key: SpeedKey, stats: SchedulerStats,
+                       loading: bool = False) -> None:
+        """The latest load report of `key`'s instance (serving `key`'s model): a decode
+        window since its previous report, if it stayed busy on the same model."""
+        iid, model = key
+        point = ReportPoint(stats.time, stats.num_steps, stats.num_running, model,
+                            stats.num_tokens // max(1, stats.num_requests))
+        last = self._last.get(iid)
+        if last is not None and point.time <= last.time:
+            return  # no step since: keep the older point
+        self._last[iid] = point
+        if (last is None or last.model != model or loading
+                or not (last.num_running and point.num_running)):
+            return
+        self.observe_window(cost, key, point.time - last.time,
+                            point.num_steps - last.num_steps,
+                            (last.num_running + point.num_running) / 2, point.context)
 
     def observe_first_token(self, cost: ExecutionCost, key: SpeedKey, num_prompt_tokens: int,
                             scheduled: float, token_times: Sequence[float]) -> None:

@@ -19,6 +19,7 @@ from andante.cluster.qlm.router import QLMRouter
 from andante.cluster.qlm.speed import LearnedCost, SpeedLearner
 from andante.cluster.router import QueueDecision
 from andante.core.request import Request
+from andante.engine.stats import SchedulerStats
 from andante.perf.catalog import get_hardware
 from andante.perf.cost_model import CostModel
 from andante.sim import ClusterSpec, simulate
@@ -88,6 +89,26 @@ def test_windows_and_first_tokens_are_measured_against_the_cost_model() -> None:
     speed.observe_first_token(flat, ("2", "m1"), 100, 1.0, [])
     assert speed.summary() == {"decode[0,m1]": speed.decode_factor(KEY),
                                "prefill[0,m1]": speed.prefill_factor(KEY)}
+
+
+def test_load_reports_give_decode_windows_while_the_instance_stays_busy() -> None:
+    speed = SpeedLearner(prior_s=1e-9)
+    flat = FlatCost(step_s=0.01)
+
+    def report(time: float, steps: int, running: int) -> SchedulerStats:
+        return SchedulerStats(time=time, num_steps=steps, num_running=running,
+                              num_tokens=400 * running, max_num_seqs=16)
+
+    speed.observe_report(flat, KEY, report(10.0, 100, 4))
+    speed.observe_report(flat, KEY, report(10.0, 100, 4))  # no step since: nothing
+    assert speed.decode_factor(KEY) == 1.0
+    speed.observe_report(flat, KEY, report(10.5, 110, 4))  # 10 steps in 0.5 s: 5x
+    assert speed.decode_factor(KEY) == pytest.approx(5.0)
+    speed.observe_report(flat, ("0", "m2"), report(20.0, 3, 4))  # swapped: a new engine
+    speed.observe_report(flat, ("0", "m2"), report(21.0, 5, 0))  # went idle: no window
+    speed.observe_report(flat, ("0", "m2"), report(30.0, 6, 2))
+    assert speed.decode_factor(("0", "m2")) == 1.0
+    assert speed.decode_factor(KEY) == pytest.approx(5.0)
 
 
 def test_bad_settings_and_observations_are_refused() -> None:
