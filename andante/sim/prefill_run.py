@@ -34,19 +34,19 @@ def prefill_run_chunks(scheduler: Scheduler, batch: StepBatch) -> list[int]:
     `batch` (just applied), one per step; [] when no prefill run applies."""
     budget = getattr(scheduler.policy, "prefill_run_budget", 0)
     running = scheduler.running
-    if budget <= 0 or not scheduler.policy.stationary or not running:
+    if budget <= 0 or not running or sum(batch.num_new_tokens) != budget:
+        return []  # (the budget was not spent: another request could have joined)
+    if not scheduler.policy.stationary or batch.swap_out or batch.swap_in:
         return []
-    if batch.swap_out or batch.swap_in or len(batch.requests) != len(running):
+    if len(batch.requests) != len(running) or scheduler.last_step_preempted \
+            or scheduler.added_since_schedule:
         return []
-    if scheduler.last_step_preempted or scheduler.added_since_schedule:
-        return []
-    if sum(batch.num_new_tokens) != budget:
-        return []  # the budget was not spent: another request could have joined
-    decodes, prefill = running[:-1], running[-1]
-    chunk = budget - len(decodes)
+    prefill = running[-1]
+    chunk = budget - len(running) + 1
     left = prefill.num_uncomputed_tokens
     if chunk < 1 or left <= 1 or prefill.status != _RUNNING:
         return []
+    decodes = running[:-1]
     if any(r.status != _RUNNING or r.num_uncomputed_tokens != 1 for r in decodes):
         return []
     num_full = (left - 1) // chunk  # steps that leave some of the prompt

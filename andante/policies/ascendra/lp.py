@@ -139,10 +139,10 @@ class AscendraLPPolicy(AscendraBase):
         if limit <= 0 or budget == math.inf:
             return max(0, limit)
         cached, whole = req.num_computed_tokens, req.num_uncomputed_tokens
-        predict = self.perf_model.predict
+        predict, scratch = self.perf_model.predict, BatchShape()
 
         def fits(n: int) -> bool:
-            return predict(shape_with(shape, n, cached, n == whole)) <= budget
+            return predict(shape_with(shape, n, cached, n == whole, scratch)) <= budget
 
         if fits(limit):
             return limit

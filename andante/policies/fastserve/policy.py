@@ -105,6 +105,9 @@ class JobOrder(Protocol):
     def charge(self, req: Request, service: float,
                next_iteration_time: Callable[[Request], float]) -> None: ...
 
+    def charge_batch(self, reqs: Sequence[Request], service: float,
+                     next_iteration_time: Callable[[Request], float]) -> None: ...
+
     def promote_starved(self, now: float) -> list[Request]: ...
 
     def ordered(self) -> list[Request]: ...
@@ -181,9 +184,7 @@ class FastServePolicy(BasePolicy):
             return
         cost = self.ctx.cost_model
         service = cost.step_time(batch.shape()) if cost is not None else result.duration
-        for req in batch.requests:
-            if not req.is_finished:
-                self.order.charge(req, service, self.iteration_time)
+        self.order.charge_batch(batch.requests, service, self.iteration_time)
 
     def schedule(self, plan: StepPlan) -> None:
         now = plan.now
@@ -206,11 +207,11 @@ class FastServePolicy(BasePolicy):
         if plan.waiting or plan.swapped or plan.preemptions or plan.swap_ins \
                 or plan.in_flight_ids or len(plan.scheduled) != len(self.order):
             return False
-        if any(n != 1 for n in plan.num_scheduled_tokens):
+        if sum(plan.num_scheduled_tokens) != len(plan.scheduled):  # each >= 1
             return False
-        limit = self.ctx.config.max_model_len
-        blocks = sum(plan.num_blocks_for(min(r.num_prompt_tokens + r.sampling.max_tokens,
-                                             limit)) for r in plan.scheduled)
+        limit, bs = self.ctx.config.max_model_len, plan.block_size
+        blocks = sum(-(-min(r.num_prompt_tokens + r.sampling.max_tokens, limit) // bs)
+                     for r in plan.scheduled)
         return blocks <= plan.num_total_blocks - plan.watermark_blocks - reserve
 
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
