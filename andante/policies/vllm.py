@@ -39,6 +39,12 @@ class VLLMPolicy(BasePolicy):
         capped by what is left of it (andante.sim.prefill_run)."""
         return self.ctx.config.max_num_batched_tokens
 
+    @property
+    def decode_budget(self) -> int:
+        """Running decodes advance together, in order, up to the budget
+        (andante.sim.after_finish)."""
+        return self.prefill_run_budget
+
     def schedule(self, plan: StepPlan) -> None:
         num_tokens = budgeted(plan)
         advance_with_preemption(plan, plan.running, num_tokens)

@@ -43,6 +43,7 @@ from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.catalog import get_model
 from andante.perf.cost_model import CostModel
+from andante.sim.after_finish import batch_after_finish
 from andante.sim.decode_run import decode_run_limit, fit_blocks, reserve_blocks
 from andante.sim.events import EventKind, EventQueue
 from andante.sim.prefill_run import (
@@ -491,9 +492,15 @@ class Simulator(SimHooks):
             inst.at_step_boundary()
             if inst.busy:
                 return
-        if not (self.decode_runs and not output.finished and (
-                self._decode_run(inst, batch) or self._prefill_run(inst, batch))):
+        if not (self.decode_runs and self._run_next(inst, batch, bool(output.finished))):
             self._start_step(inst)
+
+    def _run_next(self, inst: SimInstance, batch: StepBatch, finished: bool) -> bool:
+        """Start the run of steps certain to follow `batch` (just applied), if any."""
+        if not finished:
+            return self._decode_run(inst, batch) or self._prefill_run(inst, batch)
+        after = batch_after_finish(inst.engine.scheduler)
+        return after is not None and self._decode_run(inst, after)
 
     def _decode_run(self, inst: SimInstance, batch: StepBatch) -> bool:
         """Apply the identical decode steps that certainly follow `batch` before the next

@@ -79,6 +79,12 @@ class AscendraLPPolicy(AscendraBase):
         wait = now - req.arrival_time
         return wait + self.prefill_time(req) + self.full_batch_time() > self.ttft_of(req)
 
+    @property
+    def decode_budget(self) -> int:
+        """With nothing waiting, the running decodes advance in order within the step's
+        token budget (andante.sim.after_finish)."""
+        return min(self.ctx.config.max_num_batched_tokens, self.options.token_budget)
+
     # ---- one step -----------------------------------------------------------------
     def schedule(self, plan: StepPlan) -> None:
         opts = self.options
