@@ -48,8 +48,9 @@ class Policy(Protocol):
     tokens capped by the budget left" and it keeps no per-step state, so that the
     simulator may apply runs of chunked-prefill steps at once (andante.sim.prefill_run).
     An optional `decode_budget` > 0 says that, with nothing waiting or swapped and every
-    running request decoding, its step advances them all, in the running list's order,
-    when they number at most that (andante.sim.after_finish).
+    running request decoding, its step advances them all, in the running list's order
+    (or that of its optional `decode_order(running)`, None if unsure), when they number
+    at most that (andante.sim.after_finish).
     """
 
     name: str

@@ -4,10 +4,11 @@ waits (simulation fast path, andante.sim.decode_run).
 Design note: a decode run ends at the step that finishes a request; the next step is
 then decided by the policy. With nothing waiting or swapped and every running request
 decoding, a policy that declares `decode_budget` > 0 advances every running request by
-one token, in the running list's order, whenever their blocks fit and they number at
-most that budget (vLLM's v1 and v0 loops, Sarathi's, the static orders that keep the
-admission order, the static batch, both Ascendra pools: their running loop, with no one
-to admit). That batch is the one a step would schedule, so the next decode run may
+one token, in the running list's order (or in its `decode_order`, FastServe's job
+order), whenever their blocks fit and they number at most that budget (vLLM's v1 and v0
+loops, Sarathi's, the static orders that keep the admission order, the static batch,
+both Ascendra pools: their running loop, with no one to admit; FastServe when its last
+decision found room on the device for every job to its last token). That batch is the one a step would schedule, so the next decode run may
 start at once from it instead of after a scheduled step (`decode_run_limit` and
 `fit_blocks` then apply as after any step; the policy's `on_decode_run` replays its
 steps). A test checks that timelines are identical with and without.
@@ -37,8 +38,12 @@ def batch_after_finish(scheduler: Scheduler) -> StepBatch | None:
         return None
     if any(r.status != _RUNNING or r.num_uncomputed_tokens != 1 for r in running):
         return None
+    order = getattr(policy, "decode_order", None)
+    batch_order = running if order is None else order(running)
+    if batch_order is None or len(batch_order) != len(running):
+        return None
     batch = StepBatch()
     block_table = scheduler.kv.block_table
-    for req in running:
+    for req in batch_order:
         batch.add(req, 1, req.num_computed_tokens, True, block_table(req.request_id))
     return batch

@@ -25,7 +25,8 @@ def _run(policy: str, decode_runs: bool):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("policy", ["vllm", "sarathi", "vllm-v0", "sjf", "static-batch",
-                                    "ascendra-lp", "ascendra-hp"])
+                                    "ascendra-lp", "ascendra-hp", "fastserve",
+                                    "fastserve-fcfs"])
 def test_runs_follow_finishes_without_a_step(policy: str) -> None:
     stepped, stepped_end, stepped_steps, _ = _run(policy, decode_runs=False)
     fast, fast_end, fast_steps, outputs = _run(policy, decode_runs=True)
@@ -34,7 +35,7 @@ def test_runs_follow_finishes_without_a_step(policy: str) -> None:
     assert any(a[1] and a[0] > 1 and b[0] > 1 for a, b in zip(outputs, outputs[1:]))
 
 
-@pytest.mark.parametrize("policy", ["priority", "edf", "fastserve"])
+@pytest.mark.parametrize("policy", ["priority", "edf"])
 def test_not_for_policies_that_reorder_their_batch(policy: str) -> None:
     """Sorted running lists and job orders (a decode batch not in the running order)
     are left to a step."""

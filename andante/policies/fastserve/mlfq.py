@@ -157,6 +157,12 @@ class SkipJoinMLFQ:
                                            min(level + 1, lowest))
                 self._move(req, state, new_level)
 
+    def would_promote(self, now: float) -> bool:
+        """Would `promote_starved(now)` move a job?"""
+        oldest = next(iter(self._by_last_run), None)
+        return self.starve_limit is not None and oldest is not None and \
+            now - self._jobs[oldest].last_run >= self.starve_limit
+
     def promote_starved(self, now: float) -> list[Request]:
         """Move every job idle for at least α to the tail of Q1 (Algorithm 1, line 19)."""
         limit = self.starve_limit
@@ -249,6 +255,9 @@ class FCFSOrder:
     def charge_batch(self, reqs: Sequence[Request], service: float,
                      next_iteration_time: Callable[[Request], float]) -> None:
         return None
+
+    def would_promote(self, now: float) -> bool:
+        return False
 
     def promote_starved(self, now: float) -> list[Request]:
         return []

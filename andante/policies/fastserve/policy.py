@@ -108,6 +108,8 @@ class JobOrder(Protocol):
     def charge_batch(self, reqs: Sequence[Request], service: float,
                      next_iteration_time: Callable[[Request], float]) -> None: ...
 
+    def would_promote(self, now: float) -> bool: ...
+
     def promote_starved(self, now: float) -> list[Request]: ...
 
     def ordered(self) -> list[Request]: ...
@@ -201,6 +203,19 @@ class FastServePolicy(BasePolicy):
         self.stationary = self._batch_repeats(plan, reserve)
 
     # ---- decode runs ----------------------------------------------------------------
+    @property
+    def decode_budget(self) -> int:
+        """After a finish with nothing waiting or swapped, the batch stays every job when
+        the last decision found them all room (`stationary`; the job set only shrank and
+        the reserve only shrinks without arrivals): andante.sim.after_finish."""
+        return self.ctx.config.max_num_batched_tokens
+
+    def decode_order(self, running: Sequence[Request]) -> list[Request] | None:
+        """The batch's order then: the job order (None if a promotion would change it)."""
+        if self.order.would_promote(self.now) or len(running) != len(self.order):
+            return None
+        return self.order.ordered()
+
     def _batch_repeats(self, plan: StepPlan, reserve: int) -> bool:
         """Is this all-decode batch of every job certain to be chosen again, step after
         step, until a job arrives or finishes? (See the design note.)"""
