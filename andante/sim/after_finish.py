@@ -1,8 +1,8 @@
 """Decode runs across finishes: the all-decode batch that follows a finish when nothing
 waits (simulation fast path, andante.sim.decode_run).
 
-Design note: a decode run ends at the step that finishes a request; the next step is
-then decided by the policy. With nothing waiting or swapped and every running request
+Design note: a decode run ends at the step that finishes a request, and none follows a
+step that completed prefills; the next step is then decided by the policy. With nothing waiting or swapped and every running request
 decoding, a policy that declares `decode_budget` > 0 advances every running request by
 one token, in the running list's order (or in its `decode_order`, FastServe's job
 order), whenever their blocks fit and they number at most that budget (vLLM's v1 and v0

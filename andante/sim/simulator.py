@@ -497,8 +497,9 @@ class Simulator(SimHooks):
 
     def _run_next(self, inst: SimInstance, batch: StepBatch, finished: bool) -> bool:
         """Start the run of steps certain to follow `batch` (just applied), if any."""
-        if not finished:
-            return self._decode_run(inst, batch) or self._prefill_run(inst, batch)
+        if not finished and (self._decode_run(inst, batch) or self._prefill_run(inst, batch)):
+            return True
+        # a finish, or prefills that completed: all that runs may now be decodes
         after = batch_after_finish(inst.engine.scheduler)
         return after is not None and self._decode_run(inst, after)
 
