@@ -8,10 +8,10 @@ one token, in the running list's order (or in its `decode_order`, FastServe's jo
 order), whenever their blocks fit and they number at most that budget (vLLM's v1 and v0
 loops, Sarathi's, the static orders that keep the admission order, the static batch,
 both Ascendra pools: their running loop, with no one to admit; FastServe when its last
-decision found room on the device for every job to its last token). That batch is the one a step would schedule, so the next decode run may
-start at once from it instead of after a scheduled step (`decode_run_limit` and
-`fit_blocks` then apply as after any step; the policy's `on_decode_run` replays its
-steps). A test checks that timelines are identical with and without.
+decision found room on the device for every job to its last token). That batch is the one a step would schedule, and so is every step's after it until
+an arrival or a finish, so a decode run may start at once from it instead of after a
+scheduled step (the length limits and `fit_blocks` bound it as any run; the policy's
+`on_decode_run` replays its steps). A test checks that timelines are identical with and without.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def batch_after_finish(scheduler: Scheduler) -> StepBatch | None:
     schedules next (None: a step must decide)."""
     policy, running = scheduler.policy, scheduler.running
     budget = getattr(policy, "decode_budget", 0)
-    if budget <= 0 or not running or not policy.stationary:
+    if budget <= 0 or not running:
         return None
     if scheduler.waiting or scheduler.swapped or scheduler.has_in_flight:
         return None

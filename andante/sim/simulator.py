@@ -39,6 +39,7 @@ from andante.cluster.load import LoadReport
 from andante.core.clock import ManualClock
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
+from andante.engine.stopping import num_tokens_before_length_stop
 from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.catalog import get_model
@@ -501,16 +502,18 @@ class Simulator(SimHooks):
             return True
         # a finish, or prefills that completed: all that runs may now be decodes
         after = batch_after_finish(inst.engine.scheduler)
-        return after is not None and self._decode_run(inst, after)
+        return after is not None and self._decode_run(inst, after, next_batch=True)
 
-    def _decode_run(self, inst: SimInstance, batch: StepBatch) -> bool:
-        """Apply the identical decode steps that certainly follow `batch` before the next
-        arrival (or late drop); True if any were applied (the instance is then busy until
-        they end)."""
+    def _decode_run(self, inst: SimInstance, batch: StepBatch, next_batch: bool = False) -> bool:
+        """Apply the identical decode steps that certainly follow `batch` (just applied;
+        `next_batch`: the batch of the next step, andante.sim.after_finish) before the
+        next arrival (or late drop); True if any were applied (the instance is then busy
+        until they end)."""
         executor, scheduler = inst.runs, inst.engine.scheduler
         if executor is None:
             return False
-        max_steps = decode_run_limit(scheduler, batch)
+        max_steps = num_tokens_before_length_stop(batch.requests, scheduler.max_num_tokens) \
+            if next_batch else decode_run_limit(scheduler, batch)
         if max_steps == 0:
             return False
         now = self.clock.now()

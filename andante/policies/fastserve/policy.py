@@ -212,7 +212,8 @@ class FastServePolicy(BasePolicy):
 
     def decode_order(self, running: Sequence[Request]) -> list[Request] | None:
         """The batch's order then: the job order (None if a promotion would change it)."""
-        if self.order.would_promote(self.now) or len(running) != len(self.order):
+        if not self.stationary or self.order.would_promote(self.now) \
+                or len(running) != len(self.order):
             return None
         return self.order.ordered()
 
