@@ -1,17 +1,19 @@
 """Decode runs across finishes: the all-decode batch that follows a finish when nothing
 waits (simulation fast path, andante.sim.decode_run).
 
-Design note: a decode run ends at the step that finishes a request, and none follows a
-step that completed prefills; the next step is then decided by the policy. With nothing waiting or swapped and every running request
-decoding, a policy that declares `decode_budget` > 0 advances every running request by
-one token, in the running list's order (or in its `decode_order`, FastServe's job
-order), whenever their blocks fit and they number at most that budget (vLLM's v1 and v0
-loops, Sarathi's, the static orders that keep the admission order, the static batch,
-both Ascendra pools: their running loop, with no one to admit; FastServe when its last
-decision found room on the device for every job to its last token). That batch is the one a step would schedule, and so is every step's after it until
-an arrival or a finish, so a decode run may start at once from it instead of after a
-scheduled step (the length limits and `fit_blocks` bound it as any run; the policy's
-`on_decode_run` replays its steps). A test checks that timelines are identical with and without.
+Design note: a decode run ends at the step that finishes a request, and none follows
+a step that completed prefills; the next step is then decided by the policy. With
+nothing waiting or swapped and every running request decoding, a policy that declares
+`decode_budget` > 0 advances every running request by one token, in the running list's
+order (or in its `decode_order`, FastServe's job order), whenever their blocks fit and
+they number at most that budget (vLLM's v1 and v0 loops, Sarathi's, the static orders
+that keep the admission order, the static batch, both Ascendra pools: their running
+loop, with no one to admit; FastServe when its last decision found room on the device
+for every job to its last token). That batch is the one a step would schedule, and so
+is every step's after it until an arrival or a finish, so a decode run may start at
+once from it instead of after a scheduled step (the length limits and `fit_blocks`
+bound it as any run; the policy's `on_decode_run` replays its steps). A test checks
+that timelines are identical with and without.
 """
 
 from __future__ import annotations

@@ -295,7 +295,6 @@ class SimInstance(LaterOperations):
         """Start the run of identical decode steps of `batch` ending at `times` (each
         lasting `durations`, andante.sim.decode_run): their blocks now, their tokens
         when it ends."""
-        now = self.engine.clock.now()
         reserve_blocks(self.engine.scheduler, batch, len(times))
         self._begin_run(batch, times, durations, runs.token_id, [])
 

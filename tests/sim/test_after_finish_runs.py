@@ -32,7 +32,7 @@ def test_runs_follow_finishes_without_a_step(policy: str) -> None:
     fast, fast_end, fast_steps, outputs = _run(policy, decode_runs=True)
     assert fast == stepped and fast_end == stepped_end and fast_steps == stepped_steps
     # a run that ended with a finish is followed directly by another run
-    assert any(a[1] and a[0] > 1 and b[0] > 1 for a, b in zip(outputs, outputs[1:]))
+    assert any(a[1] and a[0] > 1 and b[0] > 1 for a, b in zip(outputs, outputs[1:], strict=False))
 
 
 @pytest.mark.parametrize("policy", ["priority", "edf"])
