@@ -32,6 +32,7 @@ from andante.cluster.host import EngineHost
 from andante.cluster.instance import (
     BASIC_CAPABILITIES,
     SWAP_MODEL,
+    HandsOff,
     LaterOperations,
     ModelState,
 )
@@ -391,6 +392,7 @@ class Simulator(SimHooks):
         self._next_arrival = math.inf
         self._until = math.inf
         self._stop_at = math.inf
+        self._hands_off = False  # does a policy hand requests back (set by `run`)?
         for inst in instances:
             inst.hooks = self
 
@@ -406,6 +408,8 @@ class Simulator(SimHooks):
         report (`on_finish` still sees each), so memory does not grow with the run."""
         self._on_finish = on_finish
         self._keep_finished = keep_finished
+        self._hands_off = len(self.instances) > 1 and any(  # to another instance
+            isinstance(inst.engine.scheduler.policy, HandsOff) for inst in self.instances)
         self._until = math.inf if until is None else until
         arrivals = iter(requests)
         self._push_next_arrival(arrivals)
@@ -497,7 +501,11 @@ class Simulator(SimHooks):
 
     def _run_next(self, inst: SimInstance, batch: StepBatch, finished: bool) -> bool:
         """Start the run of steps certain to follow `batch` (just applied), if any."""
-        if not finished and (self._decode_run(inst, batch) or self._prefill_run(inst, batch)):
+        if not finished and self._decode_run(inst, batch):
+            return True
+        if not self._only_arrivals_add():
+            return False
+        if not finished and self._prefill_run(inst, batch):
             return True
         # a finish, or prefills that completed: all that runs may now be decodes
         after = batch_after_finish(inst.engine.scheduler)
@@ -534,6 +542,15 @@ class Simulator(SimHooks):
         inst.begin_decode_run(executor, batch, times, durations[:len(times)])
         self._events.push(times[-1], EventKind.STEP_DONE, inst)
         return True
+
+    def _only_arrivals_add(self) -> bool:
+        """Can requests reach an instance only at arrivals (which end runs)? Not where
+        the controller keeps a queue or operators, or an instance hands requests back
+        (they reach another instance at its step start, maybe amid a run)."""
+        controller = self.controller
+        if controller.holds_queue or controller.queue or controller.operators:
+            return False
+        return not self._hands_off
 
     def _run_times(self, durations: list[float]) -> list[float]:
         """The end times of the steps lasting `durations` from now that end before the
