@@ -48,3 +48,20 @@ def test_not_for_policies_that_reorder_their_batch(policy: str) -> None:
         batch_after_finish(engine.scheduler) is not None))
     sim.run(to_requests(workload))
     assert seen and not any(seen)
+
+
+def test_only_where_requests_reach_instances_at_arrivals() -> None:
+    """Ascendra's pools hand requests between instances (and its router keeps a queue):
+    one could land amid a run, so only decode runs after a step apply there."""
+    from andante.sim.setup import InstanceSpec
+
+    plain = build_simulator(ClusterSpec(policy="vllm", num_instances=2))
+    alone = build_simulator(ClusterSpec(policy="ascendra-lp"))
+    pools = build_simulator(ClusterSpec(
+        instances=(InstanceSpec(role="lp", policy="ascendra-lp"),
+                   InstanceSpec(role="hp", policy="ascendra-hp")),
+        router="ascendra"))
+    for sim in (plain, alone, pools):
+        sim.run([])
+    assert plain._only_arrivals_add() and alone._only_arrivals_add()
+    assert not pools._only_arrivals_add()
