@@ -171,6 +171,43 @@ class CostModel:
                 + self._c_flop * t_f + self._c_fixed + self._c_kv_token * shape.kv_tokens_read
                 + self._comm_fixed + self._comm_per_token * n)
 
+    def decode_step_times(self, shape: BatchShape, max_steps: int,
+                          time_budget: float = float("inf")) -> list[float]:
+        """`step_time` of `shape` and of the all-decode steps after it (each sequence one
+        token longer per step, `BatchShape.advance_decodes`), up to `max_steps` and
+        stopping once their sum reaches `time_budget`. The same float operations as
+        `step_time` step after step, with the terms that stay fixed computed once (the
+        simulator's decode runs, andante.sim.decode_run)."""
+        n, s, seqs = shape.num_tokens, shape.num_sampled, shape.num_seqs
+        if n <= 0:
+            return [0.0] * max(0, max_steps) if time_budget > 0 else []
+        mem_fixed = self._body_bytes + self._bytes_per_token * n
+        flops_fixed = self._flops_per_token * n
+        mem_sampled = self._lm_head_bytes + self._bytes_per_sample * s
+        flops_sampled = self._flops_per_sample * s
+        per_kv, per_pair = self._bytes_per_kv_read, self._flops_per_pair
+        inv_bw, inv_peak = self._inv_bandwidth, self._inv_peak
+        c_sum, c_max, c_mem, c_flop = self._c_sum, self._c_max, self._c_mem, self._c_flop
+        c_fixed, comm_fixed, comm = self._c_fixed, self._comm_fixed, self._comm_per_token * n
+        kv, pairs = shape.kv_tokens_read, shape.attn_pairs
+        durations: list[float] = []
+        total = 0.0
+        while len(durations) < max_steps and total < time_budget:
+            mem = mem_fixed + per_kv * kv
+            flops = flops_fixed + per_pair * pairs
+            if s:
+                mem += mem_sampled
+                flops += flops_sampled
+            t_m, t_f = mem * inv_bw, flops * inv_peak
+            t_max = t_m if t_m > t_f else t_f
+            duration = (c_sum * (t_m + t_f) + c_max * t_max + c_mem * t_m + c_flop * t_f
+                        + c_fixed + comm_fixed + comm)
+            durations.append(duration)
+            total += duration
+            kv += seqs
+            pairs += seqs
+        return durations
+
     def prefill_time(self, num_tokens: int, num_cached: int = 0) -> float:
         """One step prefilling `num_tokens` new tokens after `num_cached` cached ones."""
         _check_count("num_tokens", num_tokens)
