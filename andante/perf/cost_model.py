@@ -187,8 +187,14 @@ class CostModel:
         flops_sampled = self._flops_per_sample * s
         per_kv, per_pair = self._bytes_per_kv_read, self._flops_per_pair
         inv_bw, inv_peak = self._inv_bandwidth, self._inv_peak
-        c_sum, c_max, c_mem, c_flop = self._c_sum, self._c_max, self._c_mem, self._c_flop
-        c_fixed, comm_fixed, comm = self._c_fixed, self._comm_fixed, self._comm_per_token * n
+        # a decode run keeps its token count, so one regime (and coefficient set) holds
+        serial = n < self._serial_below
+        if serial:
+            c_sum, c_max, c_mem, c_flop, c_fixed, c_kv = self._serial_coeffs
+        else:
+            c_sum, c_max, c_mem, c_flop = self._c_sum, self._c_max, self._c_mem, self._c_flop
+            c_fixed, c_kv = self._c_fixed, self._c_kv_token
+        comm_fixed, comm = self._comm_fixed, self._comm_per_token * n
         kv, pairs = shape.kv_tokens_read, shape.attn_pairs
         durations: list[float] = []
         total = 0.0
@@ -200,8 +206,10 @@ class CostModel:
                 flops += flops_sampled
             t_m, t_f = mem * inv_bw, flops * inv_peak
             t_max = t_m if t_m > t_f else t_f
+            # the c6·tKV term exactly as `step_time` computes it in each regime
+            kv_term = c_kv * (kv * per_kv * inv_bw) if serial else c_kv * kv
             duration = (c_sum * (t_m + t_f) + c_max * t_max + c_mem * t_m + c_flop * t_f
-                        + c_fixed + comm_fixed + comm)
+                        + c_fixed + kv_term + comm_fixed + comm)
             durations.append(duration)
             total += duration
             kv += seqs

@@ -6,12 +6,22 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dataclasses
+
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.perf.shape import BatchShape
+from andante.perf.specs import CostCoefficients
 
 _MODELS = {(m, tp): CostModel(get_model(m), get_hardware("a100-80g"), tp=tp)
            for m, tp in [("llama-3.1-8b", 1), ("llama-3.1-70b", 4)]}
+# a calibrated CPU-like profile: a KV-read term (c6) and its own set for small steps
+_CALIBRATED = dataclasses.replace(
+    get_hardware("a100-80g"),
+    coefficients=CostCoefficients(c2=0.9, c4=1.3, c5=0.05, c6=0.4),
+    serial_coefficients=CostCoefficients(c2=1.3, c4=2.0, c5=0.002, c6=1.7),
+    serial_below_tokens=16)
+_MODELS[("llama-3.1-8b-calibrated", 1)] = CostModel(get_model("llama-3.1-8b"), _CALIBRATED)
 
 
 @settings(max_examples=60, deadline=None)
