@@ -17,7 +17,8 @@ lint:
 	.venv/bin/ruff check andante tests experiments benchmarks
 	.venv/bin/mypy andante
 
-# The benchmark peers (vLLM CPU, llama.cpp, converted models) under $ANDANTE_PEERS
+# The benchmark peers (vLLM CPU, llama.cpp, converted models, Vidur and its profiling
+# dataset) under $ANDANTE_PEERS
 # (default runs/peers); see benchmarks/peers/setup --help.
 peers:
 	./benchmarks/peers/setup

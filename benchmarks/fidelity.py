@@ -11,8 +11,20 @@ the embedded SmolLM2-135M), and the simulated run feeds the same workload to
 `andante.sim.simulate` with `--model smollm2-135m` on the fitted profile. Target: mean
 TTFT and mean TPOT within 10% (|sim - real| / real) at every rate.
 
-`--prefix-caching on|off` sets the engine's prefix caching on both sides where this build
-has it (`SchedulerConfig.enable_prefix_caching`); the prompts here share no prefix.
+`--prefix-caching on|off|both` (default both: every rate with it off, then on) sets the
+engine's prefix caching on both sides (`SchedulerConfig.enable_prefix_caching`); the
+prompts here share no prefix.
+
+Per step (`steps` in each rate's result): the real engine's measured step durations
+against the fitted cost model's prediction for the same shapes, by step kind (decode
+only, prefill only, mixed), and the engine loop's own time between steps (scheduling,
+bookkeeping) that the simulator does not model. Both sides of a ratio come from the same
+run, so the machine's load moves them alike. `--step-log PATH` writes every step as a
+JSON line. On a busy machine `--cpu-time` (with `--threads 1`) times every step, in the
+calibration and in the real runs, in process CPU time instead of wall time: what a step
+costs the CPU, which other processes barely move, so the per-kind ratios then test the
+cost model's form even under load (the end-to-end TTFT/TPOT stay wall-clock figures and
+are not comparable with the simulation in that mode).
 
 Prints one JSON line: the fit error, per rate the real and simulated figures and their
 errors, the worst error, and the load average before and after (the machine's load
@@ -33,9 +45,15 @@ from typing import Any
 import numpy as np
 
 from andante.core import MonotonicClock, Request, SamplingParams
+from andante.engine.engine import StepOutput
+from andante.engine.stats import SchedulerStats
 from andante.metrics.record import records_from_requests
 from andante.metrics.summary import Summary, summarize
+from andante.perf.catalog import get_hardware
+from andante.perf.cost_model import CostModel
+from andante.perf.fit import fit_coefficients, prediction_error
 from andante.perf.paths import ANDANTE_HOME_ENV
+from andante.perf.shape import BatchShape
 from andante.policies import SchedulerConfig
 from andante.sim import ClusterSpec, simulate
 from andante.workload import RequestSpec, WorkloadConfig, build_workload
@@ -66,8 +84,84 @@ def _executor(args: argparse.Namespace) -> tuple[Any, Any]:
                                                             kv_cache_gib=args.kv_cache_gib))
 
 
+def step_kind(shape: BatchShape) -> str:
+    if shape.num_decode_seqs == shape.num_seqs:
+        return "decode"
+    return "prefill" if shape.num_decode_seqs == 0 else "mixed"
+
+
+class StepTrace:
+    """An engine observer: each real step's shape, measured duration, the cost model's
+    prediction for that shape, and the loop time since the previous step ended (only
+    while the engine had work, so idle waits for arrivals are not counted)."""
+
+    def __init__(self, cost_model: CostModel, clock: Any, single_fit: CostModel | None = None,
+                 wall_loop: bool = True) -> None:
+        self.cost_model = cost_model
+        self.single_fit = single_fit  # one coefficient set for every kind, for comparison
+        self.clock = clock
+        self.wall_loop = wall_loop  # the loop time is wall minus duration: off in CPU time
+        self.rows: list[dict[str, Any]] = []
+        self._last_end: float | None = None
+
+    def __call__(self, output: StepOutput, stats: SchedulerStats) -> None:
+        now = self.clock.now()
+        shape = output.batch.shape()
+        measured = output.result.duration
+        gap = None if self._last_end is None else now - self._last_end - measured
+        busy = stats.num_running + stats.num_waiting + stats.num_swapped > 0
+        self._last_end = now if busy else None
+        if not output.batch.requests:
+            return
+        self.rows.append({"kind": step_kind(shape), "seqs": shape.num_seqs,
+                          "tokens": shape.num_tokens, "kv_read": shape.kv_tokens_read,
+                          "measured_ms": measured * 1e3,
+                          "predicted_ms": self.cost_model.step_time(shape) * 1e3,
+                          "single_fit_ms": None if self.single_fit is None
+                          else self.single_fit.step_time(shape) * 1e3,
+                          "loop_ms": None if gap is None or not self.wall_loop
+                          else gap * 1e3})
+
+    def summary(self) -> dict[str, Any]:
+        """Per kind: steps, medians, and the measured / predicted ratio of the sums."""
+        out: dict[str, Any] = {}
+        for kind in ("decode", "mixed", "prefill"):
+            rows = [r for r in self.rows if r["kind"] == kind]
+            if not rows:
+                continue
+            measured = [r["measured_ms"] for r in rows]
+            predicted = [r["predicted_ms"] for r in rows]
+            out[kind] = {"steps": len(rows),
+                         "measured_median_ms": round(float(np.median(measured)), 2),
+                         "predicted_median_ms": round(float(np.median(predicted)), 2),
+                         "ratio": round(sum(measured) / sum(predicted), 3)}
+            if self.single_fit is not None:
+                single = sum(r["single_fit_ms"] for r in rows)
+                out[kind]["ratio_single_fit"] = round(sum(measured) / single, 3)
+        loops = [r["loop_ms"] for r in self.rows if r["loop_ms"] is not None]
+        if loops:
+            out["loop_median_ms"] = round(float(np.median(loops)), 3)
+        return out
+
+
+class CpuTimed:
+    """An executor whose steps report process CPU time as their duration (`--cpu-time`)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def execute(self, batch: Any) -> Any:
+        started = time.process_time()
+        result = self._inner.execute(batch)
+        return dataclasses.replace(result, duration=time.process_time() - started)
+
+
 def real_run(args: argparse.Namespace, model_and_executor: tuple[Any, Any],
-             workload: list[RequestSpec], config: SchedulerConfig) -> Summary:
+             workload: list[RequestSpec], config: SchedulerConfig,
+             single_fit: CostModel | None = None) -> tuple[Summary, StepTrace]:
     from andante.llm import build_offline_engine, run_timed
 
     model, executor = model_and_executor
@@ -88,8 +182,11 @@ def real_run(args: argparse.Namespace, model_and_executor: tuple[Any, Any],
                 start + spec.arrival_time)
         for i, spec in enumerate(workload)
     ]
+    trace = StepTrace(CostModel(executor.spec, get_hardware(args.hardware)), engine.clock,
+                      single_fit, wall_loop=not args.cpu_time)
+    engine.add_observer(trace)
     run_timed(engine, requests)
-    return summarize(records_from_requests(requests))
+    return summarize(records_from_requests(requests)), trace
 
 
 def sim_run(args: argparse.Namespace, workload: list[RequestSpec],
@@ -112,8 +209,9 @@ def _errors(real: dict[str, float], sim: dict[str, float]) -> dict[str, float]:
                                 / real[f"{m}_mean_ms"], 4) for m in ("ttft", "tpot")}
 
 
-def _calibrate(args: argparse.Namespace, executor: Any) -> dict[str, Any]:
-    """Fit the profile `args.hardware` into a private profiles folder (ANDANTE_HOME)."""
+def _calibrate(args: argparse.Namespace, executor: Any) -> tuple[dict[str, Any], CostModel]:
+    """Fit the profile `args.hardware` into a private profiles folder (ANDANTE_HOME);
+    also the one-set fit of the same steps (the cost model before step kinds)."""
     from andante.cli.calibrate import save_fit
     from andante.exec.torch_calibrate import calibrate
 
@@ -121,12 +219,39 @@ def _calibrate(args: argparse.Namespace, executor: Any) -> dict[str, Any]:
     started = time.perf_counter()
     result = calibrate(executor, name=args.hardware)
     save_fit(result.hardware, result.error, force=True)
+    base = CostModel(executor.spec, dataclasses.replace(result.hardware,
+                                                        serial_coefficients=None,
+                                                        serial_below_tokens=None))
+    single = base.with_coefficients(fit_coefficients(base, result.samples))
     return {"fit_error": round(result.error, 4), "num_samples": len(result.samples),
-            "wall_s": round(time.perf_counter() - started, 1)}
+            "single_fit_error": round(prediction_error(single, result.samples), 4),
+            "wall_s": round(time.perf_counter() - started, 1)}, single
+
+
+def _write_step_log(path: str | None, rate: float, trace: StepTrace) -> None:
+    if path is None:
+        return
+    with open(path, "a", encoding="utf-8") as out:
+        for row in trace.rows:
+            out.write(json.dumps({"rate": rate, **row}) + "\n")
 
 
 def _loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def _one_rate(args: argparse.Namespace, model_and_executor: tuple[Any, Any], rate: float,
+              config: SchedulerConfig, single_fit: CostModel | None) -> dict[str, Any]:
+    """The real and the simulated run of one Poisson rate, and their errors."""
+    workload = build_workload(WorkloadConfig(kind="poisson", rate=rate,
+                                             num_requests=args.num_requests,
+                                             lengths=args.lengths, seed=args.seed))
+    real_summary, trace = real_run(args, model_and_executor, workload, config, single_fit)
+    real = _figures(real_summary)
+    sim = _figures(sim_run(args, workload, config))
+    _write_step_log(args.step_log, rate, trace)
+    return {"rate": rate, "real": real, "sim": sim, **_errors(real, sim),
+            "steps": trace.summary(), "loadavg": _loadavg()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,35 +264,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hardware", default="cpu", help="the profile the simulator uses")
     p.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
                    help="calibrate first (default; into a private profiles folder)")
-    p.add_argument("--prefix-caching", choices=["on", "off"], default="off")
+    p.add_argument("--prefix-caching", choices=["on", "off", "both"], default="both",
+                   help="the engine's prefix caching on both sides (default both: every "
+                   "rate with it off, then on)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time steps in process CPU time (needs --threads 1): per-step "
+                   "ratios that a busy machine barely moves")
+    p.add_argument("--step-log", default=None,
+                   help="write every real step (shape, measured, predicted) as JSON lines")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         rates = [float(r) for r in args.rates.split(",")]
-        config = scheduler_config(args.prefix_caching)
+        modes = ["off", "on"] if args.prefix_caching == "both" else [args.prefix_caching]
+        configs = {mode: scheduler_config(mode) for mode in modes}
+        if args.cpu_time and args.threads != 1:
+            raise ValueError("--cpu-time needs --threads 1 (CPU time sums the threads)")
     except ValueError as exc:
         print(f"fidelity.py: error: {exc}", file=sys.stderr)
         return 2
     load_before, started = _loadavg(), time.perf_counter()
-    model_and_executor = _executor(args)
-    calibration = _calibrate(args, model_and_executor[1]) if args.calibrate else None
+    model, executor = _executor(args)
+    model_and_executor = (model, CpuTimed(executor) if args.cpu_time else executor)
+    calibration, single_fit = (_calibrate(args, model_and_executor[1]) if args.calibrate
+                               else (None, None))
     runs = []
-    for rate in rates:
-        workload = build_workload(WorkloadConfig(kind="poisson", rate=rate,
-                                                 num_requests=args.num_requests,
-                                                 lengths=args.lengths, seed=args.seed))
-        real = _figures(real_run(args, model_and_executor, workload, config))
-        sim = _figures(sim_run(args, workload, config))
-        runs.append({"rate": rate, "real": real, "sim": sim, **_errors(real, sim),
-                     "loadavg": _loadavg()})
-        print(f"rate {rate}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+    for mode, config in configs.items():
+        for rate in rates:
+            runs.append({"prefix_caching": mode, **_one_rate(
+                args, model_and_executor, rate, config, single_fit)})
+            print(f"prefix caching {mode}, rate {rate}: {json.dumps(runs[-1])}",
+                  file=sys.stderr, flush=True)
     worst = max(max(r["ttft_error"], r["tpot_error"]) for r in runs)
     print(json.dumps({
         "benchmark": "fidelity", "workload": {
             "kind": "poisson", "num_requests": args.num_requests, "lengths": args.lengths,
             "seed": args.seed}, "policy": args.policy, "prefix_caching": args.prefix_caching,
+        "threads": args.threads, "cpu_time": args.cpu_time,
         "calibration": calibration, "runs": runs, "worst_error": worst, "target": TARGET,
         "within_target": worst <= TARGET, "wall_s": round(time.perf_counter() - started, 1),
         "loadavg_before": load_before, "loadavg_after": _loadavg()}))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import math
 import os
 import random
@@ -102,13 +103,16 @@ async def _drive(url: str, arrivals: list[Arrival], max_run_s: float
 def run_system(args: argparse.Namespace, router: str, arrivals: list[Arrival]) -> dict[str, Any]:
     options = ServeOptions(
         models=tuple((name, None) for name in CLASSES), router=router, port=0,
-        instances=args.instances, log_level="warning", max_queued=100_000,
+        instances=args.instances, log_level=args.log_level, max_queued=100_000,
         engine=EngineOptions(num_kv_blocks=args.num_kv_blocks, max_num_seqs=16,
                              num_threads=args.threads, max_model_len=512))
     with ServerThread(options) as server:
         load_average = os.getloadavg()[0]
         results, makespan = asyncio.run(_drive(server.url, arrivals, args.max_run_s))
         swaps = server.state.runner.num_model_swaps
+        router = server.state.runner.controller.router
+    counters = getattr(router, "counters", None)
+    speed = getattr(router, "speed", None)
     met = sum(latency <= CLASSES[model][1] for model, latency, _ in results)
     done = [r for r in results if math.isfinite(r[1])]
     return {
@@ -121,6 +125,10 @@ def run_system(args: argparse.Namespace, router: str, arrivals: list[Arrival]) -
                            for m in CLASSES if any(mm == m for mm, _, _ in done)},
         "makespan_s": makespan,
         "load_average": load_average,
+        "requests": [[a.model, round(a.at, 2), round(lat, 2), n]  # --single only
+                     for a, (_, lat, n) in zip(arrivals, results, strict=True)],
+        "router": {} if counters is None else counters.summary(),
+        "learned_slowdown": {} if speed is None else speed.summary(),
     }
 
 
@@ -129,12 +137,14 @@ def _run_apart(args: argparse.Namespace, system: str, seed: int) -> dict[str, An
     argv = [sys.executable, __file__, "--single", system, "--seeds", str(seed),
             "--rate", str(args.rate), "--duration", str(args.duration),
             "--max-run-s", str(args.max_run_s), "--instances", str(args.instances),
-            "--threads", str(args.threads), "--num-kv-blocks", str(args.num_kv_blocks)]
+            "--threads", str(args.threads), "--num-kv-blocks", str(args.num_kv_blocks),
+            "--log-level", args.log_level]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{system} seed {seed} failed ({done.returncode}): "
                            f"{done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result.pop("requests", None)
     return result
 
 
@@ -148,10 +158,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per instance")
     p.add_argument("--num-kv-blocks", type=int, default=256)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--log-level", default="warning",
+                   help="the server's log level (info: each swap and qlm's decisions)")
     p.add_argument("--single", choices=list(SYSTEMS),
                    help="run this system on the first seed only and print its result")
     args = p.parse_args()
     if args.single:
+        logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                            format="%(relativeCreated)8.0f ms %(name)s: %(message)s")
         arrivals = workload(args.rate, args.duration, args.seeds[0])
         print(json.dumps(run_system(args, SYSTEMS[args.single], arrivals)))
         return

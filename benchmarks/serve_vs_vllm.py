@@ -1,6 +1,12 @@
 """andante serve vs vLLM CPU's OpenAI server on the same workloads, one after the other.
 
     .venv/bin/python benchmarks/serve_vs_vllm.py [--duration 60] [--rate 1]
+        [--policy andes,vllm]
+
+`--policy` takes a comma-separated list: one andante server per policy, then vLLM, all
+in one run (`andante` holds the first policy's figures, `andante_by_policy` every one's),
+and `verdict` says, per andante policy and workload, whether it matches or beats vLLM
+on goodput, TTFT p99 and mean QoE.
 
 For each server: start it (a subprocess on a free port), wait for /health, replay a
 Poisson workload and then a cyclic-burst workload with `andante bench`'s load generator
@@ -54,9 +60,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def andante_command(args: argparse.Namespace, port: int) -> list[str]:
+def verdict(andante: dict[str, Any], vllm: dict[str, Any]) -> dict[str, dict[str, bool]]:
+    """Per workload: andante's goodput >= vLLM's, TTFT p99 <= vLLM's, mean QoE >= vLLM's."""
+    out = {}
+    for kind, ours in andante.items():
+        theirs = vllm.get(kind) or {}
+        if not all(isinstance(d.get(k), (int, float)) for d in (ours, theirs)
+                   for k in ("request_goodput", "p99_ttft_ms", "mean_qoe")):
+            continue
+        out[kind] = {"goodput": ours["request_goodput"] >= theirs["request_goodput"],
+                     "ttft_p99": ours["p99_ttft_ms"] <= theirs["p99_ttft_ms"],
+                     "qoe": ours["mean_qoe"] >= theirs["mean_qoe"]}
+    return out
+
+
+def andante_command(args: argparse.Namespace, port: int, policy: str) -> list[str]:
     cmd = [sys.executable, "-m", "andante.cli.main", "serve", "--port", str(port),
-           "--policy", args.policy, "--max-queued", "100000", "--log-level", "warning",
+           "--policy", policy, "--max-queued", "100000", "--log-level", "warning",
            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
            "--no-prefix-caching"]  # like vLLM's side below: the same work for both
     if args.andante_model:
@@ -162,7 +182,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst-share", type=float, default=0.3, help="share of a cycle in burst")
     p.add_argument("--prompt-format", default="tokens", help="as `andante bench`")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--policy", default="andes" if "andes" in policy_names() else "vllm")
+    p.add_argument("--policy", default="andes" if "andes" in policy_names() else "vllm",
+                   help="andante's policy, or a comma-separated list (one server each)")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to andante serve (repeatable)")
     p.add_argument("--andante-model", help="default: the embedded model")
@@ -186,12 +207,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.log_dir.mkdir(parents=True, exist_ok=True)
+    policies = [p for p in args.policy.split(",") if p]
+    unknown = [p for p in policies if p not in policy_names()]
+    if not policies or unknown:
+        print(f"serve_vs_vllm.py: error: unknown policy {unknown or args.policy!r}; "
+              f"choose from {', '.join(policy_names())}", file=sys.stderr)
+        return 2
     result: dict[str, Any] = {"rate": args.rate, "duration": args.duration,
                               "lengths": args.lengths, "policy": args.policy,
                               "goodput_ms": {"ttft": args.goodput_ttft_ms,
-                                             "tpot": args.goodput_tpot_ms}}
-    port = free_port()
-    result["andante"] = bench_server(args, andante_command(args, port), port, "andante")
+                                             "tpot": args.goodput_tpot_ms},
+                              "loadavg_before": list(os.getloadavg())}
+    by_policy: dict[str, Any] = {}
+    for policy in policies:
+        port = free_port()
+        by_policy[policy] = bench_server(args, andante_command(args, port, policy), port,
+                                         f"andante-{policy}")
+    result["andante"], result["andante_by_policy"] = by_policy[policies[0]], by_policy
     missing = [p for p in (Path(args.vllm_python), args.model_dir / "config.json")
                if not p.exists()]
     if args.skip_vllm or missing:
@@ -204,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:
             result["vllm"] = None
             result["vllm_error"] = str(exc)
+    if result["vllm"] is not None:
+        result["verdict"] = {p: verdict(r, result["vllm"]) for p, r in by_policy.items()}
+    result["loadavg_after"] = list(os.getloadavg())
     print(json.dumps(result))
     return 0
 

@@ -42,7 +42,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--model", help="HF model directory or .gguf file (default: embedded)")
     p.add_argument("--name", default="cpu", help="profile name to save (default: cpu)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=positive_int,
+                   help="torch threads (default: torch's); calibrate with the threads the "
+                   "engine will serve with")
     p.add_argument("--repeats", type=positive_int, default=3, help="timings per shape")
     p.add_argument("--quick", action="store_true", help="a tiny sweep (smoke test)")
     p.add_argument("--max-error", type=_fraction, default=MAX_FIT_ERROR, metavar="FRACTION",
@@ -170,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
             "max_error": args.max_error, "refused": outcome.refused,
             "previous_saved_as": outcome.previous, "warning": outcome.message,
             "coefficients": dataclasses.asdict(hw.coefficients),
+            "serial_below_tokens": hw.serial_below_tokens,
+            "serial_coefficients": (dataclasses.asdict(hw.serial_coefficients)
+                                    if hw.serial_coefficients else None),
             "peak_flops": hw.peak_flops, "mem_bandwidth": hw.mem_bandwidth,
             "host_link_bandwidth": hw.host_link_bandwidth,
             "saved_to": str(outcome.saved_to) if outcome.saved_to else None}))
@@ -179,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"  rates: {hw.peak_flops / 1e9:.0f} GFLOP/s, {hw.mem_bandwidth / 1e9:.1f} GB/s "
           f"memory, {hw.host_link_bandwidth / 1e9:.1f} GB/s swap")
     print(f"  coefficients: {hw.coefficients}")
+    if hw.serial_coefficients is not None:
+        print(f"  steps below {hw.serial_below_tokens} tokens (run on one thread): "
+              f"{hw.serial_coefficients}")
     if outcome.saved_to:
         print(f"  saved to {outcome.saved_to}")
     else:

@@ -250,7 +250,9 @@ class StepPlan:
             computed = req.num_computed_tokens
             if req.num_tokens - computed != 1:
                 break
-            crosses_block = -(-(computed + 1) // block_size) > blocks_of(rid)
+            # its blocks cover its computed tokens: only a full last block can overflow
+            crosses_block = not computed % block_size and computed // block_size + 1 > \
+                blocks_of(rid)
             if crosses_block and kv.allocate_slots(rid, computed + 1) is None:
                 break
             index += 1

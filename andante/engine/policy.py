@@ -43,8 +43,16 @@ class Policy(Protocol):
     `on_decode_run` with each step's duration instead of `on_step_end` per step, for a
     policy that keeps per-step state to replay it; `decode_run_reserve_blocks` device
     blocks must still be free at the end of such a run (a policy whose decision changes
-    when free memory falls below a threshold). `chunks_prefill` is True if it splits a
-    prefill longer than the step's token budget (else the budget must cover max_model_len).
+    when free memory falls below a threshold). `chunks_prefill` is True if it splits a prefill
+    longer than the step's token budget (else the budget must cover max_model_len).
+    An optional `prefill_run_budget` > 0 (the step's token budget) says that a
+    stationary policy's step is "running requests in order, each by its uncomputed
+    tokens capped by the budget left" and it keeps no per-step state, so that the
+    simulator may apply runs of chunked-prefill steps at once (andante.sim.prefill_run).
+    An optional `decode_budget` > 0 says that, with nothing waiting or swapped and every
+    running request decoding, its step advances them all, in the running list's order
+    (or that of its optional `decode_order(running)`, None if unsure), when they number
+    at most that (andante.sim.after_finish).
     """
 
     name: str

@@ -389,8 +389,8 @@ class Scheduler:
         totals.num_output_tokens += len(got) * (1 + len(later))
         totals.num_without_output -= num_first
         self.kv.cache_computed(requests)
-        if finished:
-            self._drop_finished()
+        if finished:  # only running requests get tokens
+            self.running = [r for r in self.running if r.status < _FINISHED]
         return got
 
     # ---- finishing ------------------------------------------------------------------
@@ -406,6 +406,6 @@ class Scheduler:
         self.policy.on_finish(req)
 
     def _drop_finished(self) -> None:
-        self.waiting = [r for r in self.waiting if not r.is_finished]
-        self.running = [r for r in self.running if not r.is_finished]
-        self.swapped = [r for r in self.swapped if not r.is_finished]
+        self.waiting = [r for r in self.waiting if r.status < _FINISHED]
+        self.running = [r for r in self.running if r.status < _FINISHED]
+        self.swapped = [r for r in self.swapped if r.status < _FINISHED]

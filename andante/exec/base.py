@@ -6,6 +6,7 @@ from typing import Protocol
 
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.cost_model import CostModel
+from andante.perf.shape import BatchShape
 
 
 class Executor(Protocol):
@@ -33,10 +34,15 @@ class DecodeRunExecutor(Executor, Protocol):
     """An executor whose all-decode steps are predictable (andante.sim.decode_run): it
     samples `token_id` for every request, and `decode_run_durations` gives the durations
     of up to `max_steps` more all-decode steps of `batch`'s requests (`batch` just
-    applied), stopping once their sum reaches `time_budget`."""
+    applied), stopping once their sum reaches `time_budget`; `prefill_run_durations`
+    those of swap-free steps of the given shapes (andante.sim.prefill_run), likewise."""
 
     token_id: int
 
     def decode_run_durations(
         self, batch: StepBatch, max_steps: int, time_budget: float
+    ) -> list[float]: ...
+
+    def prefill_run_durations(
+        self, shapes: list[BatchShape], time_budget: float
     ) -> list[float]: ...

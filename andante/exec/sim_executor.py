@@ -72,12 +72,17 @@ class SimExecutor:
         shape = BatchShape()
         for req in batch.requests:
             shape.add(1, req.num_computed_tokens, True)
+        return self.cost_model.decode_step_times(shape, max_steps, time_budget)
+
+    def prefill_run_durations(self, shapes: list[BatchShape], time_budget: float) -> list[float]:
+        """See `andante.exec.base.DecodeRunExecutor`."""
         step_time = self.cost_model.step_time
         durations: list[float] = []
         total = 0.0
-        while len(durations) < max_steps and total < time_budget:
+        for shape in shapes:
+            if total >= time_budget:
+                break
             duration = step_time(shape)
             durations.append(duration)
             total += duration
-            shape.advance_decodes()
         return durations

@@ -2,18 +2,20 @@
 
 Design note. Ascendra §5.1 predicts a step's latency from its roofline terms
 tM = bytes / bandwidth and tF = FLOPs / peak with coefficients fitted by least squares
-on measured steps (andante.perf.fit, non-negative, relative error). The sweep runs the
-real TorchExecutor on synthetic batches of every kind the scheduler produces: whole
-prefills, decode batches at several contexts, and mixed prefill + decode steps; every
-timed step with a prefill uses a prompt length not run before, as live prompts are
-(measured here: a new length costs ~10 ms more than a repeated one). The
-roofline rates themselves are measured too (a large bf16 GEMM for peak FLOP/s, a large
+on measured steps (andante.perf.fit, non-negative, relative error; the steps the
+executor runs on one thread get their own set, and a KV-read term: `fit_by_threads`).
+The sweep runs the real TorchExecutor on synthetic batches of every kind the scheduler
+produces: whole prefills, decode batches at several contexts, and mixed prefill +
+decode steps; every timed step with a prefill uses a prompt length not run before, as
+live prompts are (measured here: a new length costs ~10 ms more than a repeated one).
+The roofline rates themselves are measured too (a large bf16 GEMM for peak FLOP/s, a large
 copy for memory bandwidth, a KV swap for the host-link rate), so the fitted
 coefficients stay near 1 and the profile remains interpretable.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -29,7 +31,7 @@ from andante.exec.torch_cost import CPU_PROFILE
 from andante.exec.torch_executor import TorchExecutor
 from andante.kv.block_manager import KVBlockManager
 from andante.perf.cost_model import CostModel
-from andante.perf.fit import Sample, fit_coefficients, prediction_error
+from andante.perf.fit import Sample, fit_by_threads, prediction_error
 from andante.perf.shape import BatchShape
 from andante.perf.specs import HardwareSpec
 
@@ -55,8 +57,9 @@ class SweepConfig:
         return out
 
 
-QUICK_SWEEP = SweepConfig(prefill_lens=(32, 128), decode_batches=(1, 4),
-                          decode_contexts=(32, 128), mixed=((32, 2, 64),), repeats=1)
+# Six decode shapes, small and large batches: steps in both thread regimes.
+QUICK_SWEEP = SweepConfig(prefill_lens=(32, 128), decode_batches=(1, 2, 4, 8, 16, 32),
+                          decode_contexts=(32, 96), mixed=((32, 2, 64),), repeats=1)
 
 
 @dataclass(slots=True)
@@ -64,6 +67,10 @@ class Calibration:
     hardware: HardwareSpec
     samples: list[Sample] = field(default_factory=list)
     error: float = 0.0  # mean absolute relative error of the fitted model
+
+
+#: The untimed step before each timed step with a prefill (`_measure_shape`).
+LEAD_IN_DECODE: Chunks = ((1, 32),)
 
 
 def synthetic_batch(kv: KVBlockManager, chunks: Chunks, tag: str,
@@ -104,13 +111,19 @@ def _measure_shape(executor: TorchExecutor, kv: KVBlockManager, chunks: Chunks, 
                    repeats: int, token_id: int) -> list[Sample]:
     """Decode-only steps: the median of `repeats` runs of one shape (decode batch sizes
     recur in live serving). Steps with a prefill: one sample per repeat, each at a fresh
-    prompt length (see `_fresh_lengths`)."""
+    prompt length (see `_fresh_lengths`), each right after an untimed one-sequence
+    decode step, as in live serving, where a prompt arrives among decode steps (on a
+    CPU those run on one thread: the step after them pays for waking the others)."""
     if all(n == 1 for n, _ in chunks):
         _time_once(executor, kv, chunks, tag, token_id)  # warm-up
         runs = [_time_once(executor, kv, chunks, tag, token_id) for _ in range(repeats)]
         return [(runs[0][0], float(statistics.median(d for _, d in runs)))]
-    return [_time_once(executor, kv, _fresh_lengths(chunks, r), f"{tag}-{r}", token_id)
-            for r in range(repeats)]
+    samples = []
+    for r in range(repeats):
+        _time_once(executor, kv, LEAD_IN_DECODE, f"{tag}-{r}-lead", token_id)
+        samples.append(_time_once(executor, kv, _fresh_lengths(chunks, r), f"{tag}-{r}",
+                                  token_id))
+    return samples
 
 
 def measure_steps(executor: TorchExecutor, shapes: Sequence[Chunks], repeats: int,
@@ -168,6 +181,13 @@ def measure_rates(executor: TorchExecutor) -> tuple[float, float, float]:
     return flops, bandwidth, n * block_bytes / seconds
 
 
+def serial_below_tokens(executor: TorchExecutor) -> int | None:
+    """Steps below this many tokens run on one thread (None: all on the same threads)."""
+    if executor.num_threads <= 1:
+        return None
+    return executor.thread_choice.parallel_min_tokens
+
+
 def total_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
@@ -184,9 +204,10 @@ def calibrate(executor: TorchExecutor, sweep: SweepConfig | None = None,
     samples = measure_steps(executor, sweep.shapes(), sweep.repeats, progress)
     if not samples:
         raise ValueError("no calibration step fits this executor's KV cache")
-    model = CostModel(executor.spec, base)
-    coefficients = fit_coefficients(model, samples)
-    fitted = base.with_coefficients(coefficients)
+    below = serial_below_tokens(executor)
+    coefficients, serial = fit_by_threads(CostModel(executor.spec, base), samples, below)
+    fitted = dataclasses.replace(base, coefficients=coefficients, serial_coefficients=serial,
+                                 serial_below_tokens=below if serial is not None else None)
     error = prediction_error(CostModel(executor.spec, fitted), samples)
     return Calibration(fitted, samples, error)
 

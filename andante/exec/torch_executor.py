@@ -6,13 +6,17 @@ sampling of the rows whose request produces a token. KV lives in preallocated po
 sized from `kv_cache_gib` (device tier) and `swap_space_gib` (host tier). Steps with
 fewer than `parallel_min_tokens` tokens run on one thread; by default that threshold
 is measured at start-up (andante.exec.torch_threads): whether a second OpenMP thread
-pays for small decode steps depends on the machine and its load.
+pays for small decode steps depends on the machine and its load. The measured choice
+is cached per machine and model shape (andante.exec.torch_threads), so only the first
+start-up pays for the probe; it is logged either way.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch
@@ -23,12 +27,19 @@ from andante.exec.torch_inputs import InputBuilder
 from andante.exec.torch_kv import KVPools
 from andante.exec.torch_model import TransformerRunner
 from andante.exec.torch_sampler import Sampler
-from andante.exec.torch_threads import ThreadChoice, measure_thread_choice
+from andante.exec.torch_threads import (
+    ThreadChoice,
+    cached_thread_choice,
+    measure_thread_choice,
+    probe_context,
+    probe_key,
+)
 from andante.models.loader import LoadedModel, parse_dtype
 from andante.perf.cost_model import CostModel
 from andante.perf.specs import ModelSpec
 
 GIB = 1 << 30
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +50,9 @@ class TorchExecutorOptions:
     the scheduler's; max_model_len caps positions (None: the model's context);
     parallel_min_tokens: steps with fewer tokens (small decode batches) run on one
     thread; "auto" measures it at start-up (decode steps of 1-16 requests timed on one
-    and on all threads, see andante.exec.torch_threads); None: always all threads;
+    and on all threads, see andante.exec.torch_threads) or reuses the choice cached for
+    this machine and model; None: always all threads; reprobe_threads: measure "auto"
+    again even when a choice is cached (as does $ANDANTE_REPROBE_THREADS=1);
     seed: the generator of unseeded sampling; hardware: cost-model profile name."""
 
     dtype: str = "bfloat16"
@@ -49,6 +62,7 @@ class TorchExecutorOptions:
     block_size: int = 16
     max_model_len: int | None = None
     parallel_min_tokens: int | Literal["auto"] | None = "auto"
+    reprobe_threads: bool = False
     seed: int = 0
     hardware: str = CPU_PROFILE
 
@@ -93,11 +107,27 @@ class TorchExecutor:
         wanted = self.options.parallel_min_tokens
         if wanted != "auto":
             self.thread_choice = ThreadChoice(wanted)
-        else:
-            pool_tokens = self.kv.num_device_blocks * self.options.block_size
-            self.thread_choice = measure_thread_choice(
-                self._forward, self.options.block_size, self.num_threads,
-                min(self.max_model_len, pool_tokens) - 1)
+            return
+        if self.num_threads <= 1:
+            self.thread_choice = ThreadChoice(None, source="one thread")
+            return
+        pool_tokens = self.kv.num_device_blocks * self.options.block_size
+        max_context = min(self.max_model_len, pool_tokens) - 1
+        measure = partial(measure_thread_choice, self._forward, self.options.block_size,
+                          self.num_threads, max_context)
+        key = probe_key(self._model_shape(max_context), self.num_threads)
+        self.thread_choice = cached_thread_choice(measure, key, self.options.reprobe_threads)
+        log.info("threads: %s", self.thread_choice.describe())
+
+    def _model_shape(self, max_context: int) -> dict[str, object]:
+        """What of the model and the pool the thread probe's timings depend on."""
+        c = self.model.config
+        return {"layers": c.num_layers, "hidden": c.hidden_size, "heads": c.num_heads,
+                "kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
+                "intermediate": c.intermediate_size, "vocab": c.vocab_size,
+                "dtype": str(self.dtype), "fused": self.runner.fused,
+                "block_size": self.options.block_size,
+                "probe_context": probe_context(max_context)}
 
     def _set_threads(self, num_tokens: int) -> None:
         threshold = self.thread_choice.parallel_min_tokens

@@ -14,7 +14,7 @@ shared by all layers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -51,6 +51,9 @@ class StepInputs:
     prefill_groups: list[PrefillGroup]
     sample_rows: torch.Tensor  # rows whose logits are sampled
     sample_index: list[int]  # batch index of each sampled row
+    # block tables as row indices of a flattened pool, per (table, pool size): built by
+    # the first layer that gathers, reused by the others (andante.exec.torch_attention)
+    gather_rows: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
 
 def token_slice(req: Request, start: int, end: int) -> list[int]:

@@ -14,7 +14,11 @@ epilogues and no elementwise kernel: the gate GEMM applies SiLU ("swish") and th
 GEMM multiplies by that result ("mul"); measured against one fused gate/up GEMM followed
 by SiLU and a multiply, the MLP took 7% less CPU time at 1 token and 11-15% less at
 256-1024 tokens (the elementwise passes over [T, 2 * intermediate] cost more than the
-extra GEMM call). That leaves about twenty kernels per decode layer.
+extra GEMM call). That leaves about twenty kernels per decode layer. `torch.compile`
+does not pay here (benchmarks/torch_compile_trial.py): inductor lowers these prepacked
+calls only with the weights frozen as constants (a graph per layer), and compiling the
+elementwise work between them halves its time at 2,048-token steps but adds ~10% at
+decode sizes, after 10-25 s of compilation; so the layers stay eager.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from andante.exec.torch_attention import attention
+from andante.exec.torch_attention import attention, write_kv
 from andante.exec.torch_inputs import StepInputs
 from andante.models.config import ModelConfig
 from andante.models.rope import apply_rope
@@ -63,7 +67,7 @@ class _Layer:
         qk = apply_rope(qkv[:, :split].view(t, heads + kvh, dim), cos, sin)
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, split:].view(t, kvh, dim)
-        self.slots.index_copy_(1, inputs.slots, torch.cat((k, v), dim=1).transpose(0, 1))
+        write_kv(self.slots, k, v, inputs)
         return attention(q, k, v, self.pool, inputs, kvh, scale)
 
 

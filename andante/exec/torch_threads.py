@@ -10,20 +10,44 @@ burst of outside load hits both alike), and steps below the smallest batch size 
 which all threads win every larger measured size run on one thread. The synthetic
 steps attend to context 128 in a few KV blocks that no request owns yet, so they leave
 nothing behind. Prefill-sized steps (>= the largest probe) always use all threads.
+
+The probe takes about 1.5 s on a quiet machine and 6-12 s under load, so its result is
+cached per machine under the andante home (`threads/<digest>.json`), keyed by what the
+choice depends on: CPU model, core count, thread count, OpenMP wait policy, torch
+version and the model's shape (layers, widths, dtype, block size, probe context). A
+cached choice is reused as it is; `reprobe=True` (the executor's `reprobe_threads`
+option, or `ANDANTE_REPROBE_THREADS=1`) measures again and replaces it, e.g. after the
+machine's load changed for good. An unreadable cache entry is measured again; an
+unwritable home only costs the next start-up another probe.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from andante.core import Request, SamplingParams
 from andante.exec.batch import StepBatch
+from andante.perf.paths import andante_home
+
+log = logging.getLogger(__name__)
+
+#: Bump when the probe's method changes, so that older cached choices are measured again.
+PROBE_VERSION = 1
+REPROBE_ENV = "ANDANTE_REPROBE_THREADS"
 
 #: Decode batch sizes probed at start-up, and the context length of each probe.
 PROBE_BATCHES = (1, 8, 16)
@@ -37,6 +61,16 @@ class ThreadChoice:
 
     parallel_min_tokens: int | None
     timings: dict[int, tuple[float, float]] = field(default_factory=dict)
+    source: str = "set"  # "set" by an option, "measured" now, or "cached" from a file
+
+    def describe(self) -> str:
+        """One line for the start-up log."""
+        if self.parallel_min_tokens is None:
+            rule = "every step uses all threads"
+        else:
+            rule = f"steps under {self.parallel_min_tokens} tokens run on one thread"
+        probes = ", ".join(f"b{b} {one}/{many} ms" for b, (one, many) in self.timings.items())
+        return f"{rule} ({self.source}{'; 1 vs all threads: ' + probes if probes else ''})"
 
 
 def probe_batch(batch_size: int, block_size: int, context: int) -> StepBatch:
@@ -49,6 +83,11 @@ def probe_batch(batch_size: int, block_size: int, context: int) -> StepBatch:
     for i in range(batch_size):
         batch.add(Request(f"thread-probe-{i}", prompt, params, 0.0), 1, context, True, table)
     return batch
+
+
+def probe_context(max_context: int) -> int:
+    """The context the probes attend to when the pool and model allow `max_context`."""
+    return max(1, min(PROBE_CONTEXT, max_context))
 
 
 def _timed_ms(run: Callable[[], object], threads: int) -> float:
@@ -65,8 +104,8 @@ def measure_thread_choice(step: Callable[[StepBatch], object], block_size: int,
     warm-up each (oneDNN builds its primitives per thread count), then `rounds`
     interleaved timings; medians. Probes attend to min(PROBE_CONTEXT, `max_context`)."""
     if num_threads <= 1:
-        return ThreadChoice(None)
-    context = max(1, min(PROBE_CONTEXT, max_context))
+        return ThreadChoice(None, source="one thread")
+    context = probe_context(max_context)
     runs = {b: partial(step, probe_batch(b, block_size, context)) for b in PROBE_BATCHES}
     samples: dict[int, tuple[list[float], list[float]]] = {b: ([], []) for b in PROBE_BATCHES}
     for run in runs.values():
@@ -79,7 +118,7 @@ def measure_thread_choice(step: Callable[[StepBatch], object], block_size: int,
     torch.set_num_threads(num_threads)
     timings = {b: (round(statistics.median(one), 2), round(statistics.median(many), 2))
                for b, (one, many) in samples.items()}
-    return ThreadChoice(_threshold(timings), timings)
+    return ThreadChoice(_threshold(timings), timings, "measured")
 
 
 def _threshold(timings: dict[int, tuple[float, float]]) -> int:
@@ -91,3 +130,76 @@ def _threshold(timings: dict[int, tuple[float, float]]) -> int:
             break
         threshold = size
     return threshold
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, else what `platform` knows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def probe_key(model_shape: dict[str, Any], num_threads: int) -> dict[str, Any]:
+    """Everything a thread choice depends on; the cache entry's identity."""
+    return {"probe_version": PROBE_VERSION, "cpu": cpu_model(), "cores": os.cpu_count(),
+            "threads": num_threads, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+            "torch": torch.__version__, "model": model_shape}
+
+
+def cache_path(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return andante_home() / "threads" / f"{digest}.json"
+
+
+def reprobe_requested(option: bool) -> bool:
+    """The option, or $ANDANTE_REPROBE_THREADS set to anything but "" / "0"."""
+    return option or os.environ.get(REPROBE_ENV, "") not in ("", "0")
+
+
+def _load(path: Path, key: dict[str, Any]) -> ThreadChoice | None:
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8"))
+        if entry["key"] != key:
+            return None
+        threshold = entry["parallel_min_tokens"]
+        timings = {int(b): (float(t[0]), float(t[1])) for b, t in entry["timings"].items()}
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    if threshold is not None and (not isinstance(threshold, int) or threshold < 1):
+        return None
+    return ThreadChoice(threshold, timings, f"cached {path}, probed {entry.get('probed_at')}")
+
+
+def _save(path: Path, key: dict[str, Any], choice: ThreadChoice) -> None:
+    entry = {"key": key, "parallel_min_tokens": choice.parallel_min_tokens,
+             "timings": {str(b): list(t) for b, t in choice.timings.items()},
+             "probed_at": datetime.now(UTC).isoformat(timespec="seconds"),
+             "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entry, indent=1), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        log.warning("threads: cannot cache the probe's choice in %s (%s)", path, exc)
+
+
+def cached_thread_choice(measure: Callable[[], ThreadChoice], key: dict[str, Any],
+                         reprobe: bool = False) -> ThreadChoice:
+    """The cached choice for `key`, else `measure()` (then cached); `reprobe` measures
+    even when a choice is cached, and replaces it."""
+    path = cache_path(key)
+    if not reprobe_requested(reprobe):
+        cached = _load(path, key)
+        if cached is not None:
+            return cached
+    started = time.perf_counter()
+    choice = measure()
+    choice.source = f"measured in {time.perf_counter() - started:.1f} s, cached in {path}"
+    _save(path, key, choice)
+    return choice

@@ -164,7 +164,8 @@ class SummaryStream:
         self._itl_parts: list[npt.NDArray[np.float64]] = []  # exact only
         self._itl_moments = Moments()
         self._itl_histogram = LogHistogram()
-        self._unjudged: list[tuple[float, int, RequestRecord]] = []  # heap by reader end
+        # heap by reader end: (end, order, record, its final QoE once finished)
+        self._unjudged: list[tuple[float, int, RequestRecord, float]] = []
         self._rejections: list[str] = []
         self.first_arrival = math.inf
         self.last_token = -math.inf
@@ -222,15 +223,15 @@ class SummaryStream:
         """Fix the QoE of the records whose reader is done by the clock; hold the rest."""
         unjudged = self._unjudged
         if self._exact or not record.is_finished:
-            heapq.heappush(unjudged, (math.inf, self._counts.requests, record))
+            heapq.heappush(unjudged, (math.inf, self._counts.requests, record, math.nan))
             return
         value, done = final_qoe(record, *self._qoe_args)
         if done <= self.clock:
             self._qoes.append(value)
         else:
-            heapq.heappush(unjudged, (done, self._counts.requests, record))
+            heapq.heappush(unjudged, (done, self._counts.requests, record, value))
         while unjudged and unjudged[0][0] <= self.clock:
-            self._qoes.append(final_qoe(heapq.heappop(unjudged)[2], *self._qoe_args)[0])
+            self._qoes.append(heapq.heappop(unjudged)[3])  # final: computed when pushed
 
     def _itl_stats(self) -> Stats:
         if self._exact:

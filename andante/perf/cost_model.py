@@ -10,6 +10,15 @@ of c new tokens after p cached ones has p·c + (c² + c)/2 query-key pairs; see
 `BatchShape`). Tensor parallelism divides M and F by tp and adds two ring all-reduces
 of the hidden states per layer (Megatron-LM), which are not part of the regression.
 
+On a CPU a calibrated profile adds two terms (andante.perf.fit): c6·tKV, the KV cache
+that attention reads over the memory bandwidth (a paged gather reads it far slower per
+byte than a GEMV streams weights), and a second coefficient set for the steps the engine
+runs on one thread (fewer than `serial_below_tokens` tokens: small decode batches), as
+the executor itself decides (andante.exec.torch_threads). One set over both thread
+regimes had to compromise: measured on this engine (2 threads, single-threaded decodes),
+it over-predicted small decode steps by 10-25% (the TPOT of light serving) while
+under-predicting long-context decodes by 50-70% and prefills by ~15%.
+
 Everything per step is plain float arithmetic on constants precomputed in __init__:
 the simulator calls `step_time` once per simulated step.
 """
@@ -39,6 +48,7 @@ class CostModel:
         "_body_bytes", "_lm_head_bytes", "_bytes_per_token", "_bytes_per_kv_read",
         "_bytes_per_sample", "_flops_per_token", "_flops_per_pair", "_flops_per_sample",
         "_inv_bandwidth", "_inv_peak", "_c_sum", "_c_max", "_c_mem", "_c_flop", "_c_fixed",
+        "_c_kv_token", "_serial_coeffs", "_serial_below",
         "_comm_fixed", "_comm_per_token",
     )
 
@@ -61,9 +71,17 @@ class CostModel:
         self.model = model
         self.hardware = hardware
         self.tp = tp
+        # Explicit coefficients (an online refit) stand for every step kind.
         self.coefficients = coefficients if coefficients is not None else hardware.coefficients
-        c = self.coefficients
-        self._c_sum, self._c_max, self._c_mem, self._c_flop, self._c_fixed = c.as_tuple()
+        serial = hardware.serial_coefficients if coefficients is None else None
+        self._c_sum, self._c_max, self._c_mem, self._c_flop, self._c_fixed = (
+            self.coefficients.as_tuple())
+        # steps of fewer than `_serial_below` tokens use `_serial_coeffs` (0: none do)
+        self._serial_coeffs = (*self.coefficients.as_tuple(), self.coefficients.c6)
+        self._serial_below = 0
+        if serial is not None and hardware.serial_below_tokens is not None:
+            self._serial_coeffs = (*serial.as_tuple(), serial.c6)
+            self._serial_below = hardware.serial_below_tokens
 
     def _init_memory_terms(self) -> None:
         m, tp = self.model, self.tp
@@ -83,6 +101,8 @@ class CostModel:
         self._bytes_per_kv_read = float(self.kv_bytes_per_token_per_gpu)
         self._bytes_per_sample = m.hidden_size * dtype + m.vocab_size * LOGIT_BYTES / tp
         self._inv_bandwidth = 1.0 / self.hardware.mem_bandwidth
+        # c6·tKV as seconds per KV token read (0 unless a calibration fitted c6)
+        self._c_kv_token = self.coefficients.c6 * self._bytes_per_kv_read * self._inv_bandwidth
 
     def _init_flop_terms(self) -> None:
         m, tp = self.model, self.tp
@@ -125,6 +145,10 @@ class CostModel:
             flops += self._flops_per_sample * s
         return (mem * self._inv_bandwidth, flops * self._inv_peak)
 
+    def kv_read_time(self, shape: BatchShape) -> float:
+        """tKV: the KV cache the step's attention reads, over the memory bandwidth."""
+        return shape.kv_tokens_read * self._bytes_per_kv_read * self._inv_bandwidth
+
     def comm_time(self, num_tokens: int) -> float:
         """Tensor-parallel all-reduce time of a step that advances `num_tokens` tokens."""
         if num_tokens <= 0:
@@ -138,9 +162,59 @@ class CostModel:
             return 0.0
         t_m, t_f = self.terms(shape)
         t_max = t_m if t_m > t_f else t_f
+        if n < self._serial_below:
+            c_sum, c_max, c_mem, c_flop, c_fixed, c_kv = self._serial_coeffs
+            return (c_sum * (t_m + t_f) + c_max * t_max + c_mem * t_m + c_flop * t_f
+                    + c_fixed + c_kv * self.kv_read_time(shape)
+                    + self._comm_fixed + self._comm_per_token * n)
         return (self._c_sum * (t_m + t_f) + self._c_max * t_max + self._c_mem * t_m
-                + self._c_flop * t_f + self._c_fixed
+                + self._c_flop * t_f + self._c_fixed + self._c_kv_token * shape.kv_tokens_read
                 + self._comm_fixed + self._comm_per_token * n)
+
+    def decode_step_times(self, shape: BatchShape, max_steps: int,
+                          time_budget: float = float("inf")) -> list[float]:
+        """`step_time` of `shape` and of the all-decode steps after it (each sequence one
+        token longer per step, `BatchShape.advance_decodes`), up to `max_steps` and
+        stopping once their sum reaches `time_budget`. The same float operations as
+        `step_time` step after step, with the terms that stay fixed computed once (the
+        simulator's decode runs, andante.sim.decode_run)."""
+        n, s, seqs = shape.num_tokens, shape.num_sampled, shape.num_seqs
+        if n <= 0:
+            return [0.0] * max(0, max_steps) if time_budget > 0 else []
+        mem_fixed = self._body_bytes + self._bytes_per_token * n
+        flops_fixed = self._flops_per_token * n
+        mem_sampled = self._lm_head_bytes + self._bytes_per_sample * s
+        flops_sampled = self._flops_per_sample * s
+        per_kv, per_pair = self._bytes_per_kv_read, self._flops_per_pair
+        inv_bw, inv_peak = self._inv_bandwidth, self._inv_peak
+        # a decode run keeps its token count, so one regime (and coefficient set) holds
+        serial = n < self._serial_below
+        if serial:
+            c_sum, c_max, c_mem, c_flop, c_fixed, c_kv = self._serial_coeffs
+        else:
+            c_sum, c_max, c_mem, c_flop = self._c_sum, self._c_max, self._c_mem, self._c_flop
+            c_fixed, c_kv = self._c_fixed, self._c_kv_token
+        comm_fixed, comm = self._comm_fixed, self._comm_per_token * n
+        kv, pairs = shape.kv_tokens_read, shape.attn_pairs
+        durations: list[float] = []
+        total = 0.0
+        while len(durations) < max_steps and total < time_budget:
+            mem = mem_fixed + per_kv * kv
+            flops = flops_fixed + per_pair * pairs
+            if s:
+                mem += mem_sampled
+                flops += flops_sampled
+            t_m, t_f = mem * inv_bw, flops * inv_peak
+            t_max = t_m if t_m > t_f else t_f
+            # the c6·tKV term exactly as `step_time` computes it in each regime
+            kv_term = c_kv * (kv * per_kv * inv_bw) if serial else c_kv * kv
+            duration = (c_sum * (t_m + t_f) + c_max * t_max + c_mem * t_m + c_flop * t_f
+                        + c_fixed + kv_term + comm_fixed + comm)
+            durations.append(duration)
+            total += duration
+            kv += seqs
+            pairs += seqs
+        return durations
 
     def prefill_time(self, num_tokens: int, num_cached: int = 0) -> float:
         """One step prefilling `num_tokens` new tokens after `num_cached` cached ones."""

@@ -8,6 +8,13 @@ problem on the four identifiable features and return C1 = 0 (the same minimum as
 over all five). NNLS is exact by enumerating the 2^4 supports: the optimum is the
 unconstrained least-squares solution on its own support. numpy only.
 
+Thread regimes. A CPU engine runs small steps on one thread and the others on all of
+them (andante.exec.torch_threads), and one coefficient set cannot serve both (the
+measured residuals are in cost_model.py's note). `fit_by_threads` fits each regime its
+own set, both with a sixth feature, tKV (the KV cache attention reads, over the
+bandwidth; non-negative, so it stays 0 where it does not help). With fewer than
+`MIN_REGIME_SAMPLES` steps in either regime one set is fitted to all steps.
+
 Tensor-parallel all-reduce time is modelled analytically by `CostModel`, so it is
 subtracted from each measured duration before fitting.
 """
@@ -25,6 +32,9 @@ from andante.perf.shape import BatchShape
 from andante.perf.specs import CostCoefficients
 
 Sample = tuple[BatchShape, float]
+
+#: Measured steps each thread regime needs for a coefficient set of its own.
+MIN_REGIME_SAMPLES = 6
 
 
 def features(model: CostModel, shape: BatchShape) -> tuple[float, float, float, float, float]:
@@ -70,22 +80,43 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_coefficients(model: CostModel, samples: Sequence[Sample],
-                     relative: bool = True) -> CostCoefficients:
+                     relative: bool = True, kv_term: bool = False) -> CostCoefficients:
     """Non-negative least-squares coefficients for `model` from measured steps.
 
     With `relative` (the default) each step is weighted by 1 / duration, minimising the
-    squared relative error, so short decode steps count as much as long prefills.
+    squared relative error, so short decode steps count as much as long prefills. With
+    `kv_term` the KV read time tKV is a fifth feature (coefficient c6).
     """
     _check_samples(samples)
-    rows = np.array([features(model, shape)[1:] for shape, _ in samples], dtype=float)
+    rows = np.array([features(model, shape)[1:] + ((model.kv_read_time(shape),)
+                                                   if kv_term else ())
+                     for shape, _ in samples], dtype=float)
     durations = np.array([d for _, d in samples], dtype=float)
     comm = np.array([model.comm_time(shape.num_tokens) for shape, _ in samples])
     targets = durations - comm
     if relative:
         rows = rows / durations[:, None]
         targets = targets / durations
-    c2, c3, c4, c5 = (float(v) for v in _nnls(rows, targets))
-    return CostCoefficients(c1=0.0, c2=c2, c3=c3, c4=c4, c5=c5)
+    c2, c3, c4, c5, *c6 = (float(v) for v in _nnls(rows, targets))
+    return CostCoefficients(c1=0.0, c2=c2, c3=c3, c4=c4, c5=c5, c6=c6[0] if c6 else 0.0)
+
+
+def fit_by_threads(model: CostModel, samples: Sequence[Sample],
+                   serial_below_tokens: int | None
+                   ) -> tuple[CostCoefficients, CostCoefficients | None]:
+    """(coefficients of the steps on all threads, of those with fewer than
+    `serial_below_tokens` tokens, run on one thread, or None): see the module note.
+    None, and one set fitted to every step, without a threshold or with fewer than
+    MIN_REGIME_SAMPLES steps in either regime."""
+    _check_samples(samples)
+    if serial_below_tokens is None:
+        return fit_coefficients(model, samples, kv_term=True), None
+    serial = [s for s in samples if s[0].num_tokens < serial_below_tokens]
+    parallel = [s for s in samples if s[0].num_tokens >= serial_below_tokens]
+    if min(len(serial), len(parallel)) < MIN_REGIME_SAMPLES:
+        return fit_coefficients(model, samples, kv_term=True), None
+    return (fit_coefficients(model, parallel, kv_term=True),
+            fit_coefficients(model, serial, kv_term=True))
 
 
 def prediction_error(model: CostModel, samples: Sequence[Sample]) -> float:

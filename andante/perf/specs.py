@@ -136,16 +136,19 @@ class ModelSpec:
 
 @dataclass(frozen=True, slots=True)
 class CostCoefficients:
-    """Ascendra §5.1: t = c1·(tM+tF) + c2·max(tM,tF) + c3·tM + c4·tF + c5 (seconds)."""
+    """Ascendra §5.1: t = c1·(tM+tF) + c2·max(tM,tF) + c3·tM + c4·tF + c5 (seconds),
+    plus c6·tKV, the KV cache attention reads over the memory bandwidth (0 but where a
+    calibration fits it: see andante.perf.cost_model)."""
 
     c1: float = 0.0
     c2: float = 1.0
     c3: float = 0.0
     c4: float = 0.0
     c5: float = 0.0
+    c6: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("c1", "c2", "c3", "c4", "c5"):
+        for name in ("c1", "c2", "c3", "c4", "c5", "c6"):
             _require_rate("CostCoefficients", name, getattr(self, name), allow_zero=True)
 
     def as_tuple(self) -> tuple[float, float, float, float, float]:
@@ -155,7 +158,7 @@ class CostCoefficients:
     def from_dict(cls, data: Any) -> CostCoefficients:
         if not isinstance(data, dict):
             raise ValueError(f"coefficients must be an object, got {data!r}")
-        unknown = sorted(set(data) - {"c1", "c2", "c3", "c4", "c5"})
+        unknown = sorted(set(data) - {"c1", "c2", "c3", "c4", "c5", "c6"})
         if unknown:
             raise ValueError(f"unknown coefficient keys {unknown}")
         return cls(**data)
@@ -172,6 +175,11 @@ class HardwareSpec:
     host_link_bandwidth: float  # effective host<->device copy bandwidth, one direction, B/s
     interconnect_bandwidth: float  # effective all-reduce bus bandwidth between GPUs, B/s
     coefficients: CostCoefficients = CostCoefficients()
+    # A CPU engine runs steps of fewer than `serial_below_tokens` tokens on one thread
+    # (andante.exec.torch_threads); a calibration fits those steps their own set
+    # (andante.perf.fit.fit_by_threads). None: `coefficients` for every step.
+    serial_coefficients: CostCoefficients | None = None
+    serial_below_tokens: int | None = None
     collective_latency: float = 10e-6  # fixed cost of one small all-reduce, s
     disk_bandwidth: float = 7.0e9  # model weights read from local disk, B/s (hardware.py)
     # A calibrated profile's provenance (`andante calibrate`): the fit's mean |relative
@@ -194,6 +202,15 @@ class HardwareSpec:
         if not isinstance(self.coefficients, CostCoefficients):
             raise ValueError(f"HardwareSpec.coefficients must be CostCoefficients, "
                              f"got {self.coefficients!r}")
+        if not isinstance(self.serial_coefficients, (CostCoefficients, type(None))):
+            raise ValueError(f"HardwareSpec.serial_coefficients must be CostCoefficients or "
+                             f"None, got {self.serial_coefficients!r}")
+        if (self.serial_coefficients is None) != (self.serial_below_tokens is None):
+            raise ValueError("HardwareSpec.serial_coefficients and serial_below_tokens go "
+                             "together (both set or both None)")
+        if self.serial_below_tokens is not None:
+            _require_positive_int("HardwareSpec", "serial_below_tokens",
+                                  self.serial_below_tokens)
 
     def with_coefficients(self, coefficients: CostCoefficients) -> HardwareSpec:
         return replace(self, coefficients=coefficients)
@@ -220,11 +237,15 @@ class HardwareSpec:
             raise ValueError(f"unknown hardware profile keys {unknown}")
         missing = sorted(known - set(data) - {"coefficients", "collective_latency",
                                                "disk_bandwidth", "fit_error",
-                                               "calibrated_at"})
+                                               "calibrated_at", "serial_coefficients",
+                                               "serial_below_tokens"})
         if missing:
             raise ValueError(f"hardware profile lacks keys {missing}")
         if "coefficients" in data:
             data["coefficients"] = CostCoefficients.from_dict(data["coefficients"])
+        if data.get("serial_coefficients") is not None:
+            data["serial_coefficients"] = CostCoefficients.from_dict(
+                data["serial_coefficients"])
         return cls(**data)
 
     @classmethod

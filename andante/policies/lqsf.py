@@ -23,7 +23,7 @@ class LQSFOptions(AndesOptions):
     size_aware: bool = False
     batch_search: bool = False
     refiner: bool = False
-    refine_admissions: bool = False
+    refine_admissions: bool | None = False
     pacer_aware: bool = False
     max_preemptions: int | None = 1
     chunked_prefill: bool = False  # vLLM v0's prefill-first steps, as the paper's baseline

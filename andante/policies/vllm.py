@@ -33,6 +33,18 @@ class VLLMPolicy(BasePolicy):
     stationary = True  # queue order and blocks alone decide: same state, same decision
     chunks_prefill = True  # `budgeted`: any prompt advances by the budget left
 
+    @property
+    def prefill_run_budget(self) -> int:
+        """The step's token budget: running requests advance in order by their tokens
+        capped by what is left of it (andante.sim.prefill_run)."""
+        return self.ctx.config.max_num_batched_tokens
+
+    @property
+    def decode_budget(self) -> int:
+        """Running decodes advance together, in order, up to the budget
+        (andante.sim.after_finish)."""
+        return self.prefill_run_budget
+
     def schedule(self, plan: StepPlan) -> None:
         num_tokens = budgeted(plan)
         advance_with_preemption(plan, plan.running, num_tokens)
@@ -55,6 +67,10 @@ class SarathiOptions:
 class SarathiPolicy(VLLMPolicy):
     name = "sarathi"
     Options = SarathiOptions
+
+    @property
+    def prefill_run_budget(self) -> int:
+        return min(self.ctx.config.max_num_batched_tokens, self.options.token_budget)
 
     def schedule(self, plan: StepPlan) -> None:
         plan.restrict_token_budget(self.options.token_budget)

@@ -42,6 +42,12 @@ class OrderedPolicy(BasePolicy):
     def sort_key(self, req: Request) -> Any:
         raise NotImplementedError
 
+    @property
+    def decode_budget(self) -> int:
+        """With nothing waiting, every running request decodes, in the running order
+        unless it is sorted (andante.sim.after_finish)."""
+        return 0 if self.sorts_running else self.ctx.config.max_num_batched_tokens
+
     def on_arrival(self, req: Request) -> None:
         """The scheduler appends `req` to the waiting queue: it stays sorted while the
         arrivals' keys do not decrease (arrival order, deadlines of one SLO), so a long

@@ -32,6 +32,7 @@ from andante.cluster.host import EngineHost
 from andante.cluster.instance import (
     BASIC_CAPABILITIES,
     SWAP_MODEL,
+    HandsOff,
     LaterOperations,
     ModelState,
 )
@@ -39,12 +40,21 @@ from andante.cluster.load import LoadReport
 from andante.core.clock import ManualClock
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
+from andante.engine.stopping import num_tokens_before_length_stop
 from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.catalog import get_model
 from andante.perf.cost_model import CostModel
+from andante.sim.after_finish import batch_after_finish
 from andante.sim.decode_run import decode_run_limit, fit_blocks, reserve_blocks
 from andante.sim.events import EventKind, EventQueue
+from andante.sim.prefill_run import (
+    fit_prefill_blocks,
+    prefill_run_chunks,
+    prefill_run_shapes,
+    record_prefill_run,
+    reserve_prefill_blocks,
+)
 from andante.sim.tiers import ModelSwap, ModelTiers
 
 # Builds the engine (and its decode-run executor) of one model on an instance.
@@ -85,8 +95,9 @@ class SimInstance(LaterOperations):
         self.host = EngineHost(engine, drop_late)
         self.stats = InstanceStats()
         self.in_flight: tuple[StepBatch, StepResult] | None = None
-        # batch, end times, durations, token, start
-        self.decode_run: tuple[StepBatch, list[float], list[float], int, float] | None = None
+        # batch, end times, durations, token, start, prefill chunks ([]: a decode run)
+        self.decode_run: tuple[StepBatch, list[float], list[float], int, float,
+                               list[int]] | None = None
         self.kick_pending = False
         self.hooks = SimHooks()
         self._report: tuple[tuple[float, int, int, int, int], LoadReport] | None = None
@@ -285,9 +296,21 @@ class SimInstance(LaterOperations):
         """Start the run of identical decode steps of `batch` ending at `times` (each
         lasting `durations`, andante.sim.decode_run): their blocks now, their tokens
         when it ends."""
-        now = self.engine.clock.now()
         reserve_blocks(self.engine.scheduler, batch, len(times))
-        self.decode_run = (batch, times, durations, runs.token_id, now)
+        self._begin_run(batch, times, durations, runs.token_id, [])
+
+    def begin_prefill_run(self, runs: DecodeRunExecutor, batch: StepBatch,
+                          times: list[float], durations: list[float],
+                          chunks: list[int]) -> None:
+        """Start the run of steps following `batch` that prefill `chunks` of the last
+        running request beside the others' decodes (andante.sim.prefill_run)."""
+        reserve_prefill_blocks(self.engine.scheduler, self.engine.scheduler.running, chunks)
+        self._begin_run(batch, times, durations, runs.token_id, chunks)
+
+    def _begin_run(self, batch: StepBatch, times: list[float], durations: list[float],
+                   token_id: int, chunks: list[int]) -> None:
+        now = self.engine.clock.now()
+        self.decode_run = (batch, times, durations, token_id, now, chunks)
         self.stats.num_steps += len(times)
         self.stats.busy_time += times[-1] - now
 
@@ -304,13 +327,17 @@ class SimInstance(LaterOperations):
         return batch, output
 
     def _finish_decode_run(self, batch: StepBatch, times: list[float],
-                           durations: list[float], token_id: int,
-                           start: float) -> tuple[StepBatch, StepOutput]:
+                           durations: list[float], token_id: int, start: float,
+                           chunks: list[int]) -> tuple[StepBatch, StepOutput]:
         self.decode_run = None
         requests, engine = batch.requests, self.engine
-        got = engine.scheduler.record_tokens(requests, repeat(len(times)), repeat(token_id),
-                                             *times)
-        engine.scheduler.policy.on_decode_run(batch, durations)
+        if chunks:  # no hook: a policy with prefill runs keeps no per-step state
+            got = record_prefill_run(engine.scheduler, engine.scheduler.running, chunks,
+                                     token_id, times)
+        else:
+            got = engine.scheduler.record_tokens(requests, repeat(len(times)),
+                                                 repeat(token_id), *times)
+            engine.scheduler.policy.on_decode_run(batch, durations)
         result = StepResult([token_id] * len(requests), times[-1] - start)
         output = StepOutput(batch, result, got, [r for r in got if r.is_finished], len(times))
         engine.notify(output)
@@ -364,6 +391,8 @@ class Simulator(SimHooks):
         self._keep_finished = True
         self._next_arrival = math.inf
         self._until = math.inf
+        self._stop_at = math.inf
+        self._hands_off = False  # does a policy hand requests back (set by `run`)?
         for inst in instances:
             inst.hooks = self
 
@@ -379,6 +408,8 @@ class Simulator(SimHooks):
         report (`on_finish` still sees each), so memory does not grow with the run."""
         self._on_finish = on_finish
         self._keep_finished = keep_finished
+        self._hands_off = len(self.instances) > 1 and any(  # to another instance
+            isinstance(inst.engine.scheduler.policy, HandsOff) for inst in self.instances)
         self._until = math.inf if until is None else until
         arrivals = iter(requests)
         self._push_next_arrival(arrivals)
@@ -465,17 +496,31 @@ class Simulator(SimHooks):
             inst.at_step_boundary()
             if inst.busy:
                 return
-        if not (self.decode_runs and not output.finished and self._decode_run(inst, batch)):
+        if not (self.decode_runs and self._run_next(inst, batch, bool(output.finished))):
             self._start_step(inst)
 
-    def _decode_run(self, inst: SimInstance, batch: StepBatch) -> bool:
-        """Apply the identical decode steps that certainly follow `batch` before the next
-        arrival (or late drop); True if any were applied (the instance is then busy until
-        they end)."""
+    def _run_next(self, inst: SimInstance, batch: StepBatch, finished: bool) -> bool:
+        """Start the run of steps certain to follow `batch` (just applied), if any."""
+        if not finished and self._decode_run(inst, batch):
+            return True
+        if not self._only_arrivals_add():
+            return False
+        if not finished and self._prefill_run(inst, batch):
+            return True
+        # a finish, or prefills that completed: all that runs may now be decodes
+        after = batch_after_finish(inst.engine.scheduler)
+        return after is not None and self._decode_run(inst, after, next_batch=True)
+
+    def _decode_run(self, inst: SimInstance, batch: StepBatch, next_batch: bool = False) -> bool:
+        """Apply the identical decode steps that certainly follow `batch` (just applied;
+        `next_batch`: the batch of the next step, andante.sim.after_finish) before the
+        next arrival (or late drop); True if any were applied (the instance is then busy
+        until they end)."""
         executor, scheduler = inst.runs, inst.engine.scheduler
         if executor is None:
             return False
-        max_steps = decode_run_limit(scheduler, batch)
+        max_steps = num_tokens_before_length_stop(batch.requests, scheduler.max_num_tokens) \
+            if next_batch else decode_run_limit(scheduler, batch)
         if max_steps == 0:
             return False
         now = self.clock.now()
@@ -495,6 +540,51 @@ class Simulator(SimHooks):
         if not times:
             return False
         inst.begin_decode_run(executor, batch, times, durations[:len(times)])
+        self._events.push(times[-1], EventKind.STEP_DONE, inst)
+        return True
+
+    def _only_arrivals_add(self) -> bool:
+        """Can requests reach an instance only at arrivals (which end runs)? Not where
+        the controller keeps a queue or operators, or an instance hands requests back
+        (they reach another instance at its step start, maybe amid a run)."""
+        controller = self.controller
+        if controller.holds_queue or controller.queue or controller.operators:
+            return False
+        return not self._hands_off
+
+    def _run_times(self, durations: list[float]) -> list[float]:
+        """The end times of the steps lasting `durations` from now that end before the
+        next arrival (or late drop, `_stop_at`) and `until`."""
+        t, stop_at, until = self.clock.now(), self._stop_at, self._until
+        times: list[float] = []
+        for duration in durations:
+            t += duration
+            if t >= stop_at or t > until:
+                break
+            times.append(t)
+        return times
+
+    def _prefill_run(self, inst: SimInstance, batch: StepBatch) -> bool:
+        """Apply the steps of a chunked prefill beside decodes that certainly follow
+        `batch` (andante.sim.prefill_run); True if any were applied."""
+        executor, scheduler = inst.runs, inst.engine.scheduler
+        if executor is None:
+            return False
+        chunks = prefill_run_chunks(scheduler, batch)
+        if not chunks:
+            return False
+        self._stop_at = self._next_arrival
+        if inst.host.dropper is not None:
+            self._stop_at = min(self._stop_at, inst.host.drop_horizon())
+        budget = min(self._stop_at, self._until) - self.clock.now()
+        shapes = prefill_run_shapes(scheduler.running, chunks)
+        durations = executor.prefill_run_durations(shapes, budget)
+        times = self._run_times(durations)
+        del times[fit_prefill_blocks(scheduler, chunks[:len(times)]):]
+        if not times:
+            return False
+        inst.begin_prefill_run(executor, batch, times, durations[:len(times)],
+                               chunks[:len(times)])
         self._events.push(times[-1], EventKind.STEP_DONE, inst)
         return True
 

@@ -11,14 +11,20 @@ tokens / wall second.
 
 `profile_steps` profiles single engine steps of the three kinds named by issue 15: a
 256-token prefill, a batch-8 decode step and a 16-request mixed step (8 decodes + 8
-fresh 128-token prompts), writing an operator table and a Chrome trace per step.
+fresh 128-token prompts), writing an operator table and a Chrome trace per step; then
+the whole 16-concurrent run under cProfile (the Python side: scheduling, input
+building, the forward pass, sampling, the scheduler's update), writing its table and
+each phase's share of the run's time.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib.util
+import io
 import os
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -38,8 +44,10 @@ class AndanteHalf:
 
         started = time.perf_counter()
         self.model = load_model(args.andante_model, "bfloat16")
+        # the thread probe measured now, not a choice cached under other load
         self.executor = executor = TorchExecutor(self.model, TorchExecutorOptions(
-            num_threads=args.threads, kv_cache_gib=2.0, swap_space_gib=0.0))
+            num_threads=args.threads, kv_cache_gib=2.0, swap_space_gib=0.0,
+            reprobe_threads=True))
         config = SchedulerConfig(max_model_len=args.max_model_len,
                                  max_num_batched_tokens=max(8192, args.max_model_len))
         self.engine = build_offline_engine(self.model, "vllm", config, executor)
@@ -139,6 +147,7 @@ def run_andante(args: argparse.Namespace) -> dict[str, Any]:
         "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
         "startup_s": round(half.startup_s, 2),
         "parallel_min_tokens": half.executor.thread_choice.parallel_min_tokens,
+        "thread_choice": half.executor.thread_choice.source,
         "thread_probe_ms": {str(b): list(t) for b, t in
                             half.executor.thread_choice.timings.items()},
         "prefill_ms": round(statistics.median(prefill) * 1e3, 1),
@@ -196,4 +205,40 @@ def profile_steps(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     half.add(prompts("concurrent", 8, args.conc_prompt), args.conc_output)
     steps["mixed_16"] = _profiled_step(half, "mixed_16", out_dir)
     _drain(half)
-    return {"benchmark": "engine_profile", "out_dir": str(out_dir), "steps": steps}
+    concurrent = _python_profile(half, prompts("concurrent", args.conc_requests,
+                                               args.conc_prompt), args.conc_output, out_dir)
+    return {"benchmark": "engine_profile", "out_dir": str(out_dir), "steps": steps,
+            "concurrent_python": concurrent}
+
+
+#: The step loop's phases, as (file suffix, function name) in cProfile's table.
+_PHASES = {"schedule": ("engine/scheduler.py", "schedule"),
+           "inputs": ("exec/torch_inputs.py", "build"),
+           "forward": ("exec/torch_model.py", "forward"),
+           "sample": ("exec/torch_sampler.py", "sample"),
+           "update": ("engine/scheduler.py", "update")}
+
+
+def _python_profile(half: AndanteHalf, prompts: list[list[int]], max_tokens: int,
+                    out_dir: Path) -> dict[str, Any]:
+    """The concurrent run under cProfile: concurrent_16.cprofile.txt (top functions by
+    own time) and each phase's cumulative seconds and share of the run."""
+    from andante.llm import run_to_completion
+
+    profiler = cProfile.Profile()
+    half.add(prompts, max_tokens)
+    started = time.perf_counter()
+    profiler.enable()
+    run_to_completion(half.engine)
+    profiler.disable()
+    elapsed = time.perf_counter() - started
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(40)
+    (out_dir / "concurrent_16.cprofile.txt").write_text(text.getvalue())
+    phases: dict[str, Any] = {}
+    for name, (suffix, func) in _PHASES.items():
+        cumulative = sum(row[3] for (path, _, fn), row in stats.stats.items()  # type: ignore[attr-defined]
+                         if fn == func and path.endswith(suffix))
+        phases[name] = {"s": round(cumulative, 3), "share": round(cumulative / elapsed, 3)}
+    return {"wall_s": round(elapsed, 3), "phases": phases}

@@ -11,6 +11,8 @@ records when `_write_output` starts so the loop and the output phase are timed a
 
 requests_per_wall_s = num_requests / loop_s (the figure comparable to andante's
 `sim_wall_s`); requests_per_wall_s_incl_output = num_requests / (loop_s + output_s).
+Mean TTFT and E2E latency are read from the request objects after the loop (at no cost
+to it), so they are there in every metrics mode.
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ def patch_restart() -> list[int]:
     return counter
 
 
+def latency_means(requests: list) -> dict[str, float | None]:  # type: ignore[type-arg]
+    """Mean TTFT (arrival to prefill end) and E2E latency of the completed requests, s."""
+    done = [r for r in requests if r.completed]
+    if not done:
+        return {"mean_ttft_s": None, "mean_e2e_s": None}
+    ttft = sum(r.prefill_completed_at - r.arrived_at for r in done) / len(done)
+    e2e = sum(r.completed_at - r.arrived_at for r in done) / len(done)
+    return {"mean_ttft_s": round(ttft, 4), "mean_e2e_s": round(e2e, 4)}
+
+
 def main() -> None:
     t_import = time.perf_counter()
     from vidur.config import SimulationConfig
@@ -69,6 +81,7 @@ def main() -> None:
         original_write_output()
 
     sim._write_output = timed_write_output  # type: ignore[method-assign]
+    requests = [event._request for _, event in sim._event_queue]
     c1 = time.process_time()
     sim.run()
     t3 = time.perf_counter()
@@ -76,10 +89,12 @@ def main() -> None:
     t2 = marks["loop_end"]
 
     rg = config.request_generator_config
-    n = rg.num_requests
+    n = len(requests)
     replica = config.cluster_config.replica_config
     sched = config.cluster_config.replica_scheduler_config
-    ivl = rg.length_generator_config, rg.interval_generator_config
+    # A synthetic generator has length and interval generators; trace replay has neither.
+    ivl = (getattr(rg, "length_generator_config", rg),
+           getattr(rg, "interval_generator_config", None))
     metrics = config.metrics_config
     store = sim.metric_store
     predictor_config = config.execution_time_predictor_config
@@ -88,7 +103,10 @@ def main() -> None:
         "benchmark": "vidur_sim_speed",
         "vidur": __import__("importlib.metadata").metadata.version("vidur"),
         "num_requests": n,
+        "completed": sum(1 for r in requests if r.completed),
+        **latency_means(requests),
         "qps": getattr(ivl[1], "qps", None),
+        "requests": type(rg).__name__,
         "lengths": type(ivl[0]).__name__,
         "length_file": getattr(ivl[0], "trace_file", None),
         "max_tokens": getattr(ivl[0], "max_tokens", None),

@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 
 from andante.exec.torch_calibrate import QUICK_SWEEP, SweepConfig, calibrate, synthetic_batch
 from andante.kv.block_manager import KVBlockManager
@@ -31,10 +32,18 @@ def test_synthetic_batch_allocates_blocks(tiny_llama: Path) -> None:
 
 
 def test_calibrate_fits_and_saves(tiny_llama: Path, tmp_path: Path) -> None:
-    executor = tiny_executor(load_model(tiny_llama, "float32"), device_blocks=256)
-    result = calibrate(executor, QUICK_SWEEP, name="cpu-test")
+    # two threads, steps below 8 tokens on one (as the start-up probe may decide)
+    threads = torch.get_num_threads()
+    try:
+        executor = tiny_executor(load_model(tiny_llama, "float32"), device_blocks=256,
+                                 num_threads=2, parallel_min_tokens=8)
+        result = calibrate(executor, QUICK_SWEEP, name="cpu-test")
+    finally:
+        torch.set_num_threads(threads)
     hw = result.hardware
     assert hw.name == "cpu-test" and len(result.samples) == len(QUICK_SWEEP.shapes())
+    # the quick sweep has enough steps in both thread regimes for a set each
+    assert hw.serial_below_tokens == 8 and hw.serial_coefficients is not None
     assert hw.peak_flops > 0 and hw.mem_bandwidth > 0 and hw.host_link_bandwidth > 0
     # The fit explains how step time depends on the shape: it predicts the measured
     # steps far better than the best single number does (measured here: 4-8% against

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from andante.core import Request, SamplingParams
-from andante.exec.torch_sampler import Sampler, filter_top_k_top_p
+from andante.exec.torch_sampler import ARGMAX_BLOCK, Sampler, filter_top_k_top_p, first_argmax
 
 
 def _req(rid: str = "r", **params: object) -> Request:
@@ -73,3 +75,23 @@ def test_top_k_restricts_samples() -> None:
     logits = torch.arange(10.0).expand(500, 10).contiguous()
     reqs = [_req(str(i), temperature=5.0, top_k=3) for i in range(500)]
     assert set(Sampler(0).sample(logits, reqs)) <= {7, 8, 9}
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 5), vocab=st.integers(1, 3 * ARGMAX_BLOCK + 7),
+       ties=st.lists(st.integers(0, 10**6), max_size=4), seed=st.integers(0, 2**31 - 1),
+       dtype=st.sampled_from([torch.bfloat16, torch.float32]))
+def test_first_argmax_is_torch_argmax_ties_included(rows: int, vocab: int, ties: list[int],
+                                                   seed: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=gen).to(dtype)
+    for i, where in enumerate(ties):  # equal maxima in several places, blocks included
+        logits[i % rows, where % vocab] = 50.0
+    assert torch.equal(first_argmax(logits), logits.float().argmax(dim=-1))
+
+
+def test_first_argmax_with_low_precision_ties_across_blocks() -> None:
+    logits = torch.full((2, 5 * ARGMAX_BLOCK), -1.0, dtype=torch.bfloat16)
+    logits[0, [3 * ARGMAX_BLOCK + 5, ARGMAX_BLOCK + 9, 4 * ARGMAX_BLOCK]] = 7.0
+    logits[1, -1] = 2.0
+    assert first_argmax(logits).tolist() == [ARGMAX_BLOCK + 9, 5 * ARGMAX_BLOCK - 1]

@@ -7,7 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from andante.exec.torch_threads import PROBE_BATCHES, _threshold, probe_batch
+from andante.exec.torch_threads import (
+    PROBE_BATCHES,
+    REPROBE_ENV,
+    ThreadChoice,
+    _threshold,
+    cache_path,
+    cached_thread_choice,
+    probe_batch,
+    probe_key,
+)
 from andante.models import load_model
 from tests.exec.engine_helpers import run_engine, tiny_executor
 from tests.models.helpers import hf_greedy
@@ -48,3 +57,106 @@ def test_bad_parallel_min_tokens_is_refused() -> None:
 
     with pytest.raises(ValueError, match="auto"):
         TorchExecutorOptions(parallel_min_tokens="sometimes")  # type: ignore[arg-type]
+
+
+# ---- the cached choice ---------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test caches its thread choices in a fresh andante home."""
+    monkeypatch.setenv("ANDANTE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(REPROBE_ENV, raising=False)
+    return tmp_path / "home"
+
+
+class CountingProbe:
+    def __init__(self, threshold: int | None = 8) -> None:
+        self.calls = 0
+        self.threshold = threshold
+
+    def __call__(self) -> ThreadChoice:
+        self.calls += 1
+        return ThreadChoice(self.threshold, {1: (2.0, 3.0), 8: (9.0, 6.0), 16: (14.0, 8.0)},
+                            "measured")
+
+
+def _key(threads: int = 2, layers: int = 30) -> dict[str, object]:
+    return probe_key({"layers": layers, "hidden": 576}, threads)
+
+
+def test_a_choice_is_measured_once_then_read_from_the_cache() -> None:
+    probe = CountingProbe()
+    first = cached_thread_choice(probe, _key())
+    second = cached_thread_choice(probe, _key())
+    assert probe.calls == 1
+    assert first.source.startswith("measured") and second.source.startswith("cached")
+    assert (second.parallel_min_tokens, second.timings) == (8, first.timings)
+    assert cache_path(_key()).is_file()
+    assert "steps under 8 tokens run on one thread" in second.describe()
+
+
+def test_a_choice_of_all_threads_is_cached_too() -> None:
+    probe = CountingProbe(threshold=None)
+    cached_thread_choice(probe, _key())
+    assert cached_thread_choice(probe, _key()).parallel_min_tokens is None
+    assert probe.calls == 1
+
+
+def test_reprobe_measures_again_and_replaces_the_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    cached_thread_choice(CountingProbe(8), _key())
+    again = CountingProbe(16)
+    assert cached_thread_choice(again, _key(), reprobe=True).parallel_min_tokens == 16
+    monkeypatch.setenv(REPROBE_ENV, "1")
+    assert cached_thread_choice(again, _key()).parallel_min_tokens == 16
+    assert again.calls == 2
+    monkeypatch.setenv(REPROBE_ENV, "0")
+    assert cached_thread_choice(again, _key()).source.startswith("cached")
+    assert again.calls == 2
+
+
+def test_another_machine_or_model_shape_is_another_entry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    probe = CountingProbe()
+    cached_thread_choice(probe, _key())
+    cached_thread_choice(probe, _key(threads=4))
+    cached_thread_choice(probe, _key(layers=12))
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    cached_thread_choice(probe, _key())
+    assert probe.calls == 4
+
+
+@pytest.mark.parametrize("content", ["not json", '{"key": 1}', "[]",
+                                     '{"key": null, "parallel_min_tokens": 0}'])
+def test_a_damaged_entry_is_measured_again(content: str) -> None:
+    path = cache_path(_key())
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    probe = CountingProbe()
+    assert cached_thread_choice(probe, _key()).parallel_min_tokens == 8
+    assert probe.calls == 1
+    assert cached_thread_choice(probe, _key()).source.startswith("cached")
+
+
+def test_an_unwritable_home_still_measures(_own_home: Path) -> None:
+    _own_home.write_text("a file where the home directory should be")
+    probe = CountingProbe()
+    assert cached_thread_choice(probe, _key()).parallel_min_tokens == 8
+    assert cached_thread_choice(probe, _key()).parallel_min_tokens == 8
+    assert probe.calls == 2
+
+
+def test_the_executor_reuses_its_cached_choice(tiny_llama: Path) -> None:
+    model = load_model(tiny_llama, "float32")
+    before = torch.get_num_threads()
+    try:
+        first = tiny_executor(model, num_threads=2, parallel_min_tokens="auto").thread_choice
+        second = tiny_executor(model, num_threads=2, parallel_min_tokens="auto").thread_choice
+        third = tiny_executor(model, num_threads=2, parallel_min_tokens="auto",
+                              reprobe_threads=True).thread_choice
+    finally:
+        torch.set_num_threads(before)
+    assert first.source.startswith("measured") and third.source.startswith("measured")
+    assert second.source.startswith("cached")
+    assert (second.parallel_min_tokens, second.timings) == (first.parallel_min_tokens,
+                                                            first.timings)

@@ -95,9 +95,11 @@ def _late_arrival_waits(options: dict[str, Any]) -> int:
 
 def test_a_late_request_skips_the_refiner() -> None:
     assert _late_arrival_waits({}) == 0  # past its TTFT target: starved, admitted now
-    no_limit = {"starvation_limit": 1e9}
+    no_limit = {"starvation_limit": 1e9, "refine_admissions": True}
     assert _late_arrival_waits(no_limit) == 20  # the refiner weighs its ~0 gain: starves
     assert _late_arrival_waits({**no_limit, "refine_admissions": False}) == 0
+    # chunked prefill (the default) keeps every admission that fits from the refiner
+    assert _late_arrival_waits({"starvation_limit": 1e9}) == 0
 
 
 def _queue_order_under_overload(options: dict[str, Any]) -> list[str]:

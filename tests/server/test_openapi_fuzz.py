@@ -31,7 +31,8 @@ def _operations(url: str) -> list[Any]:
     return [result.ok() for result in schema.get_all_operations()]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.slow  # every operation (completions, chat, files, batches...) x 100 examples x 2 modes
+@pytest.mark.timeout(300)
 def test_no_request_gets_a_server_error(fuzzed_server: ServerThread) -> None:
     operations = _operations(fuzzed_server.url)
     paths = {op.path for op in operations}

@@ -12,11 +12,19 @@ calls `dispatch`, which plays the global scheduler and the per-instance agents (
 3. the estimator (§6) checks, at most every `replan_interval` seconds, whether any group
    is expected to miss its SLO; then the plan generator (§7, MILP with HiGHS) reorders
    and reassigns every group. A plan that falls back to EDF is logged and counted, and
-   so is one that says more capacity is needed (§A.3);
+   so is one that says more capacity is needed (§A.3). The estimator's execution times
+   are the instances' cost models scaled by their learned speed (andante.cluster.qlm
+   .speed: Θ measured from the load reports' engine steps), and an instance's current
+   work holds the queue back only in proportion to its occupied batch slots
+   (continuous batching starts a queued request as soon as a slot frees);
 4. per instance, from the head of its virtual queue: model swap (LSO 5) when the head
-   group's model is not on the device, once the instance has drained or the group
-   cannot wait for it; warm start of the next cold model in the queue (LSO 5); request
-   pulling (LSO 1) while the instance has spare KV tokens and no backlog of its own.
+   group's model is not on the device, once the instance has drained, or at once when
+   the head group cannot wait for the drain (late groups included: the head is never
+   starved) and is due before every request the swap would flush (otherwise those
+   come back to the head and swap the model back), with hysteresis; while it drains
+   for a swap, it pulls the device model's later requests expected to finish within
+   the drain; warm start of the next cold model in the queue (LSO 5); request pulling
+   (LSO 1) while the instance has spare KV tokens and no backlog of its own.
 Eviction and GPU-CPU state swap when a more urgent head group arrives (LSOs 2-3) are
 the instances' own preemption (an `edf` engine policy preempts for it; the mode,
 recompute or swap, is chosen by cost per model and hardware: `preemption_mode_for`).
@@ -36,9 +44,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from andante.cluster.instance import ModelState
-from andante.cluster.qlm.estimator import CostModelTable, OutputLengthModel, RCTEstimator
+from andante.cluster.qlm.estimator import (
+    CostModelTable,
+    ExecutionCost,
+    OutputLengthModel,
+    RCTEstimator,
+)
 from andante.cluster.qlm.groups import GroupKey, GroupTable, RequestGroup
 from andante.cluster.qlm.planner import PlannerOptions, generate_plan
+from andante.cluster.qlm.speed import LearnedCost, SpeedLearner
 from andante.cluster.qlm.types import InstanceView as QLMView
 from andante.cluster.qlm.types import QueuedRequest
 from andante.cluster.qlm.virtual_queue import (
@@ -53,7 +67,6 @@ from andante.engine.stats import SchedulerStats
 from andante.perf.cost_model import CostModel
 
 log = logging.getLogger(__name__)
-MIN_RATE_SAMPLES = 16  # finished requests before a measured Θ replaces the cost model's
 
 
 class ModelView(InstanceView, Protocol):
@@ -68,34 +81,6 @@ def preemption_mode_for(cost: CostModel, context_tokens: int = 1024) -> Preempti
     host link is cheaper than recomputing it on this model and hardware."""
     return choose_preemption(context_tokens, cost.model.kv_bytes_per_token / cost.tp,
                              cost.hardware.host_link_bandwidth, cost.prefill_time).mode
-
-
-@dataclass(slots=True)
-class _Rate:
-    """Θ measured (Insight #1: profiled over time): output tokens finished on one
-    instance for one model over the time since its first request was placed there."""
-
-    start: float
-    num_tokens: int = 0
-    num_requests: int = 0
-    end: float = 0.0
-
-    def resume(self, when: float, idle: bool) -> None:
-        """A placement at `when`; an idle instance's gap since `end` is not serving."""
-        if idle and self.num_requests and when > self.end:
-            self.start += when - self.end
-            self.end = when
-
-    def observe(self, num_tokens: int, when: float) -> None:
-        self.num_tokens += num_tokens
-        self.num_requests += 1
-        self.end = max(self.end, when)
-
-    def throughput(self) -> float | None:
-        span = self.end - self.start
-        if self.num_requests < MIN_RATE_SAMPLES or span <= 0:
-            return None
-        return self.num_tokens / span
 
 
 @dataclass(slots=True)
@@ -120,7 +105,11 @@ class QLMRouter:
     """Options are the paper's knobs (δ, S, Δ, the solver's budget and horizon) and
     one switch per operation, for the ablation: `pull`, `load_balance`, `warm_start`,
     `plan` (False: EDF over groups only). `pull_reserve`: KV tokens a pulled request
-    reserves for its output, in mean outputs of its group."""
+    reserves for its output, in mean outputs of its group. `learn_speed`: learn each
+    instance's speed from its load reports and finished requests
+    (andante.cluster.qlm.speed; False: the cost model alone). `swap_hysteresis`: a
+    model swap before the instance drains needs the device model to have served this
+    many times its own load time."""
 
     name = "qlm"
 
@@ -130,13 +119,17 @@ class QLMRouter:
                  horizon_groups: int = 12, replan_interval: float = 5.0,
                  default_deadline: float = 3600.0, pull: bool = True,
                  load_balance: bool = True, warm_start: bool = True, plan: bool = True,
-                 pull_reserve: float = 1.0, seed: int = 0, **unknown: Any) -> None:
+                 pull_reserve: float = 1.0, learn_speed: bool = True,
+                 swap_hysteresis: float = 2.0, seed: int = 0, **unknown: Any) -> None:
         if unknown:
             raise ValueError(f"router 'qlm': unknown option(s) {sorted(unknown)}")
         if avg_batch < 1:
             raise ValueError(f"qlm: avg_batch must be >= 1, got {avg_batch!r}")
-        if pull_reserve < 0:
-            raise ValueError(f"qlm: pull_reserve must be >= 0, got {pull_reserve!r}")
+        if not isinstance(learn_speed, bool):
+            raise ValueError(f"qlm: learn_speed must be true or false, got {learn_speed!r}")
+        if pull_reserve < 0 or swap_hysteresis < 0:
+            raise ValueError(f"qlm: pull_reserve and swap_hysteresis must be >= 0, "
+                             f"got {pull_reserve!r}, {swap_hysteresis!r}")
         if replan_interval < 0 or default_deadline <= 0:
             raise ValueError(f"qlm: replan_interval must be >= 0 and default_deadline > 0, "
                              f"got {replan_interval!r}, {default_deadline!r}")
@@ -150,15 +143,21 @@ class QLMRouter:
         self.default_deadline = default_deadline
         self.pull, self.load_balance = pull, load_balance
         self.warm_start, self.plan = warm_start, plan
-        self.pull_reserve = pull_reserve
+        self.pull_reserve, self.swap_hysteresis = pull_reserve, swap_hysteresis
+        self.learn_speed = learn_speed
+        self._init_state()
+
+    def _init_state(self) -> None:
         self.counters = QLMCounters()
         self.outputs = OutputLengthModel()
+        self.speed = SpeedLearner()
+        self._base_cost: CostModelTable | None = None  # the latest states' cost models
         self._table = GroupTable()
         self._keys: dict[str, GroupKey] = {}  # placed request id -> its group key
         self._order: dict[str, tuple[int, int]] = {}  # group id -> (instance, position)
         self._last_check = -math.inf
-        self._placed: dict[str, tuple[int, float]] = {}  # request id -> (instance, when)
-        self._rates: dict[tuple[int, str], _Rate] = {}
+        self._placed: dict[str, int] = {}  # request id -> instance
+        self._deadlines: dict[int, dict[str, float]] = {}  # instance -> its requests'
         self._last_swap: dict[int, tuple[float, float]] = {}  # instance -> (when, load s)
 
     # ---- Router -----------------------------------------------------------------------
@@ -170,13 +169,19 @@ class QLMRouter:
 
     def on_finished(self, req: Request) -> None:
         key = self._keys.pop(req.request_id, None)
-        placed = self._placed.pop(req.request_id, None)
+        placed = self._unplace(req.request_id)
         if key is None or not req.num_output_tokens or req.timeline.finish_time is None:
             return
         self.outputs.observe(key, req.num_output_tokens)
-        if placed is not None:
-            self._rates.setdefault((placed[0], key.model), _Rate(placed[1])).observe(
-                req.num_output_tokens, req.timeline.finish_time)
+        if placed is None:
+            return
+        timeline = req.timeline
+        if (self.learn_speed and self._base_cost is not None
+                and timeline.first_scheduled_time is not None
+                and not timeline.preemption_times):  # ran on one instance, unpreempted
+            self.speed.observe_first_token(self._base_cost, (str(placed), key.model),
+                                           req.num_prompt_tokens,
+                                           timeline.first_scheduled_time, timeline.token_times)
 
     # ---- QueueRouter ------------------------------------------------------------------
     def dispatch(self, queue: Sequence[Request], instances: Sequence[Any]) -> QueueDecision:
@@ -185,6 +190,8 @@ class QLMRouter:
             return QueueDecision()
         states = {v.index: v.multi_model.model_state() for v in views}
         now = max(v.load.stats.time for v in views)
+        if self.learn_speed:
+            self._observe_speed(views, states)
         self._sync(queue, states[views[0].index].device, now)
         groups = self._table.snapshot(self.avg_batch, self.options.delta, self.outputs.mean)
         servable = {m for state in states.values() for m in state.costs}
@@ -200,8 +207,18 @@ class QLMRouter:
             self._last_check = now
             if self._plan_if_late(groups, queues, qviews, estimator, now):
                 queues = self._queues(groups, qviews, estimator, holds)
-        decision = self._act(queues, views, states, qviews, now)
+        decision = self._act(queues, views, states, qviews, estimator, now)
         return dataclasses.replace(decision, placements=decision.placements + refused)
+
+    def _observe_speed(self, views: Sequence[ModelView], states: dict[int, ModelState]
+                       ) -> None:
+        """Θ measured: each instance's engine steps since its previous report."""
+        if self._base_cost is None:
+            return
+        for view in views:
+            state = states[view.index]
+            self.speed.observe_report(self._base_cost, (str(view.index), state.device),
+                                      view.load.stats, state.loading_s > 0)
 
     # ---- groups and virtual queues ------------------------------------------------------
     def _sync(self, queue: Sequence[Request], default_model: str, now: float) -> None:
@@ -211,7 +228,15 @@ class QLMRouter:
         self._table.remove(gone)
         for req in queue:
             if req.request_id not in self._table:
+                self._unplace(req.request_id)  # back from an instance (a swap's flush)
                 self._table.add(self._queued(req, default_model))
+
+    def _unplace(self, request_id: str) -> int | None:
+        """Forget where a request was placed; the instance it was on, if any."""
+        index = self._placed.pop(request_id, None)
+        if index is not None:
+            self._deadlines.get(index, {}).pop(request_id, None)
+        return index
 
     def _queued(self, req: Request, default_model: str) -> QueuedRequest:
         slo = req.slo
@@ -228,17 +253,29 @@ class QLMRouter:
             instance_id=str(view.index), models_on_device=(state.device,),
             models_on_host=state.host,
             token_capacity=max(1, stats.num_blocks * state.block_size),
-            throughput=self._measured(view.index),
+            throughput={},  # Θ from the (learned) cost model: `_estimator`
             device_memory_bytes=state.device_memory_bytes,
             host_link_bandwidth=state.host_link_bandwidth,
             disk_bandwidth=state.disk_bandwidth, num_running_tokens=max(0, used),
-            busy_s=load.drain_time + state.loading_s,
+            busy_s=self._blocking_s(view, state) + state.loading_s,
             avg_batch_size=self._batch_size(stats, share),
             host_memory_bytes=state.host_memory_bytes or None)
 
-    def _measured(self, index: int) -> dict[str, float]:
-        rates = {m: r.throughput() for (i, m), r in self._rates.items() if i == index}
-        return {m: theta for m, theta in rates.items() if theta is not None}
+    def _drain_s(self, view: ModelView, state: ModelState) -> float:
+        """The instance's own drain-time prediction at its learned speed."""
+        return view.load.drain_time * self._slowdown(view.index, state.device)
+
+    def _blocking_s(self, view: ModelView, state: ModelState) -> float:
+        """How long the instance's current work holds back the queue (W_q's start):
+        continuous batching starts a queued request as soon as a slot is free, so only
+        the share of the drain in proportion to the occupied batch slots counts."""
+        stats = view.load.stats
+        occupancy = min(1.0, stats.num_requests / max(1, stats.max_num_seqs))
+        return self._drain_s(view, state) * occupancy
+
+    def _slowdown(self, index: int, model: str) -> float:
+        """How much slower than its cost model the instance decodes `model` (learned)."""
+        return self.speed.decode_factor((str(index), model)) if self.learn_speed else 1.0
 
     @staticmethod
     def _batch_size(stats: SchedulerStats, num_queued: int) -> int:
@@ -249,7 +286,10 @@ class QLMRouter:
     def _estimator(self, states: dict[int, ModelState]) -> RCTEstimator:
         costs = {(str(i), m): c for i, s in states.items() for m, c in s.costs.items()}
         sizes = {m: b for s in states.values() for m, b in s.weight_bytes.items()}
-        return RCTEstimator(CostModelTable(costs), self.outputs, sizes)
+        self._base_cost = CostModelTable(costs)
+        cost: ExecutionCost = LearnedCost(self._base_cost, self.speed) \
+            if self.learn_speed else self._base_cost
+        return RCTEstimator(cost, self.outputs, sizes)
 
     def _queues(self, groups: Sequence[RequestGroup], views: dict[int, QLMView],
                 estimator: RCTEstimator, servable: dict[int, frozenset[str]]
@@ -327,10 +367,9 @@ class QLMRouter:
 
     # ---- per-instance agents (§5) -------------------------------------------------------
     def _act(self, queues: dict[int, list[RequestGroup]], views: Sequence[ModelView],
-             states: dict[int, ModelState], qviews: dict[int, QLMView], now: float
-             ) -> QueueDecision:
+             states: dict[int, ModelState], qviews: dict[int, QLMView],
+             estimator: RCTEstimator, now: float) -> QueueDecision:
         placements: list[tuple[str, int]] = []
-        views_by = {v.index: v for v in views}
         swaps: list[tuple[int, str]] = []
         warm: list[tuple[int, str]] = []
         for view in views:
@@ -345,30 +384,36 @@ class QLMRouter:
                 self.counters.num_warm_starts += 1
             if actions.swap_to is not None:
                 if not self._should_swap(view, queue[0], state, now):
+                    placements += [(rid, view.index) for rid in self._fill_drain(
+                        view, vq, by_id, qview, estimator, self._drain_s(view, state))]
                     continue
                 swaps.append((view.index, actions.swap_to))
+                log.info("qlm: instance %d swaps %s -> %s at %.2f s (head group deadline "
+                         "in %.2f s, drain %.2f s)", view.index, state.device,
+                         actions.swap_to, now, queue[0].deadline - now,
+                         self._drain_s(view, state))
                 self.counters.num_swaps += 1
                 self._last_swap[view.index] = (now, self._load_time(state, actions.swap_to))
                 qview = dataclasses.replace(qview, models_on_device=(actions.swap_to,),
                                             num_running_tokens=0)  # its KV is flushed
             placements += [(rid, view.index) for rid in self._pulled(view, vq, by_id, qview)]
         for rid, index in placements:
-            key = self._keys[rid] = self._table.key_for(self._table.get(rid))
-            self._placed[rid] = (index, now)
-            rate = self._rates.get((index, key.model))
-            if rate is not None:
-                stats = views_by[index].load.stats
-                rate.resume(now, stats.num_running + stats.num_waiting == 0)
+            self._keys[rid] = self._table.key_for(self._table.get(rid))
+            self._placed[rid] = index
+            self._deadlines.setdefault(index, {})[rid] = self._table.get(rid).deadline
         self._table.remove(rid for rid, _ in placements)
         return QueueDecision(tuple(placements), tuple(swaps), tuple(warm))
 
     def _should_swap(self, view: ModelView, head: RequestGroup, state: ModelState,
                      now: float) -> bool:
         """Swap once the instance has drained, or at once when the head group cannot
-        wait for the running batch but can still meet its deadline after the load (its
-        slack is shorter than the drain time, longer than the load), and the model on
-        the device has served at least twice as long as it took to load (swaps take at
-        most a third of an instance's time: no ping-pong between models)."""
+        wait for the running batch: its slack is shorter than the (learned) drain time,
+        whether it can still meet its deadline after the load or is late already (the
+        head of the queue is never starved), provided that it is more urgent than every
+        request the swap would flush (EDF: otherwise those come back to the head of the
+        queue and swap the model back: ping-pong), that the drain would take longer than
+        the load itself, and that the model on the device has served at least
+        `swap_hysteresis` times as long as it took to load."""
         if state.loading_s > 0:
             return False
         load = view.load
@@ -377,9 +422,12 @@ class QLMRouter:
         if drained:
             return True
         since, cost = self._last_swap.get(view.index, (-math.inf, 0.0))
-        slack = head.deadline - now
-        return (self._load_time(state, head.model) <= slack < load.drain_time
-                and now - since >= 2 * cost)
+        drain = self._drain_s(view, state)
+        running = self._deadlines.get(view.index, {})
+        more_urgent = head.deadline < min(running.values(), default=math.inf)
+        return (more_urgent and head.deadline - now < drain
+                and self._load_time(state, head.model) < drain
+                and now - since >= self.swap_hysteresis * cost)
 
     @staticmethod
     def _load_time(state: ModelState, model: str) -> float:
@@ -403,3 +451,27 @@ class QLMRouter:
         reserve = int(self.pull_reserve * self.outputs.mean(head.key))
         room = max(0, stats.max_num_seqs - stats.num_running)
         return pull_requests(vq, by_id, qview, reserve)[:room]
+
+    def _fill_drain(self, view: ModelView, vq: VirtualQueue, by_id: dict[str, RequestGroup],
+                    qview: QLMView, estimator: RCTEstimator, drain_s: float
+                    ) -> tuple[str, ...]:
+        """While the instance drains its device model before a swap to the head group's,
+        pull (LSO 1) from the later groups of the device model the requests expected to
+        finish within the drain (prefill plus their group's mean output at the learned
+        speed), so the batch's free slots do not idle and the swap is not delayed."""
+        if not self.pull:
+            return ()
+        iid, device = qview.instance_id, qview.models_on_device[0]
+        fitting = []
+        for group in vq.groups(by_id)[1:]:
+            if group.model != device:
+                continue
+            prompt = max(group.prompt_tokens)
+            step = estimator.cost.decode_time(iid, device, qview.avg_batch_size, prompt)
+            expected = (estimator.cost.prefill_time(iid, device, prompt)
+                        + step * self.outputs.mean(group.key))
+            if expected <= drain_s:
+                fitting.append(group.group_id)
+        if not fitting:
+            return ()
+        return self._pulled(view, VirtualQueue(vq.instance_id, tuple(fitting)), by_id, qview)

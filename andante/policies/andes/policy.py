@@ -108,7 +108,8 @@ class AndesPolicy(BasePolicy):
 
     def _init_state(self) -> None:
         self.chunks_prefill = self.options.chunked_prefill
-        self.refine_admissions = self.options.refine_admissions
+        refine = self.options.refine_admissions
+        self.refine_admissions = not self.chunks_prefill if refine is None else refine
         limit = self.options.starvation_limit
         if limit is None and self.chunks_prefill:
             limit = 0.0

@@ -12,10 +12,21 @@ from andante.policies.ascendra.options import RefitOptions
 from andante.policies.ascendra.perf import OnlinePerfModel
 
 
-def shape_with(shape: BatchShape, num_new: int, num_cached: int, samples: bool) -> BatchShape:
-    """A copy of `shape` with one more request's chunk."""
-    out = shape.copy()
-    out.add(num_new, num_cached, samples)
+def shape_with(shape: BatchShape, num_new: int, num_cached: int, samples: bool,
+               out: BatchShape | None = None) -> BatchShape:
+    """`shape` with one more request's chunk (written into `out`, a scratch shape
+    reused across calls, when given; else a new copy)."""
+    if out is None:
+        out = shape.copy()
+        out.add(num_new, num_cached, samples)
+        return out
+    c = num_new  # BatchShape.add's arithmetic on shape's figures
+    out.num_seqs = shape.num_seqs + 1
+    out.num_tokens = shape.num_tokens + c
+    out.num_sampled = shape.num_sampled + samples
+    out.attn_pairs = shape.attn_pairs + (num_cached * c + (c * c + c) * 0.5)
+    out.kv_tokens_read = shape.kv_tokens_read + (num_cached + c)
+    out.num_decode_seqs = shape.num_decode_seqs + (c == 1 and num_cached > 0)
     return out
 
 
@@ -62,9 +73,7 @@ class AscendraBase(BasePolicy):
         shape = BatchShape()
         for req in batch.requests:
             shape.add(1, req.num_computed_tokens - k, True)
-        for duration in durations:
-            self.perf_model.observe(shape.copy(), duration)
-            shape.advance_decodes()
+        self.perf_model.observe_decode_run(shape, durations)
 
     def ttft_of(self, req: Request) -> float:
         ttft = req.slo.ttft

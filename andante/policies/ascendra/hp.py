@@ -50,6 +50,12 @@ class AscendraHPPolicy(AscendraBase):
         if req.is_finished and req.num_output_tokens:
             self.decode_lengths.observe(req.num_output_tokens)
 
+    @property
+    def decode_budget(self) -> int:
+        """With nothing waiting, every running request decodes, in order
+        (andante.sim.after_finish)."""
+        return self.ctx.config.max_num_batched_tokens
+
     def schedule(self, plan: StepPlan) -> None:
         if not self._sorted:
             plan.waiting.sort(key=by_arrival)

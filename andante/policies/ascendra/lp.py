@@ -79,6 +79,12 @@ class AscendraLPPolicy(AscendraBase):
         wait = now - req.arrival_time
         return wait + self.prefill_time(req) + self.full_batch_time() > self.ttft_of(req)
 
+    @property
+    def decode_budget(self) -> int:
+        """With nothing waiting, the running decodes advance in order within the step's
+        token budget (andante.sim.after_finish)."""
+        return min(self.ctx.config.max_num_batched_tokens, self.options.token_budget)
+
     # ---- one step -----------------------------------------------------------------
     def schedule(self, plan: StepPlan) -> None:
         opts = self.options
@@ -139,10 +145,10 @@ class AscendraLPPolicy(AscendraBase):
         if limit <= 0 or budget == math.inf:
             return max(0, limit)
         cached, whole = req.num_computed_tokens, req.num_uncomputed_tokens
-        predict = self.perf_model.predict
+        predict, scratch = self.perf_model.predict, BatchShape()
 
         def fits(n: int) -> bool:
-            return predict(shape_with(shape, n, cached, n == whole)) <= budget
+            return predict(shape_with(shape, n, cached, n == whole, scratch)) <= budget
 
         if fits(limit):
             return limit

@@ -18,6 +18,7 @@ the uncalibrated CPU profile.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from andante.perf.cost_model import CostModel
 from andante.perf.fit import Sample, fit_coefficients
@@ -75,6 +76,44 @@ class OnlinePerfModel:
             self.refit()
         elif self._since_fit >= self.refit_every:
             self._since_fit = 0
+
+    def observe_decode_run(self, shape: BatchShape, durations: Sequence[float]) -> None:
+        """`observe` each step of a decode run: `shape` and the steps after it, every
+        sequence one token longer per step (`BatchShape.advance_decodes`), lasting
+        `durations`. The same records, errors and refits as step by step; the predictions
+        between two refit checks come from `CostModel.decode_step_times` at once."""
+        if shape.num_tokens <= 0 or not all(d > 0 for d in durations):
+            for duration in durations:  # observe's own skips
+                self.observe(shape.copy(), duration)
+                shape.advance_decodes()
+            return
+        done, seqs = 0, shape.num_seqs
+        errors, samples = self._errors, self._samples
+        while done < len(durations):
+            count = len(durations) - done
+            if self.refit_every:
+                count = min(count, self.refit_every - self._since_fit)
+            predicted = self.cost_model.decode_step_times(shape, count)
+            for step in range(count):
+                duration = durations[done + step]
+                error = abs(predicted[step] - duration) / duration
+                if len(errors) == errors.maxlen:
+                    self._error_sum -= errors[0]
+                errors.append(error)
+                self._error_sum += error
+                samples.append((BatchShape(
+                    shape.num_seqs, shape.num_tokens, shape.num_sampled,
+                    shape.num_decode_seqs, shape.attn_pairs + step * seqs,
+                    shape.kv_tokens_read + step * seqs), duration))
+            shape = BatchShape(shape.num_seqs, shape.num_tokens, shape.num_sampled,
+                               shape.num_decode_seqs, shape.attn_pairs + count * seqs,
+                               shape.kv_tokens_read + count * seqs)
+            done += count
+            self._since_fit += count
+            if self.refit_every and self._since_fit >= self.refit_every and self._drifted():
+                self.refit()
+            elif self._since_fit >= self.refit_every:
+                self._since_fit = 0
 
     def _drifted(self) -> bool:
         error = self.error

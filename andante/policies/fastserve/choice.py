@@ -89,8 +89,9 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
             continue
         else:
             n = req.num_uncomputed_tokens
-        blocks = plan.num_blocks_for(req.num_computed_tokens + n)
-        pinned_left -= pinned.get(req, 0)
+        blocks = -(-(req.num_computed_tokens + n) // bs)  # plan.num_blocks_for, inlined
+        if pinned:
+            pinned_left -= pinned.get(req, 0)
         if used + pinned_left + blocks > (capacity if new else held_capacity):
             if status == _RUNNING:
                 choice.unplaced.append(req)
@@ -118,15 +119,16 @@ def _pinned(plan: StepPlan, order: Sequence[Request]) -> dict[Request, int]:
     iteration holds. The host is filled from the lowest priority up (the eviction order),
     so the jobs left swappable can all be swapped out together."""
     host_free = plan.num_free_host_blocks
+    in_flight, bs = plan.in_flight_ids, plan.block_size
     out: dict[Request, int] = {}
     for req in reversed(order):
-        if req.status != _RUNNING or plan.is_in_flight(req):
+        if req.status != _RUNNING or (in_flight and plan.is_in_flight(req)):
             continue
         held = plan.num_blocks_of(req)
         if held <= host_free:
             host_free -= held
-        else:
-            out[req] = plan.num_blocks_for(req.num_computed_tokens + req.num_uncomputed_tokens)
+        else:  # the blocks of all its tokens (computed + uncomputed)
+            out[req] = -(-req.num_tokens // bs)
     return out
 
 

@@ -46,6 +46,8 @@ class SkipJoinMLFQ:
         if not quanta or any(b <= a for a, b in zip(quanta, quanta[1:], strict=False)):
             raise ValueError(f"quanta must be non-empty and increasing, got {list(quanta)}")
         self.quanta = tuple(quanta)
+        # attained service that uses up each queue's quantum (the test `charge` makes)
+        self._spent = tuple(q * (1.0 - 1e-9) for q in self.quanta)
         self.starve_limit = starve_limit
         self._prefix = [0.0]  # _prefix[k] = q_0 + ... + q_{k-1}
         for q in self.quanta:
@@ -99,10 +101,15 @@ class SkipJoinMLFQ:
         state.attained += service
         level = state.level
         self._attained[level] += service
-        if state.attained < self.quanta[level] * (1.0 - 1e-9):
+        if state.attained < self._spent[level]:
             return
         new_level = self.level_for(next_iteration_time(req), min(level + 1, len(self.quanta) - 1))
         self._move(req, state, new_level)
+
+    def charge_batch(self, reqs: Sequence[Request], service: float,
+                     next_iteration_time: Callable[[Request], float]) -> None:
+        """`charge` of each of `reqs` (a step's batch) still queued, in order."""
+        self._charge_all(reqs, 0, service, lambda req, _step: next_iteration_time(req))
 
     def replay_decode_run(self, reqs: Sequence[Request], starts: Sequence[float],
                           services: Sequence[float],
@@ -136,8 +143,8 @@ class SkipJoinMLFQ:
     def _charge_all(self, reqs: Sequence[Request], step: int, service: float,
                     next_iteration_time: Callable[[Request, int], float]) -> None:
         """`charge` of each job still queued, inlined (a run's hot loop)."""
-        jobs, quanta, attained = self._jobs, self.quanta, self._attained
-        lowest = len(quanta) - 1
+        jobs, spent, attained = self._jobs, self._spent, self._attained
+        lowest = len(spent) - 1
         for req in reqs:
             state = jobs.get(req)
             if state is None:
@@ -145,10 +152,16 @@ class SkipJoinMLFQ:
             level = state.level
             state.attained += service
             attained[level] += service
-            if state.attained >= quanta[level] * (1.0 - 1e-9):
+            if state.attained >= spent[level]:
                 new_level = self.level_for(next_iteration_time(req, step),
                                            min(level + 1, lowest))
                 self._move(req, state, new_level)
+
+    def would_promote(self, now: float) -> bool:
+        """Would `promote_starved(now)` move a job?"""
+        oldest = next(iter(self._by_last_run), None)
+        return self.starve_limit is not None and oldest is not None and \
+            now - self._jobs[oldest].last_run >= self.starve_limit
 
     def promote_starved(self, now: float) -> list[Request]:
         """Move every job idle for at least α to the tail of Q1 (Algorithm 1, line 19)."""
@@ -238,6 +251,13 @@ class FCFSOrder:
     def charge(self, req: Request, service: float,
                next_iteration_time: Callable[[Request], float]) -> None:
         return None
+
+    def charge_batch(self, reqs: Sequence[Request], service: float,
+                     next_iteration_time: Callable[[Request], float]) -> None:
+        return None
+
+    def would_promote(self, now: float) -> bool:
+        return False
 
     def promote_starved(self, now: float) -> list[Request]:
         return []

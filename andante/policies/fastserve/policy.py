@@ -105,6 +105,11 @@ class JobOrder(Protocol):
     def charge(self, req: Request, service: float,
                next_iteration_time: Callable[[Request], float]) -> None: ...
 
+    def charge_batch(self, reqs: Sequence[Request], service: float,
+                     next_iteration_time: Callable[[Request], float]) -> None: ...
+
+    def would_promote(self, now: float) -> bool: ...
+
     def promote_starved(self, now: float) -> list[Request]: ...
 
     def ordered(self) -> list[Request]: ...
@@ -134,6 +139,7 @@ class FastServePolicy(BasePolicy):
                             opts.swap_in_after_swap_out)
         self.arrivals = ArrivalRate(opts.rate_window)
         self.stationary = False  # see the design note: decode runs
+        self._room = 0  # device blocks the last step left jobs beside the reserve
 
     def _make_order(self, opts: FastServeOptions) -> JobOrder:
         base = opts.base_quantum
@@ -181,9 +187,7 @@ class FastServePolicy(BasePolicy):
             return
         cost = self.ctx.cost_model
         service = cost.step_time(batch.shape()) if cost is not None else result.duration
-        for req in batch.requests:
-            if not req.is_finished:
-                self.order.charge(req, service, self.iteration_time)
+        self.order.charge_batch(batch.requests, service, self.iteration_time)
 
     def schedule(self, plan: StepPlan) -> None:
         now = plan.now
@@ -197,21 +201,44 @@ class FastServePolicy(BasePolicy):
                       lambda jobs: self.order.enst(size, now, jobs))
         for req in plan.scheduled:
             self.order.mark_run(req, now)
-        self.stationary = self._batch_repeats(plan, reserve)
+        self._room = plan.num_total_blocks - plan.watermark_blocks - reserve
+        self.stationary = self._batch_repeats(plan)
 
     # ---- decode runs ----------------------------------------------------------------
-    def _batch_repeats(self, plan: StepPlan, reserve: int) -> bool:
+    @property
+    def decode_budget(self) -> int:
+        """After a finish with nothing waiting or swapped, the batch stays every job when
+        the last decision found them all room (`stationary`; the job set only shrank and
+        the reserve only shrinks without arrivals): andante.sim.after_finish."""
+        return self.ctx.config.max_num_batched_tokens
+
+    def decode_order(self, running: Sequence[Request]) -> list[Request] | None:
+        """The batch's order then: the job order (None if a promotion would change it, or
+        if the jobs may not all keep their place: after a step with prefills, the room
+        it found is checked for their blocks at their last tokens)."""
+        if self.order.would_promote(self.now) or len(running) != len(self.order):
+            return None
+        if not (self.stationary or self._fit_to_the_end(running)):
+            return None
+        return self.order.ordered()
+
+    def _batch_repeats(self, plan: StepPlan) -> bool:
         """Is this all-decode batch of every job certain to be chosen again, step after
         step, until a job arrives or finishes? (See the design note.)"""
         if plan.waiting or plan.swapped or plan.preemptions or plan.swap_ins \
                 or plan.in_flight_ids or len(plan.scheduled) != len(self.order):
             return False
-        if any(n != 1 for n in plan.num_scheduled_tokens):
+        if sum(plan.num_scheduled_tokens) != len(plan.scheduled):  # each >= 1
             return False
-        limit = self.ctx.config.max_model_len
-        blocks = sum(plan.num_blocks_for(min(r.num_prompt_tokens + r.sampling.max_tokens,
-                                             limit)) for r in plan.scheduled)
-        return blocks <= plan.num_total_blocks - plan.watermark_blocks - reserve
+        return self._fit_to_the_end(plan.scheduled)
+
+    def _fit_to_the_end(self, jobs: Sequence[Request]) -> bool:
+        """Do the jobs' blocks at their last tokens fit the room the last step found
+        beside the reserve (which only shrinks until a job arrives)?"""
+        limit, bs = self.ctx.config.max_model_len, self.ctx.config.block_size
+        blocks = sum(-(-min(r.num_prompt_tokens + r.sampling.max_tokens, limit) // bs)
+                     for r in jobs)
+        return blocks <= self._room
 
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
         """Replay the run's steps on the job order (each step was scheduled when the one

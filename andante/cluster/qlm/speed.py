@@ -1,0 +1,170 @@
+"""The instances' measured speed, learned online (QLM §6: Θ is the instance's measured
+token throughput; Insight #1, §2.4: profiled over time, constant per model and
+hardware).
+
+Design note. The completion time estimator (eqs. 1-5) takes its prefill time P, its
+decode step d and its throughput Θ from a cost model. A cost model describes an idle
+machine: an instance on a busy or contended machine runs several times slower, and the
+estimator then underestimates every completion time by that factor, so the planner sees
+no violation until it is too late. We learn, per (instance, model), by how much the
+instance is slower (or faster) than its cost model, separately for decode and prefill,
+from what the controller already sees:
+- decode (d and Θ = b / d): between two consecutive load reports of a busy instance,
+  the engine steps it ran and the seconds they took, against the seconds the cost
+  model gives as many decode steps at the batch it ran (b the mean of the two
+  reports' running requests). The other work of those steps (prefill chunks mixed
+  into the batch) counts as slowdown: Θ is the throughput of generated tokens. Load
+  reports are `SchedulerStats`, the same in the simulator, in-process and from a Ray
+  actor;
+- prefill: each finished request that ran unpreempted gives the time from its first
+  scheduling to its first token, against the cost model's prefill of its prompt.
+Each factor is a ratio of sums, observed over modelled seconds, with the cost model as
+the prior worth `prior_s` seconds: factor = (Σ o_i + prior_s) / (Σ m_i + prior_s).
+Observations fade with a half-life of `half_life_s` observed seconds, so the factor
+follows the machine's load. `LearnedCost` applies the factors to an injected cost
+model, so the estimator, the planner and the router use the learned speed without
+knowing of it, in the simulator and on the real engine alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from andante.cluster.qlm.estimator import ExecutionCost
+from andante.cluster.qlm.types import check_non_negative, check_positive
+from andante.engine.stats import SchedulerStats
+
+SpeedKey = tuple[str, str]  # (instance id, model)
+
+
+@dataclass(slots=True)
+class FadingRatio:
+    """Σ observed / Σ modelled seconds, older seconds fading, with a prior of 1."""
+
+    observed: float = 0.0
+    modelled: float = 0.0
+
+    def observe(self, observed_s: float, modelled_s: float, half_life_s: float) -> None:
+        decay = 0.5 ** (observed_s / half_life_s)
+        self.observed = self.observed * decay + observed_s
+        self.modelled = self.modelled * decay + modelled_s
+
+    def factor(self, prior_s: float) -> float:
+        return (self.observed + prior_s) / (self.modelled + prior_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportPoint:
+    """What one load report says of an instance's pace: time, engine steps so far,
+    running requests, the model on its device and the mean context."""
+
+    time: float
+    num_steps: int
+    num_running: int
+    model: str
+    context: int
+
+
+@dataclass(slots=True)
+class SpeedLearner:
+    """Slowdown factors over the cost model per (instance, model), for prefill and
+    decode (see the module note)."""
+
+    prior_s: float = 1.0
+    half_life_s: float = 60.0
+    _prefill: dict[SpeedKey, FadingRatio] = field(default_factory=dict)
+    _decode: dict[SpeedKey, FadingRatio] = field(default_factory=dict)
+    _last: dict[str, ReportPoint] = field(default_factory=dict)  # instance -> point
+
+    def __post_init__(self) -> None:
+        check_positive("prior_s", self.prior_s)
+        check_positive("half_life_s", self.half_life_s)
+
+    def observe_prefill(self, key: SpeedKey, observed_s: float, modelled_s: float) -> None:
+        self._observe(self._prefill, key, observed_s, modelled_s)
+
+    def observe_decode(self, key: SpeedKey, observed_s: float, modelled_s: float) -> None:
+        self._observe(self._decode, key, observed_s, modelled_s)
+
+    def _observe(self, table: dict[SpeedKey, FadingRatio], key: SpeedKey,
+                 observed_s: float, modelled_s: float) -> None:
+        check_non_negative("observed_s", observed_s)
+        check_non_negative("modelled_s", modelled_s)
+        if observed_s > 0 and modelled_s > 0:
+            table.setdefault(key, FadingRatio()).observe(observed_s, modelled_s,
+                                                         self.half_life_s)
+
+    def prefill_factor(self, key: SpeedKey) -> float:
+        ratio = self._prefill.get(key)
+        return 1.0 if ratio is None else ratio.factor(self.prior_s)
+
+    def decode_factor(self, key: SpeedKey) -> float:
+        ratio = self._decode.get(key)
+        return 1.0 if ratio is None else ratio.factor(self.prior_s)
+
+    def observed_s(self, key: SpeedKey) -> float:
+        """The (faded) decode seconds observed on `key`."""
+        ratio = self._decode.get(key)
+        return 0.0 if ratio is None else ratio.observed
+
+    def observe_window(self, cost: ExecutionCost, key: SpeedKey, seconds: float,
+                       num_steps: int, batch_size: float, context_len: int) -> None:
+        """A busy instance ran `num_steps` steps in `seconds` at a mean batch of
+        `batch_size` sequences of `context_len` tokens."""
+        if num_steps <= 0 or seconds <= 0:
+            return
+        iid, model = key
+        step = cost.decode_time(iid, model, max(1, round(batch_size)), max(1, context_len))
+        self.observe_decode(key, seconds, num_steps * step)
+
+    def observe_report(self, cost: ExecutionCost, key: SpeedKey, stats: SchedulerStats,
+                       loading: bool = False) -> None:
+        """The latest load report of `key`'s instance (serving `key`'s model): a decode
+        window since its previous report, if it stayed busy on the same model."""
+        iid, model = key
+        point = ReportPoint(stats.time, stats.num_steps, stats.num_running, model,
+                            stats.num_tokens // max(1, stats.num_requests))
+        last = self._last.get(iid)
+        if last is not None and point.time <= last.time:
+            return  # no step since: keep the older point
+        self._last[iid] = point
+        if (last is None or last.model != model or loading
+                or not (last.num_running and point.num_running)):
+            return
+        self.observe_window(cost, key, point.time - last.time,
+                            point.num_steps - last.num_steps,
+                            (last.num_running + point.num_running) / 2, point.context)
+
+    def observe_first_token(self, cost: ExecutionCost, key: SpeedKey, num_prompt_tokens: int,
+                            scheduled: float, token_times: Sequence[float]) -> None:
+        """A finished request that ran unpreempted: first scheduling to first token."""
+        if token_times:
+            iid, model = key
+            self.observe_prefill(key, max(0.0, token_times[0] - scheduled),
+                                 cost.prefill_time(iid, model, num_prompt_tokens))
+
+    def summary(self) -> dict[str, float]:
+        """Each key's factors, for logs and experiment reports."""
+        out: dict[str, float] = {}
+        for name, table in (("decode", self._decode), ("prefill", self._prefill)):
+            for (iid, model), ratio in table.items():
+                out[f"{name}[{iid},{model}]"] = ratio.factor(self.prior_s)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedCost:
+    """`ExecutionCost`: `base` scaled by the learned factors of each (instance, model)."""
+
+    base: ExecutionCost
+    speed: SpeedLearner
+
+    def prefill_time(self, instance_id: str, model: str, num_tokens: int) -> float:
+        return (self.base.prefill_time(instance_id, model, num_tokens)
+                * self.speed.prefill_factor((instance_id, model)))
+
+    def decode_time(self, instance_id: str, model: str, batch_size: int,
+                    context_len: int) -> float:
+        return (self.base.decode_time(instance_id, model, batch_size, context_len)
+                * self.speed.decode_factor((instance_id, model)))

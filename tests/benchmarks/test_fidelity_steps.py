@@ -1,0 +1,78 @@
+"""fidelity.py's per-step comparison (StepTrace) and serve_vs_vllm's verdict."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from andante.core import Request, SamplingParams
+from andante.engine.engine import StepOutput
+from andante.engine.stats import SchedulerStats
+from andante.exec.batch import StepBatch, StepResult
+from andante.perf.catalog import get_hardware, get_model
+from andante.perf.cost_model import CostModel
+from andante.perf.specs import CostCoefficients
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _module(name: str) -> ModuleType:
+    sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+
+def _step(chunks: list[tuple[int, int]]) -> StepBatch:
+    batch = StepBatch()
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    for i, (new, cached) in enumerate(chunks):
+        batch.add(Request(f"r{i}", [1] * (new + cached), params, 0.0), new, cached, True, [0])
+    return batch
+
+
+def test_step_trace_compares_each_kind_with_the_model() -> None:
+    fidelity = _module("fidelity")
+    model = CostModel(get_model("smollm2-135m"), get_hardware("a10-24g"))
+    slower = model.with_coefficients(CostCoefficients(c2=2.0, c5=0.01))
+    clock = _Clock()
+    trace = fidelity.StepTrace(model, clock, single_fit=slower)
+    busy = SchedulerStats(num_running=2)
+    steps = [[(1, 40), (1, 90)], [(64, 0), (1, 91)], [(30, 0)], [(1, 41), (1, 92)]]
+    for chunks in steps:
+        batch = _step(chunks)
+        duration = model.step_time(batch.shape()) * 1.5  # the engine runs 1.5x slower
+        clock.t += duration + 0.002  # plus 2 ms of loop between steps
+        trace(StepOutput(batch, StepResult([1] * len(chunks), duration)), busy)
+    summary = trace.summary()
+    assert [r["kind"] for r in trace.rows] == ["decode", "mixed", "prefill", "decode"]
+    assert summary["decode"]["steps"] == 2
+    for kind in ("decode", "mixed", "prefill"):
+        assert summary[kind]["ratio"] == pytest.approx(1.5, abs=1e-3)
+        assert summary[kind]["ratio_single_fit"] < 1.5  # the slower model predicts more
+    assert summary["loop_median_ms"] == pytest.approx(2.0, abs=1e-3)
+
+
+def test_serve_verdict_compares_with_vllm() -> None:
+    serve = _module("serve_vs_vllm")
+    ours = {"burst": {"request_goodput": 1.9, "p99_ttft_ms": 800.0, "mean_qoe": 0.99},
+            "poisson": {"request_goodput": 1.8, "p99_ttft_ms": 900.0, "mean_qoe": 0.98}}
+    theirs = {"burst": {"request_goodput": 1.8, "p99_ttft_ms": 900.0, "mean_qoe": 0.99},
+              "poisson": {"request_goodput": 1.9, "p99_ttft_ms": 800.0, "mean_qoe": 0.99}}
+    assert serve.verdict(ours, theirs) == {
+        "burst": {"goodput": True, "ttft_p99": True, "qoe": True},
+        "poisson": {"goodput": False, "ttft_p99": False, "qoe": False}}

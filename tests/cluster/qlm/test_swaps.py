@@ -1,0 +1,111 @@
+"""When the qlm router swaps a model early, and what it pulls while an instance drains."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from andante.cluster.instance import ModelState
+from andante.cluster.load import LoadReport
+from andante.cluster.qlm import RCTEstimator, VirtualQueue, form_groups
+from andante.cluster.qlm.groups import RequestGroup
+from andante.cluster.qlm.router import QLMRouter
+from andante.perf.catalog import get_hardware, get_model
+from andante.perf.cost_model import CostModel
+from tests.cluster.fakes import load_report
+from tests.cluster.qlm.helpers import FlatCost, request, view
+
+GB = 10**9
+
+
+def _state(device: str = "m1", loading_s: float = 0.0) -> ModelState:
+    cost = CostModel(get_model("mistral-7b"), get_hardware("a100-80g"))
+    # 1 GB of weights over a 1 GB/s host link: a warm load takes 1 s
+    return ModelState(device=device, host=("m1", "m2"), loading_s=loading_s,
+                      costs={"m1": cost, "m2": cost}, weight_bytes={"m1": GB, "m2": GB},
+                      host_link_bandwidth=1e9, disk_bandwidth=1e9, device_memory_bytes=80 * GB,
+                      host_memory_bytes=0, block_size=16)
+
+
+@dataclass
+class _Multi:
+    state: ModelState
+
+    def model_state(self) -> ModelState:
+        return self.state
+
+    def warm_model(self, model: str) -> bool:
+        return False
+
+
+@dataclass
+class _Slot:
+    """What the router reads of a controller slot."""
+
+    load: LoadReport
+    multi_model: Any
+    index: int = 0
+    num_in_transit: int = 0
+    alive: bool = True
+
+
+def _slot(drain_s: float, running: int = 4, waiting: int = 0) -> _Slot:
+    load = load_report(drain_time=drain_s, num_running=running, num_waiting=waiting,
+                       max_num_seqs=16, time=100.0)
+    return _Slot(load, _Multi(_state()))
+
+
+def _head(deadline_in: float, now: float = 100.0) -> RequestGroup:
+    return form_groups([request("b", model="m2", arrival=0.0, slo=now + deadline_in)], 8)[0]
+
+
+def test_a_late_head_group_swaps_in_before_the_drain() -> None:
+    router = QLMRouter()
+    late = _head(-5.0)  # already past its deadline
+    assert router._should_swap(_slot(drain_s=10.0), late, _state(), 100.0)
+
+
+def test_no_early_swap_when_the_head_can_wait_or_the_drain_is_shorter_than_the_load() -> None:
+    router = QLMRouter()
+    assert not router._should_swap(_slot(drain_s=10.0), _head(50.0), _state(), 100.0)
+    assert not router._should_swap(_slot(drain_s=0.5), _head(-5.0), _state(), 100.0)
+    assert not router._should_swap(_slot(drain_s=10.0), _head(-5.0),
+                                   _state(loading_s=0.3), 100.0)  # still loading
+    assert router._should_swap(_slot(drain_s=10.0, running=0), _head(50.0), _state(), 100.0)
+
+
+def test_no_early_swap_that_would_flush_more_urgent_requests() -> None:
+    router = QLMRouter()
+    router._deadlines[0] = {"running": 90.0}  # placed there, due before the head (95)
+    assert not router._should_swap(_slot(drain_s=10.0), _head(-5.0), _state(), 100.0)
+    router._deadlines[0] = {"running": 120.0}
+    assert router._should_swap(_slot(drain_s=10.0), _head(-5.0), _state(), 100.0)
+
+
+def test_hysteresis_keeps_a_swapped_in_model_long_enough() -> None:
+    router = QLMRouter(swap_hysteresis=2.0)
+    router._last_swap[0] = (99.0, 1.0)  # swapped 1 s ago, a 1 s load
+    assert not router._should_swap(_slot(drain_s=10.0), _head(-5.0), _state(), 100.0)
+    router._last_swap[0] = (97.5, 1.0)  # 2.5 s ago: served twice its load time
+    assert router._should_swap(_slot(drain_s=10.0), _head(-5.0), _state(), 100.0)
+
+
+def test_while_draining_it_pulls_only_device_model_work_that_ends_within_the_drain() -> None:
+    router = QLMRouter()
+    for _ in range(50):  # the "long" class of m1 produces 2000 tokens
+        router.outputs.observe(form_groups([request("l0", slo_class="long")], 8)[0].key, 2000)
+    groups = [_head(-5.0),
+              form_groups([request("s1", model="m1", slo_class="short"),
+                           request("s2", model="m1", slo_class="short")], 8)[0],
+              form_groups([request("l1", model="m1", slo_class="long")], 8)[0]]
+    vq = VirtualQueue("0", tuple(g.group_id for g in groups))
+    by_id = {g.group_id: g for g in groups}
+    estimator = RCTEstimator(FlatCost(prefill_s=0.1, step_s=0.01), router.outputs,
+                             {"m1": GB, "m2": GB})
+    slot, qview = _slot(drain_s=5.0), view("0", on_device=("m1",))
+    # short: 0.1 s + 256 expected tokens x 0.01 s = 2.7 s <= 5 s; long: 20 s > 5 s
+    assert router._fill_drain(slot, vq, by_id, qview, estimator, 5.0) == ("s1", "s2")
+    assert router._fill_drain(slot, vq, by_id, qview, estimator, 1.0) == ()
+    backlog = _slot(drain_s=5.0, waiting=2)  # the instance has a queue of its own
+    assert router._fill_drain(backlog, vq, by_id, qview, estimator, 5.0) == ()
+    assert QLMRouter(pull=False)._fill_drain(slot, vq, by_id, qview, estimator, 5.0) == ()
