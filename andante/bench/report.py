@@ -60,6 +60,7 @@ class Report:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{name}.png"
         fig.savefig(path, dpi=110, bbox_inches="tight")
+        _close(fig)
         self._parts.append(f"\n![{caption or name}]({path.name})\n")
         if caption:
             self._parts.append(f"*{caption}*\n")
@@ -84,3 +85,10 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "to_dict"):
         return value.to_dict()
     return str(value)
+
+
+def _close(fig: Any) -> None:
+    """Release a saved figure (pyplot keeps every open figure until it is closed)."""
+    from matplotlib import pyplot
+
+    pyplot.close(fig)
