@@ -78,9 +78,12 @@ def andante_command(args: argparse.Namespace, port: int, policy: str) -> list[st
     cmd = [sys.executable, "-m", "andante.cli.main", "serve", "--port", str(port),
            "--policy", policy, "--max-queued", "100000", "--log-level", "warning",
            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
-           "--no-prefix-caching"]  # like vLLM's side below: the same work for both
+           "--no-prefix-caching",  # like vLLM's side below: the same work for both
+           "--dtype", "bfloat16"]  # as vLLM serves it (below)
     if args.andante_model:
         cmd += ["--model", args.andante_model]
+    if args.andante_threads:
+        cmd += ["--threads", str(args.andante_threads)]
     for option in args.policy_option:
         cmd += ["--policy-option", option]
     return cmd
@@ -187,6 +190,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to andante serve (repeatable)")
     p.add_argument("--andante-model", help="default: the embedded model")
+    p.add_argument("--andante-threads", type=int, default=None,
+                   help="andante's torch threads (default: the server's own choice)")
     p.add_argument("--model-dir", type=Path, default=VLLM_MODEL,
                    help="converted model (default: $ANDANTE_VLLM_MODEL or $ANDANTE_PEERS/...)")
     p.add_argument("--vllm-python", default=str(VLLM_PYTHON),

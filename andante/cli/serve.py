@@ -96,9 +96,11 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "at most 5%% of the available memory; the startup log says how much)")
     g.add_argument("--swap-space", type=float, default=0.25,
                    help="host KV GiB for swapping (default 0.25)")
-    g.add_argument("--dtype", choices=["bfloat16", "float32"], default="float32",
-                   help="weights and KV (default float32: bfloat16's greedy answers to "
-                   "near-ties vary with the CPU's kernels)")
+    g.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                   help="weights and KV (default auto: bfloat16 where the CPU has bf16 "
+                   "matrix units, as vLLM serves this model, else float32; float32 is exact "
+                   "but 2-3x slower there, and bfloat16's greedy answers to near-ties vary "
+                   "with the CPU's kernels)")
     g.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
     add_prefix_caching_arg(g)
     g.add_argument("--threads", type=positive_int, help="torch threads (default: all cores)")
@@ -118,7 +120,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_gib=args.kv_cache_gib,
         swap_space_gib=args.swap_space,
-        dtype=args.dtype,
+        dtype=_dtype(args),
         num_threads=args.threads,
         toy_step_time=args.toy_step_ms / 1000.0,
         enable_prefix_caching=args.enable_prefix_caching,
@@ -178,3 +180,15 @@ def run(args: argparse.Namespace) -> int:
     except PortUnavailable as exc:
         print(f"andante serve: {exc}", file=sys.stderr)
         return 1
+
+
+def _dtype(args: argparse.Namespace) -> str:
+    """`--dtype auto`: bfloat16 where oneDNN has bf16 GEMMs on this CPU, else float32
+    (the toy engine loads no weights)."""
+    if args.dtype != "auto":
+        return str(args.dtype)
+    if args.model and all(m.split("=", 1)[-1] == "toy" for m in args.model):
+        return "float32"
+    from andante.exec.torch_layers import preferred_dtype
+
+    return preferred_dtype()

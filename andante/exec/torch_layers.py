@@ -45,6 +45,12 @@ def packed_gemm_supported(dtype: torch.dtype) -> bool:
         return False
 
 
+def preferred_dtype() -> str:
+    """The serving dtype for this CPU: bfloat16 where it has oneDNN bf16 GEMMs (AMX or
+    AVX-512 BF16), else float32 (bf16 emulated in float32 is slower than float32)."""
+    return "bfloat16" if packed_gemm_supported(torch.bfloat16) else "float32"
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     return _mkldnn._reorder_linear_weight(weight.contiguous(), None)
 
