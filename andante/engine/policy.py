@@ -45,13 +45,13 @@ class Policy(Protocol):
     blocks must still be free at the end of such a run (a policy whose decision changes
     when free memory falls below a threshold). `chunks_prefill` is True if it splits a prefill
     longer than the step's token budget (else the budget must cover max_model_len).
-    An optional `prefill_run_budget` > 0 (the step's token budget) says that a
+    A `prefill_run_budget` > 0 (the step's token budget) says that a
     stationary policy's step is "running requests in order, each by its uncomputed
     tokens capped by the budget left" and it keeps no per-step state, so that the
     simulator may apply runs of chunked-prefill steps at once (andante.sim.prefill_run).
-    An optional `decode_budget` > 0 says that, with nothing waiting or swapped and every
-    running request decoding, its step advances them all, in the running list's order
-    (or that of its optional `decode_order(running)`, None if unsure), when they number
+    A `decode_budget` > 0 says that, with nothing waiting or swapped and every
+    running request decoding, its step advances them all, in the order
+    `decode_order(running)` gives (None if unsure), when they number
     at most that (andante.sim.after_finish).
     """
 
@@ -69,6 +69,14 @@ class Policy(Protocol):
     def on_step_end(self, batch: StepBatch, result: StepResult) -> None: ...
 
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None: ...
+
+    @property
+    def prefill_run_budget(self) -> int: ...
+
+    @property
+    def decode_budget(self) -> int: ...
+
+    def decode_order(self, running: Sequence[Request]) -> Sequence[Request] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +127,20 @@ class BasePolicy:
         """The steps of a decode run repeating `batch` took `durations` (their tokens
         are recorded and their requests' `num_computed_tokens` advanced)."""
         return None
+
+    @property
+    def prefill_run_budget(self) -> int:
+        """0: no chunked-prefill runs (see Policy)."""
+        return 0
+
+    @property
+    def decode_budget(self) -> int:
+        """0: no decode run starts without a scheduled step first (see Policy)."""
+        return 0
+
+    def decode_order(self, running: Sequence[Request]) -> Sequence[Request] | None:
+        """The running list's own order (see Policy)."""
+        return running
 
 
 def parse_options(options_cls: type, values: dict[str, Any], policy_name: str) -> Any:

@@ -29,7 +29,7 @@ def batch_after_finish(scheduler: Scheduler) -> StepBatch | None:
     """The all-decode batch of every running request that the policy certainly
     schedules next (None: a step must decide)."""
     policy, running = scheduler.policy, scheduler.running
-    budget = getattr(policy, "decode_budget", 0)
+    budget = policy.decode_budget
     if budget <= 0 or not running:
         return None
     if scheduler.waiting or scheduler.swapped or scheduler.has_in_flight:
@@ -40,8 +40,7 @@ def batch_after_finish(scheduler: Scheduler) -> StepBatch | None:
         return None
     if any(r.status != _RUNNING or r.num_uncomputed_tokens != 1 for r in running):
         return None
-    order = getattr(policy, "decode_order", None)
-    batch_order = running if order is None else order(running)
+    batch_order = policy.decode_order(running)
     if batch_order is None or len(batch_order) != len(running):
         return None
     batch = StepBatch()

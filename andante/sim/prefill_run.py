@@ -32,7 +32,7 @@ _RUNNING = RequestStatus.RUNNING
 def prefill_run_chunks(scheduler: Scheduler, batch: StepBatch) -> list[int]:
     """The prefill chunks of the last running request in the steps certain to follow
     `batch` (just applied), one per step; [] when no prefill run applies."""
-    budget = getattr(scheduler.policy, "prefill_run_budget", 0)
+    budget = scheduler.policy.prefill_run_budget
     running = scheduler.running
     if budget <= 0 or not running or sum(batch.num_new_tokens) != budget:
         return []  # (the budget was not spent: another request could have joined)
