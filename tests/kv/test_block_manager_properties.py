@@ -11,7 +11,8 @@ from andante.kv import KVBlockManager, OutOfBlocksError
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["allocate", "append", "swap_out", "swap_in", "free", "end_step", "resize"]),
+        st.sampled_from(["allocate", "append", "swap_out", "swap_in", "free", "end_step",
+                         "resize"]),
         st.integers(min_value=0, max_value=7),  # which request
         st.integers(min_value=1, max_value=40),  # how many tokens
     ),

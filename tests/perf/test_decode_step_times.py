@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import dataclasses
 
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
