@@ -17,14 +17,8 @@ calls `dispatch`, which plays the global scheduler and the per-instance agents (
    .speed: Θ measured from the load reports' engine steps), and an instance's current
    work holds the queue back only in proportion to its occupied batch slots
    (continuous batching starts a queued request as soon as a slot frees);
-4. per instance, from the head of its virtual queue: model swap (LSO 5) when the head
-   group's model is not on the device, once the instance has drained, or at once when
-   the head group cannot wait for the drain (late groups included: the head is never
-   starved) and is due before every request the swap would flush (otherwise those
-   come back to the head and swap the model back), with hysteresis; while it drains
-   for a swap, it pulls the device model's later requests expected to finish within
-   the drain; warm start of the next cold model in the queue (LSO 5); request pulling
-   (LSO 1) while the instance has spare KV tokens and no backlog of its own.
+4. per instance, its QLM agent (andante.cluster.qlm.agents, §5) turns the head of its
+   virtual queue into model swaps and warm starts (LSO 5) and request pulling (LSO 1).
 Eviction and GPU-CPU state swap when a more urgent head group arrives (LSOs 2-3) are
 the instances' own preemption (an `edf` engine policy preempts for it; the mode,
 recompute or swap, is chosen by cost per model and hardware: `preemption_mode_for`).
@@ -39,11 +33,12 @@ import math
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from andante.cluster.instance import ModelState
+from andante.cluster.qlm.agents import AgentInstance, AgentOptions, ModelView, QLMAgents
 from andante.cluster.qlm.estimator import (
     CostModelTable,
     ExecutionCost,
@@ -51,29 +46,18 @@ from andante.cluster.qlm.estimator import (
     RCTEstimator,
 )
 from andante.cluster.qlm.groups import GroupKey, GroupTable, RequestGroup
-from andante.cluster.qlm.planner import PlannerOptions, generate_plan
+from andante.cluster.qlm.plan_problem import PlannerOptions
+from andante.cluster.qlm.planner import generate_plan
 from andante.cluster.qlm.speed import LearnedCost, SpeedLearner
 from andante.cluster.qlm.types import InstanceView as QLMView
 from andante.cluster.qlm.types import QueuedRequest
-from andante.cluster.qlm.virtual_queue import (
-    VirtualQueue,
-    choose_preemption,
-    model_actions,
-    pull_requests,
-)
-from andante.cluster.router import InstanceView, QueueDecision
+from andante.cluster.qlm.virtual_queue import choose_preemption
+from andante.cluster.router import QueueDecision
 from andante.core.request import PreemptionMode, Request
 from andante.engine.stats import SchedulerStats
 from andante.perf.cost_model import CostModel
 
 log = logging.getLogger(__name__)
-
-
-class ModelView(InstanceView, Protocol):
-    """A router's view of an instance (the controller's slot) that can report models."""
-
-    @property
-    def multi_model(self) -> Any: ...
 
 
 def preemption_mode_for(cost: CostModel, context_tokens: int = 1024) -> PreemptionMode:
@@ -109,7 +93,8 @@ class QLMRouter:
     instance's speed from its load reports and finished requests
     (andante.cluster.qlm.speed; False: the cost model alone). `swap_hysteresis`: a
     model swap before the instance drains needs the device model to have served this
-    many times its own load time."""
+    many times its own load time (`pull`, `warm_start`, `pull_reserve` and
+    `swap_hysteresis` are the agents' options: andante.cluster.qlm.agents)."""
 
     name = "qlm"
 
@@ -139,11 +124,12 @@ class QLMRouter:
                                       time_limit_s=None if time_limit_ms is None
                                       else time_limit_ms / 1000.0,
                                       horizon_groups=horizon_groups, seed=seed)
+        self.agent_options = AgentOptions(pull=pull, warm_start=warm_start,
+                                          pull_reserve=pull_reserve,
+                                          swap_hysteresis=swap_hysteresis)
         self.avg_batch, self.replan_interval = avg_batch, replan_interval
         self.default_deadline = default_deadline
-        self.pull, self.load_balance = pull, load_balance
-        self.warm_start, self.plan = warm_start, plan
-        self.pull_reserve, self.swap_hysteresis = pull_reserve, swap_hysteresis
+        self.load_balance, self.plan = load_balance, plan
         self.learn_speed = learn_speed
         self._init_state()
 
@@ -158,7 +144,7 @@ class QLMRouter:
         self._last_check = -math.inf
         self._placed: dict[str, int] = {}  # request id -> instance
         self._deadlines: dict[int, dict[str, float]] = {}  # instance -> its requests'
-        self._last_swap: dict[int, tuple[float, float]] = {}  # instance -> (when, load s)
+        self.agents = QLMAgents(self.agent_options, self.outputs)
 
     # ---- Router -----------------------------------------------------------------------
     def route(self, req: Request, instances: Sequence[Any]) -> int | None:
@@ -209,6 +195,23 @@ class QLMRouter:
                 queues = self._queues(groups, qviews, estimator, holds)
         decision = self._act(queues, views, states, qviews, estimator, now)
         return dataclasses.replace(decision, placements=decision.placements + refused)
+
+    def _act(self, queues: dict[int, list[RequestGroup]], views: Sequence[ModelView],
+             states: dict[int, ModelState], qviews: dict[int, QLMView],
+             estimator: RCTEstimator, now: float) -> QueueDecision:
+        """The agents' operations (§5); the requests they pull leave the group table."""
+        instances = [AgentInstance(v, states[v.index], qviews[v.index],
+                                   self._drain_s(v, states[v.index]),
+                                   self._deadlines.get(v.index, {})) for v in views]
+        decision = self.agents.act(queues, instances, estimator, now)
+        self.counters.num_swaps += len(decision.swaps)
+        self.counters.num_warm_starts += len(decision.warm)
+        for rid, index in decision.placements:
+            self._keys[rid] = self._table.key_for(self._table.get(rid))
+            self._placed[rid] = index
+            self._deadlines.setdefault(index, {})[rid] = self._table.get(rid).deadline
+        self._table.remove(rid for rid, _ in decision.placements)
+        return decision
 
     def _observe_speed(self, views: Sequence[ModelView], states: dict[int, ModelState]
                        ) -> None:
@@ -364,114 +367,3 @@ class QLMRouter:
             for rid, wait in est.waits.items():
                 self.counters.predicted_start.setdefault(rid, now + wait)
         return late
-
-    # ---- per-instance agents (§5) -------------------------------------------------------
-    def _act(self, queues: dict[int, list[RequestGroup]], views: Sequence[ModelView],
-             states: dict[int, ModelState], qviews: dict[int, QLMView],
-             estimator: RCTEstimator, now: float) -> QueueDecision:
-        placements: list[tuple[str, int]] = []
-        swaps: list[tuple[int, str]] = []
-        warm: list[tuple[int, str]] = []
-        for view in views:
-            queue, state, qview = queues[view.index], states[view.index], qviews[view.index]
-            if not queue:
-                continue
-            vq = VirtualQueue(qview.instance_id, tuple(g.group_id for g in queue))
-            by_id = {g.group_id: g for g in queue}
-            actions = model_actions(vq, by_id, qview, dict(state.weight_bytes))
-            if self.warm_start and actions.warm_start is not None:
-                warm.append((view.index, actions.warm_start))
-                self.counters.num_warm_starts += 1
-            if actions.swap_to is not None:
-                if not self._should_swap(view, queue[0], state, now):
-                    placements += [(rid, view.index) for rid in self._fill_drain(
-                        view, vq, by_id, qview, estimator, self._drain_s(view, state))]
-                    continue
-                swaps.append((view.index, actions.swap_to))
-                log.info("qlm: instance %d swaps %s -> %s at %.2f s (head group deadline "
-                         "in %.2f s, drain %.2f s)", view.index, state.device,
-                         actions.swap_to, now, queue[0].deadline - now,
-                         self._drain_s(view, state))
-                self.counters.num_swaps += 1
-                self._last_swap[view.index] = (now, self._load_time(state, actions.swap_to))
-                qview = dataclasses.replace(qview, models_on_device=(actions.swap_to,),
-                                            num_running_tokens=0)  # its KV is flushed
-            placements += [(rid, view.index) for rid in self._pulled(view, vq, by_id, qview)]
-        for rid, index in placements:
-            self._keys[rid] = self._table.key_for(self._table.get(rid))
-            self._placed[rid] = index
-            self._deadlines.setdefault(index, {})[rid] = self._table.get(rid).deadline
-        self._table.remove(rid for rid, _ in placements)
-        return QueueDecision(tuple(placements), tuple(swaps), tuple(warm))
-
-    def _should_swap(self, view: ModelView, head: RequestGroup, state: ModelState,
-                     now: float) -> bool:
-        """Swap once the instance has drained, or at once when the head group cannot
-        wait for the running batch: its slack is shorter than the (learned) drain time,
-        whether it can still meet its deadline after the load or is late already (the
-        head of the queue is never starved), provided that it is more urgent than every
-        request the swap would flush (EDF: otherwise those come back to the head of the
-        queue and swap the model back: ping-pong), that the drain would take longer than
-        the load itself, and that the model on the device has served at least
-        `swap_hysteresis` times as long as it took to load."""
-        if state.loading_s > 0:
-            return False
-        load = view.load
-        drained = load.stats.num_running + load.stats.num_waiting == 0 \
-            and view.num_in_transit == 0
-        if drained:
-            return True
-        since, cost = self._last_swap.get(view.index, (-math.inf, 0.0))
-        drain = self._drain_s(view, state)
-        running = self._deadlines.get(view.index, {})
-        more_urgent = head.deadline < min(running.values(), default=math.inf)
-        return (more_urgent and head.deadline - now < drain
-                and self._load_time(state, head.model) < drain
-                and now - since >= self.swap_hysteresis * cost)
-
-    @staticmethod
-    def _load_time(state: ModelState, model: str) -> float:
-        size = state.weight_bytes.get(model, 0)
-        warm = size / state.host_link_bandwidth
-        return warm if model in state.host else warm + size / state.disk_bandwidth
-
-    def _pulled(self, view: ModelView, vq: VirtualQueue, by_id: dict[str, RequestGroup],
-                qview: QLMView) -> tuple[str, ...]:
-        """Request pulling (LSO 1): into spare KV tokens, only without a backlog; without
-        pulling (ablation) every request of the instance's device-model groups at once."""
-        if not self.pull:
-            return tuple(rid for g in vq.groups(by_id) if g.model in qview.models_on_device
-                         for rid in g.request_ids)
-        stats = view.load.stats
-        if qview.models_on_device[0] != view.multi_model.model_state().device:
-            stats = dataclasses.replace(stats, num_running=0, num_waiting=0)  # swapping
-        elif stats.num_waiting or view.num_in_transit:
-            return ()
-        head = vq.groups(by_id)[0]
-        reserve = int(self.pull_reserve * self.outputs.mean(head.key))
-        room = max(0, stats.max_num_seqs - stats.num_running)
-        return pull_requests(vq, by_id, qview, reserve)[:room]
-
-    def _fill_drain(self, view: ModelView, vq: VirtualQueue, by_id: dict[str, RequestGroup],
-                    qview: QLMView, estimator: RCTEstimator, drain_s: float
-                    ) -> tuple[str, ...]:
-        """While the instance drains its device model before a swap to the head group's,
-        pull (LSO 1) from the later groups of the device model the requests expected to
-        finish within the drain (prefill plus their group's mean output at the learned
-        speed), so the batch's free slots do not idle and the swap is not delayed."""
-        if not self.pull:
-            return ()
-        iid, device = qview.instance_id, qview.models_on_device[0]
-        fitting = []
-        for group in vq.groups(by_id)[1:]:
-            if group.model != device:
-                continue
-            prompt = max(group.prompt_tokens)
-            step = estimator.cost.decode_time(iid, device, qview.avg_batch_size, prompt)
-            expected = (estimator.cost.prefill_time(iid, device, prompt)
-                        + step * self.outputs.mean(group.key))
-            if expected <= drain_s:
-                fitting.append(group.group_id)
-        if not fitting:
-            return ()
-        return self._pulled(view, VirtualQueue(vq.instance_id, tuple(fitting)), by_id, qview)

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 SCRIPT = """
-from andante.cluster.qlm import planner
-planner._quiet_first_highs()
+from andante.cluster.qlm import highs_solver
+highs_solver.quiet_first_highs()
 import highspy
 highspy.Highs()
 print("only this")

@@ -5,17 +5,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from andante.cluster.qlm.edf_plan import edf_queues
 from andante.cluster.qlm.estimator import OutputLengthModel, RCTEstimator
 from andante.cluster.qlm.groups import form_groups
-from andante.cluster.qlm.planner import (
+from andante.cluster.qlm.milp import build_milp, queue_length, start_values
+from andante.cluster.qlm.plan_problem import (
     PlannerOptions,
     PlanProblem,
     build_problem,
-    edf_queues,
     evaluate_queues,
-    generate_plan,
-    solve_problem,
 )
+from andante.cluster.qlm.planner import generate_plan, solve_problem
 from tests.cluster.qlm.helpers import GB, FlatCost, request, view
 
 
@@ -197,15 +197,13 @@ def test_any_plan_places_each_group_once_where_it_fits(n, g, seed, slo_scale, ho
 def test_milp_encoding_agrees_with_the_evaluator_on_a_given_plan(seed, level, swap_weight):
     # The MILP vector of the EDF plan satisfies every row and bound, and its cost is the
     # evaluator's eq. 13 objective (plus Σ slo, a constant left out of the program).
-    from andante.cluster.qlm.planner import _build_milp, _start_values, queue_length
-
     p = random_problem(6, 2, 5, seed, slo_scale=3.0, num_models=3)
     options = PlannerOptions(num_samples=5, chance_level=level, swap_weight=swap_weight)
-    model = _build_milp(p, options, queue_length(p, options))
+    model = build_milp(p, options, queue_length(p, options))
     queues = edf_queues(p)
     ev = evaluate_queues(p, queues, options)
     assert ev.feasible
-    v = _start_values(p, model.layout, queues)
+    v = start_values(p, model.layout, queues)
     start, index, value = model.matrix
     rows = np.zeros(len(model.row_lower))
     for col in range(len(v)):

@@ -1,13 +1,15 @@
-"""When the qlm router swaps a model early, and what it pulls while an instance drains."""
+"""When a QLM agent swaps a model early, and what it pulls while an instance drains."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from andante.cluster.instance import ModelState
 from andante.cluster.load import LoadReport
 from andante.cluster.qlm import RCTEstimator, VirtualQueue, form_groups
+from andante.cluster.qlm.agents import AgentInstance
 from andante.cluster.qlm.groups import RequestGroup
 from andante.cluster.qlm.router import QLMRouter
 from andante.perf.catalog import get_hardware, get_model
@@ -55,6 +57,13 @@ def _slot(drain_s: float, running: int = 4, waiting: int = 0) -> _Slot:
     return _Slot(load, _Multi(_state()))
 
 
+def _instance(drain_s: float, running: int = 4, waiting: int = 0, state: ModelState | None = None,
+              deadlines: Mapping[str, float] | None = None) -> AgentInstance:
+    """Instance 0 as its agent sees it; its drain time is the load report's."""
+    return AgentInstance(_slot(drain_s, running, waiting), state or _state(),
+                         view("0", on_device=("m1",)), drain_s, deadlines or {})
+
+
 def _head(deadline_in: float, now: float = 100.0) -> RequestGroup:
     return form_groups([request("b", model="m2", arrival=0.0, slo=now + deadline_in)], 8)[0]
 
@@ -62,32 +71,34 @@ def _head(deadline_in: float, now: float = 100.0) -> RequestGroup:
 def test_a_late_head_group_swaps_in_before_the_drain() -> None:
     router = QLMRouter()
     late = _head(-5.0)  # already past its deadline
-    assert router._should_swap(_slot(drain_s=10.0), late, _state(), 100.0)
+    assert router.agents.should_swap(_instance(drain_s=10.0), late, 100.0)
 
 
 def test_no_early_swap_when_the_head_can_wait_or_the_drain_is_shorter_than_the_load() -> None:
     router = QLMRouter()
-    assert not router._should_swap(_slot(drain_s=10.0), _head(50.0), _state(), 100.0)
-    assert not router._should_swap(_slot(drain_s=0.5), _head(-5.0), _state(), 100.0)
-    assert not router._should_swap(_slot(drain_s=10.0), _head(-5.0),
-                                   _state(loading_s=0.3), 100.0)  # still loading
-    assert router._should_swap(_slot(drain_s=10.0, running=0), _head(50.0), _state(), 100.0)
+    assert not router.agents.should_swap(_instance(drain_s=10.0), _head(50.0), 100.0)
+    assert not router.agents.should_swap(_instance(drain_s=0.5), _head(-5.0), 100.0)
+    assert not router.agents.should_swap(_instance(drain_s=10.0, state=_state(loading_s=0.3)),
+                                         _head(-5.0), 100.0)  # still loading
+    assert router.agents.should_swap(_instance(drain_s=10.0, running=0), _head(50.0), 100.0)
 
 
 def test_no_early_swap_that_would_flush_more_urgent_requests() -> None:
     router = QLMRouter()
-    router._deadlines[0] = {"running": 90.0}  # placed there, due before the head (95)
-    assert not router._should_swap(_slot(drain_s=10.0), _head(-5.0), _state(), 100.0)
-    router._deadlines[0] = {"running": 120.0}
-    assert router._should_swap(_slot(drain_s=10.0), _head(-5.0), _state(), 100.0)
+    placed = {"running": 90.0}  # placed there, due before the head (95)
+    assert not router.agents.should_swap(_instance(drain_s=10.0, deadlines=placed),
+                                         _head(-5.0), 100.0)
+    placed = {"running": 120.0}
+    assert router.agents.should_swap(_instance(drain_s=10.0, deadlines=placed),
+                                     _head(-5.0), 100.0)
 
 
 def test_hysteresis_keeps_a_swapped_in_model_long_enough() -> None:
     router = QLMRouter(swap_hysteresis=2.0)
-    router._last_swap[0] = (99.0, 1.0)  # swapped 1 s ago, a 1 s load
-    assert not router._should_swap(_slot(drain_s=10.0), _head(-5.0), _state(), 100.0)
-    router._last_swap[0] = (97.5, 1.0)  # 2.5 s ago: served twice its load time
-    assert router._should_swap(_slot(drain_s=10.0), _head(-5.0), _state(), 100.0)
+    router.agents.last_swap[0] = (99.0, 1.0)  # swapped 1 s ago, a 1 s load
+    assert not router.agents.should_swap(_instance(drain_s=10.0), _head(-5.0), 100.0)
+    router.agents.last_swap[0] = (97.5, 1.0)  # 2.5 s ago: served twice its load time
+    assert router.agents.should_swap(_instance(drain_s=10.0), _head(-5.0), 100.0)
 
 
 def test_while_draining_it_pulls_only_device_model_work_that_ends_within_the_drain() -> None:
@@ -102,10 +113,11 @@ def test_while_draining_it_pulls_only_device_model_work_that_ends_within_the_dra
     by_id = {g.group_id: g for g in groups}
     estimator = RCTEstimator(FlatCost(prefill_s=0.1, step_s=0.01), router.outputs,
                              {"m1": GB, "m2": GB})
-    slot, qview = _slot(drain_s=5.0), view("0", on_device=("m1",))
+    agents = router.agents
     # short: 0.1 s + 256 expected tokens x 0.01 s = 2.7 s <= 5 s; long: 20 s > 5 s
-    assert router._fill_drain(slot, vq, by_id, qview, estimator, 5.0) == ("s1", "s2")
-    assert router._fill_drain(slot, vq, by_id, qview, estimator, 1.0) == ()
-    backlog = _slot(drain_s=5.0, waiting=2)  # the instance has a queue of its own
-    assert router._fill_drain(backlog, vq, by_id, qview, estimator, 5.0) == ()
-    assert QLMRouter(pull=False)._fill_drain(slot, vq, by_id, qview, estimator, 5.0) == ()
+    assert agents.fill_drain(_instance(drain_s=5.0), vq, by_id, estimator) == ("s1", "s2")
+    assert agents.fill_drain(_instance(drain_s=1.0), vq, by_id, estimator) == ()
+    backlog = _instance(drain_s=5.0, waiting=2)  # the instance has a queue of its own
+    assert agents.fill_drain(backlog, vq, by_id, estimator) == ()
+    no_pull = QLMRouter(pull=False).agents
+    assert no_pull.fill_drain(_instance(drain_s=5.0), vq, by_id, estimator) == ()

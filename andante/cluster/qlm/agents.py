@@ -1,0 +1,179 @@
+"""QLM agents: each instance's virtual queue turned into serving operations (QLM §5).
+
+Design note. "A QLM agent resident on each LLM serving instance monitors the virtual
+queue ordering and converts it into LSO actions" (§5, Fig. 7). Per instance, from the head
+of its virtual queue, the agent asks for:
+- a model swap (LSO 5) when the head group's model is not on the device, once the
+  instance has drained, or at once when the head group cannot wait for the drain (late
+  groups included: the head is never starved) and is due before every request the swap
+  would flush (otherwise those come back to the head and swap the model back), with
+  hysteresis; while it drains for a swap, it pulls the device model's later requests
+  expected to finish within the drain;
+- a warm start of the next cold model in the queue (LSO 5);
+- request pulling (LSO 1) while the instance has spare KV tokens and no backlog of its own.
+Eviction and GPU-CPU state swap when a more urgent head group arrives (LSOs 2-3) are the
+instances' own preemption (an `edf` engine policy preempts for it). The router
+(andante.cluster.qlm.router) builds the virtual queues and records what was placed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from andante.cluster.instance import ModelState
+from andante.cluster.qlm.estimator import OutputLengthModel, RCTEstimator
+from andante.cluster.qlm.groups import RequestGroup
+from andante.cluster.qlm.types import InstanceView as QLMView
+from andante.cluster.qlm.virtual_queue import VirtualQueue, model_actions, pull_requests
+from andante.cluster.router import InstanceView, QueueDecision
+
+log = logging.getLogger(__name__)
+
+
+class ModelView(InstanceView, Protocol):
+    """A router's view of an instance (the controller's slot) that can report models."""
+
+    @property
+    def multi_model(self) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOptions:
+    """One switch per operation (the ablation) and the swap and pull knobs:
+    `pull_reserve`: KV tokens a pulled request reserves for its output, in mean outputs
+    of its group; `swap_hysteresis`: a model swap before the instance drains needs the
+    device model to have served this many times its own load time."""
+
+    pull: bool = True
+    warm_start: bool = True
+    pull_reserve: float = 1.0
+    swap_hysteresis: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInstance:
+    """One instance as its agent sees it at a dispatch."""
+
+    slot: ModelView  # the controller's slot: load report, models, requests in transit
+    state: ModelState
+    view: QLMView  # the estimator's view of it
+    drain_s: float  # its own drain-time prediction at its learned speed
+    deadlines: Mapping[str, float]  # of the requests placed on it, by request id
+
+
+def load_time(state: ModelState, model: str) -> float:
+    """Seconds to load `model`: from host memory (warm), else from disk too (cold)."""
+    size = state.weight_bytes.get(model, 0)
+    warm = size / state.host_link_bandwidth
+    return warm if model in state.host else warm + size / state.disk_bandwidth
+
+
+class QLMAgents:
+    """The agents of every instance; they remember each instance's last model swap."""
+
+    def __init__(self, options: AgentOptions, outputs: OutputLengthModel) -> None:
+        self.options = options
+        self.outputs = outputs  # the router's output-length model (learned as it serves)
+        self.last_swap: dict[int, tuple[float, float]] = {}  # instance -> (when, load s)
+
+    def act(self, queues: Mapping[int, list[RequestGroup]],
+            instances: Sequence[AgentInstance], estimator: RCTEstimator,
+            now: float) -> QueueDecision:
+        """The placements, model swaps and warm starts every agent asks for now."""
+        placements: list[tuple[str, int]] = []
+        swaps: list[tuple[int, str]] = []
+        warm: list[tuple[int, str]] = []
+        for inst in instances:
+            index, queue, state = inst.slot.index, queues[inst.slot.index], inst.state
+            if not queue:
+                continue
+            vq = VirtualQueue(inst.view.instance_id, tuple(g.group_id for g in queue))
+            by_id = {g.group_id: g for g in queue}
+            actions = model_actions(vq, by_id, inst.view, dict(state.weight_bytes))
+            if self.options.warm_start and actions.warm_start is not None:
+                warm.append((index, actions.warm_start))
+            qview = inst.view
+            if actions.swap_to is not None:
+                if not self.should_swap(inst, queue[0], now):
+                    placements += [(rid, index) for rid in self.fill_drain(
+                        inst, vq, by_id, estimator)]
+                    continue
+                swaps.append((index, actions.swap_to))
+                log.info("qlm: instance %d swaps %s -> %s at %.2f s (head group deadline "
+                         "in %.2f s, drain %.2f s)", index, state.device,
+                         actions.swap_to, now, queue[0].deadline - now, inst.drain_s)
+                self.last_swap[index] = (now, load_time(state, actions.swap_to))
+                qview = dataclasses.replace(qview, models_on_device=(actions.swap_to,),
+                                            num_running_tokens=0)  # its KV is flushed
+            placements += [(rid, index) for rid in self.pulled(inst, vq, by_id, qview)]
+        return QueueDecision(tuple(placements), tuple(swaps), tuple(warm))
+
+    def should_swap(self, inst: AgentInstance, head: RequestGroup, now: float) -> bool:
+        """Swap once the instance has drained, or at once when the head group cannot
+        wait for the running batch: its slack is shorter than the (learned) drain time,
+        whether it can still meet its deadline after the load or is late already (the
+        head of the queue is never starved), provided that it is more urgent than every
+        request the swap would flush (EDF: otherwise those come back to the head of the
+        queue and swap the model back: ping-pong), that the drain would take longer than
+        the load itself, and that the model on the device has served at least
+        `swap_hysteresis` times as long as it took to load."""
+        if inst.state.loading_s > 0:
+            return False
+        load = inst.slot.load
+        drained = load.stats.num_running + load.stats.num_waiting == 0 \
+            and inst.slot.num_in_transit == 0
+        if drained:
+            return True
+        since, cost = self.last_swap.get(inst.slot.index, (-math.inf, 0.0))
+        drain = inst.drain_s
+        more_urgent = head.deadline < min(inst.deadlines.values(), default=math.inf)
+        return (more_urgent and head.deadline - now < drain
+                and load_time(inst.state, head.model) < drain
+                and now - since >= self.options.swap_hysteresis * cost)
+
+    def pulled(self, inst: AgentInstance, vq: VirtualQueue, by_id: dict[str, RequestGroup],
+               qview: QLMView) -> tuple[str, ...]:
+        """Request pulling (LSO 1): into spare KV tokens, only without a backlog; without
+        pulling (ablation) every request of the instance's device-model groups at once."""
+        if not self.options.pull:
+            return tuple(rid for g in vq.groups(by_id) if g.model in qview.models_on_device
+                         for rid in g.request_ids)
+        stats = inst.slot.load.stats
+        if qview.models_on_device[0] != inst.slot.multi_model.model_state().device:
+            stats = dataclasses.replace(stats, num_running=0, num_waiting=0)  # swapping
+        elif stats.num_waiting or inst.slot.num_in_transit:
+            return ()
+        head = vq.groups(by_id)[0]
+        reserve = int(self.options.pull_reserve * self.outputs.mean(head.key))
+        room = max(0, stats.max_num_seqs - stats.num_running)
+        return pull_requests(vq, by_id, qview, reserve)[:room]
+
+    def fill_drain(self, inst: AgentInstance, vq: VirtualQueue,
+                   by_id: dict[str, RequestGroup], estimator: RCTEstimator
+                   ) -> tuple[str, ...]:
+        """While the instance drains its device model before a swap to the head group's,
+        pull (LSO 1) from the later groups of the device model the requests expected to
+        finish within the drain (prefill plus their group's mean output at the learned
+        speed), so the batch's free slots do not idle and the swap is not delayed."""
+        if not self.options.pull:
+            return ()
+        qview = inst.view
+        iid, device = qview.instance_id, qview.models_on_device[0]
+        fitting = []
+        for group in vq.groups(by_id)[1:]:
+            if group.model != device:
+                continue
+            prompt = max(group.prompt_tokens)
+            step = estimator.cost.decode_time(iid, device, qview.avg_batch_size, prompt)
+            expected = (estimator.cost.prefill_time(iid, device, prompt)
+                        + step * self.outputs.mean(group.key))
+            if expected <= inst.drain_s:
+                fitting.append(group.group_id)
+        if not fitting:
+            return ()
+        return self.pulled(inst, VirtualQueue(vq.instance_id, tuple(fitting)), by_id, qview)

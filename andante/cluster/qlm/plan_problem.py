@@ -1,0 +1,205 @@
+"""The plan generator's input and how a plan scores (QLM §6-7: eqs. 2, 5, 10-13).
+
+Design note. `build_problem` turns request groups and instance views into the numbers of
+the §7 program: per group and instance, S sample-average-approximation (SAA) samples of
+the group's drain time (its Σ O / Θ, eq. 2) and completion time (eq. 5), drawn from the
+estimator (§6) with output lengths common to every instance (common random numbers), the
+model-load time per (instance, model) (the estimator's warm or cold swap-in: a
+refinement of the paper's constant S), what is on each device now, the time to drain
+the running batch, and which instances a group fits (its model's weights within the
+device memory). `evaluate_queues` scores any ordering of groups onto virtual queues by
+eqs. 10-13 sample by sample: its mean completion times, the eq. 13 objective and whether
+each position meets the chance constraint of eq. 12 (at most ⌊(1 − Δ)·S⌋ of the S
+samples late). The MILP (andante.cluster.qlm.milp), the EDF fallback
+(andante.cluster.qlm.edf_plan) and the plan generator (andante.cluster.qlm.planner) all
+read this problem and score with this evaluator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from andante.cluster.qlm.estimator import RCTEstimator
+from andante.cluster.qlm.groups import RequestGroup
+from andante.cluster.qlm.types import InstanceView, check_non_negative, check_positive
+
+# A completion time within this of its SLO counts as meeting it (HiGHS's feasibility
+# tolerance is 1e-7 on rows carrying big-M terms).
+SLO_TOLERANCE_S = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerOptions:
+    """The paper's knobs (§4 δ, §7 Δ and S), the penalty weights and the solver's limits.
+
+    `delta` is for the caller's grouping (`GroupTable.snapshot(avg_batch, options.delta)`);
+    with S = 8 and Δ = 0.9, k = ⌊0.8⌋ = 0: every sample must meet its SLO.
+    """
+
+    delta: float = 4.0  # group size cap, in average batches (§4, §8.3)
+    num_samples: int = 8  # S, SAA samples of the stochastic terms
+    chance_level: float = 0.9  # Δ of eq. 12
+    work_limit: int = 20  # HiGHS limit checks (MIP interrupt callbacks) before it stops
+    max_nodes: int = 500  # branch-and-bound nodes before it stops
+    time_limit_s: float | None = None  # opt-in wall-clock cap (breaks reproducibility)
+    mip_rel_gap: float = 1e-4
+    queue_slack: float = 1.5  # positions per queue, in fair shares of the groups
+    max_queue_length: int | None = None  # overrides queue_slack when set
+    horizon_groups: int | None = 12  # groups the program orders; None: all of them
+    completion_weight: float = 1.0  # weight of eq. 13's Σ E[ct − slo]
+    swap_weight: float = 0.0  # seconds-equivalent penalty per model switch
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_positive("delta", self.delta)
+        if self.time_limit_s is not None:
+            check_positive("time_limit_s", self.time_limit_s)
+        if self.work_limit < 1 or self.max_nodes < 1:
+            raise ValueError(f"work_limit and max_nodes must be >= 1, got "
+                             f"{self.work_limit!r}, {self.max_nodes!r}")
+        check_positive("queue_slack", self.queue_slack)
+        check_positive("completion_weight", self.completion_weight)
+        check_non_negative("swap_weight", self.swap_weight)
+        check_non_negative("mip_rel_gap", self.mip_rel_gap)
+        if self.num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {self.num_samples!r}")
+        if not 0.0 < self.chance_level <= 1.0:
+            raise ValueError(f"chance_level must be in (0, 1], got {self.chance_level!r}")
+        if self.horizon_groups is not None and self.horizon_groups < 1:
+            raise ValueError(f"horizon_groups must be >= 1, got {self.horizon_groups!r}")
+        if self.max_queue_length is not None and self.max_queue_length < 1:
+            raise ValueError(f"max_queue_length must be >= 1, got {self.max_queue_length!r}")
+
+    @property
+    def allowed_violations(self) -> int:
+        """k of the SAA chance constraint: samples per position allowed to miss the SLO."""
+        return math.floor((1.0 - self.chance_level) * self.num_samples + 1e-9)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanProblem:
+    """The planner's numeric input; times in seconds from now.
+
+    drain/completion: [N groups, G instances, S samples]; swap_in: [G, M models];
+    on_device: [G, M]; base: [G] (time to drain what runs now); allowed: [N, G].
+    """
+
+    group_ids: tuple[str, ...]
+    instance_ids: tuple[str, ...]
+    models: tuple[str, ...]
+    group_model: np.ndarray
+    slo: np.ndarray
+    drain: np.ndarray
+    completion: np.ndarray
+    swap_in: np.ndarray
+    on_device: np.ndarray
+    base: np.ndarray
+    allowed: np.ndarray
+
+    def __post_init__(self) -> None:
+        n, g, m = len(self.group_ids), len(self.instance_ids), len(self.models)
+        if g < 1:
+            raise ValueError(f"need at least one instance, got {g}")
+        s = self.drain.shape[2] if self.drain.ndim == 3 else -1
+        expected = {"group_model": (n,), "slo": (n,), "drain": (n, g, s), "completion": (n, g, s),
+                    "swap_in": (g, m), "on_device": (g, m), "base": (g,), "allowed": (n, g)}
+        for name, shape in expected.items():
+            if getattr(self, name).shape != shape:
+                raise ValueError(f"{name} has shape {getattr(self, name).shape}, want {shape}")
+        unplaceable = [self.group_ids[i] for i in range(n) if not self.allowed[i].any()]
+        if unplaceable:
+            raise ValueError(f"groups fit on no instance: {unplaceable}")
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (len(self.group_ids), len(self.instance_ids), len(self.models),
+                self.drain.shape[2])
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """A plan's eq. 13 objective and whether it meets the SAA chance constraints."""
+
+    objective: float
+    feasible: bool
+    expected_completion: tuple[float, ...]  # per group index, seconds from now
+    num_switches: int
+
+
+def build_problem(groups: Sequence[RequestGroup], views: Sequence[InstanceView],
+                  estimator: RCTEstimator, now: float, options: PlannerOptions) -> PlanProblem:
+    """Sample every group on every instance it fits (S samples, seeded by options.seed).
+
+    Each group's output lengths are drawn once and shared by all instances (common random
+    numbers), so the program compares instances on the same scenarios."""
+    rng = np.random.default_rng(options.seed)
+    n, g, s = len(groups), len(views), options.num_samples
+    models = tuple(sorted({gr.model for gr in groups} | {m for v in views
+                                                       for m in v.models_on_device}))
+    index = {m: k for k, m in enumerate(models)}
+    drain, completion = np.zeros((n, g, s)), np.zeros((n, g, s))
+    memory = np.array([v.device_memory_bytes for v in views])
+    allowed = np.array([estimator.weight_bytes(gr.model) <= memory for gr in groups],
+                       dtype=bool).reshape(n, g)
+    memo: dict[tuple[object, ...], Any] = {}  # the cost model's answers, shared
+    for i, group in enumerate(groups):
+        outputs = estimator.sample_outputs(group, s, rng)  # common to every instance
+        fits = np.flatnonzero(allowed[i])
+        drain[i, fits], completion[i, fits] = estimator.times_across(
+            [views[k] for k in fits.tolist()], group, outputs, memo)
+    swap_in = np.array([[estimator.swap_in_time(v, m) if m in estimator.model_bytes else 0.0
+                         for m in models] for v in views]).reshape(g, len(models))
+    on_device = np.array([[m in v.models_on_device for m in models] for v in views],
+                         dtype=bool).reshape(g, len(models))
+    return PlanProblem(
+        group_ids=tuple(gr.group_id for gr in groups),
+        instance_ids=tuple(v.instance_id for v in views), models=models,
+        group_model=np.array([index[gr.model] for gr in groups], dtype=int),
+        slo=np.array([gr.deadline - now for gr in groups], dtype=float),
+        drain=drain, completion=completion, swap_in=swap_in, on_device=on_device,
+        base=np.array([v.busy_s for v in views], dtype=float), allowed=allowed)
+
+
+def evaluate_queues(problem: PlanProblem, queues: Sequence[Sequence[int]],
+                    options: PlannerOptions) -> Evaluation:
+    """Eqs. 10-13 for a given ordering (group indices per instance), sample by sample."""
+    n, _, _, s = problem.shape
+    if sorted(i for q in queues for i in q) != list(range(n)):
+        raise ValueError(f"queues must place every group exactly once, got {queues!r}")
+    mean_ct = np.zeros(n)
+    feasible, switches = True, 0
+    k = options.allowed_violations
+    for g, queue in enumerate(queues):
+        busy = np.full(s, problem.base[g])
+        previous: int | None = None
+        for i in queue:
+            if not problem.allowed[i, g]:
+                raise ValueError(f"group {problem.group_ids[i]!r} does not fit on "
+                                 f"{problem.instance_ids[g]!r}")
+            m = int(problem.group_model[i])
+            switch = (not problem.on_device[g, m]) if previous is None else m != previous
+            busy = busy + (problem.swap_in[g, m] if switch else 0.0)
+            ct = busy + problem.completion[i, g]
+            busy = busy + problem.drain[i, g]
+            switches += int(switch)
+            mean_ct[i] = ct.mean()
+            feasible &= int((ct > problem.slo[i] + SLO_TOLERANCE_S).sum()) <= k
+            previous = m
+    objective = (options.completion_weight * float((mean_ct - problem.slo).sum())
+                 + options.swap_weight * switches)
+    return Evaluation(objective, bool(feasible), tuple(mean_ct.tolist()), switches)
+
+
+def subproblem(problem: PlanProblem, indices: Sequence[int]) -> PlanProblem:
+    """The same instances with only the groups at `indices` (in that order)."""
+    idx = np.asarray(indices, dtype=int)
+    return PlanProblem(
+        tuple(problem.group_ids[i] for i in idx), problem.instance_ids, problem.models,
+        problem.group_model[idx], problem.slo[idx], problem.drain[idx],
+        problem.completion[idx], problem.swap_in, problem.on_device, problem.base,
+        problem.allowed[idx])
