@@ -20,7 +20,8 @@ from andante.cluster.kunserve.seam import GroupPlan, KVMode
 from andante.core.clock import ManualClock
 from andante.perf.cost_model import CostModel
 from andante.perf.links import LinkSpec, get_link
-from andante.sim.kunserve import KunSimInstance, SimPipelineGroups
+from andante.sim.kunserve_groups import SimPipelineGroups
+from andante.sim.kunserve_instance import KunSimInstance
 from andante.sim.setup import ClusterSpec, build_instance
 from andante.sim.simulator import Simulator
 

@@ -9,7 +9,7 @@ from andante.cluster.controller import Controller
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.core.request import Request, RequestStatus
 from andante.engine.config import SchedulerConfig
-from andante.sim.kunserve import KunSimInstance
+from andante.sim.kunserve_instance import KunSimInstance
 from andante.sim.setup import ClusterSpec, build_simulator
 from andante.workload.spec import RequestSpec, to_requests
 
