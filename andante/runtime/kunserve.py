@@ -7,7 +7,7 @@ engine, so a group forms and dissolves at a step boundary of all its members: th
 operation is posted to each member's inbox (`InstanceWorker.at_boundary`), the members
 park there and the leader's thread carries it out (`kunserve_parts.Rendezvous`).
 
-Forming (`form_group`):
+Forming (`form_group`; the boundary's steps: andante.runtime.kunserve_form):
 1. while the members still serve, the stages are built: each member's layer slice with
    a KV pool sized by its old pool plus the weights it drops (andante.exec.torch_pipeline);
 2. at the boundary, the leader's engine switches to the `PipelineExecutor`, its block
@@ -22,16 +22,17 @@ Forming (`form_group`):
 5. members are not `alive` to routers, and pass the requests that still reach them on to
    the leader (`redirect`).
 
-Dissolving (`dissolve_group`): the full executors are rebuilt from each member's host
-copy of the weights (the `LoadedModel`) while the group keeps serving (on the caller's
-thread, or a thread of its own with `background_restore`); then, at one boundary, the
-rest of the exchange completes, the leader's block manager shrinks back (running
-requests past that size are recomputed, newest first), the KV comes back from the stages
-into the leader's full pool, and every member serves alone again; requests stay at the
-leader. A member whose thread dies makes the leader restore at its next boundary without
-that member's layers: every request holding KV is recomputed there (its output so far
-kept; nothing is lost or failed). A leader that dies leaves its requests to the
-controller (re-queued or failed, as for any instance) and its members restore.
+Dissolving (`dissolve_group`; the boundary's steps: andante.runtime.kunserve_restore):
+the full executors are rebuilt from each member's host copy of the weights (the
+`LoadedModel`) while the group keeps serving (on the caller's thread, or a thread of its
+own with `background_restore`); then, at one boundary, the rest of the exchange
+completes, the leader's block manager shrinks back (running requests past that size are
+recomputed, newest first), the KV comes back from the stages into the leader's full
+pool, and every member serves alone again; requests stay at the leader. A member whose
+thread dies makes the leader restore at its next boundary without that member's layers:
+every request holding KV is recomputed there (its output so far kept; nothing is lost or
+failed). A leader that dies leaves its requests to the controller (re-queued or failed,
+as for any instance) and its members restore.
 """
 
 from __future__ import annotations
@@ -39,38 +40,39 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
-from andante.cluster.kunserve.adopt import KVMove, adopt_group, whole_model
 from andante.cluster.kunserve.coordinator import KunServeCoordinator
 from andante.cluster.kunserve.plan import LayerMemory
 from andante.cluster.kunserve.router import KunServeSettings
 from andante.cluster.kunserve.seam import GroupPlan
-from andante.core.request import RequestStatus
-from andante.engine.scheduler import Scheduler
 from andante.exec.torch_executor import TorchExecutor
 from andante.exec.torch_pipeline import (
     PipelineExecutor,
     device_kv_bytes,
     layer_block_bytes,
     layer_weight_bytes,
-    pipeline_executor,
     stage_memory,
 )
-from andante.exec.torch_pipeline_kv import KVExchange, LayerPool, copy_blocks
 from andante.models.loader import parse_dtype
+from andante.runtime.kunserve_form import (
+    adopt_requests,
+    build_pipeline,
+    exchange_step,
+    start_exchange,
+    switch_to_pipeline,
+)
 from andante.runtime.kunserve_parts import (
     FormReport,
     Group,
     LocalGroupOptions,
     Origin,
-    ReleasedExecutor,
     Rendezvous,
     RestoreReport,
-    recompute,
     refresh_max_num_tokens,
 )
+from andante.runtime.kunserve_restore import copy_back, finish_exchange, give_back, shed
 from andante.runtime.local import LocalInstance
 from andante.runtime.worker import InstanceWorker
 
@@ -141,7 +143,7 @@ class LocalPipelineGroups:
         executors: dict[int, TorchExecutor] = {
             m: self._workers[m].engine.executor for m in plan.members}  # type: ignore[misc]
         started = time.perf_counter()
-        pipeline = self._build_pipeline(plan, executors)
+        pipeline = build_pipeline(plan, executors)
         return executors, pipeline, time.perf_counter() - started
 
     def _take_prepared(self, plan: GroupPlan) -> _Prepared | None:
@@ -225,19 +227,10 @@ class LocalPipelineGroups:
         layers = {e.model.config.num_layers for e in executors}  # type: ignore[attr-defined]
         return layers == {plan.num_layers}
 
-    @staticmethod
-    def _build_pipeline(plan: GroupPlan, executors: Mapping[int, TorchExecutor]
-                        ) -> PipelineExecutor:
-        """The group's executor: each member's stage with the KV pool its memory holds
-        once it drops the other layers (their weights are released at the boundary)."""
-        lead = executors[plan.leader]
-        kv_bytes = [device_kv_bytes(executors[m].kv.num_device_blocks, lead.model, lead.options)
-                    for m in plan.members]
-        return pipeline_executor(lead.model, lead.options, plan.layer_slices, kv_bytes,
-                                 lead.cost_model, lead.max_model_len, lead.kv.num_host_blocks)
-
     def _form(self, plan: GroupPlan, executors: dict[int, TorchExecutor],
               pipeline: PipelineExecutor, prepare_seconds: float) -> bool:
+        """Forming's steps 2-5 (module note) at the boundary; False if a member's
+        executor changed while the stages were built."""
         started = time.perf_counter()
         workers = {m: self._workers[m] for m in plan.members}
         if any(workers[m].engine.executor is not e for m, e in executors.items()):
@@ -253,14 +246,16 @@ class LocalPipelineGroups:
         leader_sched = workers[plan.leader].engine.scheduler
         leader_sched.kv.resize_device(pipeline.num_kv_blocks(lead_ex.options.block_size)[0])
         refresh_max_num_tokens(leader_sched)
-        moves = self._adopt(plan, workers, report)
-        exchange = self._start_exchange(plan, executors, pipeline, report, moves)
-        self._switch_to_pipeline(plan, workers, pipeline)
+        moves = adopt_requests(plan, workers, report)
+        exchange = start_exchange(plan, executors, pipeline, report, moves,
+                                  workers[plan.leader], self.options.exchange_chunk_blocks)
+        switch_to_pipeline(plan, workers, self._instances, pipeline)
         group = Group(plan, pipeline, origins, report, exchange, started)
         with self._lock:
             self._groups[plan.leader] = group
         if exchange is not None:
-            workers[plan.leader].add_task(lambda ran: self._exchange_step(group, ran))
+            workers[plan.leader].add_task(lambda ran: exchange_step(
+                group, workers[plan.leader], self.options.exchange_bytes_per_step, ran))
         report.kv_blocks_after = leader_sched.kv.num_device_blocks
         for worker in workers.values():
             worker.report_soon()
@@ -270,83 +265,11 @@ class LocalPipelineGroups:
                  report.kv_blocks_before[plan.leader], report.kv_blocks_after, report.seconds)
         return True
 
-    def _adopt(self, plan: GroupPlan, workers: Mapping[int, InstanceWorker],
-               report: FormReport) -> list[KVMove]:
-        """Every member's requests into the leader's scheduler (and its output
-        adapter); returns the block moves of the adopted running requests."""
-        leader = workers[plan.leader]
-        held = {m: list(w.engine.scheduler.requests.values()) for m, w in workers.items()
-                if m != plan.leader}
-        adoption = adopt_group(
-            [(w.engine.scheduler, whole_model(m, plan.num_layers)) for m, w in workers.items()],
-            leader.engine.scheduler, plan)
-        for member, reqs in held.items():
-            source = workers[member]
-            for req in reqs:
-                source.adapter.discard(req.request_id)
-                leader.adapter.register(req)
-        report.num_adopted = len(adoption.adopted)
-        report.num_requeued = len(adoption.requeued)
-        report.num_recomputed = len(adoption.recomputed)
-        return adoption.moves
-
-    def _start_exchange(self, plan: GroupPlan, executors: Mapping[int, TorchExecutor],
-                        pipeline: PipelineExecutor, report: FormReport,
-                        moves: list[KVMove]) -> KVExchange | None:
-        """Copy each member's kept layers into its stage pool now, in bulk (the leader's
-        requests keep their block ids, and a move to the same block of the same member
-        is not listed); queue every other move (§4.2) and hold its requests."""
-        for member, stage in zip(plan.members, pipeline.stages, strict=True):
-            old = executors[member].kv
-            start, end = stage.layers_range
-            kept = stage.kv.device[:, :, :old.num_device_blocks]
-            kept.copy_(old.device[start:end])
-            report.kv_bytes_local += kept.numel() * kept.element_size()
-        if not moves:
-            return None
-        sources = {m: LayerPool(e.kv.device) for m, e in executors.items()}
-        targets = {m: LayerPool(stage.kv.device, stage.layers_range[0])
-                   for m, stage in zip(plan.members, pipeline.stages, strict=True)}
-        exchange = KVExchange(moves, sources, targets, self.options.exchange_chunk_blocks)
-        scheduler = self._workers[plan.leader].engine.scheduler
-        for rid in exchange.pending_ids():
-            scheduler.hold(rid)
-        return exchange
-
-    def _switch_to_pipeline(self, plan: GroupPlan, workers: Mapping[int, InstanceWorker],
-                            pipeline: PipelineExecutor) -> None:
-        leader = workers[plan.leader]
-        leader.engine.executor = pipeline
-        for member in plan.members[1:]:
-            worker = workers[member]
-            engine = worker.engine
-            engine.executor = ReleasedExecutor(member, plan.leader, engine.executor.cost_model)
-            engine.scheduler.kv.resize_device(0)  # its memory is its stage's now
-            refresh_max_num_tokens(engine.scheduler)
-            worker.redirect = leader
-            self._instances[member].group_leader = plan.leader
-
-    def _exchange_step(self, group: Group, ran_batch: bool) -> bool:
-        """A boundary task of the leader: copy the next chunks, release the requests
-        whose KV is complete; False once the exchange is over."""
-        exchange = group.exchange
-        if exchange is None:
-            return False
-        scheduler = self._workers[group.plan.leader].engine.scheduler
-        budget = self.options.exchange_bytes_per_step if ran_batch else None
-        for rid in exchange.run(budget, scheduler.requests.__contains__):
-            scheduler.release(rid)
-        group.report.kv_bytes_exchanged = exchange.bytes_exchanged
-        if not exchange.done:
-            return True
-        group.report.kv_bytes_local += exchange.bytes_local
-        group.report.exchange_seconds = time.perf_counter() - group.formed_at
-        group.exchange = None
-        return False
-
     # ---- restoring (the leader's thread, members parked) -------------------------------
     def _restore(self, group: Group, fresh: dict[int, TorchExecutor], load_seconds: float,
                  failed: int | None) -> bool:
+        """Dissolving at the boundary (module note), `failed` the member whose layers
+        were lost; False if the group was restored already."""
         with self._lock:
             if self._groups.get(group.plan.leader) is not group:
                 return False  # restored already (a member failed meanwhile)
@@ -355,15 +278,16 @@ class LocalPipelineGroups:
         scheduler = leader.engine.scheduler
         report = RestoreReport(plan.leader, load_seconds=load_seconds, failed_member=failed,
                                kv_blocks_before=scheduler.kv.num_device_blocks)
-        self._finish_exchange(group, scheduler, lost=failed is not None)
-        report.num_recomputed = self._shed(scheduler, group.origins[plan.leader],
-                                           everything=failed is not None)
-        self._copy_back(group, scheduler, fresh[plan.leader], report)
+        finish_exchange(group, scheduler, lost=failed is not None)
+        report.num_recomputed = shed(scheduler, group.origins[plan.leader],
+                                     everything=failed is not None)
+        copy_back(group, scheduler, fresh[plan.leader], report)
         leader.engine.executor = fresh[plan.leader]
         refresh_max_num_tokens(scheduler)
         for member in plan.members[1:]:
             if member in fresh and member != failed:
-                self._give_back(member, fresh[member], group.origins[member])
+                give_back(self._workers[member], self._instances[member], fresh[member],
+                          group.origins[member])
         report.weight_bytes_reloaded = sum(
             stage_memory(group.origins[m].model, group.origins[m].options, 0, s
                          ).dropped_weight_bytes
@@ -379,60 +303,6 @@ class LocalPipelineGroups:
         log.info("kunserve: restored group %s (%.3f s, %d recomputed)", plan.members,
                  report.seconds, report.num_recomputed)
         return True
-
-    def _finish_exchange(self, group: Group, scheduler: Scheduler, lost: bool) -> None:
-        exchange, group.exchange = group.exchange, None
-        if exchange is None:
-            return
-        if not lost:
-            exchange.run(None, scheduler.requests.__contains__)
-            group.report.kv_bytes_exchanged = exchange.bytes_exchanged
-            group.report.kv_bytes_local += exchange.bytes_local
-        for rid in exchange.pending_ids() if lost else list(scheduler.requests):
-            scheduler.release(rid)
-
-    def _shed(self, scheduler: Scheduler, origin: Origin, everything: bool) -> int:
-        """Recompute the swapped requests (the group's host KV stays in the stages), all
-        running ones if `everything` (a member's layers are lost), else the newest
-        running ones until the rest fit the leader's own pool. Returns how many."""
-        victims = [r for r in scheduler.requests.values()
-                   if r.status == RequestStatus.SWAPPED
-                   or (everything and r.status == RequestStatus.RUNNING)]
-        for req in victims:
-            recompute(scheduler, req)
-        count = len(victims)
-        kv = scheduler.kv
-        while kv.num_device_blocks - kv.num_free_device_blocks > origin.num_device_blocks:
-            recompute(scheduler, scheduler.running[-1])
-            count += 1
-        return count
-
-    def _copy_back(self, group: Group, scheduler: Scheduler, full: TorchExecutor,
-                   report: RestoreReport) -> None:
-        """Shrink the leader's blocks to its own pool and copy every running request's
-        KV from the stages into it (§4.4: the KV moves back)."""
-        old_tables = {r.request_id: list(scheduler.kv.block_table(r.request_id))
-                      for r in scheduler.running}
-        moved = scheduler.kv.resize_device(group.origins[group.plan.leader].num_device_blocks)
-        assert moved is not None, "the running requests were shed to fit"
-        src_blocks = [b for table in old_tables.values() for b in table]
-        dst_blocks = [b for rid in old_tables for b in scheduler.kv.block_table(rid)]
-        target = LayerPool(full.kv.device)
-        for member, stage in zip(group.plan.members, group.executor.stages, strict=True):
-            copied = copy_blocks(LayerPool(stage.kv.device, stage.layers_range[0]), target,
-                                 stage.layers_range, src_blocks, dst_blocks)
-            if member == group.plan.leader:
-                report.kv_bytes_local += copied
-            else:
-                report.kv_bytes_back += copied
-
-    def _give_back(self, member: int, executor: TorchExecutor, origin: Origin) -> None:
-        worker = self._workers[member]
-        worker.engine.executor = executor
-        worker.engine.scheduler.kv.resize_device(origin.num_device_blocks)
-        refresh_max_num_tokens(worker.engine.scheduler)
-        worker.redirect = None
-        self._instances[member].group_leader = None
 
     # ---- failures ------------------------------------------------------------------------
     def _on_failure(self, index: int, cause: BaseException | None) -> None:
@@ -470,7 +340,8 @@ class LocalPipelineGroups:
                     partial(self._rebuild_member, group.origins[member]), first=True)
 
     def _rebuild_member(self, origin: Origin, worker: InstanceWorker) -> None:
-        self._give_back(worker.index, origin.build(), origin)
+        give_back(self._workers[worker.index], self._instances[worker.index], origin.build(),
+                  origin)
         worker.report_soon()
 
 

@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from andante.cluster.kunserve.seam import GroupPlan
-from andante.core.request import Request
 from andante.engine.scheduler import Scheduler
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
@@ -190,11 +189,3 @@ def refresh_max_num_tokens(scheduler: Scheduler) -> None:
     kv = scheduler.kv
     scheduler.max_num_tokens = min(scheduler.config.max_model_len,
                                    kv.num_device_blocks * kv.block_size)
-
-
-def recompute(scheduler: Scheduler, req: Request) -> None:
-    """Drop a request's KV; it re-queues at the front, its output so far kept."""
-    scheduler.release(req.request_id)
-    scheduler.detach(req.request_id)
-    req.preempt_by_recompute(scheduler.clock.now())
-    scheduler.adopt(req)
