@@ -99,10 +99,7 @@ class SimPipelineGroups:
         if plan is None or leader in self._restores or self._involved_in_pending(leader):
             return False
         now = self.instances[leader].engine.clock.now()
-        per_member = max((self.memory.num_layers - (end - start))
-                         * self.memory.weight_bytes_per_layer
-                         for start, end in plan.layer_slices)
-        reload = self.link.transfer_time(per_member)
+        reload = self.link.transfer_time(self._reload_bytes(plan))
         self._restores[leader] = _Restore(plan, now + reload)
         self.instances[leader].hooks.wake_at(self.instances[leader], now + reload)
         return True
@@ -237,8 +234,7 @@ class SimPipelineGroups:
             else:
                 requeue.append(req)
         leader.draining = False
-        reload = max((self.memory.num_layers - (end - start))
-                     * self.memory.weight_bytes_per_layer for start, end in plan.layer_slices)
+        reload = self._reload_bytes(plan)
         for index in plan.members:
             inst = self.instances[index]
             inst.become_solo(self.memory.num_blocks_whole)
@@ -279,6 +275,12 @@ class SimPipelineGroups:
         return sum(self.instances[u].engine.scheduler.kv.num_device_blocks
                    - self.instances[u].engine.scheduler.kv.num_free_device_blocks
                    for u in units)
+
+    def _reload_bytes(self, plan: GroupPlan) -> int:
+        """The weight bytes of the member that dropped the most layers (§4.4: what its
+        restore reloads; the members reload in parallel)."""
+        return max((self.memory.num_layers - (end - start)) * self.memory.weight_bytes_per_layer
+                   for start, end in plan.layer_slices)
 
     def _involved_in_pending(self, index: int) -> bool:
         return any(index in plan.members for plan in self._pending)

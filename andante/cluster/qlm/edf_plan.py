@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from andante.cluster.qlm.plan_problem import PlanProblem
+from andante.cluster.qlm.plan_problem import PlanProblem, is_model_switch
 
 
 def edf_order(problem: PlanProblem) -> list[int]:
@@ -57,5 +57,5 @@ def _after(problem: PlanProblem, drain: list[list[float]], swap: list[list[float
            ) -> tuple[float, int]:
     """(mean time instance g is done with group i appended, the model it then holds)."""
     m = int(problem.group_model[i])
-    switch = (not on_device[g][m]) if last is None else m != last
+    switch = is_model_switch(on_device[g][m], last, m)
     return free + (swap[g][m] if switch else 0.0) + drain[i][g], m

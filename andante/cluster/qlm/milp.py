@@ -40,7 +40,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from andante.cluster.qlm.plan_problem import SLO_TOLERANCE_S, PlannerOptions, PlanProblem
+from andante.cluster.qlm.plan_problem import (
+    SLO_TOLERANCE_S,
+    PlannerOptions,
+    PlanProblem,
+    is_model_switch,
+)
 
 
 def queue_length(problem: PlanProblem, options: PlannerOptions) -> int:
@@ -246,7 +251,7 @@ def start_values(p: PlanProblem, lay: MilpLayout, queues: Sequence[Sequence[int]
         previous: int | None = None
         for idx, i in enumerate(queue):
             k, m = len(queue) - 1 - idx, int(p.group_model[i])
-            switch = (not p.on_device[g, m]) if previous is None else m != previous
+            switch = is_model_switch(bool(p.on_device[g, m]), previous, m)
             busy = busy + (p.swap_in[g, m] if switch else 0.0) + p.drain[i, g]
             v[lay.x(g, k) + i] = 1.0
             v[lay.t(g, k) + m] = float(switch)

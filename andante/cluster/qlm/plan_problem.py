@@ -165,6 +165,12 @@ def build_problem(groups: Sequence[RequestGroup], views: Sequence[InstanceView],
         base=np.array([v.busy_s for v in views], dtype=float), allowed=allowed)
 
 
+def is_model_switch(on_device: bool, previous: int | None, model: int) -> bool:
+    """Eq. 9: serving `model` next switches the device's model when it differs from the
+    previous group's, or, at the head of a queue, when it is not on the device now."""
+    return (not on_device) if previous is None else model != previous
+
+
 def evaluate_queues(problem: PlanProblem, queues: Sequence[Sequence[int]],
                     options: PlannerOptions) -> Evaluation:
     """Eqs. 10-13 for a given ordering (group indices per instance), sample by sample."""
@@ -182,7 +188,7 @@ def evaluate_queues(problem: PlanProblem, queues: Sequence[Sequence[int]],
                 raise ValueError(f"group {problem.group_ids[i]!r} does not fit on "
                                  f"{problem.instance_ids[g]!r}")
             m = int(problem.group_model[i])
-            switch = (not problem.on_device[g, m]) if previous is None else m != previous
+            switch = is_model_switch(bool(problem.on_device[g, m]), previous, m)
             busy = busy + (problem.swap_in[g, m] if switch else 0.0)
             ct = busy + problem.completion[i, g]
             busy = busy + problem.drain[i, g]
