@@ -83,20 +83,26 @@ class SimExecutor:
         shape = BatchShape()
         for req in batch.requests:
             shape.add(1, req.num_computed_tokens, True)
-        durations = self.cost_model.decode_step_times(shape, max_steps, time_budget)
-        if durations:  # one size for the whole run: only its first step may be new
-            durations[0] += self._new_size(shape.num_tokens)
-        return durations
+        if self.step_sizes.capacity:
+            if self.step_sizes.is_new(shape.num_tokens):
+                return []  # the first step of a new size: stepped, so `execute` charges it
+            self.step_sizes.miss(shape.num_tokens)
+        return self.cost_model.decode_step_times(shape, max_steps, time_budget)
 
     def prefill_run_durations(self, shapes: list[BatchShape], time_budget: float) -> list[float]:
         """See `andante.exec.base.DecodeRunExecutor`."""
         step_time = self.cost_model.step_time
         durations: list[float] = []
         total = 0.0
+        sizes = self.step_sizes if self.step_sizes.capacity else None
         for shape in shapes:
             if total >= time_budget:
                 break
-            duration = step_time(shape) + self._new_size(shape.num_tokens)
+            if sizes is not None:
+                if sizes.is_new(shape.num_tokens):
+                    break  # as in `decode_run_durations`
+                sizes.miss(shape.num_tokens)
+            duration = step_time(shape)
             durations.append(duration)
             total += duration
         return durations

@@ -59,6 +59,10 @@ class StepSizeCache:
     def __contains__(self, num_tokens: object) -> bool:
         return num_tokens in self._sizes
 
+    def is_new(self, num_tokens: int) -> bool:
+        """Would a step of `num_tokens` tokens miss now? (Records nothing.)"""
+        return bool(self.capacity) and num_tokens not in self._sizes
+
     def miss(self, num_tokens: int) -> bool:
         """Record a step of `num_tokens` tokens; True if that count was not cached (the
         step pays the setup). With capacity 0 nothing is cached and nothing is a miss."""
