@@ -262,7 +262,11 @@ def _calibrate(args: argparse.Namespace, executor: Any) -> tuple[dict[str, Any],
                                                         serial_coefficients=None,
                                                         serial_below_tokens=None))
     single = base.with_coefficients(fit_coefficients(base, result.samples))
+    hw = result.hardware
     return {"fit_error": round(result.error, 4), "num_samples": len(result.samples),
+            "new_size_ms": [round(hw.new_size_fixed * 1e3, 3),
+                            round(hw.new_size_per_token * 1e3, 5)],
+            "new_size_cache": hw.new_size_cache,
             "single_fit_error": round(prediction_error(single, result.samples), 4),
             "wall_s": round(time.perf_counter() - started, 1)}, single
 

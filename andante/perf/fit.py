@@ -127,15 +127,23 @@ def fit_by_threads(model: CostModel, samples: Sequence[Sample],
 def fit_new_size(extra: Sequence[tuple[int, float]]) -> tuple[float, float]:
     """(seconds, seconds per token) of the setup of a new step size, from (token count,
     cold minus warm seconds) pairs; (0, 0) without pairs. Noise can make a difference
-    negative: the fit is non-negative, so it never predicts a saving."""
+    negative: the fit is non-negative, so it never predicts a saving. A pair that a
+    burst of outside load hit (residual over 3 median absolute residuals, with at least
+    MIN_REGIME_SAMPLES pairs) is left out and the rest refitted."""
     if not extra:
         return 0.0, 0.0
     for num_tokens, seconds in extra:
         if num_tokens <= 0 or not math.isfinite(seconds):
             raise ValueError(f"invalid new-size sample ({num_tokens!r}, {seconds!r})")
     rows = np.array([(1.0, float(n)) for n, _ in extra])
-    fixed, per_token = _nnls(rows, np.array([d for _, d in extra], dtype=float))
-    return float(fixed), float(per_token)
+    targets = np.array([d for _, d in extra], dtype=float)
+    coefficients = _nnls(rows, targets)
+    if len(extra) >= MIN_REGIME_SAMPLES:
+        residuals = np.abs(rows @ coefficients - targets)
+        keep = residuals <= 3.0 * float(np.median(residuals))
+        if 2 <= keep.sum() < len(extra):
+            coefficients = _nnls(rows[keep], targets[keep])
+    return float(coefficients[0]), float(coefficients[1])
 
 
 def prediction_error(model: CostModel, samples: Sequence[Sample]) -> float:

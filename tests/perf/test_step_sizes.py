@@ -119,3 +119,11 @@ def test_runs_of_steps_stop_before_a_new_size() -> None:
     assert executor.step_sizes.is_new(21)
     no_setup = SimExecutor(CostModel(get_model("llama-3.1-8b"), get_hardware("a10-24g")))
     assert len(no_setup.prefill_run_durations(shapes, 10.0)) == 3
+
+
+def test_a_pair_hit_by_outside_load_does_not_move_the_fit() -> None:
+    pairs = [(n, 0.004 + 6e-5 * n + (1e-4 if n % 2 else -1e-4))
+             for n in (33, 64, 70, 129, 135, 257, 262, 513)]
+    clean = fit_new_size(pairs)
+    pairs[3] = (129, 0.25)  # a 250 ms stall
+    assert fit_new_size(pairs) == pytest.approx(clean, rel=0.05)
