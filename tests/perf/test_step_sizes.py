@@ -49,7 +49,7 @@ def test_misses_are_those_of_a_reference_lru(capacity: int, sizes: list[int]) ->
 
 
 def test_cache_sizes_follow_the_primitive_cache() -> None:
-    assert default_cache_sizes() == 1024 // 6 and default_cache_sizes(3) == 1
+    assert default_cache_sizes() == 102 and default_cache_sizes(3) == 1
     with pytest.raises(ValueError):
         default_cache_sizes(0)
 
