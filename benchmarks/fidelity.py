@@ -136,7 +136,8 @@ class StepTrace:
                           else gap * 1e3})
 
     def summary(self) -> dict[str, Any]:
-        """Per kind: steps, medians, and the measured / predicted ratio of the sums."""
+        """Per kind: steps, medians, and the measured / predicted ratio of the sums, also
+        apart for the steps of sizes new to the engine and of warm ones."""
         out: dict[str, Any] = {}
         for kind in ("decode", "mixed", "prefill"):
             rows = [r for r in self.rows if r["kind"] == kind]
@@ -148,6 +149,12 @@ class StepTrace:
                          "measured_median_ms": round(float(np.median(measured)), 2),
                          "predicted_median_ms": round(float(np.median(predicted)), 2),
                          "ratio": round(sum(measured) / sum(predicted), 3)}
+            for label, new in (("new", True), ("warm", False)):  # sizes new to the engine
+                part = [r for r in rows if r["new_size"] is new]
+                if part:
+                    out[kind][f"ratio_{label}_sizes"] = round(
+                        sum(r["measured_ms"] for r in part)
+                        / sum(r["predicted_ms"] for r in part), 3)
             if self.single_fit is not None:
                 single = sum(r["single_fit_ms"] for r in rows)
                 out[kind]["ratio_single_fit"] = round(sum(measured) / single, 3)

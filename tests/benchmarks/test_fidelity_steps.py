@@ -96,7 +96,10 @@ def test_step_trace_adds_the_setup_of_sizes_new_to_the_engine() -> None:
         warm = model.step_time(_step(chunks).shape()) * 1e3
         setup = model.new_size_time(row["tokens"]) * 1e3 if row["new_size"] else 0.0
         assert row["predicted_ms"] == pytest.approx(warm + setup)
-    assert trace.summary()["decode"]["new_sizes"] == 1
+    summary = trace.summary()
+    assert summary["decode"]["new_sizes"] == 1
+    assert set(summary["decode"]) >= {"ratio_new_sizes", "ratio_warm_sizes"}
+    assert "ratio_warm_sizes" not in summary["prefill"]  # its one step was new
 
 
 def test_size_recorder_keeps_the_sizes_of_forward_steps() -> None:
