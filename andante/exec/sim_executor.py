@@ -47,7 +47,9 @@ class SimExecutor:
         forward = 0.0
         if batch.requests:
             shape = batch.shape()
-            forward = self.cost_model.step_time(shape) + self._new_size(shape.num_tokens)
+            forward = self.cost_model.step_time(shape)
+            if self.step_sizes.capacity:
+                forward += self._new_size(shape.num_tokens)
         num_swapped = len(batch.swap_out) + len(batch.swap_in)
         swap = self.cost_model.swap_time(num_swapped * self.block_size) if num_swapped else 0.0
         if not self.overlap_swaps:
@@ -63,7 +65,7 @@ class SimExecutor:
 
     def _new_size(self, num_tokens: int) -> float:
         """The setup a step of `num_tokens` pays now (0 where that size is warm)."""
-        if not self.step_sizes.capacity or not self.step_sizes.miss(num_tokens):
+        if not self.step_sizes.miss(num_tokens):
             return 0.0
         return self.cost_model.new_size_time(num_tokens)
 
