@@ -15,6 +15,12 @@ TTFT and mean TPOT within 10% (|sim - real| / real) at every rate.
 engine's prefix caching on both sides (`SchedulerConfig.enable_prefix_caching`); the
 prompts here share no prefix.
 
+The simulated instance starts with the step sizes the real engine has run before the
+timed requests (calibration, earlier rates, the warm-up), most recent last: a calibrated
+profile charges the first step of a size not among its last `new_size_cache` sizes a
+setup (andante.perf.step_sizes), and the real process keeps its primitives across rates,
+so both sides start a rate in the same state.
+
 Per step (`steps` in each rate's result): the real engine's measured step durations
 against the fitted cost model's prediction for the same shapes, by step kind (decode
 only, prefill only, mixed), and the engine loop's own time between steps (scheduling,
@@ -54,9 +60,11 @@ from andante.perf.cost_model import CostModel
 from andante.perf.fit import fit_coefficients, prediction_error
 from andante.perf.paths import ANDANTE_HOME_ENV
 from andante.perf.shape import BatchShape
+from andante.perf.step_sizes import StepSizeCache
 from andante.policies import SchedulerConfig
-from andante.sim import ClusterSpec, simulate
+from andante.sim import ClusterSpec, build_simulator
 from andante.workload import RequestSpec, WorkloadConfig, build_workload
+from andante.workload.spec import to_requests
 
 TARGET = 0.10
 PREFIX_CACHING_FIELD = "enable_prefix_caching"  # SchedulerConfig's switch, where it exists
@@ -96,9 +104,12 @@ class StepTrace:
     while the engine had work, so idle waits for arrivals are not counted)."""
 
     def __init__(self, cost_model: CostModel, clock: Any, single_fit: CostModel | None = None,
-                 wall_loop: bool = True) -> None:
+                 wall_loop: bool = True, history: tuple[int, ...] = ()) -> None:
         self.cost_model = cost_model
         self.single_fit = single_fit  # one coefficient set for every kind, for comparison
+        self.sizes = StepSizeCache(cost_model.hardware.new_size_cache)
+        self.sizes.warm(history)  # the sizes the engine ran before
+        self.history = history
         self.clock = clock
         self.wall_loop = wall_loop  # the loop time is wall minus duration: off in CPU time
         self.rows: list[dict[str, Any]] = []
@@ -113,17 +124,20 @@ class StepTrace:
         self._last_end = now if busy else None
         if not output.batch.requests:
             return
+        new = self.sizes.miss(shape.num_tokens)
+        setup = self.cost_model.new_size_time(shape.num_tokens) if new else 0.0
         self.rows.append({"kind": step_kind(shape), "seqs": shape.num_seqs,
                           "tokens": shape.num_tokens, "kv_read": shape.kv_tokens_read,
-                          "measured_ms": measured * 1e3,
-                          "predicted_ms": self.cost_model.step_time(shape) * 1e3,
+                          "new_size": new, "measured_ms": measured * 1e3,
+                          "predicted_ms": (self.cost_model.step_time(shape) + setup) * 1e3,
                           "single_fit_ms": None if self.single_fit is None
                           else self.single_fit.step_time(shape) * 1e3,
                           "loop_ms": None if gap is None or not self.wall_loop
                           else gap * 1e3})
 
     def summary(self) -> dict[str, Any]:
-        """Per kind: steps, medians, and the measured / predicted ratio of the sums."""
+        """Per kind: steps, medians, and the measured / predicted ratio of the sums, also
+        apart for the steps of sizes new to the engine and of warm ones."""
         out: dict[str, Any] = {}
         for kind in ("decode", "mixed", "prefill"):
             rows = [r for r in self.rows if r["kind"] == kind]
@@ -131,10 +145,16 @@ class StepTrace:
                 continue
             measured = [r["measured_ms"] for r in rows]
             predicted = [r["predicted_ms"] for r in rows]
-            out[kind] = {"steps": len(rows),
+            out[kind] = {"steps": len(rows), "new_sizes": sum(r["new_size"] for r in rows),
                          "measured_median_ms": round(float(np.median(measured)), 2),
                          "predicted_median_ms": round(float(np.median(predicted)), 2),
                          "ratio": round(sum(measured) / sum(predicted), 3)}
+            for label, new in (("new", True), ("warm", False)):  # sizes new to the engine
+                part = [r for r in rows if r["new_size"] is new]
+                if part:
+                    out[kind][f"ratio_{label}_sizes"] = round(
+                        sum(r["measured_ms"] for r in part)
+                        / sum(r["predicted_ms"] for r in part), 3)
             if self.single_fit is not None:
                 single = sum(r["single_fit_ms"] for r in rows)
                 out[kind]["ratio_single_fit"] = round(sum(measured) / single, 3)
@@ -159,9 +179,28 @@ class CpuTimed:
         return dataclasses.replace(result, duration=time.process_time() - started)
 
 
+class SizeRecorder:
+    """An executor that records the token count of every forward step it runs: the step
+    sizes whose primitives the process has built (andante.perf.step_sizes)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.sizes: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def execute(self, batch: Any) -> Any:
+        if batch.requests:
+            self.sizes.append(batch.num_tokens)
+        return self._inner.execute(batch)
+
+
 def real_run(args: argparse.Namespace, model_and_executor: tuple[Any, Any],
              workload: list[RequestSpec], config: SchedulerConfig,
              single_fit: CostModel | None = None) -> tuple[Summary, StepTrace]:
+    """The workload live on the real engine; its summary and step trace, whose `history`
+    is the step sizes the executor had run before the timed requests."""
     from andante.llm import build_offline_engine, run_timed
 
     model, executor = model_and_executor
@@ -182,18 +221,25 @@ def real_run(args: argparse.Namespace, model_and_executor: tuple[Any, Any],
                 start + spec.arrival_time)
         for i, spec in enumerate(workload)
     ]
+    history = tuple(executor.sizes)
     trace = StepTrace(CostModel(executor.spec, get_hardware(args.hardware)), engine.clock,
-                      single_fit, wall_loop=not args.cpu_time)
+                      single_fit, wall_loop=not args.cpu_time, history=history)
     engine.add_observer(trace)
     run_timed(engine, requests)
     return summarize(records_from_requests(requests)), trace
 
 
-def sim_run(args: argparse.Namespace, workload: list[RequestSpec],
-            config: SchedulerConfig) -> Summary:
+def sim_run(args: argparse.Namespace, workload: list[RequestSpec], config: SchedulerConfig,
+            history: tuple[int, ...] = ()) -> Summary:
+    """The workload in the simulator, its instance having run the step sizes `history`."""
     spec = ClusterSpec(model="smollm2-135m", hardware=args.hardware, policy=args.policy,
                        scheduler=config)
-    return simulate(spec, workload).summary
+    simulator = build_simulator(spec)
+    for instance in simulator.instances:
+        instance.engine.executor.step_sizes.warm(history)
+    requests = to_requests(workload)
+    simulator.run(requests)
+    return summarize(records_from_requests(requests))
 
 
 def _figures(summary: Summary) -> dict[str, float]:
@@ -223,7 +269,11 @@ def _calibrate(args: argparse.Namespace, executor: Any) -> tuple[dict[str, Any],
                                                         serial_coefficients=None,
                                                         serial_below_tokens=None))
     single = base.with_coefficients(fit_coefficients(base, result.samples))
+    hw = result.hardware
     return {"fit_error": round(result.error, 4), "num_samples": len(result.samples),
+            "new_size_ms": [round(hw.new_size_fixed * 1e3, 3),
+                            round(hw.new_size_per_token * 1e3, 5)],
+            "new_size_cache": hw.new_size_cache,
             "single_fit_error": round(prediction_error(single, result.samples), 4),
             "wall_s": round(time.perf_counter() - started, 1)}, single
 
@@ -248,7 +298,7 @@ def _one_rate(args: argparse.Namespace, model_and_executor: tuple[Any, Any], rat
                                              lengths=args.lengths, seed=args.seed))
     real_summary, trace = real_run(args, model_and_executor, workload, config, single_fit)
     real = _figures(real_summary)
-    sim = _figures(sim_run(args, workload, config))
+    sim = _figures(sim_run(args, workload, config, trace.history))
     _write_step_log(args.step_log, rate, trace)
     return {"rate": rate, "real": real, "sim": sim, **_errors(real, sim),
             "steps": trace.summary(), "loadavg": _loadavg()}
@@ -287,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     load_before, started = _loadavg(), time.perf_counter()
     model, executor = _executor(args)
-    model_and_executor = (model, CpuTimed(executor) if args.cpu_time else executor)
+    model_and_executor = (model, SizeRecorder(CpuTimed(executor) if args.cpu_time
+                                              else executor))
     calibration, single_fit = (_calibrate(args, model_and_executor[1]) if args.calibrate
                                else (None, None))
     runs = []

@@ -175,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
             "serial_below_tokens": hw.serial_below_tokens,
             "serial_coefficients": (dataclasses.asdict(hw.serial_coefficients)
                                     if hw.serial_coefficients else None),
+            "new_size_fixed": hw.new_size_fixed, "new_size_per_token": hw.new_size_per_token,
+            "new_size_cache": hw.new_size_cache,
             "peak_flops": hw.peak_flops, "mem_bandwidth": hw.mem_bandwidth,
             "host_link_bandwidth": hw.host_link_bandwidth,
             "saved_to": str(outcome.saved_to) if outcome.saved_to else None}))
@@ -187,6 +189,10 @@ def run(args: argparse.Namespace) -> int:
     if hw.serial_coefficients is not None:
         print(f"  steps below {hw.serial_below_tokens} tokens (run on one thread): "
               f"{hw.serial_coefficients}")
+    if hw.new_size_cache:
+        print(f"  first step of a size not run recently: +{hw.new_size_fixed * 1e3:.2f} ms "
+              f"+ {hw.new_size_per_token * 1e3:.4f} ms/token (the last {hw.new_size_cache} "
+              "sizes stay warm)")
     if outcome.saved_to:
         print(f"  saved to {outcome.saved_to}")
     else:

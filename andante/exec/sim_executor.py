@@ -13,6 +13,7 @@ from __future__ import annotations
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.cost_model import CostModel
 from andante.perf.shape import BatchShape
+from andante.perf.step_sizes import StepSizeCache
 
 GIB = 1 << 30
 
@@ -33,6 +34,7 @@ class SimExecutor:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.overlap_swaps = overlap_swaps
         self.token_id = token_id
+        self.step_sizes = StepSizeCache(cost_model.hardware.new_size_cache)
 
     def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
         if block_size != self.block_size:
@@ -42,7 +44,12 @@ class SimExecutor:
         return device_tokens // block_size, host_tokens // block_size
 
     def execute(self, batch: StepBatch) -> StepResult:
-        forward = self.cost_model.step_time(batch.shape()) if batch.requests else 0.0
+        forward = 0.0
+        if batch.requests:
+            shape = batch.shape()
+            forward = self.cost_model.step_time(shape)
+            if self.step_sizes.capacity:
+                forward += self._new_size(shape.num_tokens)
         num_swapped = len(batch.swap_out) + len(batch.swap_in)
         swap = self.cost_model.swap_time(num_swapped * self.block_size) if num_swapped else 0.0
         if not self.overlap_swaps:
@@ -55,6 +62,12 @@ class SimExecutor:
         token = self.token_id
         sampled: list[int | None] = [token if s else None for s in batch.samples]
         return StepResult(sampled_token_ids=sampled, duration=duration, swap_time=swap)
+
+    def _new_size(self, num_tokens: int) -> float:
+        """The setup a step of `num_tokens` pays now (0 where that size is warm)."""
+        if not self.step_sizes.miss(num_tokens):
+            return 0.0
+        return self.cost_model.new_size_time(num_tokens)
 
     @staticmethod
     def _num_needed_blocks(batch: StepBatch) -> int:
@@ -72,6 +85,10 @@ class SimExecutor:
         shape = BatchShape()
         for req in batch.requests:
             shape.add(1, req.num_computed_tokens, True)
+        if self.step_sizes.capacity:
+            if self.step_sizes.is_new(shape.num_tokens):
+                return []  # the first step of a new size: stepped, so `execute` charges it
+            self.step_sizes.miss(shape.num_tokens)
         return self.cost_model.decode_step_times(shape, max_steps, time_budget)
 
     def prefill_run_durations(self, shapes: list[BatchShape], time_budget: float) -> list[float]:
@@ -79,9 +96,14 @@ class SimExecutor:
         step_time = self.cost_model.step_time
         durations: list[float] = []
         total = 0.0
+        sizes = self.step_sizes if self.step_sizes.capacity else None
         for shape in shapes:
             if total >= time_budget:
                 break
+            if sizes is not None:
+                if sizes.is_new(shape.num_tokens):
+                    break  # as in `decode_run_durations`
+                sizes.miss(shape.num_tokens)
             duration = step_time(shape)
             durations.append(duration)
             total += duration

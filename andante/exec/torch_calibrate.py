@@ -6,8 +6,14 @@ on measured steps (andante.perf.fit, non-negative, relative error; the steps the
 executor runs on one thread get their own set, and a KV-read term: `fit_by_threads`).
 The sweep runs the real TorchExecutor on synthetic batches of every kind the scheduler
 produces: whole prefills, decode batches at several contexts, and mixed prefill +
-decode steps; every timed step with a prefill uses a prompt length not run before, as
-live prompts are (measured here: a new length costs ~10 ms more than a repeated one).
+decode steps. Every step with a prefill runs twice at a token count not run before,
+each time after an untimed one-sequence decode step, as a prompt arrives among decode
+steps in live serving: the first run is cold (oneDNN builds the GEMM primitives of that
+size), the second warm. The regression is fitted to the warm runs, the steady state of
+a serving engine, and the cold-minus-warm differences give the setup of a new step size
+(`fit_new_size`, andante.perf.step_sizes), which the simulator adds the first time an
+instance runs a size. (Fitting the cold runs alone, as before, made the model predict
+served prefills 14-18% high once their sizes had run.)
 The roofline rates themselves are measured too (a large bf16 GEMM for peak FLOP/s, a large
 copy for memory bandwidth, a KV swap for the host-link rate), so the fitted
 coefficients stay near 1 and the profile remains interpretable.
@@ -31,11 +37,18 @@ from andante.exec.torch_cost import CPU_PROFILE
 from andante.exec.torch_executor import TorchExecutor
 from andante.kv.block_manager import KVBlockManager
 from andante.perf.cost_model import CostModel
-from andante.perf.fit import Sample, fit_by_threads, prediction_error
+from andante.perf.fit import Sample, fit_by_threads, fit_new_size, prediction_error
 from andante.perf.shape import BatchShape
 from andante.perf.specs import HardwareSpec
+from andante.perf.step_sizes import ONEDNN_PRIMITIVE_CACHE, default_cache_sizes
 
 Chunks = tuple[tuple[int, int], ...]  # (new tokens, cached tokens) per request
+NewSize = tuple[int, float]  # (token count, seconds a cold run took over a warm one)
+
+#: oneDNN's primitive cache size, where the environment sets it (its default otherwise).
+PRIMITIVE_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+#: Token counts between the repeats of one prefill shape (no repeat meets another's).
+FRESH_STRIDE = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +77,13 @@ QUICK_SWEEP = SweepConfig(prefill_lens=(32, 128), decode_batches=(1, 2, 4, 8, 16
 
 @dataclass(slots=True)
 class Calibration:
+    """The fitted profile; the warm steps it was fitted to, with its mean |relative error|
+    over them; and the cold-minus-warm pairs the new-size setup was fitted to."""
+
     hardware: HardwareSpec
     samples: list[Sample] = field(default_factory=list)
     error: float = 0.0  # mean absolute relative error of the fitted model
+    new_sizes: list[NewSize] = field(default_factory=list)
 
 
 #: The untimed step before each timed step with a prefill (`_measure_shape`).
@@ -91,10 +108,9 @@ def synthetic_batch(kv: KVBlockManager, chunks: Chunks, tag: str,
 
 
 def _fresh_lengths(chunks: Chunks, repeat: int) -> Chunks:
-    """`chunks` with its prefill chunks lengthened by `repeat` + 1 tokens: a prompt length
-    the engine has not run yet, as almost every live prompt is (a new GEMM shape costs
-    oneDNN a primitive creation that a repeated shape does not pay)."""
-    return tuple((n + repeat + 1 if n > 1 else n, c) for n, c in chunks)
+    """`chunks` with its prefill chunks lengthened by 1 + FRESH_STRIDE * `repeat` tokens:
+    a step size the sweep has not run yet (none of its other shapes has that count)."""
+    return tuple((n + 1 + FRESH_STRIDE * repeat if n > 1 else n, c) for n, c in chunks)
 
 
 def _time_once(executor: TorchExecutor, kv: KVBlockManager, chunks: Chunks, tag: str,
@@ -108,31 +124,40 @@ def _time_once(executor: TorchExecutor, kv: KVBlockManager, chunks: Chunks, tag:
 
 
 def _measure_shape(executor: TorchExecutor, kv: KVBlockManager, chunks: Chunks, tag: str,
-                   repeats: int, token_id: int) -> list[Sample]:
-    """Decode-only steps: the median of `repeats` runs of one shape (decode batch sizes
-    recur in live serving). Steps with a prefill: one sample per repeat, each at a fresh
-    prompt length (see `_fresh_lengths`), each right after an untimed one-sequence
-    decode step, as in live serving, where a prompt arrives among decode steps (on a
-    CPU those run on one thread: the step after them pays for waking the others)."""
+                   repeats: int, token_id: int) -> tuple[list[Sample], list[NewSize]]:
+    """Decode-only steps: the median of `repeats` warm runs of one shape (decode batch
+    sizes recur in live serving). Steps with a prefill, per repeat: a new size
+    (`_fresh_lengths`) run cold, then warm, each right after an untimed one-sequence
+    decode step, as in live serving, where a prompt arrives among decode steps (on a CPU
+    those run on one thread: the step after them pays for waking the others); the warm
+    run is the sample, cold minus warm the new size's setup."""
     if all(n == 1 for n, _ in chunks):
         _time_once(executor, kv, chunks, tag, token_id)  # warm-up
         runs = [_time_once(executor, kv, chunks, tag, token_id) for _ in range(repeats)]
-        return [(runs[0][0], float(statistics.median(d for _, d in runs)))]
-    samples = []
+        return [(runs[0][0], float(statistics.median(d for _, d in runs)))], []
+    samples: list[Sample] = []
+    new_sizes: list[NewSize] = []
     for r in range(repeats):
+        fresh = _fresh_lengths(chunks, r)
         _time_once(executor, kv, LEAD_IN_DECODE, f"{tag}-{r}-lead", token_id)
-        samples.append(_time_once(executor, kv, _fresh_lengths(chunks, r), f"{tag}-{r}",
-                                  token_id))
-    return samples
+        _, cold = _time_once(executor, kv, fresh, f"{tag}-{r}-cold", token_id)
+        _time_once(executor, kv, LEAD_IN_DECODE, f"{tag}-{r}-lead", token_id)
+        shape, warm = _time_once(executor, kv, fresh, f"{tag}-{r}", token_id)
+        samples.append((shape, warm))
+        new_sizes.append((shape.num_tokens, cold - warm))
+    return samples, new_sizes
 
 
 def measure_steps(executor: TorchExecutor, shapes: Sequence[Chunks], repeats: int,
-                  progress: Callable[[int, int], None] | None = None) -> list[Sample]:
-    """(shape, seconds) samples of synthetic steps; skips shapes that do not fit."""
+                  progress: Callable[[int, int], None] | None = None
+                  ) -> tuple[list[Sample], list[NewSize]]:
+    """(shape, seconds) samples of synthetic warm steps, and (token count, cold minus
+    warm seconds) of the new sizes; skips shapes that do not fit."""
     block_size = executor.options.block_size
     kv = KVBlockManager(block_size, *executor.num_kv_blocks(block_size), watermark=0.0)
     token_id = min(1000, executor.model.config.vocab_size - 1)
     samples: list[Sample] = []
+    new_sizes: list[NewSize] = []
     warmed = False
     for index, chunks in enumerate(shapes):
         longest = max(_fresh_lengths(chunks, repeats), key=lambda nc: nc[0] + nc[1])
@@ -142,10 +167,13 @@ def measure_steps(executor: TorchExecutor, shapes: Sequence[Chunks], repeats: in
         if not warmed:  # the first forward pass of the process pays one-time costs
             _time_once(executor, kv, chunks, "warm-up", token_id)
             warmed = True
-        samples += _measure_shape(executor, kv, chunks, f"cal{index}", repeats, token_id)
+        measured, extra = _measure_shape(executor, kv, chunks, f"cal{index}", repeats,
+                                         token_id)
+        samples += measured
+        new_sizes += extra
         if progress is not None:
             progress(index + 1, len(shapes))
-    return samples
+    return samples, new_sizes
 
 
 def _best_of(run: Callable[[], object], repeats: int = 3) -> float:
@@ -192,6 +220,15 @@ def total_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
+def primitive_cache_sizes() -> int:
+    """The step sizes the engine's primitive cache holds (andante.perf.step_sizes)."""
+    value = os.environ.get(PRIMITIVE_CACHE_ENV, "")
+    try:
+        return default_cache_sizes(int(value) if value else ONEDNN_PRIMITIVE_CACHE)
+    except ValueError:
+        return default_cache_sizes()
+
+
 def calibrate(executor: TorchExecutor, sweep: SweepConfig | None = None,
               name: str = CPU_PROFILE,
               progress: Callable[[int, int], None] | None = None) -> Calibration:
@@ -201,15 +238,19 @@ def calibrate(executor: TorchExecutor, sweep: SweepConfig | None = None,
     base = HardwareSpec(name=name, peak_flops=flops, mem_bandwidth=bandwidth,
                         mem_capacity=total_memory_bytes(), host_link_bandwidth=link,
                         interconnect_bandwidth=link, collective_latency=0.0)
-    samples = measure_steps(executor, sweep.shapes(), sweep.repeats, progress)
+    samples, new_sizes = measure_steps(executor, sweep.shapes(), sweep.repeats, progress)
     if not samples:
         raise ValueError("no calibration step fits this executor's KV cache")
     below = serial_below_tokens(executor)
     coefficients, serial = fit_by_threads(CostModel(executor.spec, base), samples, below)
-    fitted = dataclasses.replace(base, coefficients=coefficients, serial_coefficients=serial,
-                                 serial_below_tokens=below if serial is not None else None)
+    fixed, per_token = fit_new_size(new_sizes)
+    fitted = dataclasses.replace(
+        base, coefficients=coefficients, serial_coefficients=serial,
+        serial_below_tokens=below if serial is not None else None,
+        new_size_fixed=fixed, new_size_per_token=per_token,
+        new_size_cache=primitive_cache_sizes() if fixed or per_token else 0)
     error = prediction_error(CostModel(executor.spec, fitted), samples)
-    return Calibration(fitted, samples, error)
+    return Calibration(fitted, samples, error, new_sizes)
 
 
 def describe(shape: BatchShape) -> str:

@@ -10,11 +10,13 @@ of c new tokens after p cached ones has p·c + (c² + c)/2 query-key pairs; see
 `BatchShape`). Tensor parallelism divides M and F by tp and adds two ring all-reduces
 of the hidden states per layer (Megatron-LM), which are not part of the regression.
 
-On a CPU a calibrated profile adds two terms (andante.perf.fit): c6·tKV, the KV cache
+On a CPU a calibrated profile adds three terms (andante.perf.fit): c6·tKV, the KV cache
 that attention reads over the memory bandwidth (a paged gather reads it far slower per
-byte than a GEMV streams weights), and a second coefficient set for the steps the engine
+byte than a GEMV streams weights); a second coefficient set for the steps the engine
 runs on one thread (fewer than `serial_below_tokens` tokens: small decode batches), as
-the executor itself decides (andante.exec.torch_threads). One set over both thread
+the executor itself decides (andante.exec.torch_threads); and the extra cost of a step
+whose token count the engine has not run recently (`new_size_time`, added by the
+executor that tracks its sizes: andante.perf.step_sizes). One set over both thread
 regimes had to compromise: measured on this engine (2 threads, single-threaded decodes),
 it over-predicted small decode steps by 10-25% (the TPOT of light serving) while
 under-predicting long-context decodes by 50-70% and prefills by ~15%.
@@ -215,6 +217,14 @@ class CostModel:
             kv += seqs
             pairs += seqs
         return durations
+
+    def new_size_time(self, num_tokens: int) -> float:
+        """What the first step of `num_tokens` tokens costs on top of `step_time` where the
+        engine has not run that size recently (andante.perf.step_sizes); 0 by default."""
+        hw = self.hardware
+        if num_tokens <= 0 or not hw.new_size_cache:
+            return 0.0
+        return hw.new_size_fixed + hw.new_size_per_token * num_tokens
 
     def prefill_time(self, num_tokens: int, num_cached: int = 0) -> float:
         """One step prefilling `num_tokens` new tokens after `num_cached` cached ones."""

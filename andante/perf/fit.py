@@ -15,6 +15,11 @@ own set, both with a sixth feature, tKV (the KV cache attention reads, over the
 bandwidth; non-negative, so it stays 0 where it does not help). With fewer than
 `MIN_REGIME_SAMPLES` steps in either regime one set is fitted to all steps.
 
+New sizes. The first step of a token count the engine has not run recently costs more
+(andante.perf.step_sizes); `fit_new_size` fits that extra time, fixed + per token, to
+the differences between a cold and a warm run of the same step (non-negative least
+squares, in seconds).
+
 Tensor-parallel all-reduce time is modelled analytically by `CostModel`, so it is
 subtracted from each measured duration before fitting.
 """
@@ -117,6 +122,28 @@ def fit_by_threads(model: CostModel, samples: Sequence[Sample],
         return fit_coefficients(model, samples, kv_term=True), None
     return (fit_coefficients(model, parallel, kv_term=True),
             fit_coefficients(model, serial, kv_term=True))
+
+
+def fit_new_size(extra: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """(seconds, seconds per token) of the setup of a new step size, from (token count,
+    cold minus warm seconds) pairs; (0, 0) without pairs. Noise can make a difference
+    negative: the fit is non-negative, so it never predicts a saving. A pair that a
+    burst of outside load hit (residual over 3 median absolute residuals, with at least
+    MIN_REGIME_SAMPLES pairs) is left out and the rest refitted."""
+    if not extra:
+        return 0.0, 0.0
+    for num_tokens, seconds in extra:
+        if num_tokens <= 0 or not math.isfinite(seconds):
+            raise ValueError(f"invalid new-size sample ({num_tokens!r}, {seconds!r})")
+    rows = np.array([(1.0, float(n)) for n, _ in extra])
+    targets = np.array([d for _, d in extra], dtype=float)
+    coefficients = _nnls(rows, targets)
+    if len(extra) >= MIN_REGIME_SAMPLES:
+        residuals = np.abs(rows @ coefficients - targets)
+        keep = residuals <= 3.0 * float(np.median(residuals))
+        if 2 <= keep.sum() < len(extra):
+            coefficients = _nnls(rows[keep], targets[keep])
+    return float(coefficients[0]), float(coefficients[1])
 
 
 def prediction_error(model: CostModel, samples: Sequence[Sample]) -> float:

@@ -180,6 +180,13 @@ class HardwareSpec:
     # (andante.perf.fit.fit_by_threads). None: `coefficients` for every step.
     serial_coefficients: CostCoefficients | None = None
     serial_below_tokens: int | None = None
+    # A CPU engine builds its GEMM primitives per step size (oneDNN, cached LRU): the
+    # first step of a token count not among the last `new_size_cache` counts it ran
+    # costs `new_size_fixed + new_size_per_token * num_tokens` seconds more
+    # (andante.perf.shape_setup). 0: no such cost (GPUs, built-in profiles).
+    new_size_fixed: float = 0.0
+    new_size_per_token: float = 0.0
+    new_size_cache: int = 0
     collective_latency: float = 10e-6  # fixed cost of one small all-reduce, s
     disk_bandwidth: float = 7.0e9  # model weights read from local disk, B/s (hardware.py)
     # A calibrated profile's provenance (`andante calibrate`): the fit's mean |relative
@@ -211,6 +218,10 @@ class HardwareSpec:
         if self.serial_below_tokens is not None:
             _require_positive_int("HardwareSpec", "serial_below_tokens",
                                   self.serial_below_tokens)
+        for name in ("new_size_fixed", "new_size_per_token"):
+            _require_rate("HardwareSpec", name, getattr(self, name), allow_zero=True)
+        if self.new_size_cache != 0:
+            _require_positive_int("HardwareSpec", "new_size_cache", self.new_size_cache)
 
     def with_coefficients(self, coefficients: CostCoefficients) -> HardwareSpec:
         return replace(self, coefficients=coefficients)
@@ -238,7 +249,8 @@ class HardwareSpec:
         missing = sorted(known - set(data) - {"coefficients", "collective_latency",
                                                "disk_bandwidth", "fit_error",
                                                "calibrated_at", "serial_coefficients",
-                                               "serial_below_tokens"})
+                                               "serial_below_tokens", "new_size_fixed",
+                                               "new_size_per_token", "new_size_cache"})
         if missing:
             raise ValueError(f"hardware profile lacks keys {missing}")
         if "coefficients" in data:

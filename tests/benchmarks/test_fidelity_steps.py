@@ -76,3 +76,43 @@ def test_serve_verdict_compares_with_vllm() -> None:
     assert serve.verdict(ours, theirs) == {
         "burst": {"goodput": True, "ttft_p99": True, "qoe": True},
         "poisson": {"goodput": False, "ttft_p99": False, "qoe": False}}
+
+
+def test_step_trace_adds_the_setup_of_sizes_new_to_the_engine() -> None:
+    import dataclasses
+
+    fidelity = _module("fidelity")
+    hardware = dataclasses.replace(get_hardware("a10-24g"), new_size_fixed=0.01,
+                                   new_size_per_token=1e-4, new_size_cache=8)
+    model = CostModel(get_model("smollm2-135m"), hardware)
+    trace = fidelity.StepTrace(model, _Clock(), history=(65,))  # the engine ran 65 tokens
+    busy = SchedulerStats(num_running=2)
+    steps = [[(64, 0), (1, 91)], [(30, 0)], [(1, 41), (1, 92)], [(1, 42), (1, 93)]]
+    for chunks in steps:
+        batch = _step(chunks)
+        trace(StepOutput(batch, StepResult([1] * len(chunks), 0.05)), busy)
+    assert [r["new_size"] for r in trace.rows] == [False, True, True, False]
+    for row, chunks in zip(trace.rows, steps, strict=True):
+        warm = model.step_time(_step(chunks).shape()) * 1e3
+        setup = model.new_size_time(row["tokens"]) * 1e3 if row["new_size"] else 0.0
+        assert row["predicted_ms"] == pytest.approx(warm + setup)
+    summary = trace.summary()
+    assert summary["decode"]["new_sizes"] == 1
+    assert set(summary["decode"]) >= {"ratio_new_sizes", "ratio_warm_sizes"}
+    assert "ratio_warm_sizes" not in summary["prefill"]  # its one step was new
+
+
+def test_size_recorder_keeps_the_sizes_of_forward_steps() -> None:
+    fidelity = _module("fidelity")
+
+    class Inner:
+        name = "inner"
+
+        def execute(self, batch: StepBatch) -> StepResult:
+            return StepResult([1] * len(batch.requests), 0.01)
+
+    recorder = fidelity.SizeRecorder(Inner())
+    recorder.execute(_step([(30, 0), (1, 5)]))
+    recorder.execute(StepBatch())  # a swap-only or empty step runs no forward pass
+    recorder.execute(_step([(1, 6)]))
+    assert recorder.sizes == [31, 1] and recorder.name == "inner"

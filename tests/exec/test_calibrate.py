@@ -12,6 +12,7 @@ from andante.exec.torch_calibrate import QUICK_SWEEP, SweepConfig, calibrate, sy
 from andante.kv.block_manager import KVBlockManager
 from andante.models import load_model
 from andante.perf.catalog import get_hardware, save_hardware
+from andante.perf.step_sizes import default_cache_sizes
 from tests.exec.engine_helpers import tiny_executor
 
 
@@ -45,6 +46,13 @@ def test_calibrate_fits_and_saves(tiny_llama: Path, tmp_path: Path) -> None:
     # the quick sweep has enough steps in both thread regimes for a set each
     assert hw.serial_below_tokens == 8 and hw.serial_coefficients is not None
     assert hw.peak_flops > 0 and hw.mem_bandwidth > 0 and hw.host_link_bandwidth > 0
+    # every step with a prefill ran cold then warm: one setup sample each, at its size
+    with_prefill = [s for s in QUICK_SWEEP.shapes() if any(n > 1 for n, _ in s)]
+    assert len(result.new_sizes) == len(with_prefill)
+    warm_sizes = sorted(shape.num_tokens for shape, _ in result.samples)
+    assert all(n in warm_sizes for n, _ in result.new_sizes)
+    setup = hw.new_size_fixed > 0 or hw.new_size_per_token > 0
+    assert hw.new_size_cache == (default_cache_sizes() if setup else 0)
     # The fit explains how step time depends on the shape: it predicts the measured
     # steps far better than the best single number does (measured here: 4-8% against
     # 26-35% for the median step time, while the machine was busy).
