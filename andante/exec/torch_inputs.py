@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from andante.core.request import Request
 from andante.exec.batch import StepBatch
+
+if TYPE_CHECKING:
+    from andante.exec.torch_attention import AttentionPlan
 
 
 @dataclass(slots=True)
@@ -51,9 +55,9 @@ class StepInputs:
     prefill_groups: list[PrefillGroup]
     sample_rows: torch.Tensor  # rows whose logits are sampled
     sample_index: list[int]  # batch index of each sampled row
-    # block tables as row indices of a flattened pool, per (table, pool size): built by
-    # the first layer that gathers, reused by the others (andante.exec.torch_attention)
-    gather_rows: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    # the step's attention plan per pool size (number of blocks): built by the first
+    # layer that attends, reused by the others (andante.exec.torch_attention)
+    plans: dict[int, AttentionPlan] = field(default_factory=dict)
 
 
 def token_slice(req: Request, start: int, end: int) -> list[int]:

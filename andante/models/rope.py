@@ -17,6 +17,7 @@ import math
 import torch
 
 from andante.models.config import ModelConfig, RopeScaling
+from andante.models.torchscript import script
 
 
 def _llama3(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
@@ -62,7 +63,8 @@ def rope_table(inv_freq: torch.Tensor, max_len: int,
     return emb.cos().to(dtype), sin.to(dtype)
 
 
+@script  # called from the scripted layers (andante.exec.torch_layers)
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """Rotate `x` [T, heads, D] by per-token `cos`, `sin_signed` [T, 1, D]."""
-    rotated = torch.roll(x, x.shape[-1] // 2, dims=-1)
+    rotated = torch.roll(x, x.shape[-1] // 2, -1)
     return torch.addcmul(x * cos, rotated, sin_signed)
