@@ -32,8 +32,8 @@ class PrefillGroup:
     `num_tokens` new tokens each, after `num_cached` cached ones. Fresh prompts
     (`blocks is None`, num_cached 0) attend causally to their own new K/V; a chunk after
     a cached prefix (one sequence) reads its `blocks` from the cache under `mask`
-    [num_tokens, num_cached + num_tokens] (True where visible: the prefix and the causal
-    lower triangle of its own tokens)."""
+    [num_tokens, num_cached + num_tokens], additive in the model dtype (0 where visible:
+    the prefix and the causal lower triangle of its own tokens; -inf elsewhere)."""
 
     start: int
     num_seqs: int
@@ -154,5 +154,7 @@ class InputBuilder:
             return PrefillGroup(row, 1, n)
         used = -(-(cached + n) // self.block_size)
         blocks = torch.tensor(table[:used], dtype=torch.long)
-        mask = torch.ones(n, cached + n, dtype=torch.bool).tril_(cached)
+        # additive, in the model dtype: SDPA would convert a boolean mask in every layer
+        hidden = torch.ones(n, cached + n, dtype=torch.bool).triu_(cached + 1)
+        mask = torch.zeros(n, cached + n, dtype=self.dtype).masked_fill_(hidden, float("-inf"))
         return PrefillGroup(row, 1, n, cached, blocks, mask)
