@@ -12,7 +12,8 @@ done by the kernel (`enable_gqa`), so K/V are never replicated per query head:
   K/V, straight from the QKV projection;
 * a chunk after a cached prefix (Sarathi-Serve's chunked prefill, Agrawal et al.
   OSDI'24 §4; or a prefix-cache hit) gathers its blocks and runs with a bottom-right
-  causal boolean mask built once per step.
+  causal mask built once per step (additive in the model dtype: SDPA would convert a
+  boolean one in every layer).
 
 Measured on this CPU (one thread, CPU time per layer, bf16), against the earlier
 hand-written path (baddbmm + softmax + bmm per KV head, prefill queries in chunks of
