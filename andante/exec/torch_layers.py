@@ -23,17 +23,17 @@ decode sizes, after 10-25 s of compilation; so the layers stay eager.
 What stays is Python's own cost: a decode layer is about 45 torch calls (17 kernels, the
 rest views), and at batch 16 the stepping thread spent about twice the OpenMP worker's
 CPU time per step, the difference being serial work: Python dispatch, small kernels,
-each GEMM's fixed cost. So the fused layer is TorchScript (`torch.jit.script`, no
-fusion or compilation: the same kernels in the same order, bit-identical outputs) and a
-step runs all its layers in one scripted call (`run_layers`). Measured, together with
-the in-place RoPE and the K/V writes without a concatenation (andante.models.rope,
-andante.exec.torch_attention), against the previous eager layers on a busy machine (two threads, OMP_WAIT_POLICY=PASSIVE, three interleaved
-rounds, medians of the stepping thread's CPU time per forward pass): a batch-16 decode
-step at context 160 46.5 -> 41.3 ms, a mixed step of 8 decodes and 8 fresh 128-token
-prompts 310 -> 269 ms (process CPU 515 -> 462 ms); the layer loop alone, 36.6-40.4 ->
-30.6-32.8 ms. TorchScript's interpreter itself costs about 2 ms of a batch-8 decode
-step. The float32 `ExactLayer` shares the scripted attention and runs its layers from
-Python.
+each GEMM's fixed cost. So the fused layer is TorchScript (`torch.jit.script`, no fusion
+or compilation: the same kernels in the same order, bit-identical outputs) and a step
+runs all its layers in one scripted call (`run_layers`). Measured, together with the in-
+place RoPE and the K/V writes without a concatenation (andante.models.rope,
+andante.exec.torch_attention), against the previous eager layers on a busy machine (two
+threads, OMP_WAIT_POLICY=PASSIVE, three interleaved rounds, medians of the stepping
+thread's CPU time per forward pass): a batch-16 decode step at context 160 46.5 -> 41.3
+ms, a mixed step of 8 decodes and 8 fresh 128-token prompts 310 -> 269 ms (process CPU
+515 -> 462 ms); the layer loop alone, 36.6-40.4 -> 30.6-32.8 ms. TorchScript's
+interpreter itself costs about 2 ms of a batch-8 decode step. The float32 `ExactLayer`
+shares the scripted attention and runs its layers from Python.
 """
 
 # no `from __future__ import annotations`: TorchScript cannot resolve the postponed
