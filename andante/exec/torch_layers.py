@@ -25,8 +25,8 @@ rest views), and at batch 16 the stepping thread spent about twice the OpenMP wo
 CPU time per step, the difference being serial work: Python dispatch, small kernels,
 each GEMM's fixed cost. So the fused layer is TorchScript (`torch.jit.script`, no fusion
 or compilation: the same kernels in the same order, bit-identical outputs) and a step
-runs all its layers in one scripted call (`run_layers`). Measured, together with the in-
-place RoPE and the K/V writes without a concatenation (andante.models.rope,
+runs all its layers in one scripted call (`run_layers`). Measured, together with the
+in-place RoPE and the K/V writes without a concatenation (andante.models.rope,
 andante.exec.torch_attention), against the previous eager layers on a busy machine (two
 threads, OMP_WAIT_POLICY=PASSIVE, three interleaved rounds, medians of the stepping
 thread's CPU time per forward pass): a batch-16 decode step at context 160 46.5 -> 41.3
