@@ -8,7 +8,8 @@ fewer than `parallel_min_tokens` tokens run on one thread; by default that thres
 is measured at start-up (andante.exec.torch_threads): whether a second OpenMP thread
 pays for small decode steps depends on the machine and its load. The measured choice
 is cached per machine and model shape (andante.exec.torch_threads), so only the first
-start-up pays for the probe; it is logged either way.
+start-up pays for the probe; it is logged either way. The process keeps freed heap
+memory for the next step (andante.exec.malloc_tuning).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Literal
 import torch
 
 from andante.exec.batch import StepBatch, StepResult
+from andante.exec.malloc_tuning import keep_freed_memory
 from andante.exec.torch_cost import CPU_PROFILE, engine_cost_model
 from andante.exec.torch_inputs import InputBuilder
 from andante.exec.torch_kv import KVPools
@@ -93,6 +95,7 @@ class TorchExecutor:
                  cost_model: CostModel | None = None) -> None:
         self.options = options or TorchExecutorOptions()
         self.model = model
+        keep_freed_memory()
         self._init_threads()
         self._init_runner()
         self._init_thread_choice()

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from andante.core.request import Request
 from andante.exec.batch import StepBatch
+
+if TYPE_CHECKING:
+    from andante.exec.torch_attention import AttentionPlan
 
 
 @dataclass(slots=True)
@@ -28,8 +32,8 @@ class PrefillGroup:
     `num_tokens` new tokens each, after `num_cached` cached ones. Fresh prompts
     (`blocks is None`, num_cached 0) attend causally to their own new K/V; a chunk after
     a cached prefix (one sequence) reads its `blocks` from the cache under `mask`
-    [num_tokens, num_cached + num_tokens] (True where visible: the prefix and the causal
-    lower triangle of its own tokens)."""
+    [num_tokens, num_cached + num_tokens], additive in the model dtype (0 where visible:
+    the prefix and the causal lower triangle of its own tokens; -inf elsewhere)."""
 
     start: int
     num_seqs: int
@@ -51,9 +55,9 @@ class StepInputs:
     prefill_groups: list[PrefillGroup]
     sample_rows: torch.Tensor  # rows whose logits are sampled
     sample_index: list[int]  # batch index of each sampled row
-    # block tables as row indices of a flattened pool, per (table, pool size): built by
-    # the first layer that gathers, reused by the others (andante.exec.torch_attention)
-    gather_rows: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    # the step's attention plan per pool size (number of blocks): built by the first
+    # layer that attends, reused by the others (andante.exec.torch_attention)
+    plans: dict[int, AttentionPlan] = field(default_factory=dict)
 
 
 def token_slice(req: Request, start: int, end: int) -> list[int]:
@@ -150,5 +154,7 @@ class InputBuilder:
             return PrefillGroup(row, 1, n)
         used = -(-(cached + n) // self.block_size)
         blocks = torch.tensor(table[:used], dtype=torch.long)
-        mask = torch.ones(n, cached + n, dtype=torch.bool).tril_(cached)
+        # additive, in the model dtype: SDPA would convert a boolean mask in every layer
+        hidden = torch.ones(n, cached + n, dtype=torch.bool).triu_(cached + 1)
+        mask = torch.zeros(n, cached + n, dtype=self.dtype).masked_fill_(hidden, float("-inf"))
         return PrefillGroup(row, 1, n, cached, blocks, mask)

@@ -3,11 +3,11 @@
 Design note. vLLM's PagedAttention (Kwon et al., SOSP'23, §4.1-4.5) stores KV in
 fixed-size blocks addressed through per-request block tables. Here each tier is one
 tensor [layers, 2 * kv_heads, blocks, block_size, head_dim]: K heads first, then V
-heads, so a layer's new K and V are written with one `index_copy_` and a request's
-blocks are read with one `index_select` that already yields the [heads, seq, dim]
-layout attention wants. The host tier is a separate tensor (on CPU both live in RAM,
-but a swap really copies every byte of the request's blocks, as a GPU swap over PCIe
-would); `swap` returns the seconds the copies took.
+heads, so a layer's new K and V are written with one `index_copy_` each along the slot
+dimension and a request's blocks are read with one `index_select` that already yields
+the [heads, seq, dim] layout attention wants. The host tier is a separate tensor (on CPU
+both live in RAM, but a swap really copies every byte of the request's blocks, as a GPU
+swap over PCIe would); `swap` returns the seconds the copies took.
 """
 
 from __future__ import annotations

@@ -14,7 +14,13 @@ import torch.nn.functional as F
 
 from andante.exec.torch_inputs import StepInputs
 from andante.exec.torch_kv import KVPools
-from andante.exec.torch_layers import ExactLayer, FusedLayer, LMHead, packed_gemm_supported
+from andante.exec.torch_layers import (
+    ExactLayer,
+    FusedLayer,
+    LMHead,
+    packed_gemm_supported,
+    run_layers,
+)
 from andante.models.config import ModelConfig
 from andante.models.rope import inverse_frequencies, rope_table
 from andante.models.weights import ModelWeights
@@ -40,6 +46,5 @@ class TransformerRunner:
         x = F.embedding(inputs.input_ids, self.embed)
         cos = self.cos.index_select(0, inputs.positions).unsqueeze(1)
         sin = self.sin.index_select(0, inputs.positions).unsqueeze(1)
-        for layer in self.layers:
-            x = layer.forward(x, inputs, cos, sin)
+        x = run_layers(self.layers, x, inputs, cos, sin)
         return self.lm_head(x.index_select(0, inputs.sample_rows))

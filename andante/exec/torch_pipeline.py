@@ -35,7 +35,13 @@ from andante.exec.batch import StepBatch, StepResult
 from andante.exec.torch_executor import TorchExecutorOptions
 from andante.exec.torch_inputs import InputBuilder, StepInputs
 from andante.exec.torch_kv import KVPools
-from andante.exec.torch_layers import ExactLayer, FusedLayer, LMHead, packed_gemm_supported
+from andante.exec.torch_layers import (
+    ExactLayer,
+    FusedLayer,
+    LMHead,
+    packed_gemm_supported,
+    run_layers,
+)
 from andante.exec.torch_sampler import Sampler
 from andante.models.loader import LoadedModel, parse_dtype
 from andante.models.rope import inverse_frequencies, rope_table
@@ -147,8 +153,7 @@ class PipelineStage:
         assert x is not None, "a middle stage needs the previous stage's activations"
         cos = self.cos.index_select(0, inputs.positions).unsqueeze(1)
         sin = self.sin.index_select(0, inputs.positions).unsqueeze(1)
-        for layer in self.layers:
-            x = layer.forward(x, inputs, cos, sin)
+        x = run_layers(self.layers, x, inputs, cos, sin)
         if self.lm_head is None:
             return x
         return self.lm_head(x.index_select(0, inputs.sample_rows))

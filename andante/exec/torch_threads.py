@@ -46,7 +46,7 @@ from andante.perf.paths import andante_home
 log = logging.getLogger(__name__)
 
 #: Bump when the probe's method changes, so that older cached choices are measured again.
-PROBE_VERSION = 1
+PROBE_VERSION = 2  # 2: TorchScript layers (less serial work per step)
 REPROBE_ENV = "ANDANTE_REPROBE_THREADS"
 
 #: Decode batch sizes probed at start-up, and the context length of each probe.

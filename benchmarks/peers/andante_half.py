@@ -32,6 +32,9 @@ from typing import Any
 
 from peer_paths import VLLM_BENCH_SCRIPT
 
+#: vLLM's default max_num_batched_tokens for `LLM(...)` on a CPU (engine/arg_utils.py).
+VLLM_CPU_STEP_TOKENS = 4096
+
 
 class AndanteHalf:
     """The andante engine, driven like the peer drives `LLM.generate`."""
@@ -48,8 +51,13 @@ class AndanteHalf:
         self.executor = executor = TorchExecutor(self.model, TorchExecutorOptions(
             num_threads=args.threads, kv_cache_gib=2.0, swap_space_gib=0.0,
             reprobe_threads=True))
-        config = SchedulerConfig(max_model_len=args.max_model_len,
-                                 max_num_batched_tokens=max(8192, args.max_model_len))
+        # like the vLLM peer's `LLM(...)`: its CPU default step budget for the LLM class
+        # (4,096 tokens: the 16 concurrent prompts, 2,048 tokens, prefill in one step on
+        # both) and prefix caching off (the prompts share no prefix anyway)
+        self.config = config = SchedulerConfig(
+            max_model_len=args.max_model_len,
+            max_num_batched_tokens=max(VLLM_CPU_STEP_TOKENS, args.max_model_len),
+            enable_prefix_caching=False)
         self.engine = build_offline_engine(self.model, "vllm", config, executor)
         self.startup_s = time.perf_counter() - started
         self.count = 0
@@ -146,6 +154,8 @@ def run_andante(args: argparse.Namespace) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
         "startup_s": round(half.startup_s, 2),
+        "max_num_batched_tokens": half.config.max_num_batched_tokens,
+        "prefix_caching": half.config.enable_prefix_caching,
         "parallel_min_tokens": half.executor.thread_choice.parallel_min_tokens,
         "thread_choice": half.executor.thread_choice.source,
         "thread_probe_ms": {str(b): list(t) for b, t in
