@@ -18,7 +18,10 @@ version and the model's shape (layers, widths, dtype, block size, probe context)
 cached choice is reused as it is; `reprobe=True` (the executor's `reprobe_threads`
 option, or `ANDANTE_REPROBE_THREADS=1`) measures again and replaces it, e.g. after the
 machine's load changed for good. An unreadable cache entry is measured again; an
-unwritable home only costs the next start-up another probe.
+unwritable home only costs the next start-up another probe. A probe taken while other
+work already loads the machine (1-minute load average at or above half its cores when
+the probe starts) is used for that run only and not cached: a busy machine's choice
+(one thread for small steps) would otherwise stick after the load is gone.
 """
 
 from __future__ import annotations
@@ -189,17 +192,33 @@ def _save(path: Path, key: dict[str, Any], choice: ThreadChoice) -> None:
         log.warning("threads: cannot cache the probe's choice in %s (%s)", path, exc)
 
 
+def machine_load() -> float:
+    """The 1-minute load average (0 where the platform has none)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
+def machine_is_busy(load: float, cores: int | None = None) -> bool:
+    """Whether other work already loads the machine enough to bias a probe."""
+    return load >= 0.5 * (cores or os.cpu_count() or 1)
+
+
 def cached_thread_choice(measure: Callable[[], ThreadChoice], key: dict[str, Any],
                          reprobe: bool = False) -> ThreadChoice:
-    """The cached choice for `key`, else `measure()` (then cached); `reprobe` measures
-    even when a choice is cached, and replaces it."""
+    """The cached choice for `key`, else `measure()` (then cached unless the machine
+    was busy when the probe started); `reprobe` measures even when a choice is cached,
+    and replaces it."""
     path = cache_path(key)
     if not reprobe_requested(reprobe):
         cached = _load(path, key)
         if cached is not None:
             return cached
+    load = machine_load()
     started = time.perf_counter()
     choice = measure()
-    choice.source = f"measured in {time.perf_counter() - started:.1f} s, cached in {path}"
+    took = f"measured in {time.perf_counter() - started:.1f} s"
+    if machine_is_busy(load):
+        choice.source = f"{took} under load {load:.1f}, not cached (a busy machine's choice)"
+        return choice
+    choice.source = f"{took}, cached in {path}"
     _save(path, key, choice)
     return choice

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from andante.exec import torch_threads
 from andante.exec.torch_threads import (
     PROBE_BATCHES,
     REPROBE_ENV,
@@ -14,6 +16,7 @@ from andante.exec.torch_threads import (
     _threshold,
     cache_path,
     cached_thread_choice,
+    machine_is_busy,
     probe_batch,
     probe_key,
 )
@@ -66,6 +69,7 @@ def _own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test caches its thread choices in a fresh andante home."""
     monkeypatch.setenv("ANDANTE_HOME", str(tmp_path / "home"))
     monkeypatch.delenv(REPROBE_ENV, raising=False)
+    monkeypatch.setattr(torch_threads, "machine_load", lambda: 0.0)  # a quiet machine
     return tmp_path / "home"
 
 
@@ -93,6 +97,24 @@ def test_a_choice_is_measured_once_then_read_from_the_cache() -> None:
     assert (second.parallel_min_tokens, second.timings) == (8, first.timings)
     assert cache_path(_key()).is_file()
     assert "steps under 8 tokens run on one thread" in second.describe()
+
+
+def test_a_probe_on_a_busy_machine_is_used_but_not_cached(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch_threads, "machine_load", lambda: float(os.cpu_count() or 1))
+    probe = CountingProbe()
+    busy = cached_thread_choice(probe, _key())
+    assert busy.parallel_min_tokens == 8 and "not cached" in busy.source
+    assert not cache_path(_key()).exists()
+    monkeypatch.setattr(torch_threads, "machine_load", lambda: 0.0)
+    assert cached_thread_choice(probe, _key()).source.startswith("measured")
+    assert cached_thread_choice(probe, _key()).source.startswith("cached")
+    assert probe.calls == 2
+
+
+def test_busy_means_half_the_cores_loaded() -> None:
+    assert not machine_is_busy(0.9, cores=2) and machine_is_busy(1.0, cores=2)
+    assert not machine_is_busy(3.9, cores=8) and machine_is_busy(4.0, cores=8)
 
 
 def test_a_choice_of_all_threads_is_cached_too() -> None:
