@@ -48,10 +48,11 @@ class Policy(Protocol):
     A `prefill_run_budget` > 0 (the step's token budget) says that a
     stationary policy's step is "running requests in order, each by its uncomputed
     tokens capped by the budget left" and it keeps no per-step state, so that the
-    simulator may apply runs of chunked-prefill steps at once (andante.sim.prefill_run).
+    simulator may apply runs of chunked-prefill steps at once (andante.sim.prefill_run);
+    such a run calls `on_prefill_run` instead of `on_step_end` per step.
     A `decode_budget` > 0 says that, with nothing waiting or swapped and every
     running request decoding, its step advances them all, in the order
-    `decode_order(running)` gives (None if unsure), when they number
+    `decode_order(running, num_free_blocks)` gives (None if unsure), when they number
     at most that (andante.sim.after_finish).
     """
 
@@ -70,13 +71,17 @@ class Policy(Protocol):
 
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None: ...
 
+    def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
+                       times: Sequence[float]) -> None: ...
+
     @property
     def prefill_run_budget(self) -> int: ...
 
     @property
     def decode_budget(self) -> int: ...
 
-    def decode_order(self, running: Sequence[Request]) -> Sequence[Request] | None: ...
+    def decode_order(self, running: Sequence[Request],
+                     num_free_blocks: int) -> Sequence[Request] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +133,12 @@ class BasePolicy:
         are recorded and their requests' `num_computed_tokens` advanced)."""
         return None
 
+    def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
+                       times: Sequence[float]) -> None:
+        """The steps following `batch` prefilled `chunks` of its last request beside
+        the others' decodes and ended at `times` (their tokens are recorded)."""
+        return None
+
     @property
     def prefill_run_budget(self) -> int:
         """0: no chunked-prefill runs (see Policy)."""
@@ -138,8 +149,10 @@ class BasePolicy:
         """0: no decode run starts without a scheduled step first (see Policy)."""
         return 0
 
-    def decode_order(self, running: Sequence[Request]) -> Sequence[Request] | None:
-        """The running list's own order (see Policy)."""
+    def decode_order(self, running: Sequence[Request],
+                     num_free_blocks: int) -> Sequence[Request] | None:
+        """The running list's own order (see Policy; `num_free_blocks`: free device
+        blocks before the step)."""
         return running
 
 

@@ -331,9 +331,10 @@ class SimInstance(LaterOperations):
                            chunks: list[int]) -> tuple[StepBatch, StepOutput]:
         self.decode_run = None
         requests, engine = batch.requests, self.engine
-        if chunks:  # no hook: a policy with prefill runs keeps no per-step state
+        if chunks:
             got = record_prefill_run(engine.scheduler, engine.scheduler.running, chunks,
                                      token_id, times)
+            engine.scheduler.policy.on_prefill_run(batch, chunks, times)
         else:
             got = engine.scheduler.record_tokens(requests, repeat(len(times)),
                                                  repeat(token_id), *times)

@@ -284,7 +284,6 @@ class LatencyModel:
         self.mean_context = 512.0
         self._last_decode_end: float | None = None
         self._last_step_end: float | None = None
-        self._last_decode = (0, 0)  # (requests, summed context) of the last decode step
 
     def _init_tables(self, config: SchedulerConfig) -> None:
         self._tau_cache: dict[int, np.ndarray] = {}
@@ -335,7 +334,6 @@ class LatencyModel:
     # ---- online refinement ----------------------------------------------------------
     def observe(self, batch: StepBatch, result: StepResult, now: float) -> None:
         """Fold one completed step into the estimates (cheap: one pass over the batch)."""
-        self._last_step_end = now
         cached_tokens = batch.num_cached_tokens
         if batch.num_tokens == len(cached_tokens) and min(cached_tokens, default=0) > 0:
             num_dec, context = len(cached_tokens), sum(cached_tokens)  # all decodes
@@ -345,10 +343,14 @@ class LatencyModel:
                 if new == 1 and cached > 0:
                     num_dec += 1
                     context += cached
-        if num_dec == 0:
-            return
-        self._last_decode = (num_dec, context)
-        self._fold_decode(num_dec, context, now)
+        self.observe_decodes(num_dec, context, now)
+
+    def observe_decodes(self, num_dec: int, context: int, now: float) -> None:
+        """A step that ended at `now` decoded `num_dec` requests holding `context`
+        tokens in all (what `observe` reads off a batch)."""
+        self._last_step_end = now
+        if num_dec:
+            self._fold_decode(num_dec, context, now)
 
     def idle(self) -> None:
         """Nothing runs: the next decode's gap since the last one is no inter-token time.
@@ -363,11 +365,12 @@ class LatencyModel:
             return []
         return token_times[bisect_right(token_times, self._last_step_end):]
 
-    def observe_run(self, times: list[float]) -> list[float]:
-        """Fold a decode run (len(times) steps like the last decode step, each with one
-        more token of context per request, ending at `times`) into the estimates, as
-        `observe` once per step would; returns the token latency before each step."""
-        num_dec, context = self._last_decode
+    def observe_run(self, times: list[float], num_dec: int, context: int) -> list[float]:
+        """Fold a decode run (len(times) steps of `num_dec` decodes holding `context`
+        tokens in its first step and one more per request in each next one, ending at
+        `times`) into the estimates, as `observe` once per step would; returns the
+        token latency before each step."""
+        context -= num_dec  # (the context of a step before the run)
         if self.cost_model is None or self._last_decode_end is None:
             before = []
             for j, now in enumerate(times, start=1):
