@@ -23,6 +23,8 @@ when it begins). Tests check that timelines are identical with and without.
 
 from __future__ import annotations
 
+import math
+
 from andante.core.request import Request, RequestStatus
 from andante.engine.scheduler import Scheduler
 from andante.engine.stopping import num_tokens_before_length_stop
@@ -37,10 +39,8 @@ def prefill_run_chunks(scheduler: Scheduler, batch: StepBatch) -> list[int]:
     `batch` (just applied), one per step; [] when no prefill run applies."""
     budget = scheduler.policy.prefill_run_budget
     running = scheduler.running
-    if budget <= 0 or not running:
-        return []
-    if not scheduler.policy.stationary or batch.swap_out or batch.swap_in:
-        return []
+    if budget <= 0 or not running or batch.swap_out or batch.swap_in:
+        return []  # (a budget > 0: the policy vouches for its next steps)
     if len(batch.requests) != len(running) or scheduler.last_step_preempted \
             or scheduler.added_since_schedule:
         return []
@@ -94,9 +94,19 @@ def _need(scheduler: Scheduler, running: list[Request], chunks: list[int], k: in
                                            prefill.num_computed_tokens + sum(chunks[:k]))
 
 
+def steps_within_limit(durations: list[float], limit: float) -> int:
+    """How many of the first `durations` last at most `limit` seconds each (the policy's
+    `run_step_limit`)."""
+    if limit == math.inf:
+        return len(durations)
+    return next((k for k, d in enumerate(durations) if d > limit), len(durations))
+
+
 def fit_prefill_blocks(scheduler: Scheduler, chunks: list[int]) -> int:
-    """The largest k <= len(chunks) whose k steps find all their blocks free."""
-    free, running = scheduler.kv.num_free_device_blocks, scheduler.running
+    """The largest k <= len(chunks) whose k steps find all their blocks free (leaving
+    the policy's `decode_run_reserve_blocks`)."""
+    running = scheduler.running
+    free = scheduler.kv.num_free_device_blocks - scheduler.policy.decode_run_reserve_blocks
     lo, hi = 0, len(chunks)
     while lo < hi:  # the blocks needed grow with k
         mid = (lo + hi + 1) // 2

@@ -54,6 +54,7 @@ from andante.sim.prefill_run import (
     prefill_run_shapes,
     record_prefill_run,
     reserve_prefill_blocks,
+    steps_within_limit,
 )
 from andante.sim.tiers import ModelSwap, ModelTiers
 
@@ -581,6 +582,7 @@ class Simulator(SimHooks):
         shapes = prefill_run_shapes(scheduler.running, chunks)
         durations = executor.prefill_run_durations(shapes, budget)
         times = self._run_times(durations)
+        del times[steps_within_limit(durations, scheduler.policy.run_step_limit):]
         del times[fit_prefill_blocks(scheduler, chunks[:len(times)]):]
         if not times:
             return False

@@ -23,6 +23,13 @@ BURSTS = WorkloadConfig(kind="gamma", rate=8.0, cv=3.0, num_requests=100,
 FAST_READERS = WorkloadConfig(kind="poisson", rate=1.0, num_requests=60,
                               lengths="uniform:300:3000:1:200", seed=3, max_context=8192,
                               slo=SLOConfig(tds=100.0))
+# readers at 16 tokens/s: decode steps keep pace, prompt chunks beside them do not
+MID_READERS = WorkloadConfig(kind="gamma", rate=3.0, cv=2.0, num_requests=60,
+                             lengths="uniform:3000:8000:50:300", seed=5, max_context=8192,
+                             slo=SLOConfig(tds=16.0))
+# long prompts and outputs in bursts on a small KV cache: usage crosses the watermark
+TIGHT = WorkloadConfig(kind="gamma", rate=4.0, cv=3.0, num_requests=60,
+                       lengths="uniform:2000:7000:300:1500", seed=9, max_context=8192)
 # 2,050-token prompts: chunks of 1,024 (admission), 1,025 and a final one of one token
 ONE_TOKEN_TAIL = WorkloadConfig(kind="poisson", rate=0.5, num_requests=40,
                                 lengths="fixed:2050:200", seed=8)
@@ -32,7 +39,8 @@ GROWING = WorkloadConfig(kind="gamma", rate=100.0, cv=1.0, num_requests=20,
 
 
 def _run(policy: str, workload: WorkloadConfig, hardware: str, runs: bool,
-         options: dict[str, object] | None = None) -> tuple[dict, tuple, list[tuple]]:
+         options: dict[str, object] | None = None,
+         ) -> tuple[dict, tuple, list[tuple], list[tuple]]:
     spec = ClusterSpec(model="llama-3.1-8b", hardware=hardware, policy=policy,
                        policy_options=options or {},
                        scheduler=SchedulerConfig(max_num_seqs=64),
@@ -52,9 +60,8 @@ def _run(policy: str, workload: WorkloadConfig, hardware: str, runs: bool,
     lat = p.latency
     state = (report.end_time, engine.num_steps, p.stats.num_solves, p._since_solve,
              lat.token_latency, lat.ratio, lat.mean_context, lat._last_decode_end,
-             [r.request_id for r in report.finished],  # (in the order they finished)
-             seen)
-    return timelines, state, outputs
+             [r.request_id for r in report.finished])  # (in the order they finished)
+    return timelines, state, outputs, seen
 
 
 def _watch_queued_decisions(policy: AndesPolicy) -> list[tuple]:
@@ -78,6 +85,7 @@ def _watch_queued_decisions(policy: AndesPolicy) -> list[tuple]:
 CASES = [("andes", LONG_PROMPTS, "a100-80g", None), ("andes", BURSTS, "a10-24g", None),
          ("andes", LONG_PROMPTS, "a100-80g", {"solver_interval": 1}),
          ("andes", FAST_READERS, "a100-80g", {"solver_interval": 3}),
+         ("andes", MID_READERS, "a100-80g", None), ("andes", TIGHT, "a10-24g", None),
          ("andes", GROWING, "a10-24g", None), ("andes", ONE_TOKEN_TAIL, "a100-80g", None),
          ("lqsf", LONG_PROMPTS, "a100-80g", None), ("lqsf", BURSTS, "a10-24g", None),
          ("lqsf", GROWING, "a10-24g", {"solver_interval": 1})]
@@ -87,10 +95,14 @@ CASES = [("andes", LONG_PROMPTS, "a100-80g", None), ("andes", BURSTS, "a10-24g",
 def test_runs_give_the_stepped_timelines_and_state(policy: str, workload: WorkloadConfig,
                                                     hardware: str,
                                                     options: dict[str, object] | None) -> None:
-    stepped, stepped_state, stepped_outputs = _run(policy, workload, hardware, False, options)
-    fast, fast_state, outputs = _run(policy, workload, hardware, True, options)
+    stepped, stepped_state, stepped_outputs, stepped_seen = _run(policy, workload, hardware,
+                                                                 False, options)
+    fast, fast_state, outputs, seen = _run(policy, workload, hardware, True, options)
     assert fast == stepped
     assert fast_state == stepped_state  # end, steps, solves, latency EMAs, finish order
+    # the decisions with a queue that were taken (runs stand for some) knew the same
+    by_time = {d[0]: d for d in stepped_seen}
+    assert seen and all(by_time[d[0]] == d for d in seen)
     assert len(outputs) < len(stepped_outputs)
     if workload is LONG_PROMPTS:  # mostly nothing queued: most steps are in runs
         assert len(outputs) < len(stepped_outputs) / 3
@@ -99,13 +111,13 @@ def test_runs_give_the_stepped_timelines_and_state(policy: str, workload: Worklo
 def test_andes_prefills_long_prompts_in_runs() -> None:
     """Several chunks of a prompt beside decodes in one output, including right after
     the step that admitted it."""
-    _, _, outputs = _run("andes", LONG_PROMPTS, "a100-80g", True)
+    _, _, outputs, _ = _run("andes", LONG_PROMPTS, "a100-80g", True)
     prefill_runs = [o for o in outputs if o[0] > 1 and o[1] > o[2]]
     assert len(prefill_runs) > 10
 
 
 def test_andes_runs_start_after_finishes_without_a_step() -> None:
-    _, _, outputs = _run("andes", LONG_PROMPTS, "a100-80g", True)
+    _, _, outputs, _ = _run("andes", LONG_PROMPTS, "a100-80g", True)
     assert any(a[3] and a[0] > 1 and b[0] > 1 and b[1] == b[2]
                for a, b in zip(outputs, outputs[1:], strict=False))
 
@@ -138,3 +150,42 @@ def test_short_of_blocks_the_emptiest_pacer_buffers_decode_first() -> None:
     policy.table.record(slots[2:], 5.0)
     assert policy.decode_order(running, 10**6) == running  # blocks for all: any order
     assert policy.decode_order(running, 0) == [running[1], running[2], running[0]]
+
+
+@pytest.mark.parametrize(("workload", "hardware"), [(LONG_PROMPTS, "a100-80g"),
+                                                    (BURSTS, "a10-24g"),
+                                                    (MID_READERS, "a100-80g")])
+def test_runs_while_requests_wait_keep_andes_deciding_the_same(
+        workload: WorkloadConfig, hardware: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every prefill run that starts with requests queued (checked from the scheduler's
+    state, not the policy's): its steps are shorter than every reader's pace and its
+    latency estimate starts below it (no compute-bound trigger), and it leaves free
+    the memory trigger's share of the device and the queue's blocks beside the
+    watermark (nobody could be paired with a victim)."""
+    from andante.sim.simulator import SimInstance
+
+    checked: list[int] = []
+    begin = SimInstance.begin_prefill_run
+
+    def begin_checked(self, runs, batch, times, durations, chunks):  # type: ignore[no-untyped-def]
+        s = self.engine.scheduler
+        queued = [*s.waiting, *s.swapped]
+        if queued:
+            p = s.policy
+            min_inv = min(1.0 / r.slo.tds for r in [*s.running, *queued])
+            assert p.latency.token_latency < min_inv and max(durations) < min_inv
+            bs, kv = s.config.block_size, s.kv
+            weight = sum(-(-(r.num_prompt_tokens + r.num_output_tokens + 1) // bs)
+                         for r in queued)
+            begin(self, runs, batch, times, durations, chunks)
+            free = kv.num_free_device_blocks
+            assert free > (1.0 - p.options.watermark) * kv.device.num_blocks
+            assert free >= kv.watermark_blocks + weight
+            checked.append(len(chunks))
+            return
+        begin(self, runs, batch, times, durations, chunks)
+
+    monkeypatch.setattr(SimInstance, "begin_prefill_run", begin_checked)
+    _run("andes", workload, hardware, True)
+    if workload is LONG_PROMPTS:
+        assert checked  # such runs happen

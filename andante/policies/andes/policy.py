@@ -124,6 +124,8 @@ class AndesPolicy(BasePolicy):
         self._prefilling = False  # the last step scheduled a prompt chunk
         self._run_min_inv = 0.0  # the running requests' least 1/tds when a run began
         self._run_token_budget = 0  # the token budget of the steps a run stands for
+        self._queued_run = False  # see `_declare_queued_run`
+        self.run_step_limit = math.inf
 
     # ---- hooks ----------------------------------------------------------------------
     def on_arrival(self, req: Request) -> None:
@@ -155,8 +157,8 @@ class AndesPolicy(BasePolicy):
         if not (plan.running or plan.waiting or plan.swapped):
             return
         plan.restrict_token_budget(self._step_token_budget(len(plan.running)))
-        if not self.options.refiner:
-            self.decode_run_reserve_blocks = plan.watermark_blocks  # see _declare_stationary
+        self._queued_run, self.run_step_limit = False, math.inf  # see _declare_queued_run
+        self.decode_run_reserve_blocks = 0 if self.options.refiner else plan.watermark_blocks
         if not (plan.waiting or plan.swapped) and self._decode_all(plan):
             return
         view = View.of(self.table, plan, self.latency)
@@ -169,6 +171,8 @@ class AndesPolicy(BasePolicy):
         self._carry_out(plan, decision)
         if not decision.victims and _empties_queue(plan):
             self._declare_stationary(plan, float(view.streams.inv.min()))
+        else:
+            self._declare_queued_run(plan, view)
 
     def _decode_all(self, plan: StepPlan) -> bool:
         """Nothing queued and the knapsack not due: what `_order_queue` decides (decode
@@ -235,6 +239,33 @@ class AndesPolicy(BasePolicy):
             num_next = len(plan.running) + len(plan.waiting) + len(plan.swapped)
             self._run_token_budget = self._step_token_budget(num_next)
 
+    def _declare_queued_run(self, plan: StepPlan, view: View) -> None:
+        """A chunked step that advanced every running request and admitted nobody while
+        requests wait: its next steps decide the same (the decodes, a prompt chunk
+        that spends the budget, nobody admitted: `_admits_nobody`) as long as the
+        knapsack is not triggered and every queued request fits the free blocks
+        beside the watermark (or no pacer counts). So a prefill run may follow
+        (`prefill_run_budget`) if it leaves free the blocks those need (the memory
+        trigger's share of the device and the queue's weight, as
+        `decode_run_reserve_blocks`) and its steps are shorter than every reader's
+        pace (`run_step_limit`): the token-latency estimate, an average of the
+        steps' gaps, then stays below it (the compute-bound trigger)."""
+        o = self.options
+        if not (self.chunks_prefill and o.refiner) or plan.preemptions or plan.swapped \
+                or len(plan.scheduled) != view.num_running:
+            return
+        reserve = math.ceil((1.0 - o.watermark) * plan.num_total_blocks) + 1
+        if o.pacer_aware:
+            if len(view) - view.num_running > plan.config.max_num_seqs:
+                return
+            weight = math.ceil(float(view.weight[view.queued].sum()))
+            reserve = max(reserve, plan.watermark_blocks + weight)
+        min_inv = float(view.streams.inv.min())
+        self._queued_run, self._run_min_inv = True, min_inv
+        self._run_token_budget = self._step_token_budget(view.num_running)
+        self.decode_run_reserve_blocks = reserve
+        self.run_step_limit = min_inv * (1.0 - 1e-9)  # (a margin over rounding)
+
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
         """What `on_step_end` and `schedule` would have recorded for each step of a
         decode run: the tokens' QoE state, the latency estimates and the solver's
@@ -299,8 +330,13 @@ class AndesPolicy(BasePolicy):
     def prefill_run_budget(self) -> int:
         """With chunked prefill and the refiner, the next steps' token budget: with
         nothing queued (`stationary`) every running request advances, the decodes
-        first, and a prompt's chunk takes what is left (andante.sim.prefill_run)."""
-        if self.chunks_prefill and self.options.refiner:
+        first, and a prompt's chunk takes what is left (andante.sim.prefill_run); so
+        while a chunk spends the budget with requests queued, if the token-latency
+        estimate is below every reader's pace (`_declare_queued_run`)."""
+        if not (self.chunks_prefill and self.options.refiner):
+            return 0
+        if self.stationary or (self._queued_run and self._prefilling and (
+                self.latency.token_latency <= self.run_step_limit)):
             return self._run_token_budget
         return 0
 
