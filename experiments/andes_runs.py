@@ -90,13 +90,20 @@ class Outcome:
 class Probe:
     """A step observer: queue samples, and the wall time of the steps in which Andes'
     knapsack ran (from the previous step's end: scheduling, the solve and applying the
-    step; the solve dominates)."""
+    step; the solve dominates).
+
+    Samples fall on a fixed grid (every `sample_every` simulated seconds), each taken at
+    the end of the step that covers it (none while the engine idles): a simulator run
+    of steps (andante.sim.decode_run) covers its grid points at once, and the waiting
+    and swapped counts it reports are those of each of its steps (nobody is admitted
+    or preempted within a run), so the queue samples do not depend on the fast paths
+    (running requests and KV usage are the run's last step's)."""
 
     def __init__(self, policy: Any, sample_every: float) -> None:
         self.policy_stats = getattr(policy, "stats", None)  # AndesStats (Andes only)
         self.num_solves = 0
         self.sample_every = sample_every
-        self.next_sample = 0.0
+        self.num_grid_points = 0  # grid points passed (sampled, or idle)
         self.samples: list[tuple[float, int, int, int, float]] = []
         self.solve_seconds: list[float] = []
         self.last_step_end = time.perf_counter()
@@ -107,11 +114,17 @@ class Probe:
         if solves != self.num_solves:
             self.num_solves = solves
             self.solve_seconds.append(now - self.last_step_end)
-        if self.sample_every > 0 and stats.time >= self.next_sample:
-            self.next_sample = stats.time + self.sample_every
-            self.samples.append((stats.time, stats.num_waiting, stats.num_running,
-                                 stats.num_swapped, stats.kv_usage))
+        if self.sample_every > 0:
+            self._sample(stats, stats.time - output.result.duration)
         self.last_step_end = time.perf_counter()
+
+    def _sample(self, stats: SchedulerStats, start: float) -> None:
+        """The grid points in (start, stats.time]: the output's steps."""
+        while (point := self.num_grid_points * self.sample_every) <= stats.time:
+            self.num_grid_points += 1
+            if point > start:
+                self.samples.append((point, stats.num_waiting, stats.num_running,
+                                     stats.num_swapped, stats.kv_usage))
 
 
 def run_job(job: Job) -> Outcome:

@@ -108,16 +108,25 @@ class RequestTable:
 
     def record_run(self, idx: np.ndarray, times: np.ndarray) -> None:
         """One new token at each of `times` (increasing) for each slot of `idx`: what
-        `record` once per time does, bit for bit (a simulator decode run)."""
-        n = self.n[idx][:, None] + np.arange(len(times), dtype=float)[None, :]
-        ideal = np.asarray(times, dtype=float)[None, :] - n * self.inv[idx][:, None]
-        late = np.maximum.accumulate(
-            np.concatenate([self.late[idx][:, None], ideal - self.start[idx][:, None]],
-                           axis=1), axis=1)[:, 1:]
-        terms = np.concatenate([self.pos[idx][:, None], np.maximum(late, 0.0)], axis=1)
-        self.late[idx] = late[:, -1]
-        self.pos[idx] = np.cumsum(terms, axis=1)[:, -1]  # sequential, as `record` adds
-        self.n[idx] = n[:, -1] + 1.0
+        `record` once per time does, bit for bit (a simulator decode run). Lateness is
+        a running maximum, and Σ ℓ⁺ grows only where it is positive (a stream ahead
+        of its reader adds 0.0 per token), so only those rows are summed step by step."""
+        k = len(times)
+        n = self.n[idx]
+        late = self.late[idx]
+        steps = n[:, None] + np.arange(k, dtype=float)
+        gap = np.asarray(times, dtype=float) - steps * self.inv[idx][:, None] \
+            - self.start[idx][:, None]  # (now - n·inv) - start, as `record`
+        end = np.maximum(late, gap.max(axis=1))
+        self.late[idx] = end
+        self.n[idx] = n + float(k)
+        rows = np.flatnonzero(end > 0.0)
+        if len(rows):
+            running = np.maximum(np.maximum.accumulate(gap[rows], axis=1), late[rows, None])
+            terms = np.empty((len(rows), k + 1))
+            terms[:, 0] = self.pos[idx[rows]]
+            np.maximum(running, 0.0, out=terms[:, 1:])
+            self.pos[idx[rows]] = np.cumsum(terms, axis=1)[:, -1]  # sequential, as `record`
 
     def buffered(self, idx: np.ndarray, now: float) -> np.ndarray:
         """Seconds of text the reader still has in its pacer buffer at `now` (>= 0)."""
