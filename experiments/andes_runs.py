@@ -80,6 +80,7 @@ class Outcome:
     qoe: np.ndarray | None = None
     ttft: np.ndarray | None = None
     queue: np.ndarray | None = None  # rows: time, waiting, running, swapped, kv usage
+    peak_queue: int = 0  # the most waiting and swapped requests after any step (detail)
     prompts: np.ndarray | None = None  # prompt tokens per request (detail)
 
     @property
@@ -97,13 +98,16 @@ class Probe:
     of steps (andante.sim.decode_run) covers its grid points at once, and the waiting
     and swapped counts it reports are those of each of its steps (nobody is admitted
     or preempted within a run), so the queue samples do not depend on the fast paths
-    (running requests and KV usage are the run's last step's)."""
+    (running requests and KV usage are the run's last step's). `peak_queue` is the
+    most waiting and swapped requests after any step, exactly (a run's are its
+    steps')."""
 
     def __init__(self, policy: Any, sample_every: float) -> None:
         self.policy_stats = getattr(policy, "stats", None)  # AndesStats (Andes only)
         self.num_solves = 0
         self.sample_every = sample_every
         self.num_grid_points = 0  # grid points passed (sampled, or idle)
+        self.peak_queue = 0
         self.samples: list[tuple[float, int, int, int, float]] = []
         self.solve_seconds: list[float] = []
         self.last_step_end = time.perf_counter()
@@ -115,6 +119,7 @@ class Probe:
             self.num_solves = solves
             self.solve_seconds.append(now - self.last_step_end)
         if self.sample_every > 0:
+            self.peak_queue = max(self.peak_queue, stats.num_waiting + stats.num_swapped)
             self._sample(stats, stats.time - output.result.duration)
         self.last_step_end = time.perf_counter()
 
@@ -146,6 +151,7 @@ def run_job(job: Job) -> Outcome:
         out.qoe = np.array(qoe_all(records, report.end_time))
         out.ttft = np.array([v if (v := ttft(r)) is not None else np.nan for r in records])
         out.queue = np.array(probes[0].samples)
+        out.peak_queue = probes[0].peak_queue
         out.prompts = np.array([r.num_prompt_tokens for r in records])
     return out
 

@@ -440,20 +440,23 @@ class AndesPolicy(BasePolicy):
 
     # ---- between solves: cheap ordering, pacer-aware preemption ---------------------
     def _order_queue(self, plan: StepPlan, view: View) -> Decision:
+        """Decode the emptiest pacer buffers first; admit the queue by priority (its
+        scores are computed only where they decide something: a lone queued request
+        is first whatever its score, unless the refiner weighs it)."""
         now, nr = plan.now, view.num_running
         buffered = self.table.buffered(view.idx[:nr], now)
         by_need = np.argsort(buffered, kind="stable")  # emptiest buffers first
         decision = Decision(decode_order=[view.reqs[i] for i in by_need])
         if len(view) == nr or self._admits_nobody(plan, view, buffered):
             return decision
-        tau = self.latency.tau(max(1, nr))
-        q = view.queued
-        gain = self.gain(view.streams.select(np.arange(nr, len(view))), now,
-                         view.first_delay(tau)[q], tau, view)
-        starved = self.starved(view, now)
-        prio = self.priority(gain, view.weight[q], view.kind[q],
-                             None if starved is None else starved[q])
-        order = top_order(prio, plan.config.max_num_seqs) + nr
+        scores = None
+        if len(view) == nr + 1:
+            order = np.array([nr])
+        else:
+            scores = tau, gain, starved = self._queue_scores(plan, view)
+            prio = self.priority(gain, view.weight[view.queued], view.kind[view.queued],
+                                 None if starved is None else starved[view.queued])
+            order = top_order(prio, plan.config.max_num_seqs) + nr
         decision.admits = [view.reqs[i] for i in order]
         o = self.options
         victims = by_need[:0]
@@ -461,11 +464,22 @@ class AndesPolicy(BasePolicy):
             full = buffered[by_need[::-1]] > o.delta_t
             victims = by_need[::-1][full]  # most buffered first, gain 0 over Δt
         if len(victims) or (o.refiner and self.refine_admissions and nr):
+            tau, gain, starved = scores or self._queue_scores(plan, view)
             gains = np.zeros(len(view))
-            gains[q] = gain
+            gains[view.queued] = gain
             decision.admits, decision.victims = self.refine(
-                plan, view, order, victims, gains, float(tau), starved)
+                plan, view, order, victims, gains, tau, starved)
         return decision
+
+    def _queue_scores(self, plan: StepPlan, view: View,
+                      ) -> tuple[float, np.ndarray, np.ndarray | None]:
+        """τ at the current batch size, the queued requests' gains and every view
+        position's starvation (`starved`)."""
+        nr = view.num_running
+        tau = self.latency.tau(max(1, nr))
+        gain = self.gain(view.streams.select(np.arange(nr, len(view))), plan.now,
+                         view.first_delay(tau)[view.queued], tau, view)
+        return float(tau), gain, self.starved(view, plan.now)
 
     def _admits_nobody(self, plan: StepPlan, view: View, buffered: np.ndarray) -> bool:
         """With chunked prefill, True when the running requests' remaining tokens fill
