@@ -41,7 +41,7 @@ def test_queue_samples_do_not_depend_on_the_simulators_runs(policy: str) -> None
     from andante.workload import WorkloadConfig, build_workload, to_requests
     from experiments.andes_runs import Probe
 
-    workload = WorkloadConfig(kind="gamma", rate=6.0, cv=3.0, num_requests=120,
+    workload = WorkloadConfig(kind="gamma", rate=6.0, cv=3.0, num_requests=80,
                               lengths="uniform:200:4000:20:300", seed=3, max_context=8192)
     queues = []
     for runs in (False, True):

@@ -27,9 +27,6 @@ FAST_READERS = WorkloadConfig(kind="poisson", rate=1.0, num_requests=60,
 MID_READERS = WorkloadConfig(kind="gamma", rate=3.0, cv=2.0, num_requests=60,
                              lengths="uniform:3000:8000:50:300", seed=5, max_context=8192,
                              slo=SLOConfig(tds=16.0))
-# long prompts and outputs in bursts on a small KV cache: usage crosses the watermark
-TIGHT = WorkloadConfig(kind="gamma", rate=4.0, cv=3.0, num_requests=60,
-                       lengths="uniform:2000:7000:300:1500", seed=9, max_context=8192)
 # 2,050-token prompts: chunks of 1,024 (admission), 1,025 and a final one of one token
 ONE_TOKEN_TAIL = WorkloadConfig(kind="poisson", rate=0.5, num_requests=40,
                                 lengths="fixed:2050:200", seed=8)
@@ -85,7 +82,7 @@ def _watch_queued_decisions(policy: AndesPolicy) -> list[tuple]:
 CASES = [("andes", LONG_PROMPTS, "a100-80g", None), ("andes", BURSTS, "a10-24g", None),
          ("andes", LONG_PROMPTS, "a100-80g", {"solver_interval": 1}),
          ("andes", FAST_READERS, "a100-80g", {"solver_interval": 3}),
-         ("andes", MID_READERS, "a100-80g", None), ("andes", TIGHT, "a10-24g", None),
+         ("andes", MID_READERS, "a100-80g", None),
          ("andes", GROWING, "a10-24g", None), ("andes", ONE_TOKEN_TAIL, "a100-80g", None),
          ("lqsf", LONG_PROMPTS, "a100-80g", None), ("lqsf", BURSTS, "a10-24g", None),
          ("lqsf", GROWING, "a10-24g", {"solver_interval": 1})]
