@@ -112,6 +112,10 @@ class RequestTable:
         a running maximum, and Σ ℓ⁺ grows only where it is positive (a stream ahead
         of its reader adds 0.0 per token), so only those rows are summed step by step."""
         k = len(times)
+        if k <= 2:  # (fewer array operations)
+            for now in times:
+                self.record(idx, float(now))
+            return
         n = self.n[idx]
         late = self.late[idx]
         steps = n[:, None] + np.arange(k, dtype=float)
