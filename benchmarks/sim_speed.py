@@ -5,8 +5,10 @@ Runs the real scheduler over `SimExecutor`, each policy on the same workload, an
 ONE JSON line: per policy the simulated requests per wall-second of the simulation loop
 (`requests_per_wall_s`, the figure compared with Vidur; target >= 2,000 for every
 policy) and per CPU-second (`requests_per_cpu_s`, steadier on a shared machine), the
-scheduler's steps, and the load average around its run. Peer: Vidur
-(benchmarks/vidur_peer/README.md).
+scheduler's steps, and the load average around its run. With `--rounds N` the policies
+run in N interleaved rounds (a, b, c, a, b, c, ...) and each figure is the median of its
+rounds (`rounds` keeps every round's rates and load averages), so that a busy machine
+moves every policy alike. Peer: Vidur (benchmarks/vidur_peer/README.md).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 from typing import Any
 
@@ -43,6 +46,19 @@ def measure(args: argparse.Namespace, policy: str, workload: list[RequestSpec]) 
     }
 
 
+_RATES = ("requests_per_wall_s", "requests_per_wall_s_with_metrics", "requests_per_cpu_s")
+
+
+def median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last round's figures with each rate replaced by its median over `rounds`, and
+    every round's rates and load averages under `rounds`."""
+    merged = dict(rounds[-1])
+    for key in _RATES:
+        merged[key] = round(statistics.median(r[key] for r in rounds), 1)
+    merged["rounds"] = [{key: r[key] for key in (*_RATES, "loadavg_1m")} for r in rounds]
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--num-requests", type=int, default=10_000)
@@ -53,18 +69,27 @@ def main() -> None:
     parser.add_argument("--policies", default="all",
                         help="comma-separated, or all (every registered policy)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="interleaved rounds of every policy; figures are medians")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     workload = build_workload(WorkloadConfig(
         kind="poisson", rate=args.rate, num_requests=args.num_requests,
         lengths=args.lengths, max_context=8192, seed=args.seed,
     ))
     policies = policy_names() if args.policies == "all" else args.policies.split(",")
-    results = {policy: measure(args, policy, workload) for policy in policies}
+    runs: dict[str, list[dict[str, Any]]] = {policy: [] for policy in policies}
+    for _ in range(args.rounds):
+        for policy in policies:
+            runs[policy].append(measure(args, policy, workload))
+    results = {policy: median_of_rounds(rounds) for policy, rounds in runs.items()}
     slowest = min(results, key=lambda p: results[p]["requests_per_wall_s"])
     print(json.dumps({
         "benchmark": "sim_speed", "num_requests": len(workload), "rate": args.rate,
         "lengths": args.lengths, "model": args.model, "hardware": args.hardware,
-        "target_requests_per_wall_s": TARGET, "slowest": slowest, "results": results,
+        "rounds": args.rounds, "target_requests_per_wall_s": TARGET, "slowest": slowest,
+        "results": results,
     }))
 
 

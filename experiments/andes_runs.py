@@ -80,6 +80,7 @@ class Outcome:
     qoe: np.ndarray | None = None
     ttft: np.ndarray | None = None
     queue: np.ndarray | None = None  # rows: time, waiting, running, swapped, kv usage
+    peak_queue: int = 0  # the most waiting and swapped requests after any step (detail)
     prompts: np.ndarray | None = None  # prompt tokens per request (detail)
 
     @property
@@ -90,13 +91,23 @@ class Outcome:
 class Probe:
     """A step observer: queue samples, and the wall time of the steps in which Andes'
     knapsack ran (from the previous step's end: scheduling, the solve and applying the
-    step; the solve dominates)."""
+    step; the solve dominates).
+
+    Samples fall on a fixed grid (every `sample_every` simulated seconds), each taken at
+    the end of the step that covers it (none while the engine idles): a simulator run
+    of steps (andante.sim.decode_run) covers its grid points at once, and the waiting
+    and swapped counts it reports are those of each of its steps (nobody is admitted
+    or preempted within a run), so the queue samples do not depend on the fast paths
+    (running requests and KV usage are the run's last step's). `peak_queue` is the
+    most waiting and swapped requests after any step, exactly (a run's are its
+    steps')."""
 
     def __init__(self, policy: Any, sample_every: float) -> None:
         self.policy_stats = getattr(policy, "stats", None)  # AndesStats (Andes only)
         self.num_solves = 0
         self.sample_every = sample_every
-        self.next_sample = 0.0
+        self.num_grid_points = 0  # grid points passed (sampled, or idle)
+        self.peak_queue = 0
         self.samples: list[tuple[float, int, int, int, float]] = []
         self.solve_seconds: list[float] = []
         self.last_step_end = time.perf_counter()
@@ -107,11 +118,18 @@ class Probe:
         if solves != self.num_solves:
             self.num_solves = solves
             self.solve_seconds.append(now - self.last_step_end)
-        if self.sample_every > 0 and stats.time >= self.next_sample:
-            self.next_sample = stats.time + self.sample_every
-            self.samples.append((stats.time, stats.num_waiting, stats.num_running,
-                                 stats.num_swapped, stats.kv_usage))
+        if self.sample_every > 0:
+            self.peak_queue = max(self.peak_queue, stats.num_waiting + stats.num_swapped)
+            self._sample(stats, stats.time - output.result.duration)
         self.last_step_end = time.perf_counter()
+
+    def _sample(self, stats: SchedulerStats, start: float) -> None:
+        """The grid points in (start, stats.time]: the output's steps."""
+        while (point := self.num_grid_points * self.sample_every) <= stats.time:
+            self.num_grid_points += 1
+            if point > start:
+                self.samples.append((point, stats.num_waiting, stats.num_running,
+                                     stats.num_swapped, stats.kv_usage))
 
 
 def run_job(job: Job) -> Outcome:
@@ -133,6 +151,7 @@ def run_job(job: Job) -> Outcome:
         out.qoe = np.array(qoe_all(records, report.end_time))
         out.ttft = np.array([v if (v := ttft(r)) is not None else np.nan for r in records])
         out.queue = np.array(probes[0].samples)
+        out.peak_queue = probes[0].peak_queue
         out.prompts = np.array([r.num_prompt_tokens for r in records])
     return out
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from andante.bench.report import Report
 from experiments import andes_plots as plots
 from experiments.andes_runs import HARDWARE, Outcome
@@ -79,11 +77,10 @@ def trace_stats(plan: Plan, scale: float, outcomes: Mapping[str, Outcome]
     out = {}
     for p in POLICIES:
         o = outcomes[f"trace/{plan.ablation.key}/{p}/{scale:g}"]
-        q = o.queue if o.queue is not None and len(o.queue) else np.zeros((1, 5))
         out[p] = {"mean_qoe": o.mean_qoe, "share_qoe_0.95": o.summary["qoe_attainment"],
                   "mean_ttft_s": o.summary["mean_ttft_ms"] / 1e3,
                   "p99_ttft_s": o.summary["p99_ttft_ms"] / 1e3,
-                  "peak_queue": float((q[:, 1] + q[:, 3]).max()),
+                  "peak_queue": float(o.peak_queue),
                   "throughput": o.summary["request_throughput"],
                   "preemptions_per_request": o.summary["mean_preemptions"]}
     return out

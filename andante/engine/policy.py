@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,21 +44,28 @@ class Policy(Protocol):
     `on_decode_run` with each step's duration instead of `on_step_end` per step, for a
     policy that keeps per-step state to replay it; `decode_run_reserve_blocks` device
     blocks must still be free at the end of such a run (a policy whose decision changes
-    when free memory falls below a threshold). `chunks_prefill` is True if it splits a prefill
-    longer than the step's token budget (else the budget must cover max_model_len).
-    A `prefill_run_budget` > 0 (the step's token budget) says that a
-    stationary policy's step is "running requests in order, each by its uncomputed
-    tokens capped by the budget left" and it keeps no per-step state, so that the
-    simulator may apply runs of chunked-prefill steps at once (andante.sim.prefill_run).
+    when free memory falls below a threshold; a prefill run's end too), and each step of
+    a prefill run lasts at most `run_step_limit` seconds (math.inf: any; Andes while
+    requests wait, so that its token-latency estimate stays below every reader's pace).
+    `chunks_prefill` is True if it splits a prefill longer than the step's token budget
+    (else the budget must cover max_model_len).
+    A `prefill_run_budget` > 0 (the next steps' token budget) says that the policy's
+    next steps, until an arrival or a finish, are certainly "every running request,
+    each by its uncomputed tokens capped by the budget left, the decodes first" (while
+    the budget is spent, whatever waits; with nothing waiting after that), so that
+    the simulator may apply runs of chunked-prefill steps at once
+    (andante.sim.prefill_run); such a run calls `on_prefill_run` instead of
+    `on_step_end` per step.
     A `decode_budget` > 0 says that, with nothing waiting or swapped and every
     running request decoding, its step advances them all, in the order
-    `decode_order(running)` gives (None if unsure), when they number
+    `decode_order(running, num_free_blocks)` gives (None if unsure), when they number
     at most that (andante.sim.after_finish).
     """
 
     name: str
     stationary: bool
     decode_run_reserve_blocks: int
+    run_step_limit: float
     chunks_prefill: bool
 
     def schedule(self, plan: StepPlan) -> None: ...
@@ -70,13 +78,17 @@ class Policy(Protocol):
 
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None: ...
 
+    def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
+                       times: Sequence[float]) -> None: ...
+
     @property
     def prefill_run_budget(self) -> int: ...
 
     @property
     def decode_budget(self) -> int: ...
 
-    def decode_order(self, running: Sequence[Request]) -> Sequence[Request] | None: ...
+    def decode_order(self, running: Sequence[Request],
+                     num_free_blocks: int) -> Sequence[Request] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +107,7 @@ class BasePolicy:
     Options: ClassVar[type] = NoOptions
     stationary = False  # see Policy
     decode_run_reserve_blocks = 0  # see Policy
+    run_step_limit = math.inf  # see Policy
     chunks_prefill = False  # see Policy
 
     def __init__(self, ctx: PolicyContext) -> None:
@@ -128,6 +141,12 @@ class BasePolicy:
         are recorded and their requests' `num_computed_tokens` advanced)."""
         return None
 
+    def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
+                       times: Sequence[float]) -> None:
+        """The steps following `batch` prefilled `chunks` of its last request beside
+        the others' decodes and ended at `times` (their tokens are recorded)."""
+        return None
+
     @property
     def prefill_run_budget(self) -> int:
         """0: no chunked-prefill runs (see Policy)."""
@@ -138,8 +157,10 @@ class BasePolicy:
         """0: no decode run starts without a scheduled step first (see Policy)."""
         return 0
 
-    def decode_order(self, running: Sequence[Request]) -> Sequence[Request] | None:
-        """The running list's own order (see Policy)."""
+    def decode_order(self, running: Sequence[Request],
+                     num_free_blocks: int) -> Sequence[Request] | None:
+        """The running list's own order (see Policy; `num_free_blocks`: free device
+        blocks before the step)."""
         return running
 
 

@@ -40,7 +40,7 @@ def batch_after_finish(scheduler: Scheduler) -> StepBatch | None:
         return None
     if any(r.status != _RUNNING or r.num_uncomputed_tokens != 1 for r in running):
         return None
-    batch_order = policy.decode_order(running)
+    batch_order = policy.decode_order(running, scheduler.kv.num_free_device_blocks)
     if batch_order is None or len(batch_order) != len(running):
         return None
     batch = StepBatch()

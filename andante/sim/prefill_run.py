@@ -5,20 +5,25 @@ Design note: with chunked prefill (vLLM v1's loop; Sarathi-Serve, Agrawal et al.
 2024, §4 stall-free batching, whose 512-token budget splits most prompts) a long prompt
 takes several steps, each holding one decode token of every other running request and a
 chunk of the prompt as large as the budget left. A policy declares
-`prefill_run_budget` > 0 (the step's token budget) when its step is "every running
-request in order, each by its uncomputed tokens capped by the budget left", with no
-per-step state (no hook replays a run): then, after a step that spent the whole budget
-on decodes of every running request but the last and a chunk of the last one, the same
+`prefill_run_budget` > 0 (the token budget of its next steps) when its step is "every
+running request, each by its uncomputed tokens capped by the budget left" (the decodes
+in any order, the prefill last), replaying in `on_prefill_run` any per-step state it
+keeps (Andes' QoE and latency state). Then, after a step that advanced every running
+request, the last by a chunk of its prompt and the others by a decode token, the same
 batch certainly follows, only the chunk's position moving, while that request has more
-than a chunk left: the budget is spent, so no waiting or swapped request can join, and
-the decodes stop only by a length limit (`num_tokens_before_length_stop`). The final
-chunk, shorter, leaves budget over; it joins the run when nothing waits or is swapped
-(nobody could take it), and samples the request's first token. The run ends before the
-next arrival, as a decode run, and holds as many steps as find their blocks free
-(reserved when it begins). A test checks that timelines are identical with and without.
+than a chunk left: the chunk spends the budget, so no waiting or swapped request can
+join, and the decodes stop only by a length limit (`num_tokens_before_length_stop`).
+(vLLM's budget is fixed; Andes' grows with the running requests, one token each, so
+the step that admitted the prompt had a chunk one token shorter.) The final chunk,
+shorter, leaves budget over; it joins the run when nothing waits or is swapped (nobody
+could take it), and samples the request's first token. The run ends before the next
+arrival, as a decode run, and holds as many steps as find their blocks free (reserved
+when it begins). Tests check that timelines are identical with and without.
 """
 
 from __future__ import annotations
+
+import math
 
 from andante.core.request import Request, RequestStatus
 from andante.engine.scheduler import Scheduler
@@ -34,14 +39,14 @@ def prefill_run_chunks(scheduler: Scheduler, batch: StepBatch) -> list[int]:
     `batch` (just applied), one per step; [] when no prefill run applies."""
     budget = scheduler.policy.prefill_run_budget
     running = scheduler.running
-    if budget <= 0 or not running or sum(batch.num_new_tokens) != budget:
-        return []  # (the budget was not spent: another request could have joined)
-    if not scheduler.policy.stationary or batch.swap_out or batch.swap_in:
-        return []
+    if budget <= 0 or not running or batch.swap_out or batch.swap_in:
+        return []  # (a budget > 0: the policy vouches for its next steps)
     if len(batch.requests) != len(running) or scheduler.last_step_preempted \
             or scheduler.added_since_schedule:
         return []
     prefill = running[-1]
+    if batch.requests[-1] is not prefill:  # (`on_prefill_run` is told of the batch's last)
+        return []
     chunk = budget - len(running) + 1
     left = prefill.num_uncomputed_tokens
     if chunk < 1 or left <= 1 or prefill.status != _RUNNING:
@@ -89,9 +94,19 @@ def _need(scheduler: Scheduler, running: list[Request], chunks: list[int], k: in
                                            prefill.num_computed_tokens + sum(chunks[:k]))
 
 
+def steps_within_limit(durations: list[float], limit: float) -> int:
+    """How many of the first `durations` last at most `limit` seconds each (the policy's
+    `run_step_limit`)."""
+    if limit == math.inf:
+        return len(durations)
+    return next((k for k, d in enumerate(durations) if d > limit), len(durations))
+
+
 def fit_prefill_blocks(scheduler: Scheduler, chunks: list[int]) -> int:
-    """The largest k <= len(chunks) whose k steps find all their blocks free."""
-    free, running = scheduler.kv.num_free_device_blocks, scheduler.running
+    """The largest k <= len(chunks) whose k steps find all their blocks free (leaving
+    the policy's `decode_run_reserve_blocks`)."""
+    running = scheduler.running
+    free = scheduler.kv.num_free_device_blocks - scheduler.policy.decode_run_reserve_blocks
     lo, hi = 0, len(chunks)
     while lo < hi:  # the blocks needed grow with k
         mid = (lo + hi + 1) // 2

@@ -54,6 +54,7 @@ from andante.sim.prefill_run import (
     prefill_run_shapes,
     record_prefill_run,
     reserve_prefill_blocks,
+    steps_within_limit,
 )
 from andante.sim.tiers import ModelSwap, ModelTiers
 
@@ -331,9 +332,10 @@ class SimInstance(LaterOperations):
                            chunks: list[int]) -> tuple[StepBatch, StepOutput]:
         self.decode_run = None
         requests, engine = batch.requests, self.engine
-        if chunks:  # no hook: a policy with prefill runs keeps no per-step state
+        if chunks:
             got = record_prefill_run(engine.scheduler, engine.scheduler.running, chunks,
                                      token_id, times)
+            engine.scheduler.policy.on_prefill_run(batch, chunks, times)
         else:
             got = engine.scheduler.record_tokens(requests, repeat(len(times)),
                                                  repeat(token_id), *times)
@@ -580,6 +582,7 @@ class Simulator(SimHooks):
         shapes = prefill_run_shapes(scheduler.running, chunks)
         durations = executor.prefill_run_durations(shapes, budget)
         times = self._run_times(durations)
+        del times[steps_within_limit(durations, scheduler.policy.run_step_limit):]
         del times[fit_prefill_blocks(scheduler, chunks[:len(times)]):]
         if not times:
             return False

@@ -42,3 +42,56 @@ def test_skipping_the_gains_when_nobody_can_be_admitted_changes_nothing(
     fast, num_taken = _timelines(True, monkeypatch)
     assert num_taken > 0  # the shortcut applied
     assert fast == full
+
+
+def _order_queue_scoring_all(self, plan, view):  # type: ignore[no-untyped-def]
+    """`_order_queue` scoring the queue whatever its size (the full computation)."""
+    import numpy as np
+
+    from andante.policies.andes.policy import Decision
+    from andante.policies.andes.solver import top_order
+
+    nr = view.num_running
+    buffered = self.table.buffered(view.idx[:nr], plan.now)
+    by_need = np.argsort(buffered, kind="stable")
+    decision = Decision(decode_order=[view.reqs[i] for i in by_need])
+    if len(view) == nr or self._admits_nobody(plan, view, buffered):
+        return decision
+    tau, gain, starved = self._queue_scores(plan, view)
+    prio = self.priority(gain, view.weight[view.queued], view.kind[view.queued],
+                         None if starved is None else starved[view.queued])
+    order = top_order(prio, plan.config.max_num_seqs) + nr
+    decision.admits = [view.reqs[i] for i in order]
+    o = self.options
+    victims = by_need[:0]
+    if o.pacer_aware and not self._fits(plan, decision.admits[0]):
+        victims = by_need[::-1][buffered[by_need[::-1]] > o.delta_t]
+    if len(victims) or (o.refiner and self.refine_admissions and nr):
+        gains = np.zeros(len(view))
+        gains[view.queued] = gain
+        decision.admits, decision.victims = self.refine(plan, view, order, victims, gains,
+                                                        tau, starved)
+    return decision
+
+
+@pytest.mark.parametrize("options", [{}, {"chunked_prefill": False}])
+def test_a_lone_queued_request_is_admitted_as_the_full_scoring_admits_it(
+        options: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without scores for a lone queued request (first whatever its score; the refiner,
+    when it weighs the admission, gets them): the timelines of scoring every queue."""
+    workload = build_workload(WorkloadConfig(  # mostly one request queued at a time
+        kind="poisson", rate=3.0, num_requests=120, lengths="uniform:200:3000:20:300",
+        seed=4))
+    spec = ClusterSpec(model="llama-3.1-8b", hardware="a10-24g", policy="andes",
+                       policy_options=options, scheduler=SchedulerConfig(max_num_seqs=64),
+                       gpu_memory_utilization=0.85)
+    lines = []
+    for full in (False, True):
+        if full:
+            monkeypatch.setattr(AndesPolicy, "_order_queue", _order_queue_scoring_all)
+        requests = to_requests(workload)
+        build_simulator(spec).run(requests)
+        lines.append({r.request_id: (tuple(r.timeline.token_times), r.timeline.num_recomputes,
+                                     r.timeline.num_swaps_out) for r in requests})
+    assert lines[0] == lines[1]
+    assert any(n or s for _, n, s in lines[0].values())  # preemptions: refined pairs

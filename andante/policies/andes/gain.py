@@ -108,16 +108,29 @@ class RequestTable:
 
     def record_run(self, idx: np.ndarray, times: np.ndarray) -> None:
         """One new token at each of `times` (increasing) for each slot of `idx`: what
-        `record` once per time does, bit for bit (a simulator decode run)."""
-        n = self.n[idx][:, None] + np.arange(len(times), dtype=float)[None, :]
-        ideal = np.asarray(times, dtype=float)[None, :] - n * self.inv[idx][:, None]
-        late = np.maximum.accumulate(
-            np.concatenate([self.late[idx][:, None], ideal - self.start[idx][:, None]],
-                           axis=1), axis=1)[:, 1:]
-        terms = np.concatenate([self.pos[idx][:, None], np.maximum(late, 0.0)], axis=1)
-        self.late[idx] = late[:, -1]
-        self.pos[idx] = np.cumsum(terms, axis=1)[:, -1]  # sequential, as `record` adds
-        self.n[idx] = n[:, -1] + 1.0
+        `record` once per time does, bit for bit (a simulator decode run). Lateness is
+        a running maximum, and Σ ℓ⁺ grows only where it is positive (a stream ahead
+        of its reader adds 0.0 per token), so only those rows are summed step by step."""
+        k = len(times)
+        if k <= 2:  # (fewer array operations)
+            for now in times:
+                self.record(idx, float(now))
+            return
+        n = self.n[idx]
+        late = self.late[idx]
+        steps = n[:, None] + np.arange(k, dtype=float)
+        gap = np.asarray(times, dtype=float) - steps * self.inv[idx][:, None] \
+            - self.start[idx][:, None]  # (now - n·inv) - start, as `record`
+        end = np.maximum(late, gap.max(axis=1))
+        self.late[idx] = end
+        self.n[idx] = n + float(k)
+        rows = np.flatnonzero(end > 0.0)
+        if len(rows):
+            running = np.maximum(np.maximum.accumulate(gap[rows], axis=1), late[rows, None])
+            terms = np.empty((len(rows), k + 1))
+            terms[:, 0] = self.pos[idx[rows]]
+            np.maximum(running, 0.0, out=terms[:, 1:])
+            self.pos[idx[rows]] = np.cumsum(terms, axis=1)[:, -1]  # sequential, as `record`
 
     def buffered(self, idx: np.ndarray, now: float) -> np.ndarray:
         """Seconds of text the reader still has in its pacer buffer at `now` (>= 0)."""
@@ -284,7 +297,6 @@ class LatencyModel:
         self.mean_context = 512.0
         self._last_decode_end: float | None = None
         self._last_step_end: float | None = None
-        self._last_decode = (0, 0)  # (requests, summed context) of the last decode step
 
     def _init_tables(self, config: SchedulerConfig) -> None:
         self._tau_cache: dict[int, np.ndarray] = {}
@@ -335,7 +347,6 @@ class LatencyModel:
     # ---- online refinement ----------------------------------------------------------
     def observe(self, batch: StepBatch, result: StepResult, now: float) -> None:
         """Fold one completed step into the estimates (cheap: one pass over the batch)."""
-        self._last_step_end = now
         cached_tokens = batch.num_cached_tokens
         if batch.num_tokens == len(cached_tokens) and min(cached_tokens, default=0) > 0:
             num_dec, context = len(cached_tokens), sum(cached_tokens)  # all decodes
@@ -345,10 +356,14 @@ class LatencyModel:
                 if new == 1 and cached > 0:
                     num_dec += 1
                     context += cached
-        if num_dec == 0:
-            return
-        self._last_decode = (num_dec, context)
-        self._fold_decode(num_dec, context, now)
+        self.observe_decodes(num_dec, context, now)
+
+    def observe_decodes(self, num_dec: int, context: int, now: float) -> None:
+        """A step that ended at `now` decoded `num_dec` requests holding `context`
+        tokens in all (what `observe` reads off a batch)."""
+        self._last_step_end = now
+        if num_dec:
+            self._fold_decode(num_dec, context, now)
 
     def idle(self) -> None:
         """Nothing runs: the next decode's gap since the last one is no inter-token time.
@@ -363,11 +378,12 @@ class LatencyModel:
             return []
         return token_times[bisect_right(token_times, self._last_step_end):]
 
-    def observe_run(self, times: list[float]) -> list[float]:
-        """Fold a decode run (len(times) steps like the last decode step, each with one
-        more token of context per request, ending at `times`) into the estimates, as
-        `observe` once per step would; returns the token latency before each step."""
-        num_dec, context = self._last_decode
+    def observe_run(self, times: list[float], num_dec: int, context: int) -> list[float]:
+        """Fold a decode run (len(times) steps of `num_dec` decodes holding `context`
+        tokens in its first step and one more per request in each next one, ending at
+        `times`) into the estimates, as `observe` once per step would; returns the
+        token latency before each step."""
+        context -= num_dec  # (the context of a step before the run)
         if self.cost_model is None or self._last_decode_end is None:
             before = []
             for j, now in enumerate(times, start=1):

@@ -120,9 +120,12 @@ class AndesPolicy(BasePolicy):
         self.stats = AndesStats()
         self._since_solve = self.options.solver_interval
         self.stationary = False  # see `_declare_stationary`
-        self.decode_run_reserve_blocks = 0  # set at the first decision without the refiner
+        self.decode_run_reserve_blocks = 0  # the watermark, without the refiner (`schedule`)
         self._prefilling = False  # the last step scheduled a prompt chunk
-        self._run_min_inv = 0.0
+        self._run_min_inv = 0.0  # the running requests' least 1/tds when a run began
+        self._run_token_budget = 0  # the token budget of the steps a run stands for
+        self._queued_run = False  # see `_declare_queued_run`
+        self.run_step_limit = math.inf
 
     # ---- hooks ----------------------------------------------------------------------
     def on_arrival(self, req: Request) -> None:
@@ -153,8 +156,9 @@ class AndesPolicy(BasePolicy):
             self.latency.idle()
         if not (plan.running or plan.waiting or plan.swapped):
             return
-        if self.chunks_prefill and self.options.chunk_tokens:
-            plan.restrict_token_budget(len(plan.running) + self.options.chunk_tokens)
+        plan.restrict_token_budget(self._step_token_budget(len(plan.running)))
+        self._queued_run, self.run_step_limit = False, math.inf  # see _declare_queued_run
+        self.decode_run_reserve_blocks = 0 if self.options.refiner else plan.watermark_blocks
         if not (plan.waiting or plan.swapped) and self._decode_all(plan):
             return
         view = View.of(self.table, plan, self.latency)
@@ -165,8 +169,10 @@ class AndesPolicy(BasePolicy):
         else:
             decision = self._order_queue(plan, view)
         self._carry_out(plan, decision)
-        if not (plan.waiting or plan.swapped or decision.victims):
+        if not decision.victims and _empties_queue(plan):
             self._declare_stationary(plan, float(view.streams.inv.min()))
+        else:
+            self._declare_queued_run(plan, view)
 
     def _decode_all(self, plan: StepPlan) -> bool:
         """Nothing queued and the knapsack not due: what `_order_queue` decides (decode
@@ -193,12 +199,22 @@ class AndesPolicy(BasePolicy):
         self._declare_stationary(plan, min_inv)
         return True
 
-    @staticmethod
-    def _may_run_short(plan: StepPlan) -> bool:
+    def _step_token_budget(self, num_running: int) -> int:
+        """A step's token budget: one token per running request plus `chunk_tokens`
+        with chunked prefill, within the engine's cap."""
+        cap = self.ctx.config.max_num_batched_tokens
+        if self.chunks_prefill and self.options.chunk_tokens:
+            return min(cap, num_running + self.options.chunk_tokens)
+        return cap
+
+    def _may_run_short(self, plan: StepPlan) -> bool:
         """Could the running requests' next tokens need more blocks than are free (one
         each, plus the prompt chunks the budget allows)?"""
-        need = len(plan.running) + plan.token_budget // plan.block_size + 1
-        return plan.num_free_blocks < need
+        return self._runs_short(len(plan.running), plan.token_budget, plan.num_free_blocks)
+
+    def _runs_short(self, num_running: int, token_budget: int, num_free_blocks: int) -> bool:
+        need = num_running + token_budget // self.ctx.config.block_size + 1
+        return num_free_blocks < need
 
     # ---- decode runs (the simulator's fast path, andante.sim.decode_run) ------------
     def _declare_stationary(self, plan: StepPlan, min_inv: float) -> None:
@@ -211,14 +227,44 @@ class AndesPolicy(BasePolicy):
         queued and B = B_max (no batch search) it chooses every running request while
         the free blocks cover the admission watermark (its capacity M less their
         weights is free - watermark), so a run must leave the watermark free
-        (`decode_run_reserve_blocks`)."""
+        (`decode_run_reserve_blocks`). A step that admits the whole queue is followed by
+        such steps too (`_empties_queue`); `min_inv` is then the least 1/tds of the
+        running and admitted requests, whose number sets the next steps' token budget
+        (`prefill_run_budget`)."""
         o = self.options
         self.stationary = not plan.preemptions and (o.refiner or (
             not o.batch_search and plan.num_free_blocks > plan.watermark_blocks))
         if self.stationary:
-            if not o.refiner:
-                self.decode_run_reserve_blocks = plan.watermark_blocks
             self._run_min_inv = min_inv
+            num_next = len(plan.running) + len(plan.waiting) + len(plan.swapped)
+            self._run_token_budget = self._step_token_budget(num_next)
+
+    def _declare_queued_run(self, plan: StepPlan, view: View) -> None:
+        """A chunked step that advanced every running request and admitted nobody while
+        requests wait: its next steps decide the same (the decodes, a prompt chunk
+        that spends the budget, nobody admitted: `_admits_nobody`) as long as the
+        knapsack is not triggered and every queued request fits the free blocks
+        beside the watermark (or no pacer counts). So a prefill run may follow
+        (`prefill_run_budget`) if it leaves free the blocks those need (the memory
+        trigger's share of the device and the queue's weight, as
+        `decode_run_reserve_blocks`) and its steps are shorter than every reader's
+        pace (`run_step_limit`): the token-latency estimate, an average of the
+        steps' gaps, then stays below it (the compute-bound trigger)."""
+        o = self.options
+        if not (self.chunks_prefill and o.refiner) or plan.preemptions or plan.swapped \
+                or len(plan.scheduled) != view.num_running:
+            return
+        reserve = math.ceil((1.0 - o.watermark) * plan.num_total_blocks) + 1
+        if o.pacer_aware:
+            if len(view) - view.num_running > plan.config.max_num_seqs:
+                return
+            weight = math.ceil(float(view.weight[view.queued].sum()))
+            reserve = max(reserve, plan.watermark_blocks + weight)
+        min_inv = float(view.streams.inv.min())
+        self._queued_run, self._run_min_inv = True, min_inv
+        self._run_token_budget = self._step_token_budget(view.num_running)
+        self.decode_run_reserve_blocks = reserve
+        self.run_step_limit = min_inv * (1.0 - 1e-9)  # (a margin over rounding)
 
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
         """What `on_step_end` and `schedule` would have recorded for each step of a
@@ -229,15 +275,96 @@ class AndesPolicy(BasePolicy):
         times = self.latency.run_times(reqs[0].timeline.token_times) if reqs else []
         if not times:
             return
-        slots = self.table.slots_of(reqs)  # a request that finished is no longer tracked
+        self._record_run(reqs, times)
+        # each request holds its tokens at the run's end less one per step of the run
+        context = sum(r.num_computed_tokens for r in reqs) - len(reqs) * len(times)
+        self._prefilling = False  # (a run that follows a prefill, andante.sim.after_finish)
+        self._replay_schedules(self.latency.observe_run(times, len(reqs), context))
+
+    def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
+                       times: Sequence[float]) -> None:
+        """What `on_step_end` and `schedule` would have recorded for each step of a
+        prefill run (andante.sim.prefill_run): `batch`'s decodes got a token per step,
+        its last request prefilled `chunks` (its first token at the end if the prompt is
+        done). A final chunk of one token counts as a decode, as `LatencyModel.observe`
+        counts it."""
+        *decodes, prefill = batch.requests
+        self._record_run(decodes, times)
+        token_times = prefill.timeline.token_times
+        if token_times and token_times[-1] == times[-1]:  # the prompt's first token
+            self._record_run([prefill], times[-1:])
+        num_dec, steps = len(decodes), len(chunks)
+        context = sum(r.num_computed_tokens for r in decodes) - num_dec * steps
+        cached = prefill.num_computed_tokens - sum(chunks)
+        latency, before = self.latency, []
+        for chunk, now in zip(chunks, times, strict=True):
+            before.append(latency.token_latency)
+            if chunk == 1:  # (never 0 cached: the run continues a prefill)
+                latency.observe_decodes(num_dec + 1, context + cached, now)
+            else:
+                latency.observe_decodes(num_dec, context, now)
+            context += num_dec
+            cached += chunk
+        self._prefilling = chunks[-1] > 1
+        self._replay_schedules(before)
+
+    def _record_run(self, reqs: Sequence[Request], times: Sequence[float]) -> None:
+        """A token at each of `times` for each of `reqs` still tracked (one that
+        finished is not)."""
+        slots = self.table.slots_of(reqs)
         if slots:
             self.table.record_run(np.array(slots, dtype=np.intp), np.array(times))
-        o = self.options
-        for latency in self.latency.observe_run(times):
+
+    def _replay_schedules(self, latencies: Sequence[float]) -> None:
+        """The selective-triggering count of the steps of a run, whose token latency
+        estimates at their decisions were `latencies`: with nothing queued the knapsack
+        it would run preempts nobody (see `_declare_stationary`)."""
+        interval, min_inv = self.options.solver_interval, self._run_min_inv
+        for latency in latencies:
             self._since_solve += 1
-            if self._since_solve >= o.solver_interval and latency > self._run_min_inv:
+            if self._since_solve >= interval and latency > min_inv:
                 self._since_solve = 0
                 self.stats.num_solves += 1
+
+    @property
+    def prefill_run_budget(self) -> int:
+        """With chunked prefill and the refiner, the next steps' token budget: with
+        nothing queued (`stationary`) every running request advances, the decodes
+        first, and a prompt's chunk takes what is left (andante.sim.prefill_run); so
+        while a chunk spends the budget with requests queued, if the token-latency
+        estimate is below every reader's pace (`_declare_queued_run`)."""
+        if not (self.chunks_prefill and self.options.refiner):
+            return 0
+        if self.stationary or (self._queued_run and self._prefilling and (
+                self.latency.token_latency <= self.run_step_limit)):
+            return self._run_token_budget
+        return 0
+
+    @property
+    def decode_budget(self) -> int:
+        """With nothing queued, every running request decodes (andante.sim.after_finish)
+        in the order `decode_order` gives, where the knapsack cannot preempt: with the
+        refiner, or without the batch search (see `_declare_stationary`)."""
+        o = self.options
+        return self.ctx.config.max_num_batched_tokens if o.refiner or not o.batch_search \
+            else 0
+
+    def decode_order(self, running: Sequence[Request],
+                     num_free_blocks: int) -> Sequence[Request] | None:
+        """The order `_decode_all` decodes every running request in, with nothing
+        queued; None when the knapsack is due (its order is the priorities'). Keeps
+        the requests' least 1/tds for the run's replay."""
+        idx = self.table.indices(running)
+        min_inv = float(self.table.inv[idx].min())
+        if self._since_solve + 1 >= self.options.solver_interval and (
+                self.latency.token_latency > min_inv):
+            return None
+        self._run_min_inv = min_inv
+        budget = self._step_token_budget(len(running))
+        if not self._runs_short(len(running), budget, num_free_blocks):
+            return running
+        order = np.argsort(self.table.buffered(idx, self.now), kind="stable")
+        return [running[i] for i in order]
 
     def _triggered(self, plan: StepPlan, view: View) -> bool:
         """Selective triggering (§4.2)."""
@@ -313,20 +440,23 @@ class AndesPolicy(BasePolicy):
 
     # ---- between solves: cheap ordering, pacer-aware preemption ---------------------
     def _order_queue(self, plan: StepPlan, view: View) -> Decision:
+        """Decode the emptiest pacer buffers first; admit the queue by priority (its
+        scores are computed only where they decide something: a lone queued request
+        is first whatever its score, unless the refiner weighs it)."""
         now, nr = plan.now, view.num_running
         buffered = self.table.buffered(view.idx[:nr], now)
         by_need = np.argsort(buffered, kind="stable")  # emptiest buffers first
         decision = Decision(decode_order=[view.reqs[i] for i in by_need])
         if len(view) == nr or self._admits_nobody(plan, view, buffered):
             return decision
-        tau = self.latency.tau(max(1, nr))
-        q = view.queued
-        gain = self.gain(view.streams.select(np.arange(nr, len(view))), now,
-                         view.first_delay(tau)[q], tau, view)
-        starved = self.starved(view, now)
-        prio = self.priority(gain, view.weight[q], view.kind[q],
-                             None if starved is None else starved[q])
-        order = top_order(prio, plan.config.max_num_seqs) + nr
+        scores = None
+        if len(view) == nr + 1:
+            order = np.array([nr])
+        else:
+            scores = tau, gain, starved = self._queue_scores(plan, view)
+            prio = self.priority(gain, view.weight[view.queued], view.kind[view.queued],
+                                 None if starved is None else starved[view.queued])
+            order = top_order(prio, plan.config.max_num_seqs) + nr
         decision.admits = [view.reqs[i] for i in order]
         o = self.options
         victims = by_need[:0]
@@ -334,11 +464,22 @@ class AndesPolicy(BasePolicy):
             full = buffered[by_need[::-1]] > o.delta_t
             victims = by_need[::-1][full]  # most buffered first, gain 0 over Δt
         if len(victims) or (o.refiner and self.refine_admissions and nr):
+            tau, gain, starved = scores or self._queue_scores(plan, view)
             gains = np.zeros(len(view))
-            gains[q] = gain
+            gains[view.queued] = gain
             decision.admits, decision.victims = self.refine(
-                plan, view, order, victims, gains, float(tau), starved)
+                plan, view, order, victims, gains, tau, starved)
         return decision
+
+    def _queue_scores(self, plan: StepPlan, view: View,
+                      ) -> tuple[float, np.ndarray, np.ndarray | None]:
+        """τ at the current batch size, the queued requests' gains and every view
+        position's starvation (`starved`)."""
+        nr = view.num_running
+        tau = self.latency.tau(max(1, nr))
+        gain = self.gain(view.streams.select(np.arange(nr, len(view))), plan.now,
+                         view.first_delay(tau)[view.queued], tau, view)
+        return float(tau), gain, self.starved(view, plan.now)
 
     def _admits_nobody(self, plan: StepPlan, view: View, buffered: np.ndarray) -> bool:
         """With chunked prefill, True when the running requests' remaining tokens fill
@@ -536,6 +677,14 @@ def _decodes_first(order: list[Request]) -> list[Request]:
     if not prefilling:
         return order
     return [r for r in order if r.num_uncomputed_tokens <= 1] + prefilling
+
+
+def _empties_queue(plan: StepPlan) -> bool:
+    """Does the step schedule every waiting and swapped request (none is left queued)?"""
+    if not (plan.waiting or plan.swapped):
+        return True
+    scheduled = plan.is_scheduled
+    return all(map(scheduled, plan.waiting)) and all(map(scheduled, plan.swapped))
 
 
 def _is_swapped(req: Request) -> bool:

@@ -212,7 +212,8 @@ class FastServePolicy(BasePolicy):
         the reserve only shrinks without arrivals): andante.sim.after_finish."""
         return self.ctx.config.max_num_batched_tokens
 
-    def decode_order(self, running: Sequence[Request]) -> list[Request] | None:
+    def decode_order(self, running: Sequence[Request],
+                     num_free_blocks: int) -> list[Request] | None:
         """The batch's order then: the job order (None if a promotion would change it, or
         if the jobs may not all keep their place: after a step with prefills, the room
         it found is checked for their blocks at their last tokens)."""
