@@ -69,8 +69,9 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster (the instances behind the controller)")
     g.add_argument("--instances", type=positive_int, default=1,
                    help="engine instances (default 1: a cluster of one)")
-    g.add_argument("--backend", choices=["inprocess", "ray"], default="inprocess",
-                   help="instances as threads of this process, or Ray actors")
+    g.add_argument("--backend", choices=["inprocess", "process", "ray"], default="inprocess",
+                   help="instances as threads of this process, as engine processes (one "
+                   "child process each, off the server's interpreter lock), or Ray actors")
     g.add_argument("--router", default="round-robin",
                    help="round-robin, least-loaded, power-of-two or ascendra (LP and HP "
                    "pools; --policy-option lp.KEY=V / hp.KEY=V)")
