@@ -22,6 +22,7 @@ process does not come back by itself (`restartable` is False), like a thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import queue
@@ -171,10 +172,8 @@ class ProcessInstance(LaterOperations):
         """Pickle and write commands off the event loop (a full pipe waits here)."""
         while True:
             command = self._outbox.get()
-            try:
+            with contextlib.suppress(OSError, ValueError):  # a dead child: the pump says
                 self._commands.send(command)
-            except (OSError, ValueError):  # the child is gone: the pump reports it
-                pass
             if command is _STOP:
                 self._commands.close()
                 return
