@@ -25,10 +25,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import pickle
 import queue
 import signal
 import threading
-import traceback
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
@@ -130,6 +130,8 @@ class ProcessInstance(LaterOperations):
                                          f"start within {timeout:g} s")
         kind, payload = self._receive_startup()
         if kind != "ready":
+            if isinstance(payload, (ValueError, OSError)):
+                raise payload  # bad options or a missing model: as in this process
             raise EngineProcessError(f"instance {self.index}: the engine process failed to "
                                      f"start: {payload}")
         limits, name, pid = payload
@@ -211,17 +213,28 @@ def child_main(factory: WorkerFactory, index: int, commands: Connection,
     try:
         worker = factory(index)
         limits, name = worker.describe()
-    except BaseException:
-        messages.send(("failed", traceback.format_exc(limit=-3)))
+    except BaseException as exc:
+        log.debug("instance %d could not start", index, exc_info=True)
+        messages.send(("failed", portable(exc)))
         return
     messages.send(("ready", (limits, name, multiprocessing.current_process().pid)))
     try:
         serve_steps(worker, commands, messages)
     except (BrokenPipeError, EOFError, ConnectionResetError):
         return  # the server is gone
-    except BaseException:
+    except BaseException as exc:  # the engine is broken: this instance stays down
         log.exception("instance %d failed", index)
-        messages.send(("error", traceback.format_exc(limit=-3)))
+        messages.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def portable(exc: BaseException) -> BaseException:
+    """`exc` if it pickles (the server re-raises a ValueError or OSError as it is),
+    else a RuntimeError naming it."""
+    try:
+        pickle.dumps(exc)
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
 
 
 def serve_steps(worker: InstanceWorker, commands: Connection, messages: Connection) -> None:

@@ -71,6 +71,7 @@ def test_a_disconnect_aborts_in_the_child_and_frees_its_kv(server: ServerThread)
     assert server.state.runner.controller.num_owned == 0
 
 
+@pytest.mark.slow
 def test_killing_an_engine_process_loses_no_request() -> None:
     options = cluster_options(2, step_time=0.02, max_num_seqs=4, backend="process")
     with ServerThread(options) as srv:
@@ -99,13 +100,19 @@ def test_killing_an_engine_process_loses_no_request() -> None:
 
 
 def broken_factory(index: int) -> InstanceWorker:
-    raise RuntimeError(f"no model for instance {index}")
+    raise RuntimeError(f"no engine for instance {index}")
 
 
-def test_a_child_that_cannot_build_its_engine_says_why() -> None:
-    inst = ProcessInstance(0, broken_factory)
+def missing_model_factory(index: int) -> InstanceWorker:
+    raise ValueError(f"no such model for instance {index}")
+
+
+@pytest.mark.parametrize(("factory", "error"), [(broken_factory, EngineProcessError),
+                                                (missing_model_factory, ValueError)])
+def test_a_child_that_cannot_build_its_engine_says_why(factory, error) -> None:  # type: ignore[no-untyped-def]
+    inst = ProcessInstance(0, factory)
     try:
-        with pytest.raises(EngineProcessError, match="no model for instance 0"):
+        with pytest.raises(error, match="for instance 0"):
             inst.describe(timeout=60)
     finally:
         inst.stop(timeout=5)
