@@ -7,13 +7,17 @@ import asyncio
 import json
 import os
 import signal
+from typing import Any
 
 import httpx
 import pytest
 
+from andante.core import Request, SamplingParams
+from andante.runtime.clock import WallClock
 from andante.runtime.process import EngineProcessError, ProcessInstance
-from andante.runtime.worker import InstanceWorker
+from andante.runtime.worker import InstanceWorker, StepMessage
 from andante.server import ServerThread
+from andante.server.backend import build_worker
 from andante.server.runner import ClusterRunner
 from tests.cluster.serving import cluster_options, stream_many
 from tests.server.helpers import wait_for
@@ -97,6 +101,45 @@ def test_killing_an_engine_process_loses_no_request() -> None:
         assert httpx.get(f"{srv.url}/health").status_code == 200  # the other serves on
         again = asyncio.run(stream_many(srv.url, 3, 5, asyncio.Event()))
         assert all(o.finish == "length" for o in again)
+
+
+class _Exploding:
+    """An executor that fails at its fourth step."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.num_steps = inner, 0
+
+    def execute(self, batch: Any) -> Any:
+        self.num_steps += 1
+        if self.num_steps > 3:
+            raise RuntimeError("the executor broke")
+        return self.inner.execute(batch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def exploding_factory(index: int) -> InstanceWorker:
+    worker = build_worker(cluster_options(1), index, WallClock())
+    worker.engine.executor = _Exploding(worker.engine.executor)  # type: ignore[assignment]
+    return worker
+
+
+def test_an_engine_that_raises_in_the_child_reports_the_instance_down() -> None:
+    inst = ProcessInstance(0, exploding_factory)
+    posted: list[StepMessage] = []
+    down: list[tuple[int, BaseException | None]] = []
+    try:
+        inst.start(posted.append, lambda i, exc: down.append((i, exc)))
+        inst.submit(Request("r0", [1, 2, 3], SamplingParams(max_tokens=50), 0.0))
+        wait_for(lambda: bool(down), timeout=30)
+    finally:
+        inst.stop(timeout=5)
+    ((index, exc),) = down
+    assert index == 0 and isinstance(exc, EngineProcessError)
+    assert "RuntimeError: the executor broke" in str(exc)
+    assert 1 <= sum(m.stepped for m in posted) <= 3  # its good steps came through
+    assert not inst.alive
 
 
 def broken_factory(index: int) -> InstanceWorker:
