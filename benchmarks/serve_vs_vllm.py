@@ -271,13 +271,13 @@ def run_rounds(args: argparse.Namespace, systems: list[tuple[str, Any]],
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.log_dir.mkdir(parents=True, exist_ok=True)
     systems = andante_systems(args)
     unknown = [p for _, p, _ in systems if p not in policy_names()]
     if not systems or unknown or args.rounds < 1:
         print(f"serve_vs_vllm.py: error: unknown policy {unknown or args.policy!r} (choose "
               f"from {', '.join(policy_names())}) or --rounds < 1", file=sys.stderr)
         return 2
+    args.log_dir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"rate": args.rate, "duration": args.duration,
                               "lengths": args.lengths, "policy": args.policy,
                               "rounds": args.rounds,
