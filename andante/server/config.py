@@ -99,7 +99,7 @@ class ServeOptions:
     log_level: str = "info"
     # the instances behind the cluster controller (andante.server.backend)
     instances: int = 1
-    backend: str = "inprocess"  # or "ray"
+    backend: str = "inprocess"  # "process" or "ray" (`andante serve`: process by default)
     router: str = "round-robin"
     router_options: Mapping[str, Any] = field(default_factory=dict)
     hp_instances: int = 1  # router "ascendra": the size of the HP pool

