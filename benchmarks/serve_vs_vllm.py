@@ -1,19 +1,23 @@
 """andante serve vs vLLM CPU's OpenAI server on the same workloads, one after the other.
 
     .venv/bin/python benchmarks/serve_vs_vllm.py [--duration 60] [--rate 1]
-        [--policy andes,vllm]
+        [--policy andes,vllm] [--andante-backend process,inprocess] [--rounds 3]
 
 `--policy` takes a comma-separated list: one andante server per policy, then vLLM, all
 in one run (`andante` holds the first policy's figures, `andante_by_policy` every one's),
 and `verdict` says, per andante policy and workload, whether it matches or beats vLLM
-on goodput, TTFT p99 and mean QoE.
+on goodput, TTFT p99 and mean QoE. `--andante-backend` (a list too) runs every policy on
+each of those `andante serve --backend`s (labelled `policy@backend`); by default the
+server picks its own. `--rounds N` runs all the servers N times in turn and reports
+medians (`per_round` has every run, `runs` each run's load average).
 
 For each server: start it (a subprocess on a free port), wait for /health, replay a
 Poisson workload and then a cyclic-burst workload with `andante bench`'s load generator
 (token-id prompts of exact length, `ignore_eos`, streaming; QoE judged with Andes' SLOs:
 TTFT target max(prompt/5000, 1 s), reading speed drawn from the Andes reading
-distribution), stop it. Prints ONE JSON line: per server and workload ttft p50/p99,
-tpot mean, output throughput, goodput (`--goodput`), mean QoE.
+distribution), stop it (andante's engine processes with it: the server and its children
+share a process group). Prints ONE JSON line: per server and workload ttft p50/p99, tpot
+mean, output throughput, goodput (`--goodput`), mean QoE.
 
 vLLM runs from its own venv (`--vllm-python`, default $ANDANTE_PEERS/vllm-venv/bin/python) on a
 safetensors directory (`--model-dir`, made by benchmarks/vllm_peer/convert_gguf.py):
@@ -29,10 +33,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -74,7 +80,8 @@ def verdict(andante: dict[str, Any], vllm: dict[str, Any]) -> dict[str, dict[str
     return out
 
 
-def andante_command(args: argparse.Namespace, port: int, policy: str) -> list[str]:
+def andante_command(args: argparse.Namespace, port: int, policy: str,
+                    backend: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "andante.cli.main", "serve", "--port", str(port),
            "--policy", policy, "--max-queued", "100000", "--log-level", "warning",
            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
@@ -84,6 +91,8 @@ def andante_command(args: argparse.Namespace, port: int, policy: str) -> list[st
         cmd += ["--model", args.andante_model]
     if args.andante_threads:
         cmd += ["--threads", str(args.andante_threads)]
+    if backend:
+        cmd += ["--backend", backend]
     for option in args.policy_option:
         cmd += ["--policy-option", option]
     return cmd
@@ -190,6 +199,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to andante serve (repeatable)")
     p.add_argument("--andante-model", help="default: the embedded model")
+    p.add_argument("--andante-backend", default="",
+                   help="andante serve --backend, or a comma-separated list (one server per "
+                   "policy and backend; default: the server's own choice)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every server this many times, in turn; figures are medians")
     p.add_argument("--andante-threads", type=int, default=None,
                    help="andante's torch threads (default: the server's own choice)")
     p.add_argument("--model-dir", type=Path, default=VLLM_MODEL,
@@ -209,38 +223,87 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def andante_systems(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
+    """(label, policy, backend) per andante server: every policy on every backend of
+    `--andante-backend` (labelled `policy@backend` when there are several)."""
+    policies = [p for p in args.policy.split(",") if p]
+    backends = [b for b in args.andante_backend.split(",") if b] or [None]
+    return [(p if len(backends) == 1 else f"{p}@{b}", p, b) for p in policies
+            for b in backends]
+
+
+def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per workload, each figure's median over the rounds (None if a round lacks it)."""
+    out: dict[str, Any] = {}
+    for kind in rounds[0]:
+        rows = [r[kind] for r in rounds]
+        out[kind] = {k: _round(statistics.median(row[k] for row in rows))
+                     if all(isinstance(row.get(k), (int, float)) for row in rows) else None
+                     for k in rows[0]}
+    return out
+
+
+def run_rounds(args: argparse.Namespace, systems: list[tuple[str, Any]],
+               result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Every system once per round, in turn (a busy machine's noise spread over all);
+    each run's load average before and after goes into `result["runs"]`. A vLLM server
+    that does not start is left out (`result["vllm_error"]`); an andante one stops the
+    run (RuntimeError)."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in systems}
+    log: list[dict[str, Any]] = result.setdefault("runs", [])
+    for index in range(args.rounds):
+        for name, command in systems:
+            if name == "vllm" and "vllm_error" in result:
+                continue
+            port = free_port()
+            before = list(os.getloadavg())
+            try:
+                runs[name].append(bench_server(args, command(port), port, f"{name}-{index}"))
+            except RuntimeError as exc:
+                if name != "vllm":
+                    raise
+                result["vllm_error"] = str(exc)
+                continue
+            log.append({"round": index, "system": name, "loadavg_before": before,
+                        "loadavg_after": list(os.getloadavg())})
+    return {name: rows for name, rows in runs.items() if rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.log_dir.mkdir(parents=True, exist_ok=True)
-    policies = [p for p in args.policy.split(",") if p]
-    unknown = [p for p in policies if p not in policy_names()]
-    if not policies or unknown:
-        print(f"serve_vs_vllm.py: error: unknown policy {unknown or args.policy!r}; "
-              f"choose from {', '.join(policy_names())}", file=sys.stderr)
+    systems = andante_systems(args)
+    unknown = [p for _, p, _ in systems if p not in policy_names()]
+    if not systems or unknown or args.rounds < 1:
+        print(f"serve_vs_vllm.py: error: unknown policy {unknown or args.policy!r} (choose "
+              f"from {', '.join(policy_names())}) or --rounds < 1", file=sys.stderr)
         return 2
+    args.log_dir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"rate": args.rate, "duration": args.duration,
                               "lengths": args.lengths, "policy": args.policy,
+                              "rounds": args.rounds,
                               "goodput_ms": {"ttft": args.goodput_ttft_ms,
                                              "tpot": args.goodput_tpot_ms},
                               "loadavg_before": list(os.getloadavg())}
-    by_policy: dict[str, Any] = {}
-    for policy in policies:
-        port = free_port()
-        by_policy[policy] = bench_server(args, andante_command(args, port, policy), port,
-                                         f"andante-{policy}")
-    result["andante"], result["andante_by_policy"] = by_policy[policies[0]], by_policy
+    commands: list[tuple[str, Any]] = [
+        (f"andante-{label}", functools.partial(andante_command, args, policy=policy,
+                                                backend=backend))
+        for label, policy, backend in systems]
     missing = [p for p in (Path(args.vllm_python), args.model_dir / "config.json")
                if not p.exists()]
     if args.skip_vllm or missing:
-        result["vllm"] = None
         result["vllm_skipped"] = "--skip-vllm" if args.skip_vllm else f"missing {missing}"
     else:
-        port = free_port()
-        try:
-            result["vllm"] = bench_server(args, vllm_command(args, port), port, "vllm")
-        except RuntimeError as exc:
-            result["vllm"] = None
-            result["vllm_error"] = str(exc)
+        commands.append(("vllm", functools.partial(vllm_command, args)))
+    try:
+        runs = run_rounds(args, commands, result)
+    except RuntimeError as exc:  # an andante server that did not start
+        print(f"serve_vs_vllm.py: error: {exc}", file=sys.stderr)
+        return 1
+    by_policy = {label: medians(runs[f"andante-{label}"]) for label, _, _ in systems}
+    result["andante"], result["andante_by_policy"] = by_policy[systems[0][0]], by_policy
+    result["vllm"] = medians(runs["vllm"]) if "vllm" in runs else None
+    if args.rounds > 1:
+        result["per_round"] = runs
     if result["vllm"] is not None:
         result["verdict"] = {p: verdict(r, result["vllm"]) for p, r in by_policy.items()}
     result["loadavg_after"] = list(os.getloadavg())

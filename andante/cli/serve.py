@@ -69,8 +69,12 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster (the instances behind the controller)")
     g.add_argument("--instances", type=positive_int, default=1,
                    help="engine instances (default 1: a cluster of one)")
-    g.add_argument("--backend", choices=["inprocess", "ray"], default="inprocess",
-                   help="instances as threads of this process, or Ray actors")
+    g.add_argument("--backend", choices=["auto", "inprocess", "process", "ray"],
+                   default="auto",
+                   help="instances as engine processes (one child process each: the engine "
+                   "off the HTTP server's interpreter lock), as threads of this process, or "
+                   "Ray actors (default auto: process for one real model, inprocess for "
+                   "--model toy, several models and --router kunserve)")
     g.add_argument("--router", default="round-robin",
                    help="round-robin, least-loaded, power-of-two or ascendra (LP and HP "
                    "pools; --policy-option lp.KEY=V / hp.KEY=V)")
@@ -140,7 +144,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         engine=engine,
         log_level=args.log_level,
         instances=args.instances,
-        backend=args.backend,
+        backend=resolve_backend(args.backend, model, models, args.router),
         router=args.router,
         router_options=parse_key_values(args.router_option),
         hp_instances=args.hp_instances,
@@ -151,6 +155,21 @@ def options_from_args(args: argparse.Namespace) -> Any:
                           max_file_bytes=args.max_file_bytes),
         batch=batch_options_from_args(args),
     )
+
+
+def resolve_backend(backend: str, model: str | None, models: tuple[Any, ...],
+                    router: str) -> str:
+    """`--backend auto`: an engine process for one real model (measured faster under
+    load: benchmarks/serve_vs_vllm.py), threads where the instances must share this
+    process (several models swapping on one device, KunServe's pipeline groups) or
+    where there is no engine worth moving (the toy model)."""
+    if backend != "auto":
+        return backend
+    from andante.server.config import TOY_MODEL
+
+    if models or model == TOY_MODEL or router == "kunserve":
+        return "inprocess"
+    return "process"
 
 
 def parse_models(items: list[str] | None

@@ -76,7 +76,8 @@ def build_backend(options: ServeOptions) -> Backend:
         return Backend(runner, first.tokenizer, first.name, first.limits, clock,
                        {m.name: m for m in others})
     plans = instance_plans(options)
-    build = _ray_instances if options.backend == "ray" else _local_instances
+    build = {"ray": _ray_instances, "process": _process_instances}.get(options.backend,
+                                                                       _local_instances)
     instances, limits, tokenizer, name, clock = build(options, plans)
     name = options.served_model_name or name
     operators = _kunserve(options, router, instances) if options.router == "kunserve" else []
@@ -175,6 +176,34 @@ def _local_instances(options: ServeOptions, plans: list[PoolMember]) -> _Built:
     return instances, limits, adapter.tokenizer, name, clock
 
 
+def _process_instances(options: ServeOptions, plans: list[PoolMember]) -> _Built:
+    """One engine process per instance (andante.runtime.process), each loading its own
+    copy of the model; this process keeps the tokenizer only."""
+    from andante.runtime.process import ProcessInstance
+
+    clock = WallClock()
+    factory = functools.partial(ray_worker, options, clock.origin)
+    level = logging.getLogger("andante").getEffectiveLevel()
+    instances = [ProcessInstance(i, factory, p.role, level) for i, p in enumerate(plans)]
+    try:
+        limits, name = instances[0].describe()  # waits for its model
+        for inst in instances[1:]:
+            inst.describe()
+    except BaseException:
+        for inst in instances:
+            inst.stop(timeout=5.0)
+        raise
+    return list[HostedInstance](instances), limits, _tokenizer(options), name, clock
+
+
+def _tokenizer(options: ServeOptions) -> Tokenizer:
+    if options.model == TOY_MODEL:
+        return ByteTokenizer()
+    from andante.models.loader import load_tokenizer
+
+    return load_tokenizer(options.model)
+
+
 def _ray_instances(options: ServeOptions, plans: list[PoolMember]) -> _Built:
     from andante.runtime.ray_actors import RayInstance, init_ray
 
@@ -185,13 +214,7 @@ def _ray_instances(options: ServeOptions, plans: list[PoolMember]) -> _Built:
     instances = [RayInstance(i, factory, p.role, options.max_restarts, spread)
                  for i, p in enumerate(plans)]
     limits, name = instances[0].describe()  # waits for its model
-    if options.model == TOY_MODEL:
-        tokenizer: Tokenizer = ByteTokenizer()
-    else:
-        from andante.models.loader import load_tokenizer
-
-        tokenizer = load_tokenizer(options.model)
-    return list[HostedInstance](instances), limits, tokenizer, name, clock
+    return list[HostedInstance](instances), limits, _tokenizer(options), name, clock
 
 
 def scheduler_config(opts: EngineOptions, model_len: int) -> SchedulerConfig:

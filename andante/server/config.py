@@ -10,7 +10,7 @@ from typing import Any
 from andante.core.request import PreemptionMode
 
 TOY_MODEL = "toy"
-BACKENDS = ("inprocess", "ray")
+BACKENDS = ("inprocess", "process", "ray")
 API_KEY_ENV_VAR = "ANDANTE_API_KEY"
 
 
@@ -99,7 +99,7 @@ class ServeOptions:
     log_level: str = "info"
     # the instances behind the cluster controller (andante.server.backend)
     instances: int = 1
-    backend: str = "inprocess"  # or "ray"
+    backend: str = "inprocess"  # "process" or "ray" (`andante serve`: process by default)
     router: str = "round-robin"
     router_options: Mapping[str, Any] = field(default_factory=dict)
     hp_instances: int = 1  # router "ascendra": the size of the HP pool
@@ -133,6 +133,9 @@ class ServeOptions:
             raise ValueError(f"every model needs a name (NAME=PATH), got {names}")
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
+        if self.models and self.backend == "process":
+            raise ValueError("backend 'process' serves one model; several models run on "
+                             "backend 'inprocess' or 'ray'")
         if self.models and self.router == "ascendra":
             raise ValueError("router 'ascendra' is not available with several models")
         if self.host_memory_gib is not None and self.host_memory_gib < 0:
