@@ -48,7 +48,7 @@ def _order_queue_scoring_all(self, plan, view):  # type: ignore[no-untyped-def]
     """`_order_queue` scoring the queue whatever its size (the full computation)."""
     import numpy as np
 
-    from andante.policies.andes.policy import Decision
+    from andante.policies.andes.carry import Decision
     from andante.policies.andes.solver import top_order
 
     nr = view.num_running

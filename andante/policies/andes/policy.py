@@ -21,22 +21,17 @@ decision is carried out as vLLM v1 / Sarathi-Serve steps: the running requests a
 first, the admissions then take prefill chunks from what is left of the step's token
 budget, so a long prompt no longer stalls every stream for its whole prefill.
 
-Decode runs (andante.sim.decode_run): with nothing queued the decision is "decode every
-running request" until an arrival, a finish or a block shortage, whatever the time, so
-the policy declares itself `stationary` then and replays, when the run ends, what
-`on_step_end` and its selective-triggering count would have recorded for the steps the
-simulator applied at once (bit-identical state; a test compares both modes). Without
-the refiner (LQSF) it is stationary too, leaving the admission watermark free (see
-`_declare_stationary`).
+The simulator's fast paths (declaring decode and prefill runs, replaying their state)
+are `runs.py`'s `RunReplay`, the overhead-aware refiner (§4.3) `refiner.py`'s
+`OverheadRefiner`, both mixins of `AndesPolicy` over its state; carrying a decision out
+through the shared loops is `carry.py`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from itertools import groupby
 from typing import Any
 
 import numpy as np
@@ -45,35 +40,40 @@ from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
+from andante.policies.andes.carry import (
+    Decision,
+    carry_out,
+    decodes_first,
+    empties_queue,
+    schedules_prompt_chunk,
+)
 from andante.policies.andes.gain import (
-    LatencyModel,
     RequestTable,
     Streams,
     objective_gain,
     qoe_at,
     qoe_wait_served,
 )
+from andante.policies.andes.latency import LatencyModel
 from andante.policies.andes.options import AndesOptions
+from andante.policies.andes.refiner import OverheadRefiner
+from andante.policies.andes.runs import RunReplay
 from andante.policies.andes.solver import (
     RUNNING,
     Packing,
     View,
-    accepted_prefix,
     batch_candidates,
     batch_range,
     dp_pack,
     fill,
     greedy_pack,
-    pair_up,
     top_order,
 )
 from andante.policies.phases import (
     TokenCount,
-    admit_in_order,
     advance_with_preemption,
     budgeted,
     remaining_tokens,
-    swap_in_in_order,
 )
 
 RUNNING_TIE = 1e-12  # running requests win ties (a zero-gain request costs nothing kept)
@@ -85,14 +85,7 @@ class AndesStats:
     num_solves: int = 0  # knapsack invocations (selective triggering let them run)
 
 
-@dataclass(slots=True)
-class Decision:
-    admits: list[Request] = field(default_factory=list)  # in the order to try
-    victims: list[Request] = field(default_factory=list)  # preempt now
-    decode_order: list[Request] = field(default_factory=list)  # highest priority first
-
-
-class AndesPolicy(BasePolicy):
+class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
     name = "andes"
     Options = AndesOptions
     chunks_prefill = AndesOptions().chunked_prefill  # per instance: the option's value
@@ -119,13 +112,8 @@ class AndesPolicy(BasePolicy):
                                     self.options.latency_ema)
         self.stats = AndesStats()
         self._since_solve = self.options.solver_interval
-        self.stationary = False  # see `_declare_stationary`
-        self.decode_run_reserve_blocks = 0  # the watermark, without the refiner (`schedule`)
         self._prefilling = False  # the last step scheduled a prompt chunk
-        self._run_min_inv = 0.0  # the running requests' least 1/tds when a run began
-        self._run_token_budget = 0  # the token budget of the steps a run stands for
-        self._queued_run = False  # see `_declare_queued_run`
-        self.run_step_limit = math.inf
+        self._init_runs()
 
     # ---- hooks ----------------------------------------------------------------------
     def on_arrival(self, req: Request) -> None:
@@ -169,7 +157,7 @@ class AndesPolicy(BasePolicy):
         else:
             decision = self._order_queue(plan, view)
         self._carry_out(plan, decision)
-        if not decision.victims and _empties_queue(plan):
+        if not decision.victims and empties_queue(plan):
             self._declare_stationary(plan, float(view.streams.inv.min()))
         else:
             self._declare_queued_run(plan, view)
@@ -193,9 +181,9 @@ class AndesPolicy(BasePolicy):
         if self.chunks_prefill:
             num_tokens = budgeted(plan)
             if self._prefilling:
-                decode_order = _decodes_first(decode_order)
+                decode_order = decodes_first(decode_order)
         advance_with_preemption(plan, decode_order, num_tokens, partial(self._mode_for, plan))
-        self._prefilling = max(plan.num_scheduled_tokens, default=0) > 1
+        self._prefilling = schedules_prompt_chunk(plan)
         self._declare_stationary(plan, min_inv)
         return True
 
@@ -216,155 +204,6 @@ class AndesPolicy(BasePolicy):
         need = num_running + token_budget // self.ctx.config.block_size + 1
         return num_free_blocks < need
 
-    # ---- decode runs (the simulator's fast path, andante.sim.decode_run) ------------
-    def _declare_stationary(self, plan: StepPlan, min_inv: float) -> None:
-        """With nothing queued, every step decodes every running request until an
-        arrival, a finish or a block shortage (the events that end a decode run): the
-        knapsack may run (compute-bound trigger) but, with the refiner, it preempts
-        nobody when nobody is admitted. Time and QoE state then only feed bookkeeping,
-        which `on_decode_run` replays for the steps a run applied at once. Without the
-        refiner (LQSF) the knapsack's unchosen requests are preempted, but with nothing
-        queued and B = B_max (no batch search) it chooses every running request while
-        the free blocks cover the admission watermark (its capacity M less their
-        weights is free - watermark), so a run must leave the watermark free
-        (`decode_run_reserve_blocks`). A step that admits the whole queue is followed by
-        such steps too (`_empties_queue`); `min_inv` is then the least 1/tds of the
-        running and admitted requests, whose number sets the next steps' token budget
-        (`prefill_run_budget`)."""
-        o = self.options
-        self.stationary = not plan.preemptions and (o.refiner or (
-            not o.batch_search and plan.num_free_blocks > plan.watermark_blocks))
-        if self.stationary:
-            self._run_min_inv = min_inv
-            num_next = len(plan.running) + len(plan.waiting) + len(plan.swapped)
-            self._run_token_budget = self._step_token_budget(num_next)
-
-    def _declare_queued_run(self, plan: StepPlan, view: View) -> None:
-        """A chunked step that advanced every running request and admitted nobody while
-        requests wait: its next steps decide the same (the decodes, a prompt chunk
-        that spends the budget, nobody admitted: `_admits_nobody`) as long as the
-        knapsack is not triggered and every queued request fits the free blocks
-        beside the watermark (or no pacer counts). So a prefill run may follow
-        (`prefill_run_budget`) if it leaves free the blocks those need (the memory
-        trigger's share of the device and the queue's weight, as
-        `decode_run_reserve_blocks`) and its steps are shorter than every reader's
-        pace (`run_step_limit`): the token-latency estimate, an average of the
-        steps' gaps, then stays below it (the compute-bound trigger)."""
-        o = self.options
-        if not (self.chunks_prefill and o.refiner) or plan.preemptions or plan.swapped \
-                or len(plan.scheduled) != view.num_running:
-            return
-        reserve = math.ceil((1.0 - o.watermark) * plan.num_total_blocks) + 1
-        if o.pacer_aware:
-            if len(view) - view.num_running > plan.config.max_num_seqs:
-                return
-            weight = math.ceil(float(view.weight[view.queued].sum()))
-            reserve = max(reserve, plan.watermark_blocks + weight)
-        min_inv = float(view.streams.inv.min())
-        self._queued_run, self._run_min_inv = True, min_inv
-        self._run_token_budget = self._step_token_budget(view.num_running)
-        self.decode_run_reserve_blocks = reserve
-        self.run_step_limit = min_inv * (1.0 - 1e-9)  # (a margin over rounding)
-
-    def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
-        """What `on_step_end` and `schedule` would have recorded for each step of a
-        decode run: the tokens' QoE state, the latency estimates and the solver's
-        selective-triggering count (the knapsack it would run changes nothing). The
-        policy stays stationary: another run may follow at once."""
-        reqs = batch.requests
-        times = self.latency.run_times(reqs[0].timeline.token_times) if reqs else []
-        if not times:
-            return
-        self._record_run(reqs, times)
-        # each request holds its tokens at the run's end less one per step of the run
-        context = sum(r.num_computed_tokens for r in reqs) - len(reqs) * len(times)
-        self._prefilling = False  # (a run that follows a prefill, andante.sim.after_finish)
-        self._replay_schedules(self.latency.observe_run(times, len(reqs), context))
-
-    def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
-                       times: Sequence[float]) -> None:
-        """What `on_step_end` and `schedule` would have recorded for each step of a
-        prefill run (andante.sim.prefill_run): `batch`'s decodes got a token per step,
-        its last request prefilled `chunks` (its first token at the end if the prompt is
-        done). A final chunk of one token counts as a decode, as `LatencyModel.observe`
-        counts it."""
-        *decodes, prefill = batch.requests
-        self._record_run(decodes, times)
-        token_times = prefill.timeline.token_times
-        if token_times and token_times[-1] == times[-1]:  # the prompt's first token
-            self._record_run([prefill], times[-1:])
-        num_dec, steps = len(decodes), len(chunks)
-        context = sum(r.num_computed_tokens for r in decodes) - num_dec * steps
-        cached = prefill.num_computed_tokens - sum(chunks)
-        latency, before = self.latency, []
-        for chunk, now in zip(chunks, times, strict=True):
-            before.append(latency.token_latency)
-            if chunk == 1:  # (never 0 cached: the run continues a prefill)
-                latency.observe_decodes(num_dec + 1, context + cached, now)
-            else:
-                latency.observe_decodes(num_dec, context, now)
-            context += num_dec
-            cached += chunk
-        self._prefilling = chunks[-1] > 1
-        self._replay_schedules(before)
-
-    def _record_run(self, reqs: Sequence[Request], times: Sequence[float]) -> None:
-        """A token at each of `times` for each of `reqs` still tracked (one that
-        finished is not)."""
-        slots = self.table.slots_of(reqs)
-        if slots:
-            self.table.record_run(np.array(slots, dtype=np.intp), np.array(times))
-
-    def _replay_schedules(self, latencies: Sequence[float]) -> None:
-        """The selective-triggering count of the steps of a run, whose token latency
-        estimates at their decisions were `latencies`: with nothing queued the knapsack
-        it would run preempts nobody (see `_declare_stationary`)."""
-        interval, min_inv = self.options.solver_interval, self._run_min_inv
-        for latency in latencies:
-            self._since_solve += 1
-            if self._since_solve >= interval and latency > min_inv:
-                self._since_solve = 0
-                self.stats.num_solves += 1
-
-    @property
-    def prefill_run_budget(self) -> int:
-        """With chunked prefill and the refiner, the next steps' token budget: with
-        nothing queued (`stationary`) every running request advances, the decodes
-        first, and a prompt's chunk takes what is left (andante.sim.prefill_run); so
-        while a chunk spends the budget with requests queued, if the token-latency
-        estimate is below every reader's pace (`_declare_queued_run`)."""
-        if not (self.chunks_prefill and self.options.refiner):
-            return 0
-        if self.stationary or (self._queued_run and self._prefilling and (
-                self.latency.token_latency <= self.run_step_limit)):
-            return self._run_token_budget
-        return 0
-
-    @property
-    def decode_budget(self) -> int:
-        """With nothing queued, every running request decodes (andante.sim.after_finish)
-        in the order `decode_order` gives, where the knapsack cannot preempt: with the
-        refiner, or without the batch search (see `_declare_stationary`)."""
-        o = self.options
-        return self.ctx.config.max_num_batched_tokens if o.refiner or not o.batch_search \
-            else 0
-
-    def decode_order(self, running: Sequence[Request],
-                     num_free_blocks: int) -> Sequence[Request] | None:
-        """The order `_decode_all` decodes every running request in, with nothing
-        queued; None when the knapsack is due (its order is the priorities'). Keeps
-        the requests' least 1/tds for the run's replay."""
-        idx = self.table.indices(running)
-        min_inv = float(self.table.inv[idx].min())
-        if self._since_solve + 1 >= self.options.solver_interval and (
-                self.latency.token_latency > min_inv):
-            return None
-        self._run_min_inv = min_inv
-        budget = self._step_token_budget(len(running))
-        if not self._runs_short(len(running), budget, num_free_blocks):
-            return running
-        order = np.argsort(self.table.buffered(idx, self.now), kind="stable")
-        return [running[i] for i in order]
 
     def _triggered(self, plan: StepPlan, view: View) -> bool:
         """Selective triggering (§4.2)."""
@@ -540,171 +379,8 @@ class AndesPolicy(BasePolicy):
         wait = np.where((view.kind != RUNNING) & (s.n == 0), wait, -1.0)
         return wait if bool((wait > 0).any()) else None
 
-    # ---- the overhead-aware refiner (§4.3, see solver.py) ---------------------------
-    def refine(self, plan: StepPlan, view: View, admits: np.ndarray, victims: np.ndarray,
-               gain: np.ndarray, tau: float, starved: np.ndarray | None = None,
-               ) -> tuple[list[Request], list[Request]]:
-        """§4.3 over view positions (admissions best first, victims worst first);
-        `starved` as `self.starved(view, plan.now)` gives it."""
-        o = self.options
-        budget = self._slack_budget(plan, view) if o.refiner else float("inf")
-        if budget <= 0.0:
-            victims = victims[:0]  # no slack to spend: admit only into free memory
-        elif o.max_preemptions is not None:
-            victims = victims[: o.max_preemptions]
-        reqs = view.reqs
-        victim_reqs = [reqs[i] for i in victims]
-        pairs = pair_up(view.weight[admits].tolist(),
-                        [plan.num_blocks_of(v) for v in victim_reqs],
-                        plan.num_free_blocks - plan.watermark_blocks)
-        keep = len(pairs)
-        if o.refiner and pairs and (self.refine_admissions or any(p.victims for p in pairs)):
-            # only the victims some pair needs are weighed (`_modes` fills the host
-            # tier in victim order, so a prefix of them gets the same modes)
-            paired = victims[:max((v + 1 for p in pairs for v in p.victims), default=0)]
-            round_trip = self._round_trips(plan, victim_reqs[:len(paired)],
-                                           view.weight[paired] * plan.block_size)
-            keep = accepted_prefix(pairs, gain[admits], view.base[admits], gain[paired],
-                                   round_trip, self._loss_fn(plan, view, victims, tau),
-                                   budget, check_all=self.refine_admissions,
-                                   exempt=None if starved is None else starved[admits] > 0)
-        kept = pairs[:keep]
-        return ([reqs[admits[p.admit]] for p in kept],
-                [victim_reqs[v] for p in kept for v in p.victims])
-
-    def _round_trips(self, plan: StepPlan, victims: list[Request],
-                     tokens: np.ndarray) -> np.ndarray:
-        """Seconds each of `victims` (holding `tokens`) costs to preempt and resume
-        (swap out and in, or a recompute), by the mechanism `_modes` picks."""
-        if not victims:
-            return np.zeros(0)
-        modes = self._modes(plan, victims)
-        swapped = np.array([m == PreemptionMode.SWAP for m in modes], dtype=bool)
-        return np.where(swapped, 2.0 * self.latency.swap_time(tokens),
-                        self.latency.prefill_time(tokens))
-
-    def _modes(self, plan: StepPlan, victims: list[Request]) -> list[PreemptionMode]:
-        """Modes for preempting `victims` in order, as the host tier fills up."""
-        host = plan.num_free_host_blocks
-        modes = []
-        for v in victims:
-            blocks = plan.num_blocks_of(v)
-            mode = self._cheaper_mode(v, blocks <= host)
-            if mode == PreemptionMode.SWAP:
-                host -= blocks
-            modes.append(mode)
-        return modes
-
-    def _slack_budget(self, plan: StepPlan, view: View) -> float:
-        """Seconds of overhead the ongoing requests tolerate (a low slack percentile)."""
-        q = self.options.slack_percentile
-        if q >= 1.0:
-            return float("inf")
-        s = view.streams
-        slack = s.start + s.n * s.inv + np.maximum(s.late, 0.0) - plan.now
-        k = min(len(slack) - 1, int(q * len(slack)))
-        return float(np.partition(slack, k)[k])
-
-    def _loss_fn(self, plan: StepPlan, view: View, victims: np.ndarray,
-                 tau: float) -> Callable[[np.ndarray], np.ndarray]:
-        """L(O): what the kept running requests lose over Δt, in the objective's units
-        (times `stall_weight`), if their next token comes O seconds late.
-
-        A stream generated at least as fast as it is read (τ <= 1/tds) whose reader
-        needs its next token later than τ + O loses nothing, so only the others are
-        evaluated."""
-        keep = np.ones(view.num_running, dtype=bool)
-        keep[victims[victims < view.num_running]] = False
-        s = view.streams.select(np.flatnonzero(keep))
-        now, t = plan.now, plan.now + self.options.delta_t
-        slack = s.start + s.n * s.inv + np.maximum(s.late, 0.0) - now
-        fast = tau <= s.inv
-        objective, weight = self.options.objective, self.options.stall_weight
-        q_min = float(qoe_at(view.streams, now, now).min()) if objective == "min" else 1.0
-
-        def loss_at(stall: np.ndarray) -> np.ndarray:
-            risk = np.flatnonzero((slack < tau + float(stall.max())) | ~fast)
-            if not len(risk):
-                return np.zeros(len(stall))
-            sub = s.select(risk)
-            firsts = tau + np.concatenate(([0.0], stall))[:, None]  # on time, then late
-            q = qoe_at(sub, now, t, firsts, tau)
-            on_time, late = q[0], q[1:]
-            q_now = qoe_at(sub, now, now) if objective == "perfect" else on_time
-            lost = objective_gain(objective, on_time, late, q_now, q_min)
-            return np.asarray(weight * lost.sum(axis=1))
-
-        return loss_at
-
-    # ---- carrying a decision out through the shared vLLM-v0 loops -------------------
+    # ---- carrying a decision out (carry.py) ----------------------------------------
     def _carry_out(self, plan: StepPlan, decision: Decision) -> None:
-        mode_for = partial(self._mode_for, plan)
-        for victim in decision.victims:
-            if plan.can_preempt(victim, PreemptionMode.RECOMPUTE):
-                plan.preempt(victim, mode_for(victim))
-        if not self.chunks_prefill:
-            if not _admit(plan, decision.admits):
-                advance_with_preemption(plan, decision.decode_order, remaining_tokens,
-                                        mode_for)
-            return
-        num_tokens = budgeted(plan)  # running requests first, then the admissions
-        preempted = len(plan.preemptions)
-        advance_with_preemption(plan, _decodes_first(decision.decode_order), num_tokens,
-                                mode_for)
-        if len(plan.preemptions) == preempted:
-            _admit(plan, decision.admits, num_tokens)
-        self._prefilling = max(plan.num_scheduled_tokens, default=0) > 1
-
-    def _mode_for(self, plan: StepPlan, req: Request) -> PreemptionMode:
-        """The cheaper of swap and recompute (§4.3), as the options allow."""
-        return self._cheaper_mode(req, plan.can_preempt(req, PreemptionMode.SWAP))
-
-    def _cheaper_mode(self, req: Request, can_swap: bool) -> PreemptionMode:
-        choice = self.options.preemption
-        if choice == "recompute" or not can_swap:
-            return PreemptionMode.RECOMPUTE
-        if choice == "swap":
-            return PreemptionMode.SWAP
-        swap = 2.0 * float(self.latency.swap_time(np.array(req.num_computed_tokens)))
-        recompute = float(self.latency.prefill_time(np.array(req.num_tokens)))
-        return PreemptionMode.SWAP if swap < recompute else PreemptionMode.RECOMPUTE
-
-
-def _decodes_first(order: list[Request]) -> list[Request]:
-    """`order` with the requests still prefilling (in chunks) moved to the end, so that
-    no stream waits for a chunk's share of the token budget."""
-    prefilling = [r for r in order if r.num_uncomputed_tokens > 1]
-    if not prefilling:
-        return order
-    return [r for r in order if r.num_uncomputed_tokens <= 1] + prefilling
-
-
-def _empties_queue(plan: StepPlan) -> bool:
-    """Does the step schedule every waiting and swapped request (none is left queued)?"""
-    if not (plan.waiting or plan.swapped):
-        return True
-    scheduled = plan.is_scheduled
-    return all(map(scheduled, plan.waiting)) and all(map(scheduled, plan.swapped))
-
-
-def _is_swapped(req: Request) -> bool:
-    return req.status == RequestStatus.SWAPPED
-
-
-def _admit(plan: StepPlan, order: Sequence[Request],
-           num_tokens: TokenCount = remaining_tokens) -> bool:
-    """Admit waiting and swap in swapped requests in `order` until one does not fit;
-    True if a prefill was scheduled (the step is then a prefill step)."""
-    prefilled = False
-    for swapped, group in groupby(order, key=_is_swapped):
-        run = list(group)
-        if swapped:
-            before = len(plan.swap_ins)
-            swap_in_in_order(plan, run, num_tokens)
-            done = len(plan.swap_ins) - before
-        else:
-            done = admit_in_order(plan, run, num_tokens)
-            prefilled = prefilled or done > 0
-        if done < len(run):
-            break
-    return prefilled
+        carry_out(plan, decision, self.chunks_prefill, partial(self._mode_for, plan))
+        if self.chunks_prefill:
+            self._prefilling = schedules_prompt_chunk(plan)

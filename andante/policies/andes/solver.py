@@ -25,7 +25,8 @@ import numpy as np
 
 from andante.core.request import Request
 from andante.engine.plan import StepPlan
-from andante.policies.andes.gain import LatencyModel, RequestTable, Streams
+from andante.policies.andes.gain import RequestTable, Streams
+from andante.policies.andes.latency import LatencyModel
 
 RUNNING, WAITING, SWAPPED = 0, 1, 2
 
