@@ -19,6 +19,7 @@ import numpy as np
 
 from andante.core.request import Request
 from andante.core.sampling import DEFAULT_TDS, DEFAULT_TTFT_TARGET
+from andante.policies.andes.qoe_scalar import SMALL_STREAMS, qoe_wait_served_small
 
 #: Lateness of "no token yet": far below any real lateness, finite for the arithmetic.
 NO_LATENESS = -1e9
@@ -214,6 +215,9 @@ def qoe_at(s: Streams, now: float, t: float, first: ArrayLike | None = None,
 def qoe_wait_served(s: Streams, now: float, t: float, first: ArrayLike,
                     tau: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """(qoe_at(s, now, t), qoe_at(s, now, t, first, tau)), sharing their common part."""
+    if len(s.n) <= SMALL_STREAMS and np.ndim(tau) == 0 and np.ndim(first) == 1:
+        return qoe_wait_served_small(s.start, s.inv, s.n, s.late, s.pos, now, t,
+                                     np.asarray(first), float(tau))
     base = _Base.of(s, t)
     new, read = _new_tokens(s, now, t, first, tau, base.e, base.u)
     return (base.qoe(s, base.delay, base.k0),

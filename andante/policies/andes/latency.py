@@ -14,6 +14,7 @@ over the host link. Without a cost model (tests) τ is the observed step time al
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 
 import numpy as np
@@ -70,6 +71,8 @@ class LatencyModel:
 
     def tau(self, batch: np.ndarray | int) -> np.ndarray:
         """Predicted seconds per token for each request of a batch of size B."""
+        if isinstance(batch, int) and self.cost_model is not None:  # (no array overhead)
+            return self.ratio * self._decode_table()[min(max(batch, 1), self.max_batch)]
         b = np.clip(np.asarray(batch), 1, self.max_batch)
         if self.cost_model is None:
             return np.full(b.shape, self.token_latency)
@@ -149,18 +152,22 @@ class LatencyModel:
         assert last is not None
         b = min(num_dec, self.max_batch)
         before = []
-        bucket, predicted = -1, 0.0
+        # the bucket's mean-context range [floor, ceiling) keeps its predicted τ(b)
+        floor, ceiling, predicted = math.inf, -math.inf, 0.0
         for j, now in enumerate(times, start=1):
             before.append(latency)
             mean += a * ((context + j * num_dec) / num_dec - mean)
             if now > last:
                 gap = now - last
                 latency += a * (gap - latency)
-                if int(mean // CONTEXT_BUCKET) != bucket:
+                if not floor <= mean < ceiling:
                     self.mean_context = mean
-                    bucket = int(mean // CONTEXT_BUCKET)
+                    bucket = mean // CONTEXT_BUCKET
+                    floor, ceiling = bucket * CONTEXT_BUCKET, (bucket + 1) * CONTEXT_BUCKET
                     predicted = float(self._decode_table()[b])
-                ratio += a * (min(max(gap / predicted, low), high) - ratio)
+                observed = gap / predicted
+                observed = low if observed < low else high if observed > high else observed
+                ratio += a * (observed - ratio)
             last = now
         self.mean_context, self.token_latency, self.ratio = mean, latency, ratio
         self._last_decode_end = last
