@@ -30,7 +30,7 @@ def _vectorized(s: Streams, now: float, t: float, first: np.ndarray,
        st.sampled_from([0.01, 0.02, 0.1, 0.2, 0.5, 1.0]))
 def test_scalar_path_is_bit_identical(rows: list, now: float, horizon: float,
                                       tau: float) -> None:
-    start, inv, n, late, pos, first = (np.array(c, dtype=float) for c in zip(*rows))
+    start, inv, n, late, pos, first = (np.array(c, dtype=float) for c in zip(*rows, strict=True))
     s = Streams(start, inv, n, late, pos)
     t = now + horizon
     small = qoe_wait_served_small(start, inv, n, late, pos, now, t, first, tau)

@@ -46,6 +46,7 @@ class LatencyModel:
 
     def _init_tables(self, config: SchedulerConfig) -> None:
         self._tau_cache: dict[int, np.ndarray] = {}
+        self._point_cache: dict[tuple[int, int], float] = {}  # (bucket, B) -> decode time
         grid = np.arange(0, config.max_model_len + PREFILL_GRID, PREFILL_GRID, dtype=float)
         self._prefill_grid = grid
         cm = self.cost_model
@@ -68,6 +69,22 @@ class LatencyModel:
             table = np.array([cm.decode_time(b, ctx) for b in range(self.max_batch + 1)])
             self._tau_cache[bucket] = table
         return table
+
+    def _decode_time_at(self, batch: int) -> float:
+        """`_decode_table()[batch]`, without building the whole table for a new context
+        bucket (the online refinement reads one batch size per step)."""
+        bucket = int(self.mean_context // CONTEXT_BUCKET)
+        table = self._tau_cache.get(bucket)
+        if table is not None:
+            return float(table[batch])
+        key = (bucket, batch)
+        value = self._point_cache.get(key)
+        if value is None:
+            cm = self.cost_model
+            assert cm is not None
+            value = float(cm.decode_time(batch, bucket * CONTEXT_BUCKET + CONTEXT_BUCKET // 2))
+            self._point_cache[key] = value
+        return value
 
     def tau(self, batch: np.ndarray | int) -> np.ndarray:
         """Predicted seconds per token for each request of a batch of size B."""
@@ -164,7 +181,7 @@ class LatencyModel:
                     self.mean_context = mean
                     bucket = mean // CONTEXT_BUCKET
                     floor, ceiling = bucket * CONTEXT_BUCKET, (bucket + 1) * CONTEXT_BUCKET
-                    predicted = float(self._decode_table()[b])
+                    predicted = self._decode_time_at(b)
                 observed = gap / predicted
                 observed = low if observed < low else high if observed > high else observed
                 ratio += a * (observed - ratio)
@@ -182,7 +199,7 @@ class LatencyModel:
         gap = now - last
         self.token_latency += a * (gap - self.token_latency)
         if self.cost_model is not None:
-            predicted = float(self._decode_table()[min(num_dec, self.max_batch)])
+            predicted = self._decode_time_at(min(num_dec, self.max_batch))
             low, high = RATIO_BOUNDS  # np.clip's value, without its per-call overhead
             observed = min(max(gap / predicted, low), high)
             self.ratio += a * (observed - self.ratio)

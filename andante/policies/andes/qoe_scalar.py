@@ -47,10 +47,8 @@ def _pair(start: float, inv: float, n: float, late: float, pos: float, now: floa
     j_old = behind - n + 1.0
     j_new = _floor(h / (sig + inv)) + 1.0
     jc = min(max(min(j_old, j_new), 0.0), m)
-    if sig > 0:
-        j0 = min(max(_floor((u - g) / sig) + 1.0, 0.0), jc)
-    else:
-        j0 = jc if g <= u else 0.0
+    j0 = min(max(_floor((u - g) / sig) + 1.0, 0.0), jc) if sig > 0 else (
+        jc if g <= u else 0.0)
     new = j0 * u + (jc - j0) * g + sig * (jc * (jc - 1.0) - j0 * (j0 - 1.0)) * 0.5
     return (_qoe(delay, k0, due, e, inv, whole),
             _qoe(delay + new, k0 + jc, due, e, inv, whole))
@@ -61,8 +59,8 @@ def qoe_wait_served_small(start: np.ndarray, inv: np.ndarray, n: np.ndarray,
                           first: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
     """gain.py's `qoe_wait_served` for 1-D `first` and a scalar `tau`."""
     now, t, tau = float(now), float(t), float(tau)
-    pairs = [_pair(*row, now, t, f, tau) for row, f in zip(
-        zip(start.tolist(), inv.tolist(), n.tolist(), late.tolist(), pos.tolist()),
-        first.tolist())]
+    rows = zip(start.tolist(), inv.tolist(), n.tolist(), late.tolist(), pos.tolist(),
+               first.tolist(), strict=True)
+    pairs = [_pair(s, i, k, lt, p, now, t, f, tau) for s, i, k, lt, p, f in rows]
     return (np.array([p[0] for p in pairs], dtype=float),
             np.array([p[1] for p in pairs], dtype=float))
