@@ -85,8 +85,8 @@ def test_record_run_equals_recording_each_token(gaps: list[float], before: int,
                                                 start: float) -> None:
     reqs = [make_request(f"r{i}", 8, 100, arrival=0.3 * i, slo=SLO(ttft=1.0, tds=2.0 + i))
             for i in range(3)]
-    one, run = RequestTable(), RequestTable()
-    for table in (one, run):
+    one, run, few = RequestTable(), RequestTable(), RequestTable()
+    for table in (one, run, few):
         for req in reqs:
             table.add(req)
     idx = one.indices(reqs)
@@ -95,9 +95,12 @@ def test_record_run_equals_recording_each_token(gaps: list[float], before: int,
         now += 0.1
         one.record(idx, now)
         run.record(idx, now)
+        few.record_few(idx.tolist(), [now])
     times = now + np.cumsum(gaps)
     for t in times:
         one.record(idx, float(t))
     run.record_run(idx, times)
+    few.record_few(idx.tolist(), times.tolist())  # the plain-Python path
     for name in ("n", "late", "pos"):
         assert np.array_equal(getattr(one, name)[idx], getattr(run, name)[idx])
+        assert np.array_equal(getattr(one, name)[idx], getattr(few, name)[idx])

@@ -14,6 +14,7 @@ over the host link. Without a cost model (tests) τ is the observed step time al
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 
 import numpy as np
@@ -45,6 +46,7 @@ class LatencyModel:
 
     def _init_tables(self, config: SchedulerConfig) -> None:
         self._tau_cache: dict[int, np.ndarray] = {}
+        self._point_cache: dict[tuple[int, int], float] = {}  # (bucket, B) -> decode time
         grid = np.arange(0, config.max_model_len + PREFILL_GRID, PREFILL_GRID, dtype=float)
         self._prefill_grid = grid
         cm = self.cost_model
@@ -68,8 +70,26 @@ class LatencyModel:
             self._tau_cache[bucket] = table
         return table
 
+    def _decode_time_at(self, batch: int) -> float:
+        """`_decode_table()[batch]`, without building the whole table for a new context
+        bucket (the online refinement reads one batch size per step)."""
+        bucket = int(self.mean_context // CONTEXT_BUCKET)
+        table = self._tau_cache.get(bucket)
+        if table is not None:
+            return float(table[batch])
+        key = (bucket, batch)
+        value = self._point_cache.get(key)
+        if value is None:
+            cm = self.cost_model
+            assert cm is not None
+            value = float(cm.decode_time(batch, bucket * CONTEXT_BUCKET + CONTEXT_BUCKET // 2))
+            self._point_cache[key] = value
+        return value
+
     def tau(self, batch: np.ndarray | int) -> np.ndarray:
         """Predicted seconds per token for each request of a batch of size B."""
+        if isinstance(batch, int) and self.cost_model is not None:  # (no array overhead)
+            return self.ratio * self._decode_table()[min(max(batch, 1), self.max_batch)]
         b = np.clip(np.asarray(batch), 1, self.max_batch)
         if self.cost_model is None:
             return np.full(b.shape, self.token_latency)
@@ -149,18 +169,22 @@ class LatencyModel:
         assert last is not None
         b = min(num_dec, self.max_batch)
         before = []
-        bucket, predicted = -1, 0.0
+        # the bucket's mean-context range [floor, ceiling) keeps its predicted τ(b)
+        floor, ceiling, predicted = math.inf, -math.inf, 0.0
         for j, now in enumerate(times, start=1):
             before.append(latency)
             mean += a * ((context + j * num_dec) / num_dec - mean)
             if now > last:
                 gap = now - last
                 latency += a * (gap - latency)
-                if int(mean // CONTEXT_BUCKET) != bucket:
+                if not floor <= mean < ceiling:
                     self.mean_context = mean
-                    bucket = int(mean // CONTEXT_BUCKET)
-                    predicted = float(self._decode_table()[b])
-                ratio += a * (min(max(gap / predicted, low), high) - ratio)
+                    bucket = mean // CONTEXT_BUCKET
+                    floor, ceiling = bucket * CONTEXT_BUCKET, (bucket + 1) * CONTEXT_BUCKET
+                    predicted = self._decode_time_at(b)
+                observed = gap / predicted
+                observed = low if observed < low else high if observed > high else observed
+                ratio += a * (observed - ratio)
             last = now
         self.mean_context, self.token_latency, self.ratio = mean, latency, ratio
         self._last_decode_end = last
@@ -175,7 +199,7 @@ class LatencyModel:
         gap = now - last
         self.token_latency += a * (gap - self.token_latency)
         if self.cost_model is not None:
-            predicted = float(self._decode_table()[min(num_dec, self.max_batch)])
+            predicted = self._decode_time_at(min(num_dec, self.max_batch))
             low, high = RATIO_BOUNDS  # np.clip's value, without its per-call overhead
             observed = min(max(gap / predicted, low), high)
             self.ratio += a * (observed - self.ratio)

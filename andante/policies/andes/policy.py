@@ -130,9 +130,12 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         else:
             got = [req for i, req in enumerate(batch.requests)
                    if batch.samples[i] and tokens[i] is not None]
-        slots = self.table.slots_of(got)
-        if slots:
-            self.table.record(np.array(slots, dtype=np.intp), now)
+        table = self.table
+        slots = table.slots_of(got)
+        if table.few_records(len(slots), 1):
+            table.record_few(slots, (now,))
+        else:
+            table.record(np.array(slots, dtype=np.intp), now)
         self.latency.observe(batch, result, now)
 
     # ---- one step -------------------------------------------------------------------

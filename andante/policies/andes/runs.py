@@ -162,9 +162,14 @@ class RunReplay:
     def _record_run(self, reqs: Sequence[Request], times: Sequence[float]) -> None:
         """A token at each of `times` for each of `reqs` still tracked (one that
         finished is not)."""
-        slots = self.table.slots_of(reqs)
-        if slots:
-            self.table.record_run(np.array(slots, dtype=np.intp), np.array(times))
+        table = self.table
+        slots = table.slots_of(reqs)
+        if not slots:
+            return
+        if table.few_records(len(slots), len(times)):
+            table.record_few(slots, times)
+        else:
+            table.record_run(np.array(slots, dtype=np.intp), np.array(times))
 
     def _replay_schedules(self, latencies: Sequence[float]) -> None:
         """The selective-triggering count of the steps of a run, whose token latency
