@@ -17,7 +17,8 @@ process keeps its peak heap resident. glibc only (elsewhere, or with
 import ctypes
 import ctypes.util
 import logging
-import os
+
+from andante.perf.paths import env_switch
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def keep_freed_memory() -> bool:
     global _applied
     if _applied:
         return True
-    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+    if env_switch(DISABLE_ENV):
         return False
     name = ctypes.util.find_library("c")
     try:

@@ -44,7 +44,7 @@ import torch
 
 from andante.core import Request, SamplingParams
 from andante.exec.batch import StepBatch
-from andante.perf.paths import andante_home
+from andante.perf.paths import andante_home, env_switch
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def cache_path(key: dict[str, Any]) -> Path:
 
 def reprobe_requested(option: bool) -> bool:
     """The option, or $ANDANTE_REPROBE_THREADS set to anything but "" / "0"."""
-    return option or os.environ.get(REPROBE_ENV, "") not in ("", "0")
+    return option or env_switch(REPROBE_ENV)
 
 
 def _load(path: Path, key: dict[str, Any]) -> ThreadChoice | None:

@@ -10,12 +10,13 @@ is used instead, so the engine still runs, only slower.
 """
 
 import logging
-import os
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+
+from andante.perf.paths import env_switch
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def script(fn: F) -> F:
     """`torch.jit.script(fn)`, or `fn` itself when TorchScript is off or fails."""
-    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+    if env_switch(DISABLE_ENV):
         return fn
     try:
         with warnings.catch_warnings():
