@@ -13,7 +13,8 @@ TTFT and mean TPOT within 10% (|sim - real| / real) at every rate.
 
 `--prefix-caching on|off|both` (default both: every rate with it off, then on) sets the
 engine's prefix caching on both sides (`SchedulerConfig.enable_prefix_caching`); the
-prompts here share no prefix.
+prompts here share no prefix. A list such as `on,off,on` runs those phases in that
+order (whether a phase's per-step ratios follow its place or its mode).
 
 The simulated instance starts with the step sizes the real engine has run before the
 timed requests (calibration, earlier rates, the warm-up), most recent last: a calibrated
@@ -81,6 +82,16 @@ def scheduler_config(prefix_caching: str) -> SchedulerConfig:
     return config
 
 
+def caching_phases(text: str) -> list[str]:
+    """`--prefix-caching`: the phases' modes in order ("both" is off, then on)."""
+    modes = ["off", "on"] if text == "both" else text.split(",")
+    for mode in modes:
+        if mode not in ("on", "off"):
+            raise ValueError(f"--prefix-caching: expected on, off, both or a comma-separated "
+                             f"list of on/off, got {text!r}")
+    return modes
+
+
 def _executor(args: argparse.Namespace) -> tuple[Any, Any]:
     """The embedded model and one TorchExecutor, shared by the calibration and every real
     run (each run's engine starts with an empty KV cache)."""
@@ -114,14 +125,17 @@ class StepTrace:
         self.wall_loop = wall_loop  # the loop time is wall minus duration: off in CPU time
         self.rows: list[dict[str, Any]] = []
         self._last_end: float | None = None
+        self._idle_since: float | None = None  # when the engine last ran out of work
 
     def __call__(self, output: StepOutput, stats: SchedulerStats) -> None:
         now = self.clock.now()
         shape = output.batch.shape()
         measured = output.result.duration
         gap = None if self._last_end is None else now - self._last_end - measured
+        idle = None if self._idle_since is None else now - self._idle_since - measured
         busy = stats.num_running + stats.num_waiting + stats.num_swapped > 0
         self._last_end = now if busy else None
+        self._idle_since = None if busy else now
         if not output.batch.requests:
             return
         new = self.sizes.miss(shape.num_tokens)
@@ -133,7 +147,8 @@ class StepTrace:
                           "single_fit_ms": None if self.single_fit is None
                           else self.single_fit.step_time(shape) * 1e3,
                           "loop_ms": None if gap is None or not self.wall_loop
-                          else gap * 1e3})
+                          else gap * 1e3,
+                          "idle_before_ms": None if idle is None else idle * 1e3})
 
     def summary(self) -> dict[str, Any]:
         """Per kind: steps, medians, and the measured / predicted ratio of the sums, also
@@ -314,9 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hardware", default="cpu", help="the profile the simulator uses")
     p.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
                    help="calibrate first (default; into a private profiles folder)")
-    p.add_argument("--prefix-caching", choices=["on", "off", "both"], default="both",
-                   help="the engine's prefix caching on both sides (default both: every "
-                   "rate with it off, then on)")
+    p.add_argument("--prefix-caching", default="both", metavar="MODES",
+                   help="the engine's prefix caching on both sides: on, off, both (default: "
+                   "every rate with it off, then on) or phases in order, e.g. on,off,on")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
     p.add_argument("--cpu-time", action="store_true",
@@ -328,8 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         rates = [float(r) for r in args.rates.split(",")]
-        modes = ["off", "on"] if args.prefix_caching == "both" else [args.prefix_caching]
-        configs = {mode: scheduler_config(mode) for mode in modes}
+        phases = [(mode, scheduler_config(mode)) for mode in caching_phases(args.prefix_caching)]
         if args.cpu_time and args.threads != 1:
             raise ValueError("--cpu-time needs --threads 1 (CPU time sums the threads)")
     except ValueError as exc:
@@ -342,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     calibration, single_fit = (_calibrate(args, model_and_executor[1]) if args.calibrate
                                else (None, None))
     runs = []
-    for mode, config in configs.items():
+    for mode, config in phases:
         for rate in rates:
             runs.append({"prefix_caching": mode, **_one_rate(
                 args, model_and_executor, rate, config, single_fit)})
