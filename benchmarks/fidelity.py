@@ -40,32 +40,39 @@ moves the real figures: say so when reporting).
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import os
-import sys
-import tempfile
-import time
-from typing import Any
 
-import numpy as np
+# The served engine's wait policy (serve_vs_vllm.py starts the server with it), unless
+# the environment sets one. OpenMP reads it once, when torch loads it, and the imports
+# below load torch (andante.sim -> andante.llm -> andante.models): set inside main(), as
+# before, it came too late and the run spun its worker threads (libgomp's default).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from andante.core import MonotonicClock, Request, SamplingParams
-from andante.engine.engine import StepOutput
-from andante.engine.stats import SchedulerStats
-from andante.metrics.record import records_from_requests
-from andante.metrics.summary import Summary, summarize
-from andante.perf.catalog import get_hardware
-from andante.perf.cost_model import CostModel
-from andante.perf.fit import fit_coefficients, prediction_error
-from andante.perf.paths import ANDANTE_HOME_ENV
-from andante.perf.shape import BatchShape
-from andante.perf.step_sizes import StepSizeCache
-from andante.policies import SchedulerConfig
-from andante.sim import ClusterSpec, build_simulator
-from andante.workload import RequestSpec, WorkloadConfig, build_workload
-from andante.workload.spec import to_requests
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from andante.core import MonotonicClock, Request, SamplingParams  # noqa: E402
+from andante.engine.engine import StepOutput  # noqa: E402
+from andante.engine.stats import SchedulerStats  # noqa: E402
+from andante.metrics.record import records_from_requests  # noqa: E402
+from andante.metrics.summary import Summary, summarize  # noqa: E402
+from andante.perf.catalog import get_hardware  # noqa: E402
+from andante.perf.cost_model import CostModel  # noqa: E402
+from andante.perf.fit import fit_coefficients, prediction_error  # noqa: E402
+from andante.perf.paths import ANDANTE_HOME_ENV  # noqa: E402
+from andante.perf.shape import BatchShape  # noqa: E402
+from andante.perf.step_sizes import StepSizeCache  # noqa: E402
+from andante.policies import SchedulerConfig  # noqa: E402
+from andante.sim import ClusterSpec, build_simulator  # noqa: E402
+from andante.workload import RequestSpec, WorkloadConfig, build_workload  # noqa: E402
+from andante.workload.spec import to_requests  # noqa: E402
 
 TARGET = 0.10
 PREFIX_CACHING_FIELD = "enable_prefix_caching"  # SchedulerConfig's switch, where it exists
@@ -340,7 +347,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-log", default=None,
                    help="write every real step (shape, measured, predicted) as JSON lines")
     args = p.parse_args(argv)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         rates = [float(r) for r in args.rates.split(",")]
         phases = [(mode, scheduler_config(mode)) for mode in caching_phases(args.prefix_caching)]
@@ -367,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "fidelity", "workload": {
             "kind": "poisson", "num_requests": args.num_requests, "lengths": args.lengths,
             "seed": args.seed}, "policy": args.policy, "prefix_caching": args.prefix_caching,
-        "threads": args.threads, "cpu_time": args.cpu_time,
+        "threads": args.threads, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
+        "cpu_time": args.cpu_time,
         "calibration": calibration, "runs": runs, "worst_error": worst, "target": TARGET,
         "within_target": worst <= TARGET, "wall_s": round(time.perf_counter() - started, 1),
         "loadavg_before": load_before, "loadavg_after": _loadavg()}))
