@@ -35,7 +35,10 @@ are not comparable with the simulation in that mode).
 
 Prints one JSON line: the fit error, per rate the real and simulated figures and their
 errors, the worst error, and the load average before and after (the machine's load
-moves the real figures: say so when reporting).
+moves the real figures: say so when reporting). `outside_cpu`, for the calibration and
+each real run, is the share of the machine's CPU that other processes used meanwhile:
+where one phase's steps run slower than calibrated by the same factor for every step
+kind, this tells an outside load from a drift of the engine itself.
 """
 
 from __future__ import annotations
@@ -284,8 +287,9 @@ def _calibrate(args: argparse.Namespace, executor: Any) -> tuple[dict[str, Any],
     from andante.exec.torch_calibrate import calibrate
 
     os.environ[ANDANTE_HOME_ENV] = tempfile.mkdtemp(prefix="andante-fidelity-")
-    started = time.perf_counter()
+    started, outside = time.perf_counter(), OutsideCpu()
     result = calibrate(executor, name=args.hardware)
+    outside_share = outside.share()
     save_fit(result.hardware, result.error, force=True)
     base = CostModel(executor.spec, dataclasses.replace(result.hardware,
                                                         serial_coefficients=None,
@@ -297,7 +301,8 @@ def _calibrate(args: argparse.Namespace, executor: Any) -> tuple[dict[str, Any],
                             round(hw.new_size_per_token * 1e3, 5)],
             "new_size_cache": hw.new_size_cache,
             "single_fit_error": round(prediction_error(single, result.samples), 4),
-            "wall_s": round(time.perf_counter() - started, 1)}, single
+            "wall_s": round(time.perf_counter() - started, 1),
+            "outside_cpu": outside_share}, single
 
 
 def _write_step_log(path: str | None, rate: float, trace: StepTrace) -> None:
@@ -306,6 +311,35 @@ def _write_step_log(path: str | None, rate: float, trace: StepTrace) -> None:
     with open(path, "a", encoding="utf-8") as out:
         for row in trace.rows:
             out.write(json.dumps({"rate": rate, **row}) + "\n")
+
+
+class OutsideCpu:
+    """The CPU time other processes used while this one ran a phase, as a share of the
+    machine (/proc/stat's busy time less this process's own, over wall time and cores):
+    a figure that tells an outside load from the engine's own drift (None where
+    /proc/stat is missing)."""
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as stat:
+                ticks = [int(v) for v in stat.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+        own = os.times()
+        return busy, own.user + own.system, time.perf_counter()
+
+    def share(self) -> float | None:
+        end = self._read()
+        if end is None or self._start is None or end[2] <= self._start[2]:
+            return None
+        outside = (end[0] - self._start[0]) - (end[1] - self._start[1])
+        cores = os.cpu_count() or 1
+        return round(max(0.0, outside) / ((end[2] - self._start[2]) * cores), 4)
 
 
 def _loadavg() -> list[float]:
@@ -318,12 +352,14 @@ def _one_rate(args: argparse.Namespace, model_and_executor: tuple[Any, Any], rat
     workload = build_workload(WorkloadConfig(kind="poisson", rate=rate,
                                              num_requests=args.num_requests,
                                              lengths=args.lengths, seed=args.seed))
+    outside = OutsideCpu()
     real_summary, trace = real_run(args, model_and_executor, workload, config, single_fit)
+    outside_share = outside.share()
     real = _figures(real_summary)
     sim = _figures(sim_run(args, workload, config, trace.history))
     _write_step_log(args.step_log, rate, trace)
     return {"rate": rate, "real": real, "sim": sim, **_errors(real, sim),
-            "steps": trace.summary(), "loadavg": _loadavg()}
+            "steps": trace.summary(), "loadavg": _loadavg(), "outside_cpu": outside_share}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -167,3 +167,22 @@ def test_the_wait_policy_is_set_before_torch_loads_openmp() -> None:
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                          text=True, timeout=120, check=True)
     assert out.stdout.strip() == "PASSIVE"
+
+
+def test_outside_cpu_is_the_machine_less_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    fidelity = _module("fidelity")
+    readings = iter([(100.0, 5.0, 10.0), (103.0, 6.0, 12.0)])  # (busy, own, wall) s
+    monkeypatch.setattr(fidelity.OutsideCpu, "_read", staticmethod(lambda: next(readings)))
+    monkeypatch.setattr(fidelity.os, "cpu_count", lambda: 2)
+    # 3 s busy of which 1 s this process's, over 2 s on 2 cores
+    assert fidelity.OutsideCpu().share() == pytest.approx(0.5)
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs /proc/stat")
+def test_outside_cpu_sees_another_process_spin() -> None:
+    fidelity = _module("fidelity")
+    meter = fidelity.OutsideCpu()
+    spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True, timeout=60)
+    share = meter.share()
+    assert share is not None and share >= 0.3 / (os.cpu_count() or 1)
