@@ -65,6 +65,7 @@ def test_step_trace_compares_each_kind_with_the_model() -> None:
     assert summary["decode"]["steps"] == 2
     for kind in ("decode", "mixed", "prefill"):
         assert summary[kind]["ratio"] == pytest.approx(1.5, abs=1e-3)
+        assert summary[kind]["ratio_median"] == pytest.approx(1.5, abs=1e-3)
         assert summary[kind]["ratio_single_fit"] < 1.5  # the slower model predicts more
     assert summary["loop_median_ms"] == pytest.approx(2.0, abs=1e-3)
 
@@ -186,3 +187,17 @@ def test_outside_cpu_sees_another_process_spin() -> None:
     subprocess.run([sys.executable, "-c", spin], check=True, timeout=60)
     share = meter.share()
     assert share is not None and share >= 0.3 / (os.cpu_count() or 1)
+
+
+def test_step_trace_tells_a_tail_from_a_shift() -> None:
+    fidelity = _module("fidelity")
+    model = CostModel(get_model("smollm2-135m"), get_hardware("a10-24g"))
+    trace = fidelity.StepTrace(model, _Clock())
+    busy = SchedulerStats(num_running=1)
+    for slow in (1.0, 1.0, 1.0, 1.0, 3.0):  # one step in five runs 3x the prediction
+        batch = _step([(1, 40)])
+        duration = model.step_time(batch.shape()) * slow
+        trace(StepOutput(batch, StepResult([1], duration)), busy)
+    decode = trace.summary()["decode"]
+    assert decode["ratio"] == pytest.approx(1.4, abs=1e-3)
+    assert decode["ratio_median"] == pytest.approx(1.0, abs=1e-3)
