@@ -17,7 +17,8 @@ libgomp's default (spinning) policy the worker has stopped spinning by then and 
 step pays to wake it, 3-5% more on a 150-token prefill (2 threads, quiet moments of a
 shared machine), and a quiet fidelity run's served prefill-only steps took a median
 1.04x the prediction timed right after a decode step where its other steps took 1.00x;
-with OMP_WAIT_POLICY=PASSIVE the idle wait cost nothing measurable (0.96x).
+with OMP_WAIT_POLICY=PASSIVE the idle wait cost nothing measurable there (0.96x), and
+on a loaded machine 1.2-1.4x in every trial (the process waits to be scheduled again).
 The regression is fitted to the warm runs, the steady state of a serving engine, and
 the cold-minus-warm differences give the setup of a new step size (`fit_new_size`,
 andante.perf.step_sizes), which the simulator adds the first time an instance runs a
