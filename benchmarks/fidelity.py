@@ -45,11 +45,9 @@ from __future__ import annotations
 
 import os
 
-# The served engine's wait policy (serve_vs_vllm.py starts the server with it), unless
-# the environment sets one. OpenMP reads it once, when torch loads it, and the imports
-# below load torch (andante.sim -> andante.llm -> andante.models): set inside main(), as
-# before, it came too late and the run spun its worker threads (libgomp's default).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The wait policy is the environment's, as `andante serve` takes it (unset: libgomp's
+# default, spinning workers, which stop 21's quiet figures used). OpenMP reads it once, when
+# torch loads it, so this script never sets it after start: the JSON reports the one in force.
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -414,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "fidelity", "workload": {
             "kind": "poisson", "num_requests": args.num_requests, "lengths": args.lengths,
             "seed": args.seed}, "policy": args.policy, "prefix_caching": args.prefix_caching,
-        "threads": args.threads, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
+        "threads": args.threads, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "cpu_time": args.cpu_time,
         "calibration": calibration, "runs": runs, "worst_error": worst, "target": TARGET,
         "within_target": worst <= TARGET, "wall_s": round(time.perf_counter() - started, 1),

@@ -148,9 +148,9 @@ def test_caching_phases_in_order() -> None:
         fidelity.caching_phases("on,maybe")
 
 
-def test_the_wait_policy_is_set_before_torch_loads_openmp() -> None:
-    """OpenMP reads OMP_WAIT_POLICY once, when torch loads it: fidelity.py must set its
-    default before any import that loads torch, not in main()."""
+def test_the_wait_policy_is_the_environments_when_torch_loads_openmp() -> None:
+    """OpenMP reads OMP_WAIT_POLICY once, when torch loads it: fidelity.py must leave the
+    environment's choice (the served engine's) in force, unset included."""
     probe = (
         "import importlib.abc, os, sys\n"
         "seen = []\n"
@@ -167,7 +167,11 @@ def test_the_wait_policy_is_set_before_torch_loads_openmp() -> None:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                          text=True, timeout=120, check=True)
-    assert out.stdout.strip() == "PASSIVE"
+    assert out.stdout.strip() == "None"
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "ACTIVE"
 
 
 def test_outside_cpu_is_the_machine_less_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
