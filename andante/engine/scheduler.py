@@ -328,20 +328,23 @@ class Scheduler:
         self.running = [r for r in self.running if r.status == _RUNNING]
 
     def _apply_schedule(self, plan: StepPlan, batch: StepBatch, now: float) -> None:
-        block_table = self.kv.block_table
+        scheduled, num_new = plan.scheduled, plan.num_scheduled_tokens
+        if len(scheduled) != len(num_new):
+            raise ValueError(f"{len(scheduled)} requests scheduled, {len(num_new)} counts")
         admitted = False
-        mark_in_flight = self._in_flight_ids.add
-        for req, n in zip(plan.scheduled, plan.num_scheduled_tokens, strict=True):
-            rid = req.request_id
-            cached = req.num_computed_tokens
+        for req in scheduled:
             if req.status in _NO_KV:
                 req.start_running(now)
                 self.running.append(req)
                 admitted = True
-                if rid in self._prefix_waiting:
+                if req.request_id in self._prefix_waiting:
                     self._count_prefix_hit(req)
-            mark_in_flight(rid)
-            batch.add(req, n, cached, cached + n == req.num_tokens, block_table(rid))
+        ids = list(map(_REQUEST_ID, scheduled))
+        self._in_flight_ids.update(ids)
+        cached = [req.num_computed_tokens for req in scheduled]
+        samples = [c + n == req.num_tokens for c, n, req in zip(cached, num_new, scheduled)]
+        batch.add_all(scheduled, num_new, cached, samples,
+                      list(map(self.kv.block_table, ids)))
         if admitted:
             self.waiting = [r for r in self.waiting if r.status in _NO_KV]
 

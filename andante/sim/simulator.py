@@ -529,15 +529,10 @@ class Simulator(SimHooks):
         stop_at = self._next_arrival
         if inst.host.dropper is not None:
             stop_at = min(stop_at, inst.host.drop_horizon())
-        times: list[float] = []
+        self._stop_at = stop_at
         durations = executor.decode_run_durations(batch, max_steps,
                                                   min(stop_at, self._until) - now)
-        t = now
-        for duration in durations:
-            t += duration
-            if t >= stop_at or t > self._until:
-                break
-            times.append(t)
+        times = self._run_times(durations, self._straddles(inst))
         del times[fit_blocks(scheduler, batch, len(times)):]
         if not times:
             return False
@@ -554,14 +549,28 @@ class Simulator(SimHooks):
             return False
         return not self._hands_off
 
-    def _run_times(self, durations: list[float]) -> list[float]:
+    def _straddles(self, inst: SimInstance) -> bool:
+        """May a run's last step be the one that starts before the next arrival and ends
+        after it? That step is decided before the arrival, as when stepping; the run
+        may hold it where nothing that the arrival does reads the steps before it
+        (applied when stepping, not yet in a run): one instance, so no router reads
+        its load, and no late drop (`_stop_at` is the arrival)."""
+        return len(self.instances) == 1 and inst.host.dropper is None \
+            and self._only_arrivals_add()
+
+    def _run_times(self, durations: list[float], straddle: bool = False) -> list[float]:
         """The end times of the steps lasting `durations` from now that end before the
-        next arrival (or late drop, `_stop_at`) and `until`."""
+        next arrival (or late drop, `_stop_at`) and `until`; with `straddle`, and the
+        step that ends after the arrival if it starts before (`_straddles`)."""
         t, stop_at, until = self.clock.now(), self._stop_at, self._until
         times: list[float] = []
         for duration in durations:
-            t += duration
-            if t >= stop_at or t > until:
+            start, t = t, t + duration
+            if t > until:
+                break
+            if t >= stop_at:
+                if straddle and start < stop_at:
+                    times.append(t)
                 break
             times.append(t)
         return times
@@ -581,7 +590,7 @@ class Simulator(SimHooks):
         budget = min(self._stop_at, self._until) - self.clock.now()
         shapes = prefill_run_shapes(scheduler.running, chunks)
         durations = executor.prefill_run_durations(shapes, budget)
-        times = self._run_times(durations)
+        times = self._run_times(durations, self._straddles(inst))
         del times[steps_within_limit(durations, scheduler.policy.run_step_limit):]
         del times[fit_prefill_blocks(scheduler, chunks[:len(times)]):]
         if not times:
