@@ -69,9 +69,7 @@ def prefill_run_shapes(running: list[Request], chunks: list[int]) -> list[BatchS
     """Each step's shape: the decodes of `running[:-1]`, one token longer per step, and
     the chunks of `running[-1]` (exact: every attention-pair count is an integer)."""
     *decodes, prefill = running
-    base = BatchShape()
-    for req in decodes:
-        base.add(1, req.num_computed_tokens, True)
+    base = BatchShape.decodes([req.num_computed_tokens for req in decodes])
     num_decodes = len(decodes)
     cached, total = prefill.num_computed_tokens, prefill.num_tokens
     shapes: list[BatchShape] = []

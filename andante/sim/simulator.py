@@ -40,6 +40,7 @@ from andante.cluster.load import LoadReport
 from andante.core.clock import ManualClock
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
+from andante.engine.policy import BasePolicy
 from andante.engine.stopping import num_tokens_before_length_stop
 from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
@@ -552,11 +553,17 @@ class Simulator(SimHooks):
     def _straddles(self, inst: SimInstance) -> bool:
         """May a run's last step be the one that starts before the next arrival and ends
         after it? That step is decided before the arrival, as when stepping; the run
-        may hold it where nothing that the arrival does reads the steps before it
-        (applied when stepping, not yet in a run): one instance, so no router reads
-        its load, and no late drop (`_stop_at` is the arrival)."""
-        return len(self.instances) == 1 and inst.host.dropper is None \
-            and self._only_arrivals_add()
+        may hold it where nothing that the arrival does reads or changes what the
+        run's earlier steps do (applied before the arrival when stepping, at the run's
+        end here): one instance, so no router reads its load; no late drop
+        (`_stop_at` is the arrival); and a policy whose `on_arrival` commutes with its
+        run replays (`arrivals_commute_with_runs`, or none of its own)."""
+        if len(self.instances) > 1 or inst.host.dropper is not None:
+            return False
+        policy = inst.engine.scheduler.policy
+        commutes = type(policy).on_arrival is BasePolicy.on_arrival or bool(
+            getattr(policy, "arrivals_commute_with_runs", False))
+        return commutes and self._only_arrivals_add()
 
     def _run_times(self, durations: list[float], straddle: bool = False) -> list[float]:
         """The end times of the steps lasting `durations` from now that end before the

@@ -42,6 +42,11 @@ if TYPE_CHECKING:
 class RunReplay:
     """The run declarations and replays of `AndesPolicy` (see the module note)."""
 
+    #: `on_arrival` only gives the new request a table slot of its own, which no run's
+    #: replay reads or writes (and a run's only finishes are at its end), so a run may
+    #: end with the step that straddles an arrival (andante.sim.simulator `_straddles`).
+    arrivals_commute_with_runs = True
+
     if TYPE_CHECKING:  # the policy's state these hooks share (policy.py)
         ctx: PolicyContext
         options: AndesOptions

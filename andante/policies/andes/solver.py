@@ -53,8 +53,9 @@ class View:
         kind = np.full(len(reqs), WAITING, dtype=np.int8)
         kind[:nr] = RUNNING
         kind[nr + nw:] = SWAPPED
-        streams = Streams.take(table, idx)
-        tokens = table.prompt[idx] + streams.n
+        *fields, prompt = table.state[:, idx]  # (one gather)
+        streams = Streams(*fields)
+        tokens = prompt + streams.n
         weight = np.ceil((tokens + 1.0) / plan.block_size)
         base = np.zeros(len(reqs))
         if nw:
