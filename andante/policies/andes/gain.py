@@ -24,7 +24,7 @@ from andante.policies.andes.qoe_scalar import SMALL_STREAMS, qoe_wait_served_sma
 #: Lateness of "no token yet": far below any real lateness, finite for the arithmetic.
 NO_LATENESS = -1e9
 _FIELDS = ("start", "inv", "n", "late", "pos", "prompt")  # `RequestTable.state` rows
-_START, _INV, _N, _LATE, _POS = range(5)
+_INV, _N, _LATE, _POS = 1, 2, 3, 4
 _FEW_TERMS = 64  # `record_run` folds up to this many late tokens in plain Python
 
 
@@ -105,12 +105,12 @@ class RequestTable:
 
     def record(self, idx: np.ndarray, now: float) -> None:
         """One new token at `now` for each slot of `idx` (distinct slots)."""
-        start, inv, *_ = state = self.state[:_POS + 1, idx]  # (a copy: one gather)
-        n, late, pos = state[_N:]
+        start, inv, *_ = state = self.state.take(idx, axis=1)  # (a copy: one gather)
+        n, late, pos = state[_N:_POS + 1]
         np.maximum(late, now - n * inv - start, out=late)
         pos += np.maximum(late, 0.0)
         n += 1.0
-        self.state[_N:_POS + 1, idx] = state[_N:]
+        self.state[_N:_POS + 1, idx] = state[_N:_POS + 1]
 
     def record_run(self, idx: np.ndarray, times: np.ndarray) -> None:
         """One new token at each of `times` (increasing) for each slot of `idx`: what
@@ -122,17 +122,19 @@ class RequestTable:
         not positive only counts its tokens: most rows, while streams are ahead of
         their readers."""
         k = len(times)
-        state = self.state[:_POS + 1, idx]  # (a copy: one gather)
-        start, inv, n, late, pos = state
+        start, inv, n, late, _, _ = self.state.take(idx, axis=1)  # (one gather)
         times = np.asarray(times, dtype=float)
         bound = times[-1] - n * inv - start
-        rows = np.flatnonzero((bound > late) | (late > 0.0))
-        if len(rows) * k <= _FEW_TERMS:
-            _fold_late_few(state, rows.tolist(), times.tolist())
-        else:
-            _fold_late(state, rows, times)
-        n += float(k)
-        self.state[_N:_POS + 1, idx] = state[_N:]
+        rows = ((bound > late) | (late > 0.0)).nonzero()[0]
+        if len(rows):
+            slots = idx[rows]
+            state = self.state.take(slots, axis=1)
+            if len(rows) * k <= _FEW_TERMS:
+                _fold_late_few(state, times.tolist())
+            else:
+                _fold_late(state, times)
+            self.state[_LATE:_POS + 1, slots] = state[_LATE:_POS + 1]
+        self.state[_N, idx] = n + float(k)
 
     def record_few(self, slots: Sequence[int], times: Sequence[float]) -> None:
         """`record_run` in plain Python floats, the same operations in the same order
@@ -156,7 +158,7 @@ class RequestTable:
 
     def buffered(self, idx: np.ndarray, now: float) -> np.ndarray:
         """Seconds of text the reader still has in its pacer buffer at `now` (>= 0)."""
-        start, inv, n, late = self.state[:_LATE + 1, idx]  # (one gather)
+        start, inv, n, late, _, _ = self.state.take(idx, axis=1)  # (one gather)
         return _buffered(start, inv, n, late, now)
 
 
@@ -167,32 +169,31 @@ def _buffered(start: np.ndarray, inv: np.ndarray, n: np.ndarray, late: np.ndarra
     return np.where(n > 0, np.maximum(dry - now, 0.0), 0.0)
 
 
-def _fold_late(state: np.ndarray, rows: np.ndarray, times: np.ndarray) -> None:
-    """`record_run`'s lateness and Σ ℓ⁺ of `rows` of the gathered `state`."""
-    start, inv, n, late, pos = state[:, rows]
+def _fold_late(state: np.ndarray, times: np.ndarray) -> None:
+    """`record_run`'s lateness and Σ ℓ⁺ of the gathered `state`'s requests."""
+    start, inv, n, late, pos, _ = state
     steps = n[:, None] + np.arange(len(times), dtype=float)
     gap = times - steps * inv[:, None] - start[:, None]  # (now - n·inv) - start
     end = np.maximum(late, gap.max(axis=1))
-    state[_LATE, rows] = end
-    positive = np.flatnonzero(end > 0.0)
+    positive = (end > 0.0).nonzero()[0]
     if len(positive):
         running = np.maximum(np.maximum.accumulate(gap[positive], axis=1),
                              late[positive, None])
         terms = np.empty((len(positive), len(times) + 1))
         terms[:, 0] = pos[positive]
         np.maximum(running, 0.0, out=terms[:, 1:])
-        state[_POS, rows[positive]] = np.cumsum(terms, axis=1)[:, -1]  # sequential
+        pos[positive] = np.cumsum(terms, axis=1)[:, -1]  # sequential, as `record`
+    state[_LATE] = end
 
 
-def _fold_late_few(state: np.ndarray, rows: list[int], times: list[float]) -> None:
+def _fold_late_few(state: np.ndarray, times: list[float]) -> None:
     """`_fold_late` in plain Python floats (`record_few`'s arithmetic, bit-identical)."""
-    for row in rows:
-        start, inv, n, late, pos = state[:, row].tolist()
+    for column, (start, inv, n, late, pos, _) in enumerate(state.T.tolist()):
         for now in times:
             late = max(late, now - n * inv - start)
             pos += max(late, 0.0)
             n += 1.0
-        state[_LATE, row], state[_POS, row] = late, pos
+        state[_LATE, column], state[_POS, column] = late, pos
 
 
 # Design note (Andes §4.1, Fig. 7). Q_serve,i(B) is request i's QoE at t = now + Δt if
@@ -229,7 +230,7 @@ class Streams:
 
     @classmethod
     def take(cls, table: RequestTable, idx: np.ndarray) -> Streams:
-        return cls(*table.state[:_POS + 1, idx])  # (one gather)
+        return cls(*table.state.take(idx, axis=1)[:_POS + 1])  # (one gather)
 
     def buffered(self, now: float, stop: int) -> np.ndarray:
         """`RequestTable.buffered` of the first `stop` streams (no gather)."""

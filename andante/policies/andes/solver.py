@@ -53,7 +53,7 @@ class View:
         kind = np.full(len(reqs), WAITING, dtype=np.int8)
         kind[:nr] = RUNNING
         kind[nr + nw:] = SWAPPED
-        *fields, prompt = table.state[:, idx]  # (one gather)
+        *fields, prompt = table.state.take(idx, axis=1)  # (one gather)
         streams = Streams(*fields)
         tokens = prompt + streams.n
         weight = np.ceil((tokens + 1.0) / plan.block_size)
