@@ -369,6 +369,7 @@ class Scheduler:
         finished = False
         limit = self.max_num_tokens
         num_computed_total = num_first = 0
+        times = (now, *later)
         for req, n, token in zip(requests, num_computed, token_ids, strict=False):
             req.num_computed_tokens += n
             if req.status >= _FINISHED:  # aborted while its batch was in flight
@@ -378,9 +379,9 @@ class Scheduler:
                 continue
             if not req.timeline.token_times:  # its first token (cheaper than the output)
                 num_first += 1
-            if later:
-                req.append_output_token(token, now, *later)
-            else:  # a step (a call without unpacking is faster)
+            if later:  # a simulator run's steps
+                req.append_output_run(token, times)
+            else:
                 req.append_output_token(token, now)
             got.append(req)
             status = check_stop(req, token, limit)

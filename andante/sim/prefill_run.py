@@ -106,6 +106,8 @@ def fit_prefill_blocks(scheduler: Scheduler, chunks: list[int]) -> int:
     running = scheduler.running
     free = scheduler.kv.num_free_device_blocks - scheduler.policy.decode_run_reserve_blocks
     lo, hi = 0, len(chunks)
+    if hi and _need(scheduler, running, chunks, hi) <= free:
+        return hi  # (the common case: one count)
     while lo < hi:  # the blocks needed grow with k
         mid = (lo + hi + 1) // 2
         if _need(scheduler, running, chunks, mid) <= free:
