@@ -8,6 +8,9 @@ t + duration, when the STEP_DONE event applies them. Arrivals at one instant are
 delivered before an idle instance starts its next step (KICK sorts after ARRIVAL).
 Requests an instance hands back (Ascendra's offloads) go to the controller at the start
 of the step that picked them; late requests are dropped (if enabled) at step starts.
+Runs of steps applied at once (andante.sim.decode_run, prefill_run, after_finish) end
+before the next arrival, or with the step that straddles it where nothing the arrival
+does can tell the difference (`Simulator._straddles`).
 
 Multi-model instances (QLM §5, andante.sim.tiers): a `SWAP_MODEL` replaces the engine by
 one built for the incoming model (its block pool sized for that model's KV), after the
