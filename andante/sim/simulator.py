@@ -9,8 +9,8 @@ delivered before an idle instance starts its next step (KICK sorts after ARRIVAL
 Requests an instance hands back (Ascendra's offloads) go to the controller at the start
 of the step that picked them; late requests are dropped (if enabled) at step starts.
 Runs of steps applied at once (andante.sim.decode_run, prefill_run, after_finish) end
-before the next arrival, or with the step that straddles it where nothing the arrival
-does can tell the difference (`Simulator._straddles`).
+before the next arrival; the step that straddles it may follow as a run of its own
+where nothing the arrival does can tell the difference (`Simulator._straddles`).
 
 Multi-model instances (QLM §5, andante.sim.tiers): a `SWAP_MODEL` replaces the engine by
 one built for the incoming model (its block pool sized for that model's KV), after the
@@ -554,13 +554,13 @@ class Simulator(SimHooks):
         return not self._hands_off
 
     def _straddles(self, inst: SimInstance) -> bool:
-        """May a run's last step be the one that starts before the next arrival and ends
-        after it? That step is decided before the arrival, as when stepping; the run
-        may hold it where nothing that the arrival does reads or changes what the
-        run's earlier steps do (applied before the arrival when stepping, at the run's
-        end here): one instance, so no router reads its load; no late drop
-        (`_stop_at` is the arrival); and a policy whose `on_arrival` commutes with its
-        run replays (`arrivals_commute_with_runs`, or none of its own)."""
+        """May a run be the one step that starts now, before the next arrival, and ends
+        after it? That step is decided before the arrival, as when stepping, so it needs
+        no decision where the arrival neither reads nor changes what the run's replay
+        does (after the arrival here, at the step's start and end when stepping): one
+        instance, so no router reads its load; no late drop (`_stop_at` is the
+        arrival); and a policy whose `on_arrival` commutes with its run replays
+        (`arrivals_commute_with_runs`, or none of its own)."""
         if len(self.instances) > 1 or inst.host.dropper is not None:
             return False
         policy = inst.engine.scheduler.policy
@@ -570,16 +570,18 @@ class Simulator(SimHooks):
 
     def _run_times(self, durations: list[float], straddle: bool = False) -> list[float]:
         """The end times of the steps lasting `durations` from now that end before the
-        next arrival (or late drop, `_stop_at`) and `until`; with `straddle`, and the
-        step that ends after the arrival if it starts before (`_straddles`)."""
+        next arrival (or late drop, `_stop_at`) and `until`; with `straddle`, the first
+        step alone if it ends after the arrival (`_straddles`: a run of one step, so
+        that the steps before the arrival are applied before it, as when stepping, and
+        the engine's observers see each output's queues as stepping shows them)."""
         t, stop_at, until = self.clock.now(), self._stop_at, self._until
         times: list[float] = []
         for duration in durations:
-            start, t = t, t + duration
+            t += duration
             if t > until:
                 break
             if t >= stop_at:
-                if straddle and start < stop_at:
+                if straddle and not times:
                     times.append(t)
                 break
             times.append(t)

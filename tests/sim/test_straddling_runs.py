@@ -1,7 +1,7 @@
-"""Runs that end with the step straddling the next arrival (andante.sim.simulator
-`_straddles`): that step is decided before the arrival, so a run may hold it where the
-arrival neither reads nor changes what the run's earlier steps do. Timelines stay those
-of stepping, and the scheduler decides fewer steps."""
+"""The step that straddles the next arrival as a run of its own (andante.sim.simulator
+`_straddles`): it is decided before the arrival, so it needs no decision where the
+arrival neither reads nor changes what the run's replay does. Timelines stay those of
+stepping, and the scheduler decides fewer steps."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ def _workload(rate: float = 3.0, num_requests: int = 80):  # type: ignore[no-unt
 
 def _run(policy: str, decode_runs: bool, straddle: bool = True,
          num_instances: int = 1) -> tuple[dict[str, object], int, list[float]]:
-    """Timelines, scheduled steps and the end times of the runs that straddled an
-    arrival."""
+    """Timelines, decisions and the end times of the runs that straddled an arrival."""
     sim = build_simulator(ClusterSpec(policy=policy, num_instances=num_instances),
                           decode_runs=decode_runs)
     if not straddle:
@@ -39,13 +38,16 @@ def _run(policy: str, decode_runs: bool, straddle: bool = True,
             return schedule()
 
         scheduler.schedule = counted  # type: ignore[method-assign]
+        begin = inst._begin_run
 
-        def observe(out, stats) -> None:  # type: ignore[no-untyped-def]
-            start = stats.time - out.result.duration
-            if out.num_steps > 1 and any(start < a < stats.time for a in arrivals):
-                straddled.append(stats.time)
+        def begin_run(batch, times, *rest, begin=begin, inst=inst):  # type: ignore[no-untyped-def]
+            start = inst.engine.clock.now()
+            if any(start < a < times[-1] for a in arrivals):
+                assert len(times) == 1  # the straddling step is a run of its own
+                straddled.append(times[-1])
+            begin(batch, times, *rest)
 
-        inst.engine.add_observer(observe)
+        inst._begin_run = begin_run  # type: ignore[method-assign]
     sim.run(requests)
     return _lines(requests), len(decisions), straddled
 
