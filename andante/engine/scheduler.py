@@ -329,8 +329,6 @@ class Scheduler:
 
     def _apply_schedule(self, plan: StepPlan, batch: StepBatch, now: float) -> None:
         scheduled, num_new = plan.scheduled, plan.num_scheduled_tokens
-        if len(scheduled) != len(num_new):
-            raise ValueError(f"{len(scheduled)} requests scheduled, {len(num_new)} counts")
         admitted = False
         for req in scheduled:
             if req.status in _NO_KV:
@@ -342,7 +340,8 @@ class Scheduler:
         ids = list(map(_REQUEST_ID, scheduled))
         self._in_flight_ids.update(ids)
         cached = [req.num_computed_tokens for req in scheduled]
-        samples = [c + n == req.num_tokens for c, n, req in zip(cached, num_new, scheduled)]
+        samples = [c + n == req.num_tokens
+                   for c, n, req in zip(cached, num_new, scheduled, strict=True)]
         batch.add_all(scheduled, num_new, cached, samples,
                       list(map(self.kv.block_table, ids)))
         if admitted:

@@ -42,8 +42,8 @@ class BatchShape:
         self.attn_pairs += sum([p * c + (c * c + c) // 2
                                 for c, p in zip(num_new_tokens, num_cached_tokens, strict=True)])
         self.kv_tokens_read += sum(num_cached_tokens) + num_new
-        self.num_decode_seqs += sum([c == 1 and p > 0
-                                     for c, p in zip(num_new_tokens, num_cached_tokens)])
+        self.num_decode_seqs += sum([c == 1 and p > 0 for c, p in
+                                     zip(num_new_tokens, num_cached_tokens, strict=True)])
 
     @classmethod
     def decodes(cls, num_cached_tokens: list[int]) -> BatchShape:
