@@ -1,7 +1,8 @@
-"""The step that straddles the next arrival as a run of its own (andante.sim.simulator
+"""Runs that hold the step straddling the next arrival (andante.sim.simulator
 `_straddles`): it is decided before the arrival, so it needs no decision where the
-arrival neither reads nor changes what the run's replay does. Timelines stay those of
-stepping, and the scheduler decides fewer steps."""
+arrival neither reads nor changes what the run's replay does (a run of its own where
+observers read each output's queues). Timelines stay those of stepping, and the
+scheduler decides fewer steps."""
 
 from __future__ import annotations
 
@@ -18,16 +19,16 @@ def _workload(rate: float = 3.0, num_requests: int = 80):  # type: ignore[no-unt
                                          lengths="uniform:16:1500:20:300", seed=3))
 
 
-def _run(policy: str, decode_runs: bool, straddle: bool = True,
-         num_instances: int = 1) -> tuple[dict[str, object], int, list[float]]:
-    """Timelines, decisions and the end times of the runs that straddled an arrival."""
+def _run(policy: str, decode_runs: bool, straddle: bool = True, num_instances: int = 1,
+         observed: bool = False) -> tuple[dict[str, object], int, list[int]]:
+    """Timelines, decisions and the lengths of the runs that straddled an arrival."""
     sim = build_simulator(ClusterSpec(policy=policy, num_instances=num_instances),
                           decode_runs=decode_runs)
     if not straddle:
         sim._straddles = lambda inst: False  # type: ignore[method-assign]
     requests = to_requests(_workload())
     arrivals = sorted(r.arrival_time for r in requests)
-    straddled: list[float] = []
+    straddled: list[int] = []
     decisions: list[int] = []
     for inst in sim.instances:
         scheduler = inst.engine.scheduler
@@ -43,11 +44,14 @@ def _run(policy: str, decode_runs: bool, straddle: bool = True,
         def begin_run(batch, times, *rest, begin=begin, inst=inst):  # type: ignore[no-untyped-def]
             start = inst.engine.clock.now()
             if any(start < a < times[-1] for a in arrivals):
-                assert len(times) == 1  # the straddling step is a run of its own
-                straddled.append(times[-1])
+                if observed:  # observers read each output's queues: a run of its own
+                    assert len(times) == 1
+                straddled.append(len(times))
             begin(batch, times, *rest)
 
         inst._begin_run = begin_run  # type: ignore[method-assign]
+        if observed:
+            inst.engine.add_observer(lambda output, stats: None)
     sim.run(requests)
     return _lines(requests), len(decisions), straddled
 
@@ -57,13 +61,15 @@ def _lines(requests: list[Request]) -> dict[str, object]:
                            tuple(r.timeline.preemption_times)) for r in requests}
 
 
+@pytest.mark.parametrize("observed", [False, True])
 @pytest.mark.parametrize("policy", ["vllm", "andes", "lqsf", "sarathi"])
-def test_straddling_runs_keep_the_stepped_timelines(policy: str) -> None:
+def test_straddling_runs_keep_the_stepped_timelines(policy: str, observed: bool) -> None:
     stepped, stepped_steps, _ = _run(policy, decode_runs=False)
-    fast, fast_steps, straddled = _run(policy, decode_runs=True)
+    fast, fast_steps, straddled = _run(policy, decode_runs=True, observed=observed)
     plain, plain_steps, _ = _run(policy, decode_runs=True, straddle=False)
     assert fast == stepped == plain
     assert straddled  # some runs ended after an arrival ...
+    assert observed or max(straddled) > 1  # (unobserved: steps before it in the run)
     assert fast_steps < plain_steps < stepped_steps  # ... and spared a decision each
 
 
