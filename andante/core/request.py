@@ -232,9 +232,15 @@ class Request:
 
     def append_output_token(self, token_id: int, now: float, *later: float) -> None:
         """Record `token_id`, emitted at `now` (and once more at each of `later`: the
-        simulator's decode runs). The one place the output grows."""
+        simulator's decode runs). With `append_output_run`, the one place the output
+        grows."""
         self._output_token_ids.append(token_id)
         self.timeline.token_times.append(now)
         if later:
-            self._output_token_ids += [token_id] * len(later)
-            self.timeline.token_times += later
+            self.append_output_run(token_id, later)
+
+    def append_output_run(self, token_id: int, times: Sequence[float]) -> None:
+        """Record `token_id` emitted once at each of `times` (a simulator run's steps,
+        its times passed as they are)."""
+        self._output_token_ids += [token_id] * len(times)
+        self.timeline.token_times += times

@@ -42,6 +42,10 @@ class Engine:
         self.num_steps = 0
 
     # ---- observing ------------------------------------------------------------------
+    @property
+    def has_observers(self) -> bool:
+        return bool(self._observers)
+
     def add_observer(self, observer: StepObserver) -> None:
         """Call `observer(output, stats)` after every step from now on."""
         self._observers.append(observer)

@@ -328,20 +328,22 @@ class Scheduler:
         self.running = [r for r in self.running if r.status == _RUNNING]
 
     def _apply_schedule(self, plan: StepPlan, batch: StepBatch, now: float) -> None:
-        block_table = self.kv.block_table
+        scheduled, num_new = plan.scheduled, plan.num_scheduled_tokens
         admitted = False
-        mark_in_flight = self._in_flight_ids.add
-        for req, n in zip(plan.scheduled, plan.num_scheduled_tokens, strict=True):
-            rid = req.request_id
-            cached = req.num_computed_tokens
+        for req in scheduled:
             if req.status in _NO_KV:
                 req.start_running(now)
                 self.running.append(req)
                 admitted = True
-                if rid in self._prefix_waiting:
+                if req.request_id in self._prefix_waiting:
                     self._count_prefix_hit(req)
-            mark_in_flight(rid)
-            batch.add(req, n, cached, cached + n == req.num_tokens, block_table(rid))
+        ids = list(map(_REQUEST_ID, scheduled))
+        self._in_flight_ids.update(ids)
+        cached = [req.num_computed_tokens for req in scheduled]
+        samples = [c + n == req.num_tokens
+                   for c, n, req in zip(cached, num_new, scheduled, strict=True)]
+        batch.add_all(scheduled, num_new, cached, samples,
+                      list(map(self.kv.block_table, ids)))
         if admitted:
             self.waiting = [r for r in self.waiting if r.status in _NO_KV]
 
@@ -366,6 +368,7 @@ class Scheduler:
         finished = False
         limit = self.max_num_tokens
         num_computed_total = num_first = 0
+        times = (now, *later)
         for req, n, token in zip(requests, num_computed, token_ids, strict=False):
             req.num_computed_tokens += n
             if req.status >= _FINISHED:  # aborted while its batch was in flight
@@ -375,9 +378,9 @@ class Scheduler:
                 continue
             if not req.timeline.token_times:  # its first token (cheaper than the output)
                 num_first += 1
-            if later:
-                req.append_output_token(token, now, *later)
-            else:  # a step (a call without unpacking is faster)
+            if later:  # a simulator run's steps
+                req.append_output_run(token, times)
+            else:
                 req.append_output_token(token, now)
             got.append(req)
             status = check_stop(req, token, limit)

@@ -41,6 +41,24 @@ class StepBatch:
         self.block_tables.append(block_table)
         self._shape.add(num_new, num_cached, samples)
 
+    def add_all(self, reqs: list[Request], num_new: list[int], num_cached: list[int],
+                samples: list[bool], block_tables: list[list[int]]) -> None:
+        """`add` for each request in turn, in one call (a whole step)."""
+        self.requests += reqs
+        self.num_new_tokens += num_new
+        self.num_cached_tokens += num_cached
+        self.samples += samples
+        self.block_tables += block_tables
+        self._shape.add_all(num_new, num_cached, samples)
+
+    @classmethod
+    def decodes(cls, reqs: list[Request], block_tables: list[list[int]]) -> StepBatch:
+        """The all-decode step of `reqs` (each advances by one token and samples)."""
+        num_cached = [req.num_computed_tokens for req in reqs]
+        n = len(reqs)
+        return cls(reqs, [1] * n, num_cached, [True] * n, block_tables,
+                   _shape=BatchShape.decodes(num_cached))
+
     @property
     def num_seqs(self) -> int:
         return len(self.requests)

@@ -82,9 +82,7 @@ class SimExecutor:
         self, batch: StepBatch, max_steps: int, time_budget: float
     ) -> list[float]:
         """See `andante.exec.base.DecodeRunExecutor`."""
-        shape = BatchShape()
-        for req in batch.requests:
-            shape.add(1, req.num_computed_tokens, True)
+        shape = BatchShape.decodes([req.num_computed_tokens for req in batch.requests])
         if self.step_sizes.capacity:
             if self.step_sizes.is_new(shape.num_tokens):
                 return []  # the first step of a new size: stepped, so `execute` charges it

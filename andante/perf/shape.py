@@ -30,6 +30,28 @@ class BatchShape:
         if c == 1 and num_cached_tokens > 0:
             self.num_decode_seqs += 1
 
+    def add_all(self, num_new_tokens: list[int], num_cached_tokens: list[int],
+                samples: list[bool]) -> None:
+        """`add` for each request in turn, in one call (a whole step). The attention
+        pairs are summed as integers: every term is one (c^2 + c is even), so while the
+        sum stays below 2^53 it equals `add`'s float sum exactly."""
+        num_new = sum(num_new_tokens)
+        self.num_seqs += len(num_new_tokens)
+        self.num_tokens += num_new
+        self.num_sampled += sum(samples)
+        self.attn_pairs += sum([p * c + (c * c + c) // 2
+                                for c, p in zip(num_new_tokens, num_cached_tokens, strict=True)])
+        self.kv_tokens_read += sum(num_cached_tokens) + num_new
+        self.num_decode_seqs += sum([c == 1 and p > 0 for c, p in
+                                     zip(num_new_tokens, num_cached_tokens, strict=True)])
+
+    @classmethod
+    def decodes(cls, num_cached_tokens: list[int]) -> BatchShape:
+        """An all-decode step: request i advances by one token past `num_cached_tokens[i]`
+        and samples (`add(1, p, True)` for each, summed as `add_all` says)."""
+        n, total = len(num_cached_tokens), sum(num_cached_tokens)
+        return cls(n, n, n, n - num_cached_tokens.count(0), float(total + n), total + n)
+
     def copy(self) -> BatchShape:
         return BatchShape(self.num_seqs, self.num_tokens, self.num_sampled,
                           self.num_decode_seqs, self.attn_pairs, self.kv_tokens_read)

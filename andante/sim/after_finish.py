@@ -43,8 +43,6 @@ def batch_after_finish(scheduler: Scheduler) -> StepBatch | None:
     batch_order = policy.decode_order(running, scheduler.kv.num_free_device_blocks)
     if batch_order is None or len(batch_order) != len(running):
         return None
-    batch = StepBatch()
     block_table = scheduler.kv.block_table
-    for req in batch_order:
-        batch.add(req, 1, req.num_computed_tokens, True, block_table(req.request_id))
-    return batch
+    return StepBatch.decodes(list(batch_order),
+                             [block_table(req.request_id) for req in batch_order])

@@ -69,9 +69,7 @@ def prefill_run_shapes(running: list[Request], chunks: list[int]) -> list[BatchS
     """Each step's shape: the decodes of `running[:-1]`, one token longer per step, and
     the chunks of `running[-1]` (exact: every attention-pair count is an integer)."""
     *decodes, prefill = running
-    base = BatchShape()
-    for req in decodes:
-        base.add(1, req.num_computed_tokens, True)
+    base = BatchShape.decodes([req.num_computed_tokens for req in decodes])
     num_decodes = len(decodes)
     cached, total = prefill.num_computed_tokens, prefill.num_tokens
     shapes: list[BatchShape] = []
@@ -108,6 +106,8 @@ def fit_prefill_blocks(scheduler: Scheduler, chunks: list[int]) -> int:
     running = scheduler.running
     free = scheduler.kv.num_free_device_blocks - scheduler.policy.decode_run_reserve_blocks
     lo, hi = 0, len(chunks)
+    if hi and _need(scheduler, running, chunks, hi) <= free:
+        return hi  # (the common case: one count)
     while lo < hi:  # the blocks needed grow with k
         mid = (lo + hi + 1) // 2
         if _need(scheduler, running, chunks, mid) <= free:

@@ -8,6 +8,10 @@ t + duration, when the STEP_DONE event applies them. Arrivals at one instant are
 delivered before an idle instance starts its next step (KICK sorts after ARRIVAL).
 Requests an instance hands back (Ascendra's offloads) go to the controller at the start
 of the step that picked them; late requests are dropped (if enabled) at step starts.
+Runs of steps applied at once (andante.sim.decode_run, prefill_run, after_finish) end
+before the next arrival, or with the step that straddles it where nothing the arrival
+does can tell the difference (`Simulator._straddles`; a run of its own where the
+engine's observers read each output's figures).
 
 Multi-model instances (QLM §5, andante.sim.tiers): a `SWAP_MODEL` replaces the engine by
 one built for the incoming model (its block pool sized for that model's KV), after the
@@ -40,6 +44,7 @@ from andante.cluster.load import LoadReport
 from andante.core.clock import ManualClock
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
+from andante.engine.policy import BasePolicy
 from andante.engine.stopping import num_tokens_before_length_stop
 from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
@@ -529,15 +534,10 @@ class Simulator(SimHooks):
         stop_at = self._next_arrival
         if inst.host.dropper is not None:
             stop_at = min(stop_at, inst.host.drop_horizon())
-        times: list[float] = []
+        self._stop_at = stop_at
         durations = executor.decode_run_durations(batch, max_steps,
                                                   min(stop_at, self._until) - now)
-        t = now
-        for duration in durations:
-            t += duration
-            if t >= stop_at or t > self._until:
-                break
-            times.append(t)
+        times = self._run_times(durations, inst)
         del times[fit_blocks(scheduler, batch, len(times)):]
         if not times:
             return False
@@ -554,14 +554,40 @@ class Simulator(SimHooks):
             return False
         return not self._hands_off
 
-    def _run_times(self, durations: list[float]) -> list[float]:
+    def _straddles(self, inst: SimInstance) -> bool:
+        """May a run hold the step that starts before the next arrival and ends after
+        it? That step is decided before the arrival, as when stepping, so it needs no
+        decision where the arrival neither reads nor changes what the run's replay does
+        (after the arrival here, at the step's start and end when stepping): one
+        instance, so no router reads its load; no late drop (`_stop_at` is the
+        arrival); and a policy whose `on_arrival` commutes with its run replays
+        (`arrivals_commute_with_runs`, or none of its own)."""
+        if len(self.instances) > 1 or inst.host.dropper is not None:
+            return False
+        policy = inst.engine.scheduler.policy
+        commutes = type(policy).on_arrival is BasePolicy.on_arrival or bool(
+            getattr(policy, "arrivals_commute_with_runs", False))
+        return commutes and self._only_arrivals_add()
+
+    def _run_times(self, durations: list[float], inst: SimInstance | None = None,
+                   ) -> list[float]:
         """The end times of the steps lasting `durations` from now that end before the
-        next arrival (or late drop, `_stop_at`) and `until`."""
+        next arrival (or late drop, `_stop_at`) and `until`, and the step that ends after
+        the arrival where `inst`'s runs may hold it (`_straddles`): the run's last step;
+        or, where the engine has observers, its only one, so that the steps before the
+        arrival are applied before it and each output's figures (its queues) are those
+        stepping shows."""
         t, stop_at, until = self.clock.now(), self._stop_at, self._until
+        straddle = inst is not None and self._straddles(inst)
+        alone = straddle and inst is not None and inst.engine.has_observers
         times: list[float] = []
         for duration in durations:
             t += duration
-            if t >= stop_at or t > until:
+            if t > until:
+                break
+            if t >= stop_at:
+                if straddle and not (alone and times):
+                    times.append(t)
                 break
             times.append(t)
         return times
@@ -581,7 +607,7 @@ class Simulator(SimHooks):
         budget = min(self._stop_at, self._until) - self.clock.now()
         shapes = prefill_run_shapes(scheduler.running, chunks)
         durations = executor.prefill_run_durations(shapes, budget)
-        times = self._run_times(durations)
+        times = self._run_times(durations, inst)
         del times[steps_within_limit(durations, scheduler.policy.run_step_limit):]
         del times[fit_prefill_blocks(scheduler, chunks[:len(times)]):]
         if not times:

@@ -104,3 +104,27 @@ def test_record_run_equals_recording_each_token(gaps: list[float], before: int,
     for name in ("n", "late", "pos"):
         assert np.array_equal(getattr(one, name)[idx], getattr(run, name)[idx])
         assert np.array_equal(getattr(one, name)[idx], getattr(few, name)[idx])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0.001, 0.5), min_size=1, max_size=40),
+       st.lists(st.floats(0.0, 3.0), min_size=12, max_size=12),
+       st.lists(st.floats(0.5, 20.0), min_size=12, max_size=12))
+def test_record_run_skips_only_rows_that_stay_ahead(gaps: list[float], firsts: list[float],
+                                                    speeds: list[float]) -> None:
+    """Rows ahead of their readers, late ones and ones turning late in the run (the
+    bound that lets `record_run` skip a row, and both ways of folding the others)."""
+    reqs = [make_request(f"r{i}", 8, 100, arrival=0.0, slo=SLO(ttft=1.0, tds=speeds[i]))
+            for i in range(12)]
+    one, run = RequestTable(), RequestTable()
+    for table in (one, run):
+        for req, first in zip(reqs, firsts, strict=True):
+            [slot] = table.indices([req])
+            table.record(np.array([slot]), first)  # first tokens early or late
+    idx = one.indices(reqs)
+    times = 3.0 + np.cumsum(gaps)
+    for t in times:
+        one.record(idx, float(t))
+    run.record_run(idx, times)
+    for name in ("n", "late", "pos"):
+        assert np.array_equal(getattr(one, name)[idx], getattr(run, name)[idx])

@@ -23,7 +23,9 @@ from andante.policies.andes.qoe_scalar import SMALL_STREAMS, qoe_wait_served_sma
 
 #: Lateness of "no token yet": far below any real lateness, finite for the arithmetic.
 NO_LATENESS = -1e9
-_FIELDS = ("start", "inv", "n", "late", "pos", "prompt")
+_FIELDS = ("start", "inv", "n", "late", "pos", "prompt")  # `RequestTable.state` rows
+_INV, _N, _LATE, _POS = 1, 2, 3, 4
+_FEW_TERMS = 64  # `record_run` folds up to this many late tokens in plain Python
 
 
 class RequestTable:
@@ -36,20 +38,26 @@ class RequestTable:
         self._init_arrays(max(1, capacity))
 
     def _init_arrays(self, capacity: int) -> None:
-        self.start = np.zeros(capacity)  # arrival + TTFT target (s)
-        self.inv = np.ones(capacity)  # 1 / reading speed (s per token)
-        self.n = np.zeros(capacity)  # tokens delivered
-        self.late = np.full(capacity, NO_LATENESS)  # lateness of the last token (s)
-        self.pos = np.zeros(capacity)  # sum of positive lateness (s)
-        self.prompt = np.zeros(capacity)  # prompt tokens
+        # one row per field (`_FIELDS`), so that a decision or a run's replay gathers
+        # every field of its requests in one indexing operation (`state[:, idx]`)
+        self.state = np.zeros((len(_FIELDS), capacity))
+        self.state[_INV] = 1.0
+        self.state[_LATE] = NO_LATENESS
+        self._bind_rows()
+
+    def _bind_rows(self) -> None:
+        """The fields as views of `state`'s rows."""
+        (self.start,  # arrival + TTFT target (s)
+         self.inv,  # 1 / reading speed (s per token)
+         self.n,  # tokens delivered
+         self.late,  # lateness of the last token (s)
+         self.pos,  # sum of positive lateness (s)
+         self.prompt) = self.state  # prompt tokens
 
     def _grow(self) -> None:
-        capacity = 2 * len(self.start)
-        for name in _FIELDS:
-            old = getattr(self, name)
-            new = np.zeros(capacity) if name != "late" else np.full(capacity, NO_LATENESS)
-            new[: len(old)] = old
-            setattr(self, name, new)
+        old = self.state
+        self._init_arrays(2 * old.shape[1])
+        self.state[:, : old.shape[1]] = old
 
     def add(self, req: Request) -> int:
         """Track `req` (idempotent); replays tokens it already has."""
@@ -97,37 +105,36 @@ class RequestTable:
 
     def record(self, idx: np.ndarray, now: float) -> None:
         """One new token at `now` for each slot of `idx` (distinct slots)."""
-        n = self.n[idx]
-        late = np.maximum(self.late[idx], now - n * self.inv[idx] - self.start[idx])
-        self.late[idx] = late
-        self.pos[idx] += np.maximum(late, 0.0)
-        self.n[idx] = n + 1.0
+        start, inv, *_ = state = self.state.take(idx, axis=1)  # (a copy: one gather)
+        n, late, pos = state[_N:_POS + 1]
+        np.maximum(late, now - n * inv - start, out=late)
+        pos += np.maximum(late, 0.0)
+        n += 1.0
+        self.state[_N:_POS + 1, idx] = state[_N:_POS + 1]
 
     def record_run(self, idx: np.ndarray, times: np.ndarray) -> None:
         """One new token at each of `times` (increasing) for each slot of `idx`: what
         `record` once per time does, bit for bit (a simulator decode run). Lateness is
         a running maximum, and Σ ℓ⁺ grows only where it is positive (a stream ahead
-        of its reader adds 0.0 per token), so only those rows are summed step by step."""
+        of its reader adds 0.0 per token), so only those rows are summed step by step.
+        No token of the run is later than `bound` (the last time taken as the first
+        token's; rounding is monotone), so a row whose lateness is at least that and
+        not positive only counts its tokens: most rows, while streams are ahead of
+        their readers."""
         k = len(times)
-        if k <= 2:  # (fewer array operations)
-            for now in times:
-                self.record(idx, float(now))
-            return
-        n = self.n[idx]
-        late = self.late[idx]
-        steps = n[:, None] + np.arange(k, dtype=float)
-        gap = np.asarray(times, dtype=float) - steps * self.inv[idx][:, None] \
-            - self.start[idx][:, None]  # (now - n·inv) - start, as `record`
-        end = np.maximum(late, gap.max(axis=1))
-        self.late[idx] = end
-        self.n[idx] = n + float(k)
-        rows = np.flatnonzero(end > 0.0)
+        start, inv, n, late, _, _ = self.state.take(idx, axis=1)  # (one gather)
+        times = np.asarray(times, dtype=float)
+        bound = times[-1] - n * inv - start
+        rows = ((bound > late) | (late > 0.0)).nonzero()[0]
         if len(rows):
-            running = np.maximum(np.maximum.accumulate(gap[rows], axis=1), late[rows, None])
-            terms = np.empty((len(rows), k + 1))
-            terms[:, 0] = self.pos[idx[rows]]
-            np.maximum(running, 0.0, out=terms[:, 1:])
-            self.pos[idx[rows]] = np.cumsum(terms, axis=1)[:, -1]  # sequential, as `record`
+            slots = idx[rows]
+            state = self.state.take(slots, axis=1)
+            if len(rows) * k <= _FEW_TERMS:
+                _fold_late_few(state, times.tolist())
+            else:
+                _fold_late(state, times)
+            self.state[_LATE:_POS + 1, slots] = state[_LATE:_POS + 1]
+        self.state[_N, idx] = n + float(k)
 
     def record_few(self, slots: Sequence[int], times: Sequence[float]) -> None:
         """`record_run` in plain Python floats, the same operations in the same order
@@ -151,9 +158,42 @@ class RequestTable:
 
     def buffered(self, idx: np.ndarray, now: float) -> np.ndarray:
         """Seconds of text the reader still has in its pacer buffer at `now` (>= 0)."""
-        n = self.n[idx]
-        dry = self.start[idx] + (n - 1.0) * self.inv[idx] + self.late[idx]
-        return np.where(n > 0, np.maximum(dry - now, 0.0), 0.0)
+        start, inv, n, late, _, _ = self.state.take(idx, axis=1)  # (one gather)
+        return _buffered(start, inv, n, late, now)
+
+
+def _buffered(start: np.ndarray, inv: np.ndarray, n: np.ndarray, late: np.ndarray,
+              now: float) -> np.ndarray:
+    """`RequestTable.buffered` of streams with these fields."""
+    dry = start + (n - 1.0) * inv + late
+    return np.where(n > 0, np.maximum(dry - now, 0.0), 0.0)
+
+
+def _fold_late(state: np.ndarray, times: np.ndarray) -> None:
+    """`record_run`'s lateness and Σ ℓ⁺ of the gathered `state`'s requests."""
+    start, inv, n, late, pos, _ = state
+    steps = n[:, None] + np.arange(len(times), dtype=float)
+    gap = times - steps * inv[:, None] - start[:, None]  # (now - n·inv) - start
+    end = np.maximum(late, gap.max(axis=1))
+    positive = (end > 0.0).nonzero()[0]
+    if len(positive):
+        running = np.maximum(np.maximum.accumulate(gap[positive], axis=1),
+                             late[positive, None])
+        terms = np.empty((len(positive), len(times) + 1))
+        terms[:, 0] = pos[positive]
+        np.maximum(running, 0.0, out=terms[:, 1:])
+        pos[positive] = np.cumsum(terms, axis=1)[:, -1]  # sequential, as `record`
+    state[_LATE] = end
+
+
+def _fold_late_few(state: np.ndarray, times: list[float]) -> None:
+    """`_fold_late` in plain Python floats (`record_few`'s arithmetic, bit-identical)."""
+    for column, (start, inv, n, late, pos, _) in enumerate(state.T.tolist()):
+        for now in times:
+            late = max(late, now - n * inv - start)
+            pos += max(late, 0.0)
+            n += 1.0
+        state[_LATE, column], state[_POS, column] = late, pos
 
 
 # Design note (Andes §4.1, Fig. 7). Q_serve,i(B) is request i's QoE at t = now + Δt if
@@ -190,8 +230,12 @@ class Streams:
 
     @classmethod
     def take(cls, table: RequestTable, idx: np.ndarray) -> Streams:
-        return cls(table.start[idx], table.inv[idx], table.n[idx], table.late[idx],
-                   table.pos[idx])
+        return cls(*table.state.take(idx, axis=1)[:_POS + 1])  # (one gather)
+
+    def buffered(self, now: float, stop: int) -> np.ndarray:
+        """`RequestTable.buffered` of the first `stop` streams (no gather)."""
+        return _buffered(self.start[:stop], self.inv[:stop], self.n[:stop],
+                         self.late[:stop], now)
 
     def select(self, positions: np.ndarray) -> Streams:
         return Streams(self.start[positions], self.inv[positions], self.n[positions],

@@ -286,7 +286,7 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         scores are computed only where they decide something: a lone queued request
         is first whatever its score, unless the refiner weighs it)."""
         now, nr = plan.now, view.num_running
-        buffered = self.table.buffered(view.idx[:nr], now)
+        buffered = view.streams.buffered(now, nr)
         by_need = np.argsort(buffered, kind="stable")  # emptiest buffers first
         decision = Decision(decode_order=[view.reqs[i] for i in by_need])
         if len(view) == nr or self._admits_nobody(plan, view, buffered):

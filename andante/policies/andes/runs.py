@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,8 +40,16 @@ if TYPE_CHECKING:
     from andante.policies.andes.policy import AndesStats
 
 
+_NUM_COMPUTED = attrgetter("num_computed_tokens")
+
+
 class RunReplay:
     """The run declarations and replays of `AndesPolicy` (see the module note)."""
+
+    #: `on_arrival` only gives the new request a table slot of its own, which no run's
+    #: replay reads or writes (and a run's only finishes are at its end), so a run may
+    #: end with the step that straddles an arrival (andante.sim.simulator `_straddles`).
+    arrivals_commute_with_runs = True
 
     if TYPE_CHECKING:  # the policy's state these hooks share (policy.py)
         ctx: PolicyContext
@@ -128,7 +137,7 @@ class RunReplay:
             return
         self._record_run(reqs, times)
         # each request holds its tokens at the run's end less one per step of the run
-        context = sum(r.num_computed_tokens for r in reqs) - len(reqs) * len(times)
+        context = sum(map(_NUM_COMPUTED, reqs)) - len(reqs) * len(times)
         self._prefilling = False  # (a run that follows a prefill, andante.sim.after_finish)
         self._replay_schedules(self.latency.observe_run(times, len(reqs), context))
 
@@ -145,7 +154,7 @@ class RunReplay:
         if token_times and token_times[-1] == times[-1]:  # the prompt's first token
             self._record_run([prefill], times[-1:])
         num_dec, steps = len(decodes), len(chunks)
-        context = sum(r.num_computed_tokens for r in decodes) - num_dec * steps
+        context = sum(map(_NUM_COMPUTED, decodes)) - num_dec * steps
         cached = prefill.num_computed_tokens - sum(chunks)
         latency, before = self.latency, []
         for chunk, now in zip(chunks, times, strict=True):

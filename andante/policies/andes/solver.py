@@ -53,13 +53,17 @@ class View:
         kind = np.full(len(reqs), WAITING, dtype=np.int8)
         kind[:nr] = RUNNING
         kind[nr + nw:] = SWAPPED
-        tokens = table.prompt[idx] + table.n[idx]
+        *fields, prompt = table.state.take(idx, axis=1)  # (one gather)
+        streams = Streams(*fields)
+        tokens = prompt + streams.n
         weight = np.ceil((tokens + 1.0) / plan.block_size)
         base = np.zeros(len(reqs))
-        base[nr:nr + nw] = latency.prefill_time(tokens[nr:nr + nw])
-        base[nr + nw:] = latency.swap_time(tokens[nr + nw:])
+        if nw:
+            base[nr:nr + nw] = latency.prefill_time(tokens[nr:nr + nw])
+        if len(reqs) > nr + nw:
+            base[nr + nw:] = latency.swap_time(tokens[nr + nw:])
         step = (kind != WAITING).astype(float)
-        return cls(reqs, nr, idx, Streams.take(table, idx), kind, weight, base, step)
+        return cls(reqs, nr, idx, streams, kind, weight, base, step)
 
     def __len__(self) -> int:
         return len(self.reqs)
