@@ -30,6 +30,20 @@ def shape_with(shape: BatchShape, num_new: int, num_cached: int, samples: bool,
     return out
 
 
+def decode_shape(decodes: Sequence[Request], steps_back: int = 0) -> BatchShape:
+    """The shape of one decode token of each of `decodes`, each `steps_back` tokens
+    shorter than now: what `BatchShape.add(1, cached, True)` for each sums to, exactly
+    (its attention-pair sum is integral)."""
+    num = len(decodes)
+    cached = sum(r.num_computed_tokens for r in decodes) - steps_back * num
+    past_prompt = num if steps_back == 0 and all(
+        r.num_computed_tokens for r in decodes) else sum(
+        1 for r in decodes if r.num_computed_tokens > steps_back)
+    return BatchShape(num_seqs=num, num_tokens=num, num_sampled=num,
+                      num_decode_seqs=past_prompt, attn_pairs=float(cached + num),
+                      kv_tokens_read=cached + num)
+
+
 class MeanMeter:
     """Running mean of observed values (`default` before the first)."""
 
@@ -69,10 +83,7 @@ class AscendraBase(BasePolicy):
 
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
         """Feed the performance model each step of the run, as stepping would have."""
-        k = len(durations)
-        shape = BatchShape()
-        for req in batch.requests:
-            shape.add(1, req.num_computed_tokens - k, True)
+        shape = decode_shape(batch.requests, steps_back=len(durations))
         self.perf_model.observe_decode_run(shape, durations)
 
     def ttft_of(self, req: Request) -> float:

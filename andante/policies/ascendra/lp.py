@@ -25,7 +25,7 @@ from andante.core.request import Request, RequestStatus
 from andante.engine.plan import StepPlan
 from andante.engine.policy import PolicyContext
 from andante.perf.shape import BatchShape
-from andante.policies.ascendra.common import AscendraBase, shape_with
+from andante.policies.ascendra.common import AscendraBase, decode_shape, shape_with
 from andante.policies.ascendra.options import LPOptions
 from andante.policies.ascendra.values import value_function
 from andante.policies.phases import advance_with_preemption
@@ -33,6 +33,11 @@ from andante.policies.phases import advance_with_preemption
 
 def _decode_tokens(req: Request) -> int:
     return 1 if req.num_uncomputed_tokens == 1 else 0
+
+
+def _all_past_prompt(decodes: list[Request]) -> bool:
+    """Does every decode count as one (`BatchShape.num_decode_seqs`)?"""
+    return all(r.num_computed_tokens for r in decodes)
 
 
 class AscendraLPPolicy(AscendraBase):
@@ -89,23 +94,28 @@ class AscendraLPPolicy(AscendraBase):
     def schedule(self, plan: StepPlan) -> None:
         opts = self.options
         plan.restrict_token_budget(opts.token_budget)
-        advance_with_preemption(plan, plan.running, _decode_tokens)
-        shape = BatchShape()
-        for req, n in zip(plan.scheduled, plan.num_scheduled_tokens, strict=True):
-            shape.add(n, req.num_computed_tokens, True)
-        budget = self._step_budget(plan.scheduled) if shape.num_tokens else math.inf
-        for req in plan.running:
-            if req.num_uncomputed_tokens > 1 and not plan.is_preempted(req):
-                self._pack(plan, req, shape, budget, chunk=True)
-        fresh = [r for r in plan.waiting if not r.output_token_ids]
-        resumed = [r for r in plan.waiting if r.output_token_ids]
+        running, waiting = plan.running, plan.waiting
+        advance_with_preemption(plan, running, _decode_tokens)
+        decodes = plan.scheduled  # (one token each)
+        all_decode = len(decodes) == len(running) and not plan.preemptions
+        if all_decode and not waiting:  # nothing to pack: the common decode step
+            self.stationary = not plan.swapped and _all_past_prompt(decodes)
+            return
+        shape = decode_shape(decodes)
+        budget = self._step_budget(decodes) if decodes else math.inf
+        if not all_decode:
+            for req in running:
+                if req.num_uncomputed_tokens > 1 and not plan.is_preempted(req):
+                    self._pack(plan, req, shape, budget, chunk=True)
+        fresh = [r for r in waiting if not r.output_token_ids]
+        resumed = [r for r in waiting if r.output_token_ids]
         for req in [*resumed, *self._by_value(fresh, plan.now)]:
             if not self._pack(plan, req, shape, budget, chunk=opts.chunk):
                 break
         if opts.offload:
             self._pick_offloads(plan, fresh)
-        self.stationary = not (plan.waiting or plan.swapped or plan.preemptions) and len(
-            plan.scheduled) == len(plan.running) and shape.num_decode_seqs == shape.num_seqs
+        self.stationary = not (waiting or plan.swapped or plan.preemptions) and len(
+            plan.scheduled) == len(running) and shape.num_decode_seqs == shape.num_seqs
 
     def _step_budget(self, decodes: list[Request]) -> float:
         """C: what the decodes' TBT allows (an explicit `step_budget` wins)."""
