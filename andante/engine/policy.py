@@ -55,7 +55,10 @@ class Policy(Protocol):
     the budget is spent, whatever waits; with nothing waiting after that), so that
     the simulator may apply runs of chunked-prefill steps at once
     (andante.sim.prefill_run); such a run calls `on_prefill_run` instead of
-    `on_step_end` per step.
+    `on_step_end` per step. A policy whose chunks are not "the budget left" (Ascendra's
+    LP instance caps them by predicted step time) gives them itself through
+    `prefill_run_chunks` (None: the budget's), the run then ending before
+    `prefill_run_until` (a time its decisions may change at).
     A `decode_budget` > 0 says that, with nothing waiting or swapped and every
     running request decoding, its step advances them all, in the order
     `decode_order(running, num_free_blocks)` gives (None if unsure), when they number
@@ -66,6 +69,7 @@ class Policy(Protocol):
     stationary: bool
     decode_run_reserve_blocks: int
     run_step_limit: float
+    prefill_run_until: float
     chunks_prefill: bool
 
     def schedule(self, plan: StepPlan) -> None: ...
@@ -79,10 +83,14 @@ class Policy(Protocol):
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None: ...
 
     def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
-                       times: Sequence[float]) -> None: ...
+                       times: Sequence[float], durations: Sequence[float] = ()) -> None: ...
 
     @property
     def prefill_run_budget(self) -> int: ...
+
+    def prefill_run_chunks(self, running: Sequence[Request], waiting: Sequence[Request],
+                           swapped: Sequence[Request],
+                           num_free_blocks: int) -> list[int] | None: ...
 
     @property
     def decode_budget(self) -> int: ...
@@ -108,6 +116,7 @@ class BasePolicy:
     stationary = False  # see Policy
     decode_run_reserve_blocks = 0  # see Policy
     run_step_limit = math.inf  # see Policy
+    prefill_run_until = math.inf  # see Policy
     chunks_prefill = False  # see Policy
 
     def __init__(self, ctx: PolicyContext) -> None:
@@ -142,15 +151,25 @@ class BasePolicy:
         return None
 
     def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
-                       times: Sequence[float]) -> None:
+                       times: Sequence[float], durations: Sequence[float] = ()) -> None:
         """The steps following `batch` prefilled `chunks` of its last request beside
-        the others' decodes and ended at `times` (their tokens are recorded)."""
+        the others' decodes, lasted `durations` and ended at `times` (their tokens are
+        recorded)."""
         return None
 
     @property
     def prefill_run_budget(self) -> int:
         """0: no chunked-prefill runs (see Policy)."""
         return 0
+
+    def prefill_run_chunks(self, running: Sequence[Request], waiting: Sequence[Request],
+                           swapped: Sequence[Request],
+                           num_free_blocks: int) -> list[int] | None:
+        """The chunks of `running[-1]`'s prompt in the steps certain to follow, each
+        beside a decode token of every other running request ([]: none is certain), the
+        run ending before `prefill_run_until`; None: each chunk is the
+        `prefill_run_budget` left (see Policy)."""
+        return None
 
     @property
     def decode_budget(self) -> int:

@@ -335,7 +335,7 @@ class SimInstance(LaterOperations):
         if chunks:
             got = record_prefill_run(engine.scheduler, engine.scheduler.running, chunks,
                                      token_id, times)
-            engine.scheduler.policy.on_prefill_run(batch, chunks, times)
+            engine.scheduler.policy.on_prefill_run(batch, chunks, times, durations)
         else:
             got = engine.scheduler.record_tokens(requests, repeat(len(times)),
                                                  repeat(token_id), *times)
@@ -575,7 +575,7 @@ class Simulator(SimHooks):
         chunks = prefill_run_chunks(scheduler, batch)
         if not chunks:
             return False
-        self._stop_at = self._next_arrival
+        self._stop_at = min(self._next_arrival, scheduler.policy.prefill_run_until)
         if inst.host.dropper is not None:
             self._stop_at = min(self._stop_at, inst.host.drop_horizon())
         budget = min(self._stop_at, self._until) - self.clock.now()

@@ -28,6 +28,7 @@ from andante.perf.shape import BatchShape
 from andante.policies.ascendra.common import AscendraBase, decode_shape, shape_with
 from andante.policies.ascendra.options import LPOptions
 from andante.policies.ascendra.values import value_function
+from andante.policies.ascendra.prefill_runs import PrefillRuns
 from andante.policies.phases import advance_with_preemption
 
 
@@ -40,7 +41,7 @@ def _all_past_prompt(decodes: list[Request]) -> bool:
     return all(r.num_computed_tokens for r in decodes)
 
 
-class AscendraLPPolicy(AscendraBase):
+class AscendraLPPolicy(PrefillRuns, AscendraBase):
     name = "ascendra-lp"
     Options = LPOptions
 
@@ -142,7 +143,8 @@ class AscendraLPPolicy(AscendraBase):
         ):
             return False
         whole = req.num_uncomputed_tokens
-        n = self._fit_time(shape, req, plan.max_schedulable_tokens(req), budget)
+        n = self._fit_time(shape, req.num_computed_tokens, whole,
+                           plan.max_schedulable_tokens(req), budget)
         if n == whole:
             self._add(plan, req, n, shape)
             return True
@@ -150,11 +152,12 @@ class AscendraLPPolicy(AscendraBase):
             self._add(plan, req, n, shape)
         return False
 
-    def _fit_time(self, shape: BatchShape, req: Request, limit: int, budget: float) -> int:
-        """The largest n <= limit whose step stays within `budget` (predicted)."""
+    def _fit_time(self, shape: BatchShape, cached: int, whole: int, limit: int,
+                  budget: float) -> int:
+        """The largest n <= limit whose step stays within `budget` (predicted) when a
+        request with `cached` tokens computed and `whole` left joins `shape` by n."""
         if limit <= 0 or budget == math.inf:
             return max(0, limit)
-        cached, whole = req.num_computed_tokens, req.num_uncomputed_tokens
         predict, scratch = self.perf_model.predict, BatchShape()
 
         def fits(n: int) -> bool:

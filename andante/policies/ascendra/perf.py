@@ -17,6 +17,7 @@ the uncalibrated CPU profile.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 
@@ -50,6 +51,12 @@ class OnlinePerfModel:
     def error(self) -> float | None:
         """Mean absolute relative prediction error over the recent steps (None: none yet)."""
         return self._error_sum / len(self._errors) if self._errors else None
+
+    @property
+    def steps_before_refit(self) -> float:
+        """Steps `observe` records before one may refit (the model holds until then);
+        inf without refits."""
+        return self.refit_every - self._since_fit if self.refit_every else math.inf
 
     @property
     def num_samples(self) -> int:
