@@ -89,8 +89,7 @@ class Policy(Protocol):
     def prefill_run_budget(self) -> int: ...
 
     def prefill_run_chunks(self, running: Sequence[Request], waiting: Sequence[Request],
-                           swapped: Sequence[Request],
-                           num_free_blocks: int) -> list[int] | None: ...
+                           swapped: Sequence[Request]) -> list[int] | None: ...
 
     @property
     def decode_budget(self) -> int: ...
@@ -163,8 +162,7 @@ class BasePolicy:
         return 0
 
     def prefill_run_chunks(self, running: Sequence[Request], waiting: Sequence[Request],
-                           swapped: Sequence[Request],
-                           num_free_blocks: int) -> list[int] | None:
+                           swapped: Sequence[Request]) -> list[int] | None:
         """The chunks of `running[-1]`'s prompt in the steps certain to follow, each
         beside a decode token of every other running request ([]: none is certain), the
         run ending before `prefill_run_until`; None: each chunk is the

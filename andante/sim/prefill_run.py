@@ -55,7 +55,7 @@ def prefill_run_chunks(scheduler: Scheduler, batch: StepBatch) -> list[int]:
     if any(r.status != _RUNNING or r.num_uncomputed_tokens != 1 for r in decodes):
         return []
     chunks = scheduler.policy.prefill_run_chunks(  # (None: the budget's)
-        running, scheduler.waiting, scheduler.swapped, scheduler.kv.num_free_device_blocks)
+        running, scheduler.waiting, scheduler.swapped)
     if chunks is None:
         num_full = (left - 1) // chunk  # steps that leave some of the prompt
         chunks = [chunk] * num_full

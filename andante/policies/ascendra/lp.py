@@ -20,6 +20,7 @@ simulator's decode runs feed the performance model through `on_decode_run`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from andante.core.request import Request, RequestStatus
 from andante.engine.plan import StepPlan
@@ -28,12 +29,43 @@ from andante.perf.shape import BatchShape
 from andante.policies.ascendra.common import AscendraBase, decode_shape, shape_with
 from andante.policies.ascendra.options import LPOptions
 from andante.policies.ascendra.values import value_function
-from andante.policies.ascendra.prefill_runs import PrefillRuns
+from andante.policies.ascendra.prefill_runs import PrefillRuns, time_grows_with_tokens
 from andante.policies.phases import advance_with_preemption
+
+
+_SECANT_STEPS = 6  # then `largest_within` halves its bracket
 
 
 def _decode_tokens(req: Request) -> int:
     return 1 if req.num_uncomputed_tokens == 1 else 0
+
+
+def largest_within(time_of: Callable[[int], float], limit: int, budget: float,
+                   t_limit: float) -> int:
+    """The largest n in [1, limit) with time_of(n) <= budget (0 if none), for a
+    non-decreasing `time_of` (t_limit = time_of(limit) > budget): the bisection's answer,
+    found by secant steps through the last two points probed, kept inside the bracket
+    (halving after `_SECANT_STEPS` of them)."""
+    t_one = time_of(1) if limit > 1 else t_limit
+    if t_one > budget:
+        return 0
+    lo, hi = 1, limit  # fits at lo, not at hi
+    (a, t_a), (b, t_b) = (1, t_one), (limit, t_limit)
+    steps = 0
+    while hi - lo > 1:
+        guess = (lo + hi + 1) // 2
+        if steps < _SECANT_STEPS and t_b != t_a:
+            x = b + (budget - t_b) * (b - a) / (t_b - t_a)
+            if math.isfinite(x):
+                guess = min(max(math.floor(x), lo + 1), hi - 1)
+        steps += 1
+        t = time_of(guess)
+        if t <= budget:
+            lo = guess
+        else:
+            hi = guess
+        (a, t_a), (b, t_b) = (b, t_b), (guess, t)
+    return lo
 
 
 def _all_past_prompt(decodes: list[Request]) -> bool:
@@ -51,6 +83,7 @@ class AscendraLPPolicy(PrefillRuns, AscendraBase):
         self._value = value_function(self.options.value)
         self._prefill: dict[str, tuple[int, float]] = {}  # id -> (model version, seconds)
         self._full_batch = (-1, 0.0)
+        self._grows = (-1, False)  # (model version, time_grows_with_tokens)
         self._handoffs: list[str] = []
         self._handed: set[str] = set()  # offloaded once: never again
         self.stationary = False  # see the design note
@@ -155,24 +188,35 @@ class AscendraLPPolicy(PrefillRuns, AscendraBase):
     def _fit_time(self, shape: BatchShape, cached: int, whole: int, limit: int,
                   budget: float) -> int:
         """The largest n <= limit whose step stays within `budget` (predicted) when a
-        request with `cached` tokens computed and `whole` left joins `shape` by n."""
+        request with `cached` tokens computed and `whole` left joins `shape` by n (as
+        Algorithm 1's bisection finds it: 0 if none)."""
         if limit <= 0 or budget == math.inf:
             return max(0, limit)
         predict, scratch = self.perf_model.predict, BatchShape()
 
-        def fits(n: int) -> bool:
-            return predict(shape_with(shape, n, cached, n == whole, scratch)) <= budget
+        def time_of(n: int) -> float:
+            return predict(shape_with(shape, n, cached, n == whole, scratch))
 
-        if fits(limit):
+        t_limit = time_of(limit)
+        if t_limit <= budget:
             return limit
+        if self._time_grows():
+            return largest_within(time_of, limit, budget, t_limit)
         lo, hi = 0, limit - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if fits(mid):
+            if time_of(mid) <= budget:
                 lo = mid
             else:
                 hi = mid - 1
         return lo
+
+    def _time_grows(self) -> bool:
+        """Does the model's step time never fall as a chunk grows (per model version)?"""
+        version = self.perf_model.version
+        if self._grows[0] != version:
+            self._grows = (version, time_grows_with_tokens(self))
+        return self._grows[1]
 
     @staticmethod
     def _add(plan: StepPlan, req: Request, n: int, shape: BatchShape) -> None:

@@ -13,8 +13,8 @@ The chunks are only computed where the result is certainly the steps' own:
 - the performance model holds (no refit check before the last step: `steps_before_refit`)
   and its step time only grows with a chunk (no serial regime, no negative coefficient),
   so the chunk found is the one the step's search finds whatever caps its range;
-- the free blocks cover the rest of the prompt besides the decodes' growth (KV never caps
-  a chunk, whose search would then run over another range);
+- (the free blocks need no check here: the simulator keeps only the steps whose blocks
+  are free, andante.sim.prefill_run, so KV never caps a step's range below its chunk);
 - requests wait only if each, at every step, would be refused even its smallest allowed
   chunk (`min_chunk`, or its whole prompt) within C after the prompt's chunk (then none is
   admitted whatever their order), none is swapped, none may change its prefix-cache hit,
@@ -38,19 +38,6 @@ if TYPE_CHECKING:
     from andante.policies.ascendra.lp import AscendraLPPolicy
 
 MAX_WAITING = 16  # more waiting requests: the steps are scheduled one by one
-
-
-def steps_left(policy: AscendraLPPolicy, num_decodes: int, num_free_blocks: int,
-               left: int) -> int:
-    """How many steps of a prefill run the model and the free blocks allow."""
-    steps = min(left, policy.perf_model.steps_before_refit)
-    block_size = policy.ctx.config.block_size
-    # each decode takes at most ceil(steps / block_size) blocks; the prompt's rest needs
-    # what its tokens fill, besides the blocks it holds
-    while steps > 0 and (num_free_blocks - num_decodes * -(-steps // block_size) - 1
-                         ) * block_size < left:
-        steps //= 2
-    return int(steps)
 
 
 def time_grows_with_tokens(policy: AscendraLPPolicy) -> bool:
@@ -105,8 +92,8 @@ class PrefillRuns:
         return self.decode_budget
 
     def prefill_run_chunks(self: AscendraLPPolicy, running: Sequence[Request],
-                           waiting: Sequence[Request], swapped: Sequence[Request],
-                           num_free_blocks: int) -> list[int]:
+                           waiting: Sequence[Request],
+                           swapped: Sequence[Request]) -> list[int]:
         """The chunks of `running[-1]`'s prompt in the steps certain to follow ([]:
         none), the others decoding; see the module note."""
         self.prefill_run_until = math.inf
@@ -122,7 +109,7 @@ class PrefillRuns:
         cached, left = prefill.num_computed_tokens, prefill.num_uncomputed_tokens
         min_chunk, scratch = self.options.min_chunk, BatchShape()
         chunks: list[int] = []
-        for _ in range(steps_left(self, len(decodes), num_free_blocks, left)):
+        for _ in range(min(left, self.perf_model.steps_before_refit)):
             n = self._fit_time(shape, cached, left, min(left, token_limit), budget)
             if n != left and n < min(min_chunk, left):
                 break  # (the step would not prefill)
