@@ -86,7 +86,7 @@ def test_a_model_whose_time_may_fall_gives_no_chunks() -> None:
         eng = build_engine(executor, ManualClock(), "ascendra-lp",
                            SchedulerConfig(max_num_seqs=128), None)
         policy = eng.scheduler.policy
-        assert time_grows_with_tokens(policy) == bool(expected)
+        assert time_grows_with_tokens(policy.perf_model.cost_model) == bool(expected)
         assert policy.prefill_run_chunks([chunked], [], []) == expected
         assert policy.prefill_run_chunks([chunked], [], [request("s", 10)]) == []
 

@@ -28,10 +28,9 @@ from andante.engine.policy import PolicyContext
 from andante.perf.shape import BatchShape
 from andante.policies.ascendra.common import AscendraBase, decode_shape, shape_with
 from andante.policies.ascendra.options import LPOptions
-from andante.policies.ascendra.values import value_function
 from andante.policies.ascendra.prefill_runs import PrefillRuns, time_grows_with_tokens
+from andante.policies.ascendra.values import value_function
 from andante.policies.phases import advance_with_preemption
-
 
 _SECANT_STEPS = 6  # then `largest_within` halves its bracket
 
@@ -215,7 +214,7 @@ class AscendraLPPolicy(PrefillRuns, AscendraBase):
         """Does the model's step time never fall as a chunk grows (per model version)?"""
         version = self.perf_model.version
         if self._grows[0] != version:
-            self._grows = (version, time_grows_with_tokens(self))
+            self._grows = (version, time_grows_with_tokens(self.perf_model.cost_model))
         return self._grows[1]
 
     @staticmethod

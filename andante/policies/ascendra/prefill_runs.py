@@ -25,39 +25,40 @@ The chunks are only computed where the result is certainly the steps' own:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from andante.core.request import Request
 from andante.exec.batch import StepBatch
 from andante.kv.prefix_cache import is_hashable
+from andante.perf.cost_model import CostModel
 from andante.perf.shape import BatchShape
 from andante.policies.ascendra.common import decode_shape, shape_with
 
 if TYPE_CHECKING:
-    from andante.policies.ascendra.lp import AscendraLPPolicy
+    from andante.engine.policy import PolicyContext
+    from andante.policies.ascendra.options import LPOptions
+    from andante.policies.ascendra.perf import OnlinePerfModel
 
 MAX_WAITING = 16  # more waiting requests: the steps are scheduled one by one
 
 
-def time_grows_with_tokens(policy: AscendraLPPolicy) -> bool:
+def time_grows_with_tokens(model: CostModel) -> bool:
     """Is the model's step time non-decreasing in a chunk's tokens (and with sampling)?"""
-    model = policy.perf_model.cost_model
     coefficients = model.coefficients
     return model.hardware.serial_below_tokens is None and coefficients.c6 >= 0 and all(
         c >= 0 for c in coefficients.as_tuple()[:4])
 
 
-def at_risk_from(policy: AscendraLPPolicy, req: Request, now: float) -> float:
-    """The first instant (a float) from which `policy.at_risk(req, t)` holds."""
-    t = req.arrival_time + (policy.ttft_of(req) - policy.prefill_time(req)
-                            - policy.full_batch_time())
-    if not math.isfinite(t):
-        return math.inf if t > 0 else now
-    t = max(t, now)
-    while not policy.at_risk(req, t):  # at_risk only turns True as time passes
+def first_at_risk(at_risk: Callable[[float], bool], estimate: float, now: float) -> float:
+    """The first instant t >= now (a float) from which `at_risk(t)` holds, which only
+    turns True as time passes; `estimate`: about there."""
+    if not math.isfinite(estimate):
+        return math.inf if estimate > 0 else now
+    t = max(estimate, now)
+    while not at_risk(t):
         t = math.nextafter(t, math.inf)
-    while t > now and policy.at_risk(req, math.nextafter(t, -math.inf)):
+    while t > now and at_risk(math.nextafter(t, -math.inf)):
         t = math.nextafter(t, -math.inf)
     return t
 
@@ -65,9 +66,9 @@ def at_risk_from(policy: AscendraLPPolicy, req: Request, now: float) -> float:
 class WaitingCheck:
     """Would every waiting request be refused beside a step's shape? (See the note.)"""
 
-    def __init__(self, policy: AscendraLPPolicy, waiting: Sequence[Request]) -> None:
-        min_chunk = policy.options.min_chunk
-        self.predict = policy.perf_model.predict
+    def __init__(self, predict: Callable[[BatchShape], float], min_chunk: int,
+                 waiting: Sequence[Request]) -> None:
+        self.predict = predict
         self.smallest = [(r.num_computed_tokens, min(min_chunk, r.num_uncomputed_tokens),
                           r.num_uncomputed_tokens) for r in waiting]
         self.scratch = BatchShape()
@@ -86,20 +87,45 @@ class PrefillRuns:
 
     prefill_run_until = math.inf  # the last `prefill_run_chunks`' horizon
 
+    if TYPE_CHECKING:  # the policy's state these hooks share (lp.py, common.py)
+        ctx: PolicyContext
+        options: LPOptions
+        perf_model: OnlinePerfModel
+        _handed: set[str]
+
+        @property
+        def now(self) -> float: ...
+
+        @property
+        def decode_budget(self) -> int: ...
+
+        def _step_budget(self, decodes: list[Request]) -> float: ...
+
+        def _fit_time(self, shape: BatchShape, cached: int, whole: int, limit: int,
+                      budget: float) -> int: ...
+
+        def ttft_of(self, req: Request) -> float: ...
+
+        def prefill_time(self, req: Request) -> float: ...
+
+        def full_batch_time(self) -> float: ...
+
+        def at_risk(self, req: Request, now: float) -> bool: ...
+
     @property
-    def prefill_run_budget(self: AscendraLPPolicy) -> int:
+    def prefill_run_budget(self) -> int:
         """The step's token budget; the chunks come from `prefill_run_chunks`."""
         return self.decode_budget
 
-    def prefill_run_chunks(self: AscendraLPPolicy, running: Sequence[Request],
-                           waiting: Sequence[Request],
+    def prefill_run_chunks(self, running: Sequence[Request], waiting: Sequence[Request],
                            swapped: Sequence[Request]) -> list[int]:
         """The chunks of `running[-1]`'s prompt in the steps certain to follow ([]:
         none), the others decoding; see the module note."""
         self.prefill_run_until = math.inf
         *decodes, prefill = running
         token_limit = self.decode_budget - len(decodes)
-        if swapped or token_limit < 1 or not time_grows_with_tokens(self):
+        if swapped or token_limit < 1 or not time_grows_with_tokens(
+                self.perf_model.cost_model):
             return []
         budget = self._step_budget(decodes) if decodes else math.inf
         check = self._waiting_check(waiting, budget)
@@ -109,7 +135,8 @@ class PrefillRuns:
         cached, left = prefill.num_computed_tokens, prefill.num_uncomputed_tokens
         min_chunk, scratch = self.options.min_chunk, BatchShape()
         chunks: list[int] = []
-        for _ in range(min(left, self.perf_model.steps_before_refit)):
+        steps = self.perf_model.steps_before_refit
+        while len(chunks) < steps:
             n = self._fit_time(shape, cached, left, min(left, token_limit), budget)
             if n != left and n < min(min_chunk, left):
                 break  # (the step would not prefill)
@@ -124,11 +151,11 @@ class PrefillRuns:
             shape.advance_decodes()
         return chunks
 
-    def _waiting_check(self: AscendraLPPolicy, waiting: Sequence[Request],
+    def _waiting_check(self, waiting: Sequence[Request],
                        budget: float) -> WaitingCheck | None:
         """What refuses the waiting requests (falsy: none wait; None: no run), and the
         run's horizon: the first instant one of them would be offloaded."""
-        check = WaitingCheck(self, waiting)
+        check = WaitingCheck(self.perf_model.predict, self.options.min_chunk, waiting)
         if not waiting:
             return check
         if len(waiting) > MAX_WAITING or budget == math.inf:
@@ -138,12 +165,18 @@ class PrefillRuns:
         if self.options.offload:
             now = self.now
             self.prefill_run_until = min(
-                (at_risk_from(self, r, now) for r in waiting if not r.output_token_ids
+                (self._offload_time(r, now) for r in waiting if not r.output_token_ids
                  and not r.num_computed_tokens and r.request_id not in self._handed),
                 default=math.inf)
         return check
 
-    def on_prefill_run(self: AscendraLPPolicy, batch: StepBatch, chunks: Sequence[int],
+    def _offload_time(self, req: Request, now: float) -> float:
+        """When `req` falls at risk (§5.3), if it still waits then."""
+        estimate = req.arrival_time + (self.ttft_of(req) - self.prefill_time(req)
+                                       - self.full_batch_time())
+        return first_at_risk(lambda t: self.at_risk(req, t), estimate, now)
+
+    def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
                        times: Sequence[float], durations: Sequence[float] = ()) -> None:
         """Feed the performance model each step of the run, as `on_step_end` would."""
         *decodes, prefill = batch.requests
