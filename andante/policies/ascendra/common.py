@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from andante.core.request import Request
 from andante.engine.policy import BasePolicy, PolicyContext
@@ -10,6 +11,8 @@ from andante.exec.batch import StepBatch, StepResult
 from andante.perf.shape import BatchShape
 from andante.policies.ascendra.options import RefitOptions
 from andante.policies.ascendra.perf import OnlinePerfModel
+
+_COMPUTED = attrgetter("num_computed_tokens")
 
 
 def shape_with(shape: BatchShape, num_new: int, num_cached: int, samples: bool,
@@ -35,10 +38,10 @@ def decode_shape(decodes: Sequence[Request], steps_back: int = 0) -> BatchShape:
     shorter than now: what `BatchShape.add(1, cached, True)` for each sums to, exactly
     (its attention-pair sum is integral)."""
     num = len(decodes)
-    cached = sum(r.num_computed_tokens for r in decodes) - steps_back * num
-    past_prompt = num if steps_back == 0 and all(
-        r.num_computed_tokens for r in decodes) else sum(
-        1 for r in decodes if r.num_computed_tokens > steps_back)
+    computed = list(map(_COMPUTED, decodes))
+    cached = sum(computed) - steps_back * num
+    past_prompt = num if steps_back == 0 and all(computed) else sum(
+        1 for c in computed if c > steps_back)
     return BatchShape(num_seqs=num, num_tokens=num, num_sampled=num,
                       num_decode_seqs=past_prompt, attn_pairs=float(cached + num),
                       kv_tokens_read=cached + num)

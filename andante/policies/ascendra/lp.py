@@ -191,7 +191,7 @@ class AscendraLPPolicy(PrefillRuns, AscendraBase):
         Algorithm 1's bisection finds it: 0 if none)."""
         if limit <= 0 or budget == math.inf:
             return max(0, limit)
-        predict, scratch = self.perf_model.predict, BatchShape()
+        predict, scratch = self.perf_model.cost_model.step_time, BatchShape()  # (predict)
 
         def time_of(n: int) -> float:
             return predict(shape_with(shape, n, cached, n == whole, scratch))

@@ -95,23 +95,21 @@ class OnlinePerfModel:
                 shape.advance_decodes()
             return
         done, seqs = 0, shape.num_seqs
-        errors, samples = self._errors, self._samples
+        samples = self._samples
         while done < len(durations):
             count = len(durations) - done
             if self.refit_every:
                 count = min(count, self.refit_every - self._since_fit)
             predicted = self.cost_model.decode_step_times(shape, count)
-            for step in range(count):
-                duration = durations[done + step]
-                error = abs(predicted[step] - duration) / duration
-                if len(errors) == errors.maxlen:
-                    self._error_sum -= errors[0]
-                errors.append(error)
-                self._error_sum += error
-                samples.append((BatchShape(
-                    shape.num_seqs, shape.num_tokens, shape.num_sampled,
-                    shape.num_decode_seqs, shape.attn_pairs + step * seqs,
-                    shape.kv_tokens_read + step * seqs), duration))
+            steps = durations[done:done + count]
+            self._record_errors([abs(p - d) / d for p, d in zip(predicted, steps, strict=True)])
+            first = max(0, count - (samples.maxlen or count))  # older ones would drop out
+            n, tokens, sampled, decodes = (shape.num_seqs, shape.num_tokens,
+                                           shape.num_sampled, shape.num_decode_seqs)
+            pairs, kv = shape.attn_pairs, shape.kv_tokens_read
+            samples.extend([(BatchShape(n, tokens, sampled, decodes, pairs + step * seqs,
+                                        kv + step * seqs), steps[step])
+                            for step in range(first, count)])
             shape = BatchShape(shape.num_seqs, shape.num_tokens, shape.num_sampled,
                                shape.num_decode_seqs, shape.attn_pairs + count * seqs,
                                shape.kv_tokens_read + count * seqs)
@@ -121,6 +119,21 @@ class OnlinePerfModel:
                 self.refit()
             elif self._since_fit >= self.refit_every:
                 self._since_fit = 0
+
+    def _record_errors(self, new: list[float]) -> None:
+        """Append `new` to the recent errors, their running sum updated as one append
+        after another would (the oldest out, then the newest in)."""
+        errors = self._errors
+        kept = len(errors)
+        no_eviction = max(0, (errors.maxlen or 0) - kept)  # appends before the first
+        out = [*errors, *new] if len(new) > no_eviction else ()
+        total = self._error_sum
+        for step, error in enumerate(new):
+            if step >= no_eviction:
+                total -= out[step - no_eviction]
+            total += error
+        self._error_sum = total
+        errors.extend(new)
 
     def _drifted(self) -> bool:
         error = self.error
