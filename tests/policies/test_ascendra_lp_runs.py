@@ -119,12 +119,13 @@ def _bisection(time_of, limit: int, budget: float) -> int:  # type: ignore[no-un
     st.floats(min_value=0.0, max_value=1e-3), st.floats(min_value=0.0, max_value=1e-6),
     st.floats(min_value=0.0, max_value=1e-9), st.integers(min_value=0, max_value=4000),
     st.floats(min_value=0.0, max_value=0.2), st.floats(min_value=0.0, max_value=1.0),
+    st.integers(min_value=-1, max_value=6000),
 )
 def test_secant_search_finds_the_bisections_answer(
         limit: int, fixed: float, linear: float, quadratic: float, kink: int,
-        jump: float, budget_share: float) -> None:
+        jump: float, budget_share: float, hint: int) -> None:
     """Any non-decreasing step time (kinks and jumps included, as max() and sampling
-    make them): the same n as the bisection it replaces."""
+    make them), from any first probe: the same n as the bisection it replaces."""
     def time_of(n: int) -> float:
         return fixed + linear * n + quadratic * n * n + (jump if n >= kink else 0.0)
 
@@ -132,11 +133,12 @@ def test_secant_search_finds_the_bisections_answer(
     budget = budget_share * t_limit
     if t_limit <= budget:
         return
-    assert largest_within(time_of, limit, budget, t_limit) == \
+    assert largest_within(time_of, limit, budget, t_limit, hint) == \
         _bisection(time_of, limit, budget)
 
 
 def test_secant_search_with_a_flat_step_time() -> None:
     assert largest_within(lambda n: 1.0, 10, 0.5, 1.0) == 0
+    assert largest_within(lambda n: 1.0, 1, 0.5, 1.0, hint=5) == 0
     assert largest_within(lambda n: 0.5 if n < 7 else 1.0, 10, 0.5, 1.0) == 6
     assert largest_within(lambda n: 0.0 if n < 10 else math.inf, 10, 0.5, math.inf) == 9

@@ -40,16 +40,17 @@ def _decode_tokens(req: Request) -> int:
 
 
 def largest_within(time_of: Callable[[int], float], limit: int, budget: float,
-                   t_limit: float) -> int:
+                   t_limit: float, hint: int = 1) -> int:
     """The largest n in [1, limit) with time_of(n) <= budget (0 if none), for a
     non-decreasing `time_of` (t_limit = time_of(limit) > budget): the bisection's answer,
     found by secant steps through the last two points probed, kept inside the bracket
-    (halving after `_SECANT_STEPS` of them)."""
-    t_one = time_of(1) if limit > 1 else t_limit
-    if t_one > budget:
-        return 0
-    lo, hi = 1, limit  # fits at lo, not at hi
-    (a, t_a), (b, t_b) = (1, t_one), (limit, t_limit)
+    (halving after `_SECANT_STEPS` of them), from a first probe at `hint` (a previous
+    answer, or 1)."""
+    lo, hi = 0, limit  # fits at lo (0: nothing needs to), not at hi
+    first = min(max(hint, 1), limit - 1)
+    (a, t_a), (b, t_b) = (limit, t_limit), (first, time_of(first) if first else t_limit)
+    if first:
+        lo, hi = (first, hi) if t_b <= budget else (lo, first)
     steps = 0
     while hi - lo > 1:
         guess = (lo + hi + 1) // 2
@@ -83,6 +84,8 @@ class AscendraLPPolicy(PrefillRuns, AscendraBase):
         self._prefill: dict[str, tuple[int, float]] = {}  # id -> (model version, seconds)
         self._full_batch = (-1, 0.0)
         self._grows = (-1, False)  # (model version, time_grows_with_tokens)
+        self._last_chunk: dict[str, int] = {}  # id -> its prompt's latest chunk (a hint)
+        self._recent_chunk = 1  # the latest chunk of any prompt (a hint)
         self._handoffs: list[str] = []
         self._handed: set[str] = set()  # offloaded once: never again
         self.stationary = False  # see the design note
@@ -94,6 +97,7 @@ class AscendraLPPolicy(PrefillRuns, AscendraBase):
 
     def on_finish(self, req: Request) -> None:
         self._prefill.pop(req.request_id, None)
+        self._last_chunk.pop(req.request_id, None)
 
     # ---- predictions --------------------------------------------------------------
     def prefill_time(self, req: Request) -> float:
@@ -176,7 +180,8 @@ class AscendraLPPolicy(PrefillRuns, AscendraBase):
             return False
         whole = req.num_uncomputed_tokens
         n = self._fit_time(shape, req.num_computed_tokens, whole,
-                           plan.max_schedulable_tokens(req), budget)
+                           plan.max_schedulable_tokens(req), budget,
+                           self._last_chunk.get(req.request_id, self._recent_chunk))
         if n == whole:
             self._add(plan, req, n, shape)
             return True
@@ -185,7 +190,7 @@ class AscendraLPPolicy(PrefillRuns, AscendraBase):
         return False
 
     def _fit_time(self, shape: BatchShape, cached: int, whole: int, limit: int,
-                  budget: float) -> int:
+                  budget: float, hint: int = 1) -> int:
         """The largest n <= limit whose step stays within `budget` (predicted) when a
         request with `cached` tokens computed and `whole` left joins `shape` by n (as
         Algorithm 1's bisection finds it: 0 if none)."""
@@ -200,7 +205,7 @@ class AscendraLPPolicy(PrefillRuns, AscendraBase):
         if t_limit <= budget:
             return limit
         if self._time_grows():
-            return largest_within(time_of, limit, budget, t_limit)
+            return largest_within(time_of, limit, budget, t_limit, hint)
         lo, hi = 0, limit - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -217,10 +222,18 @@ class AscendraLPPolicy(PrefillRuns, AscendraBase):
             self._grows = (version, time_grows_with_tokens(self.perf_model.cost_model))
         return self._grows[1]
 
-    @staticmethod
-    def _add(plan: StepPlan, req: Request, n: int, shape: BatchShape) -> None:
-        shape.add(n, req.num_computed_tokens, n == req.num_uncomputed_tokens)
+    def _add(self, plan: StepPlan, req: Request, n: int, shape: BatchShape) -> None:
+        whole = n == req.num_uncomputed_tokens
+        shape.add(n, req.num_computed_tokens, whole)
         plan.schedule(req, n)
+        self.note_chunk(req.request_id, n, whole)
+
+    def note_chunk(self, request_id: str, n: int, last: bool) -> None:
+        """Remember a prompt's chunk: where the search for its next one starts."""
+        if last:
+            self._last_chunk.pop(request_id, None)
+        else:
+            self._last_chunk[request_id] = self._recent_chunk = n
 
     def _pick_offloads(self, plan: StepPlan, fresh: list[Request]) -> None:
         now = plan.now

@@ -102,7 +102,12 @@ class PrefillRuns:
         def _step_budget(self, decodes: list[Request]) -> float: ...
 
         def _fit_time(self, shape: BatchShape, cached: int, whole: int, limit: int,
-                      budget: float) -> int: ...
+                      budget: float, hint: int = 1) -> int: ...
+
+        def note_chunk(self, request_id: str, n: int, last: bool) -> None: ...
+
+        _last_chunk: dict[str, int]
+        _recent_chunk: int
 
         def ttft_of(self, req: Request) -> float: ...
 
@@ -136,8 +141,9 @@ class PrefillRuns:
         min_chunk, scratch = self.options.min_chunk, BatchShape()
         chunks: list[int] = []
         steps = self.perf_model.steps_before_refit
+        n = self._last_chunk.get(prefill.request_id, self._recent_chunk)
         while len(chunks) < steps:
-            n = self._fit_time(shape, cached, left, min(left, token_limit), budget)
+            n = self._fit_time(shape, cached, left, min(left, token_limit), budget, n)
             if n != left and n < min(min_chunk, left):
                 break  # (the step would not prefill)
             if check and not check.all_refused(
@@ -191,3 +197,5 @@ class PrefillRuns:
             observe(one, duration)
             cached += chunk
             shape.advance_decodes()
+        self.note_chunk(prefill.request_id, chunks[-1],
+                        prefill.num_computed_tokens >= prefill.num_tokens - sampled)
