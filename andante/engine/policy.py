@@ -57,8 +57,7 @@ class Policy(Protocol):
     (andante.sim.prefill_run); such a run calls `on_prefill_run` instead of
     `on_step_end` per step. A policy whose chunks are not "the budget left" (Ascendra's
     LP instance caps them by predicted step time) gives them itself through
-    `prefill_run_chunks` (None: the budget's), the run then ending before
-    `prefill_run_until` (a time its decisions may change at).
+    `prefill_run_chunks` (None: the budget's).
     A `decode_budget` > 0 says that, with nothing waiting or swapped and every
     running request decoding, its step advances them all, in the order
     `decode_order(running, num_free_blocks)` gives (None if unsure), when they number
@@ -69,7 +68,6 @@ class Policy(Protocol):
     stationary: bool
     decode_run_reserve_blocks: int
     run_step_limit: float
-    prefill_run_until: float
     chunks_prefill: bool
 
     def schedule(self, plan: StepPlan) -> None: ...
@@ -88,8 +86,8 @@ class Policy(Protocol):
     @property
     def prefill_run_budget(self) -> int: ...
 
-    def prefill_run_chunks(self, running: Sequence[Request], waiting: Sequence[Request],
-                           swapped: Sequence[Request]) -> list[int] | None: ...
+    def prefill_run_chunks(self, running: Sequence[Request],
+                           others_wait: bool) -> list[int] | None: ...
 
     @property
     def decode_budget(self) -> int: ...
@@ -115,7 +113,6 @@ class BasePolicy:
     stationary = False  # see Policy
     decode_run_reserve_blocks = 0  # see Policy
     run_step_limit = math.inf  # see Policy
-    prefill_run_until = math.inf  # see Policy
     chunks_prefill = False  # see Policy
 
     def __init__(self, ctx: PolicyContext) -> None:
@@ -161,11 +158,11 @@ class BasePolicy:
         """0: no chunked-prefill runs (see Policy)."""
         return 0
 
-    def prefill_run_chunks(self, running: Sequence[Request], waiting: Sequence[Request],
-                           swapped: Sequence[Request]) -> list[int] | None:
+    def prefill_run_chunks(self, running: Sequence[Request],
+                           others_wait: bool) -> list[int] | None:
         """The chunks of `running[-1]`'s prompt in the steps certain to follow, each
-        beside a decode token of every other running request ([]: none is certain), the
-        run ending before `prefill_run_until`; None: each chunk is the
+        beside a decode token of every other running request ([]: none is certain;
+        `others_wait`: requests wait or are swapped); None: each chunk is the
         `prefill_run_budget` left (see Policy)."""
         return None
 

@@ -575,7 +575,7 @@ class Simulator(SimHooks):
         chunks = prefill_run_chunks(scheduler, batch)
         if not chunks:
             return False
-        self._stop_at = min(self._next_arrival, scheduler.policy.prefill_run_until)
+        self._stop_at = self._next_arrival
         if inst.host.dropper is not None:
             self._stop_at = min(self._stop_at, inst.host.drop_horizon())
         budget = min(self._stop_at, self._until) - self.clock.now()

@@ -1,7 +1,7 @@
 """`ascendra-lp`'s chunked prefills as simulator prefill runs change nothing but speed:
-identical timelines, handoffs, steps and performance-model state to stepping (waiting
-requests, offloads, refits, a small KV cache and a model whose step time may fall with
-more tokens included), and runs do happen; the secant search finds the bisection's
+identical timelines, handoffs, steps and performance-model state to stepping (requests
+waiting between runs, offloads, refits, a small KV cache; no run where the step time may
+fall with more tokens), and runs do happen; the secant search finds the bisection's
 chunk."""
 
 from __future__ import annotations
@@ -53,17 +53,20 @@ def _spec(hardware: str, **options: object) -> ClusterSpec:
     )
 
 
-@pytest.mark.parametrize(("hardware", "rate", "options"), [
-    ("a100-80g", 3.0, {}),  # long prompts in chunks, some waiting behind them
-    ("a100-80g", 12.0, {"ttft_slo": 0.5}),  # a queue: offloads (back to this instance)
-    ("a10-24g", 6.0, {"tbt_slo": 0.3}),  # a small KV cache: preemptions, capped runs
-    ("a100-80g", 6.0, {"offload": False, "value": "sjf", "min_chunk": 16}),
+@pytest.mark.parametrize(("hardware", "rate", "num", "lengths", "options"), [
+    # long prompts in chunks, requests waiting behind them, offloads (back here)
+    ("a100-80g", 3.0, 120, "uniform:64:7000:1:300", {}),
+    ("a100-80g", 6.0, 120, "uniform:64:7000:1:300", {"offload": False, "value": "sjf",
+                                                      "min_chunk": 16}),
+    # a small KV cache: preemptions (recomputed prompts)
+    ("a10-24g", 1.0, 50, "uniform:2000:7000:500:1500", {"ttft_slo": 10.0}),
 ])
-def test_prefill_runs_give_identical_timelines(hardware: str, rate: float,
+def test_prefill_runs_give_identical_timelines(hardware: str, rate: float, num: int,
+                                               lengths: str,
                                                options: dict[str, object]) -> None:
     workload = build_workload(WorkloadConfig(
-        kind="gamma", rate=rate, cv=3.0, num_requests=120, lengths="uniform:64:7000:1:300",
-        seed=7, max_context=8192,
+        kind="gamma", rate=rate, cv=3.0, num_requests=num, lengths=lengths, seed=7,
+        max_context=8192,
     ))
     spec = _spec(hardware, **options)
     stepped, stepped_state, none = _run(spec, workload, runs=False)
@@ -87,8 +90,8 @@ def test_a_model_whose_time_may_fall_gives_no_chunks() -> None:
                            SchedulerConfig(max_num_seqs=128), None)
         policy = eng.scheduler.policy
         assert time_grows_with_tokens(policy.perf_model.cost_model) == bool(expected)
-        assert policy.prefill_run_chunks([chunked], [], []) == expected
-        assert policy.prefill_run_chunks([chunked], [], [request("s", 10)]) == []
+        assert policy.prefill_run_chunks([chunked], False) == expected
+        assert policy.prefill_run_chunks([chunked], True) == []
 
 
 def test_a_run_ends_at_the_models_next_refit_check() -> None:
@@ -99,7 +102,7 @@ def test_a_run_ends_at_the_models_next_refit_check() -> None:
                        {"refit_every": 2})
     policy = eng.scheduler.policy
     assert policy.perf_model.steps_before_refit == 2
-    assert policy.prefill_run_chunks([request("a", 5000)], [], []) == [2048, 2048]
+    assert policy.prefill_run_chunks([request("a", 5000)], False) == [2048, 2048]
 
 
 def _bisection(time_of, limit: int, budget: float) -> int:  # type: ignore[no-untyped-def]
