@@ -22,8 +22,9 @@ from collections import deque
 from collections.abc import Sequence
 
 from andante.perf.cost_model import CostModel
-from andante.perf.fit import Sample, fit_coefficients
+from andante.perf.fit import fit_coefficients
 from andante.perf.shape import BatchShape
+from andante.policies.ascendra.samples import SampleWindow
 
 
 class OnlinePerfModel:
@@ -42,7 +43,7 @@ class OnlinePerfModel:
         self.tolerance = tolerance  # no refit while the recent error stays below it
         self.version = 0  # bumped by every refit: cached predictions are stale
         self.num_fits = 0
-        self._samples: deque[Sample] = deque(maxlen=window)
+        self._samples = SampleWindow(window)
         self._errors: deque[float] = deque(maxlen=error_window)
         self._error_sum = 0.0
         self._since_fit = 0
@@ -103,13 +104,7 @@ class OnlinePerfModel:
             predicted = self.cost_model.decode_step_times(shape, count)
             steps = durations[done:done + count]
             self._record_errors([abs(p - d) / d for p, d in zip(predicted, steps, strict=True)])
-            first = max(0, count - (samples.maxlen or count))  # older ones would drop out
-            n, tokens, sampled, decodes = (shape.num_seqs, shape.num_tokens,
-                                           shape.num_sampled, shape.num_decode_seqs)
-            pairs, kv = shape.attn_pairs, shape.kv_tokens_read
-            samples.extend([(BatchShape(n, tokens, sampled, decodes, pairs + step * seqs,
-                                        kv + step * seqs), steps[step])
-                            for step in range(first, count)])
+            samples.append_decode_run(shape, steps)
             shape = BatchShape(shape.num_seqs, shape.num_tokens, shape.num_sampled,
                                shape.num_decode_seqs, shape.attn_pairs + count * seqs,
                                shape.kv_tokens_read + count * seqs)
