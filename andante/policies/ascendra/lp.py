@@ -14,7 +14,11 @@ prompt only, to be offloaded to an HP instance; each request is offloaded at mos
 The batch size stays small (the engine's max_num_seqs, 128 in the paper) to keep room
 for decodes. With nothing waiting and every running request decoding, the next steps
 repeat this one until an arrival or a finish: the policy is then `stationary` (the
-simulator's decode runs feed the performance model through `on_decode_run`).
+simulator's decode runs feed the performance model through `on_decode_run`); a prompt's
+chunks beside decodes with nothing waiting become simulator prefill runs too
+(`prefill_runs`). C's largest chunk is the bisection's answer; where the model's step
+time only grows with the chunk, `largest_within` finds it in fewer model calls (secant
+steps from the prompt's previous chunk), the same n.
 """
 
 from __future__ import annotations
