@@ -55,7 +55,9 @@ class Policy(Protocol):
     the budget is spent, whatever waits; with nothing waiting after that), so that
     the simulator may apply runs of chunked-prefill steps at once
     (andante.sim.prefill_run); such a run calls `on_prefill_run` instead of
-    `on_step_end` per step.
+    `on_step_end` per step. A policy whose chunks are not "the budget left" (Ascendra's
+    LP instance caps them by predicted step time) gives them itself through
+    `prefill_run_chunks` (None: the budget's).
     A `decode_budget` > 0 says that, with nothing waiting or swapped and every
     running request decoding, its step advances them all, in the order
     `decode_order(running, num_free_blocks)` gives (None if unsure), when they number
@@ -79,10 +81,13 @@ class Policy(Protocol):
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None: ...
 
     def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
-                       times: Sequence[float]) -> None: ...
+                       times: Sequence[float], durations: Sequence[float] = ()) -> None: ...
 
     @property
     def prefill_run_budget(self) -> int: ...
+
+    def prefill_run_chunks(self, running: Sequence[Request],
+                           others_wait: bool) -> list[int] | None: ...
 
     @property
     def decode_budget(self) -> int: ...
@@ -142,15 +147,24 @@ class BasePolicy:
         return None
 
     def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
-                       times: Sequence[float]) -> None:
+                       times: Sequence[float], durations: Sequence[float] = ()) -> None:
         """The steps following `batch` prefilled `chunks` of its last request beside
-        the others' decodes and ended at `times` (their tokens are recorded)."""
+        the others' decodes, lasted `durations` and ended at `times` (their tokens are
+        recorded)."""
         return None
 
     @property
     def prefill_run_budget(self) -> int:
         """0: no chunked-prefill runs (see Policy)."""
         return 0
+
+    def prefill_run_chunks(self, running: Sequence[Request],
+                           others_wait: bool) -> list[int] | None:
+        """The chunks of `running[-1]`'s prompt in the steps certain to follow, each
+        beside a decode token of every other running request ([]: none is certain;
+        `others_wait`: requests wait or are swapped); None: each chunk is the
+        `prefill_run_budget` left (see Policy)."""
+        return None
 
     @property
     def decode_budget(self) -> int:

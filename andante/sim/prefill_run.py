@@ -54,11 +54,14 @@ def prefill_run_chunks(scheduler: Scheduler, batch: StepBatch) -> list[int]:
     decodes = running[:-1]
     if any(r.status != _RUNNING or r.num_uncomputed_tokens != 1 for r in decodes):
         return []
-    num_full = (left - 1) // chunk  # steps that leave some of the prompt
-    chunks = [chunk] * num_full
-    final = left - num_full * chunk
-    if final == chunk or not (scheduler.waiting or scheduler.swapped):
-        chunks.append(final)
+    others_wait = bool(scheduler.waiting or scheduler.swapped)
+    chunks = scheduler.policy.prefill_run_chunks(running, others_wait)  # None: the budget's
+    if chunks is None:
+        num_full = (left - 1) // chunk  # steps that leave some of the prompt
+        chunks = [chunk] * num_full
+        final = left - num_full * chunk
+        if final == chunk or not others_wait:
+            chunks.append(final)
     if decodes:
         limit = num_tokens_before_length_stop(decodes, scheduler.max_num_tokens)
         del chunks[max(0, limit):]

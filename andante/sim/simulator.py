@@ -340,7 +340,7 @@ class SimInstance(LaterOperations):
         if chunks:
             got = record_prefill_run(engine.scheduler, engine.scheduler.running, chunks,
                                      token_id, times)
-            engine.scheduler.policy.on_prefill_run(batch, chunks, times)
+            engine.scheduler.policy.on_prefill_run(batch, chunks, times, durations)
         else:
             got = engine.scheduler.record_tokens(requests, repeat(len(times)),
                                                  repeat(token_id), *times)

@@ -142,7 +142,7 @@ class RunReplay:
         self._replay_schedules(self.latency.observe_run(times, len(reqs), context))
 
     def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
-                       times: Sequence[float]) -> None:
+                       times: Sequence[float], durations: Sequence[float] = ()) -> None:
         """What `on_step_end` and `schedule` would have recorded for each step of a
         prefill run (andante.sim.prefill_run): `batch`'s decodes got a token per step,
         its last request prefilled `chunks` (its first token at the end if the prompt is

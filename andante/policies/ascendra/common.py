@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from andante.core.request import Request
 from andante.engine.policy import BasePolicy, PolicyContext
@@ -10,6 +11,8 @@ from andante.exec.batch import StepBatch, StepResult
 from andante.perf.shape import BatchShape
 from andante.policies.ascendra.options import RefitOptions
 from andante.policies.ascendra.perf import OnlinePerfModel
+
+_COMPUTED = attrgetter("num_computed_tokens")
 
 
 def shape_with(shape: BatchShape, num_new: int, num_cached: int, samples: bool,
@@ -28,6 +31,20 @@ def shape_with(shape: BatchShape, num_new: int, num_cached: int, samples: bool,
     out.kv_tokens_read = shape.kv_tokens_read + (num_cached + c)
     out.num_decode_seqs = shape.num_decode_seqs + (c == 1 and num_cached > 0)
     return out
+
+
+def decode_shape(decodes: Sequence[Request], steps_back: int = 0) -> BatchShape:
+    """The shape of one decode token of each of `decodes`, each `steps_back` tokens
+    shorter than now: what `BatchShape.add(1, cached, True)` for each sums to, exactly
+    (its attention-pair sum is integral)."""
+    num = len(decodes)
+    computed = list(map(_COMPUTED, decodes))
+    cached = sum(computed) - steps_back * num
+    past_prompt = num if steps_back == 0 and all(computed) else sum(
+        1 for c in computed if c > steps_back)
+    return BatchShape(num_seqs=num, num_tokens=num, num_sampled=num,
+                      num_decode_seqs=past_prompt, attn_pairs=float(cached + num),
+                      kv_tokens_read=cached + num)
 
 
 class MeanMeter:
@@ -69,10 +86,7 @@ class AscendraBase(BasePolicy):
 
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
         """Feed the performance model each step of the run, as stepping would have."""
-        k = len(durations)
-        shape = BatchShape()
-        for req in batch.requests:
-            shape.add(1, req.num_computed_tokens - k, True)
+        shape = decode_shape(batch.requests, steps_back=len(durations))
         self.perf_model.observe_decode_run(shape, durations)
 
     def ttft_of(self, req: Request) -> float:

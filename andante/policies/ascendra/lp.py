@@ -14,28 +14,70 @@ prompt only, to be offloaded to an HP instance; each request is offloaded at mos
 The batch size stays small (the engine's max_num_seqs, 128 in the paper) to keep room
 for decodes. With nothing waiting and every running request decoding, the next steps
 repeat this one until an arrival or a finish: the policy is then `stationary` (the
-simulator's decode runs feed the performance model through `on_decode_run`).
+simulator's decode runs feed the performance model through `on_decode_run`); a prompt's
+chunks beside decodes with nothing waiting become simulator prefill runs too
+(`prefill_runs`). C's largest chunk is the bisection's answer; where the model's step
+time only grows with the chunk, `largest_within` finds it in fewer model calls (secant
+steps from the prompt's previous chunk), the same n.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from andante.core.request import Request, RequestStatus
 from andante.engine.plan import StepPlan
 from andante.engine.policy import PolicyContext
 from andante.perf.shape import BatchShape
-from andante.policies.ascendra.common import AscendraBase, shape_with
+from andante.policies.ascendra.common import AscendraBase, decode_shape, shape_with
 from andante.policies.ascendra.options import LPOptions
+from andante.policies.ascendra.prefill_runs import PrefillRuns, time_grows_with_tokens
 from andante.policies.ascendra.values import value_function
 from andante.policies.phases import advance_with_preemption
+
+_SECANT_STEPS = 6  # then `largest_within` halves its bracket
 
 
 def _decode_tokens(req: Request) -> int:
     return 1 if req.num_uncomputed_tokens == 1 else 0
 
 
-class AscendraLPPolicy(AscendraBase):
+def largest_within(time_of: Callable[[int], float], limit: int, budget: float,
+                   t_limit: float, hint: int = 1) -> int:
+    """The largest n in [1, limit) with time_of(n) <= budget (0 if none), for a
+    non-decreasing `time_of` (t_limit = time_of(limit) > budget): the bisection's answer,
+    found by secant steps through the last two points probed, kept inside the bracket
+    (halving after `_SECANT_STEPS` of them), from a first probe at `hint` (a previous
+    answer, or 1)."""
+    lo, hi = 0, limit  # fits at lo (0: nothing needs to), not at hi
+    first = min(max(hint, 1), limit - 1)
+    (a, t_a), (b, t_b) = (limit, t_limit), (first, time_of(first) if first else t_limit)
+    if first:
+        lo, hi = (first, hi) if t_b <= budget else (lo, first)
+    steps = 0
+    while hi - lo > 1:
+        guess = (lo + hi + 1) // 2
+        if steps < _SECANT_STEPS and t_b != t_a:
+            x = b + (budget - t_b) * (b - a) / (t_b - t_a)
+            if math.isfinite(x):
+                guess = min(max(math.floor(x), lo + 1), hi - 1)
+        steps += 1
+        t = time_of(guess)
+        if t <= budget:
+            lo = guess
+        else:
+            hi = guess
+        (a, t_a), (b, t_b) = (b, t_b), (guess, t)
+    return lo
+
+
+def _all_past_prompt(decodes: list[Request]) -> bool:
+    """Does every decode count as one (`BatchShape.num_decode_seqs`)?"""
+    return all(r.num_computed_tokens for r in decodes)
+
+
+class AscendraLPPolicy(PrefillRuns, AscendraBase):
     name = "ascendra-lp"
     Options = LPOptions
 
@@ -45,6 +87,9 @@ class AscendraLPPolicy(AscendraBase):
         self._value = value_function(self.options.value)
         self._prefill: dict[str, tuple[int, float]] = {}  # id -> (model version, seconds)
         self._full_batch = (-1, 0.0)
+        self._grows = (-1, False)  # (model version, time_grows_with_tokens)
+        self._last_chunk: dict[str, int] = {}  # id -> its prompt's latest chunk (a hint)
+        self._recent_chunk = 1  # the latest chunk of any prompt (a hint)
         self._handoffs: list[str] = []
         self._handed: set[str] = set()  # offloaded once: never again
         self.stationary = False  # see the design note
@@ -56,6 +101,7 @@ class AscendraLPPolicy(AscendraBase):
 
     def on_finish(self, req: Request) -> None:
         self._prefill.pop(req.request_id, None)
+        self._last_chunk.pop(req.request_id, None)
 
     # ---- predictions --------------------------------------------------------------
     def prefill_time(self, req: Request) -> float:
@@ -89,23 +135,28 @@ class AscendraLPPolicy(AscendraBase):
     def schedule(self, plan: StepPlan) -> None:
         opts = self.options
         plan.restrict_token_budget(opts.token_budget)
-        advance_with_preemption(plan, plan.running, _decode_tokens)
-        shape = BatchShape()
-        for req, n in zip(plan.scheduled, plan.num_scheduled_tokens, strict=True):
-            shape.add(n, req.num_computed_tokens, True)
-        budget = self._step_budget(plan.scheduled) if shape.num_tokens else math.inf
-        for req in plan.running:
-            if req.num_uncomputed_tokens > 1 and not plan.is_preempted(req):
-                self._pack(plan, req, shape, budget, chunk=True)
-        fresh = [r for r in plan.waiting if not r.output_token_ids]
-        resumed = [r for r in plan.waiting if r.output_token_ids]
+        running, waiting = plan.running, plan.waiting
+        advance_with_preemption(plan, running, _decode_tokens)
+        decodes = plan.scheduled  # (one token each)
+        all_decode = len(decodes) == len(running) and not plan.preemptions
+        if all_decode and not waiting:  # nothing to pack: the common decode step
+            self.stationary = not plan.swapped and _all_past_prompt(decodes)
+            return
+        shape = decode_shape(decodes)
+        budget = self._step_budget(decodes) if decodes else math.inf
+        if not all_decode:
+            for req in running:
+                if req.num_uncomputed_tokens > 1 and not plan.is_preempted(req):
+                    self._pack(plan, req, shape, budget, chunk=True)
+        fresh = [r for r in waiting if not r.output_token_ids]
+        resumed = [r for r in waiting if r.output_token_ids]
         for req in [*resumed, *self._by_value(fresh, plan.now)]:
             if not self._pack(plan, req, shape, budget, chunk=opts.chunk):
                 break
         if opts.offload:
             self._pick_offloads(plan, fresh)
-        self.stationary = not (plan.waiting or plan.swapped or plan.preemptions) and len(
-            plan.scheduled) == len(plan.running) and shape.num_decode_seqs == shape.num_seqs
+        self.stationary = not (waiting or plan.swapped or plan.preemptions) and len(
+            plan.scheduled) == len(running) and shape.num_decode_seqs == shape.num_seqs
 
     def _step_budget(self, decodes: list[Request]) -> float:
         """C: what the decodes' TBT allows (an explicit `step_budget` wins)."""
@@ -132,7 +183,9 @@ class AscendraLPPolicy(AscendraBase):
         ):
             return False
         whole = req.num_uncomputed_tokens
-        n = self._fit_time(shape, req, plan.max_schedulable_tokens(req), budget)
+        n = self._fit_time(shape, req.num_computed_tokens, whole,
+                           plan.max_schedulable_tokens(req), budget,
+                           self._last_chunk.get(req.request_id, self._recent_chunk))
         if n == whole:
             self._add(plan, req, n, shape)
             return True
@@ -140,31 +193,51 @@ class AscendraLPPolicy(AscendraBase):
             self._add(plan, req, n, shape)
         return False
 
-    def _fit_time(self, shape: BatchShape, req: Request, limit: int, budget: float) -> int:
-        """The largest n <= limit whose step stays within `budget` (predicted)."""
+    def _fit_time(self, shape: BatchShape, cached: int, whole: int, limit: int,
+                  budget: float, hint: int = 1) -> int:
+        """The largest n <= limit whose step stays within `budget` (predicted) when a
+        request with `cached` tokens computed and `whole` left joins `shape` by n (as
+        Algorithm 1's bisection finds it: 0 if none)."""
         if limit <= 0 or budget == math.inf:
             return max(0, limit)
-        cached, whole = req.num_computed_tokens, req.num_uncomputed_tokens
-        predict, scratch = self.perf_model.predict, BatchShape()
+        predict, scratch = self.perf_model.cost_model.step_time, BatchShape()  # (predict)
 
-        def fits(n: int) -> bool:
-            return predict(shape_with(shape, n, cached, n == whole, scratch)) <= budget
+        def time_of(n: int) -> float:
+            return predict(shape_with(shape, n, cached, n == whole, scratch))
 
-        if fits(limit):
+        t_limit = time_of(limit)
+        if t_limit <= budget:
             return limit
+        if self._time_grows():
+            return largest_within(time_of, limit, budget, t_limit, hint)
         lo, hi = 0, limit - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if fits(mid):
+            if time_of(mid) <= budget:
                 lo = mid
             else:
                 hi = mid - 1
         return lo
 
-    @staticmethod
-    def _add(plan: StepPlan, req: Request, n: int, shape: BatchShape) -> None:
-        shape.add(n, req.num_computed_tokens, n == req.num_uncomputed_tokens)
+    def _time_grows(self) -> bool:
+        """Does the model's step time never fall as a chunk grows (per model version)?"""
+        version = self.perf_model.version
+        if self._grows[0] != version:
+            self._grows = (version, time_grows_with_tokens(self.perf_model.cost_model))
+        return self._grows[1]
+
+    def _add(self, plan: StepPlan, req: Request, n: int, shape: BatchShape) -> None:
+        whole = n == req.num_uncomputed_tokens
+        shape.add(n, req.num_computed_tokens, whole)
         plan.schedule(req, n)
+        self.note_chunk(req.request_id, n, whole)
+
+    def note_chunk(self, request_id: str, n: int, last: bool) -> None:
+        """Remember a prompt's chunk: where the search for its next one starts."""
+        if last:
+            self._last_chunk.pop(request_id, None)
+        else:
+            self._last_chunk[request_id] = self._recent_chunk = n
 
     def _pick_offloads(self, plan: StepPlan, fresh: list[Request]) -> None:
         now = plan.now

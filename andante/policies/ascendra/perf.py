@@ -17,12 +17,14 @@ the uncalibrated CPU profile.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 
 from andante.perf.cost_model import CostModel
-from andante.perf.fit import Sample, fit_coefficients
+from andante.perf.fit import fit_coefficients
 from andante.perf.shape import BatchShape
+from andante.policies.ascendra.samples import SampleWindow
 
 
 class OnlinePerfModel:
@@ -41,7 +43,7 @@ class OnlinePerfModel:
         self.tolerance = tolerance  # no refit while the recent error stays below it
         self.version = 0  # bumped by every refit: cached predictions are stale
         self.num_fits = 0
-        self._samples: deque[Sample] = deque(maxlen=window)
+        self._samples = SampleWindow(window)
         self._errors: deque[float] = deque(maxlen=error_window)
         self._error_sum = 0.0
         self._since_fit = 0
@@ -50,6 +52,12 @@ class OnlinePerfModel:
     def error(self) -> float | None:
         """Mean absolute relative prediction error over the recent steps (None: none yet)."""
         return self._error_sum / len(self._errors) if self._errors else None
+
+    @property
+    def steps_before_refit(self) -> float:
+        """Steps `observe` records before one may refit (the model holds until then);
+        inf without refits."""
+        return self.refit_every - self._since_fit if self.refit_every else math.inf
 
     @property
     def num_samples(self) -> int:
@@ -88,23 +96,15 @@ class OnlinePerfModel:
                 shape.advance_decodes()
             return
         done, seqs = 0, shape.num_seqs
-        errors, samples = self._errors, self._samples
+        samples = self._samples
         while done < len(durations):
             count = len(durations) - done
             if self.refit_every:
                 count = min(count, self.refit_every - self._since_fit)
             predicted = self.cost_model.decode_step_times(shape, count)
-            for step in range(count):
-                duration = durations[done + step]
-                error = abs(predicted[step] - duration) / duration
-                if len(errors) == errors.maxlen:
-                    self._error_sum -= errors[0]
-                errors.append(error)
-                self._error_sum += error
-                samples.append((BatchShape(
-                    shape.num_seqs, shape.num_tokens, shape.num_sampled,
-                    shape.num_decode_seqs, shape.attn_pairs + step * seqs,
-                    shape.kv_tokens_read + step * seqs), duration))
+            steps = durations[done:done + count]
+            self._record_errors([abs(p - d) / d for p, d in zip(predicted, steps, strict=True)])
+            samples.append_decode_run(shape, steps)
             shape = BatchShape(shape.num_seqs, shape.num_tokens, shape.num_sampled,
                                shape.num_decode_seqs, shape.attn_pairs + count * seqs,
                                shape.kv_tokens_read + count * seqs)
@@ -114,6 +114,21 @@ class OnlinePerfModel:
                 self.refit()
             elif self._since_fit >= self.refit_every:
                 self._since_fit = 0
+
+    def _record_errors(self, new: list[float]) -> None:
+        """Append `new` to the recent errors, their running sum updated as one append
+        after another would (the oldest out, then the newest in)."""
+        errors = self._errors
+        kept = len(errors)
+        no_eviction = max(0, (errors.maxlen or 0) - kept)  # appends before the first
+        out = [*errors, *new] if len(new) > no_eviction else ()
+        total = self._error_sum
+        for step, error in enumerate(new):
+            if step >= no_eviction:
+                total -= out[step - no_eviction]
+            total += error
+        self._error_sum = total
+        errors.extend(new)
 
     def _drifted(self) -> bool:
         error = self.error
