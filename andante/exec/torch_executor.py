@@ -31,6 +31,7 @@ from andante.exec.malloc_tuning import keep_freed_memory
 from andante.exec.torch_cost import CPU_PROFILE, engine_cost_model
 from andante.exec.torch_inputs import InputBuilder
 from andante.exec.torch_kv import KVPools
+from andante.exec.torch_layers import packed_gemm_supported
 from andante.exec.torch_model import TransformerRunner
 from andante.exec.torch_sampler import Sampler
 from andante.exec.torch_threads import (
@@ -44,7 +45,7 @@ from andante.exec.torch_warmup import (
     WarmUp,
     WarmUpPlan,
     lm_head_thread_counts,
-    raise_primitive_cache,
+    primitive_cache_for,
     warm_buckets,
 )
 from andante.models.loader import LoadedModel, parse_dtype
@@ -129,7 +130,8 @@ class TorchExecutor:
         keep_freed_memory()
         self._init_threads()
         self._init_buckets()
-        self._init_runner()
+        with primitive_cache_for(self._num_buckets()):
+            self._init_runner()
         self._init_thread_choice()
         self._init_warmup()
         self.cost_model = cost_model or engine_cost_model(self.spec, self.options.hardware)
@@ -166,14 +168,19 @@ class TorchExecutor:
                 "probe_context": probe_context(max_context)}
 
     def _init_buckets(self) -> None:
-        """The step buckets, if on; oneDNN's cache sized for them before it is first used."""
-        on = self.options.step_buckets and not env_switch(NO_BUCKETS_ENV)
+        """The step buckets: on unless switched off, on the fused path only."""
+        on = (self.options.step_buckets and not env_switch(NO_BUCKETS_ENV)
+              and packed_gemm_supported(parse_dtype(self.options.dtype)))
         self.step_buckets: StepBuckets | None = StepBuckets() if on else None
-        if self.step_buckets is not None:
-            limit = self.model.config.max_model_len
-            if isinstance(self.options.warmup_tokens, int):
-                limit = max(limit, self.options.warmup_tokens)
-            raise_primitive_cache(len(self.step_buckets.sizes(limit)))
+
+    def _num_buckets(self) -> int:
+        """How many buckets the warm-up may run (0 without buckets), at most."""
+        if self.step_buckets is None:
+            return 0
+        limit = self.model.config.max_model_len
+        if isinstance(self.options.warmup_tokens, int):
+            limit = max(limit, self.options.warmup_tokens)
+        return len(self.step_buckets.sizes(limit))
 
     def _init_warmup(self) -> None:
         """Run every bucket up to the warm-up limit once (fused path, buckets on)."""

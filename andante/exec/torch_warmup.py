@@ -20,8 +20,9 @@ can run at (all threads; one thread too where S is below the executor's threshol
 Their K/V goes to the first blocks of the pool, which no request owns yet: the warm-up
 runs before the engine serves anything. The primitive cache must hold every bucket
 (`primitive_cache_entries`); its capacity is read from `ONEDNN_PRIMITIVE_CACHE_CAPACITY`
-when oneDNN builds its first primitive, so `raise_primitive_cache` sets it (unless the
-user did) before the executor packs its weights.
+when oneDNN builds its first primitive, so `primitive_cache_for` sets it (unless the user
+did) while the executor packs its weights. A process whose oneDNN already built a
+primitive before (an earlier executor) keeps the capacity it started with.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from andante.core import Request, SamplingParams
@@ -55,23 +57,30 @@ class WarmUp:
                 f"in {self.seconds:.1f} s")
 
 
-def raise_primitive_cache(num_buckets: int) -> int:
-    """Set oneDNN's primitive cache capacity for `num_buckets` warmed sizes, unless the
-    environment already sets one; the capacity in effect (as far as the environment
-    says: oneDNN reads it once, at its first primitive)."""
+@contextmanager
+def primitive_cache_for(num_buckets: int) -> Iterator[int]:
+    """Within the block, `ONEDNN_PRIMITIVE_CACHE_CAPACITY` asks for room for
+    `num_buckets` warmed sizes, unless the environment sets a capacity already; yields
+    the capacity asked for. oneDNN reads it once, when it creates its first primitive
+    (the executor's first weight packing, inside the block); the environment is
+    restored after it, so that nothing else in the process sees the change."""
     wanted = primitive_cache_entries(num_buckets)
-    current = os.environ.get(PRIMITIVE_CACHE_ENV, "")
-    if not current:
-        os.environ[PRIMITIVE_CACHE_ENV] = str(wanted)
-        return wanted
+    current = os.environ.get(PRIMITIVE_CACHE_ENV)
+    if current:
+        if not current.isdigit() or int(current) < wanted:
+            log.warning("%s=%s is below the %d entries %d step buckets need: sizes may be "
+                        "rebuilt while serving", PRIMITIVE_CACHE_ENV, current, wanted,
+                        num_buckets)
+        yield int(current) if current.isdigit() else 0
+        return
+    os.environ[PRIMITIVE_CACHE_ENV] = str(wanted)
     try:
-        capacity = int(current)
-    except ValueError:
-        capacity = 0
-    if capacity < wanted:
-        log.warning("%s=%s is below the %d entries %d step buckets need: sizes will be "
-                    "rebuilt while serving", PRIMITIVE_CACHE_ENV, current, wanted, num_buckets)
-    return capacity
+        yield wanted
+    finally:
+        if current is None:
+            os.environ.pop(PRIMITIVE_CACHE_ENV, None)
+        else:
+            os.environ[PRIMITIVE_CACHE_ENV] = current
 
 
 def warmup_batch(num_rows: int, max_len: int, block_size: int, num_blocks: int) -> StepBatch:
