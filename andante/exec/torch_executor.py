@@ -52,10 +52,9 @@ from andante.models.loader import LoadedModel, parse_dtype
 from andante.perf.cost_model import CostModel
 from andante.perf.paths import env_switch
 from andante.perf.specs import ModelSpec
-from andante.perf.step_sizes import StepBuckets
+from andante.perf.step_sizes import NO_BUCKETS_ENV, StepBuckets
 
 GIB = 1 << 30
-NO_BUCKETS_ENV = "ANDANTE_NO_STEP_BUCKETS"
 log = logging.getLogger(__name__)
 
 

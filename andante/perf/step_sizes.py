@@ -43,6 +43,10 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from andante.perf.paths import env_switch
+from andante.perf.shape import BatchShape
+from andante.perf.specs import HardwareSpec
+
 #: Entries of oneDNN's primitive cache (its default, `ONEDNN_PRIMITIVE_CACHE_CAPACITY`),
 #: and the entries one step size takes, measured (`ONEDNN_VERBOSE=2` cache misses, prompt
 #: sizes run in turn): a size stayed cached while 90 other sizes ran and left it after
@@ -100,6 +104,9 @@ class StepSizeCache:
             self.miss(num_tokens)
 
 
+#: Set to anything but "" / "0": no step-size buckets (real engine and simulator alike).
+NO_BUCKETS_ENV = "ANDANTE_NO_STEP_BUCKETS"
+
 #: (upper bound, granule) of each range of step sizes, in order; counts up to the first
 #: bound run as they are (granule 1).
 DEFAULT_GRANULES: tuple[tuple[int, int], ...] = ((64, 1), (512, 16), (2048, 64))
@@ -155,3 +162,27 @@ def primitive_cache_entries(num_buckets: int) -> int:
     """A oneDNN primitive cache capacity that keeps `num_buckets` warmed step sizes (and
     their LM-head sizes) with room to spare."""
     return PRIMITIVE_CACHE_SLACK + PRIMITIVE_ENTRIES_PER_BUCKET * max(0, num_buckets)
+
+
+def engine_buckets(hardware: HardwareSpec) -> StepBuckets | None:
+    """The buckets an andante CPU engine on `hardware` pads its steps to: the default
+    ones where the profile has a new-size setup (a calibrated CPU engine), unless
+    $ANDANTE_NO_STEP_BUCKETS is set; None otherwise (GPUs, built-in profiles)."""
+    if not hardware.new_size_cache or env_switch(NO_BUCKETS_ENV):
+        return None
+    return StepBuckets()
+
+
+def padded_shape(shape: BatchShape, buckets: StepBuckets) -> BatchShape:
+    """`shape` as a bucketed engine runs it: its GEMM rows (tokens) and LM-head rows
+    (sampled sequences) padded to their buckets; the attention terms stay the real
+    rows'. A copy."""
+    out = shape.copy()
+    out.num_tokens = buckets.pad(shape.num_tokens)
+    out.num_sampled = buckets.pad(shape.num_sampled)
+    return out
+
+
+def bucket_cache_sizes(num_buckets: int) -> int:
+    """The step sizes a primitive cache raised for `num_buckets` buckets holds."""
+    return default_cache_sizes(primitive_cache_entries(num_buckets))
