@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -205,6 +207,16 @@ class TorchExecutor:
         warmup = warm_buckets(self._warmup_step, self._warmup_lm_head, threads_of, plan)
         torch.set_num_threads(self.num_threads)
         return warmup
+
+    @contextmanager
+    def unbucketed(self) -> Iterator[None]:
+        """Steps run at their own row counts inside the block (a calibration timing
+        exact sizes on an executor that has buckets); the buckets come back after."""
+        buckets, self.runner.buckets = self.runner.buckets, None
+        try:
+            yield
+        finally:
+            self.runner.buckets = buckets
 
     def _warmup_step(self, batch: StepBatch) -> None:
         """A warm-up step: the first layer and the LM head, at the step's thread count."""

@@ -88,6 +88,15 @@ def test_real_rows_logits_do_not_depend_on_padding(tiny_bf16: LoadedModel) -> No
 
 
 @needs_bf16
+def test_unbucketed_runs_exact_sizes_then_restores(tiny_bf16: LoadedModel) -> None:
+    executor = bf16_executor(tiny_bf16)
+    buckets = executor.runner.buckets
+    with executor.unbucketed():
+        assert executor.runner.buckets is None
+    assert executor.runner.buckets is buckets is not None
+
+
+@needs_bf16
 def test_warm_up_runs_every_bucket_once(tiny_bf16: LoadedModel,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     steps: list[tuple[int, int | None]] = []
