@@ -13,7 +13,8 @@ TTFT and mean TPOT within 10% (|sim - real| / real) at every rate.
 
 `--prefix-caching on|off|both` (default both: every rate with it off, then on) sets the
 engine's prefix caching on both sides (`SchedulerConfig.enable_prefix_caching`); the
-prompts here share no prefix.
+prompts here share no prefix. A list such as `on,off,on` runs those phases in that
+order (whether a phase's per-step ratios follow its place or its mode).
 
 The simulated instance starts with the step sizes the real engine has run before the
 timed requests (calibration, earlier rates, the warm-up), most recent last: a calibrated
@@ -34,37 +35,45 @@ are not comparable with the simulation in that mode).
 
 Prints one JSON line: the fit error, per rate the real and simulated figures and their
 errors, the worst error, and the load average before and after (the machine's load
-moves the real figures: say so when reporting).
+moves the real figures: say so when reporting). `outside_cpu`, for the calibration and
+each real run, is the share of the machine's CPU that other processes used meanwhile:
+where one phase's steps run slower than calibrated by the same factor for every step
+kind, this tells an outside load from a drift of the engine itself.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import os
-import sys
-import tempfile
-import time
-from typing import Any
 
-import numpy as np
+# The wait policy is the environment's, as `andante serve` takes it (unset: libgomp's
+# default, spinning workers, which stop 21's quiet figures used). OpenMP reads it once, when
+# torch loads it, so this script never sets it after start: the JSON reports the one in force.
 
-from andante.core import MonotonicClock, Request, SamplingParams
-from andante.engine.engine import StepOutput
-from andante.engine.stats import SchedulerStats
-from andante.metrics.record import records_from_requests
-from andante.metrics.summary import Summary, summarize
-from andante.perf.catalog import get_hardware
-from andante.perf.cost_model import CostModel
-from andante.perf.fit import fit_coefficients, prediction_error
-from andante.perf.paths import ANDANTE_HOME_ENV
-from andante.perf.shape import BatchShape
-from andante.perf.step_sizes import StepSizeCache
-from andante.policies import SchedulerConfig
-from andante.sim import ClusterSpec, build_simulator
-from andante.workload import RequestSpec, WorkloadConfig, build_workload
-from andante.workload.spec import to_requests
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from andante.core import MonotonicClock, Request, SamplingParams  # noqa: E402
+from andante.engine.engine import StepOutput  # noqa: E402
+from andante.engine.stats import SchedulerStats  # noqa: E402
+from andante.metrics.record import records_from_requests  # noqa: E402
+from andante.metrics.summary import Summary, summarize  # noqa: E402
+from andante.perf.catalog import get_hardware  # noqa: E402
+from andante.perf.cost_model import CostModel  # noqa: E402
+from andante.perf.fit import fit_coefficients, prediction_error  # noqa: E402
+from andante.perf.paths import ANDANTE_HOME_ENV  # noqa: E402
+from andante.perf.shape import BatchShape  # noqa: E402
+from andante.perf.step_sizes import StepSizeCache  # noqa: E402
+from andante.policies import SchedulerConfig  # noqa: E402
+from andante.sim import ClusterSpec, build_simulator  # noqa: E402
+from andante.workload import RequestSpec, WorkloadConfig, build_workload  # noqa: E402
+from andante.workload.spec import to_requests  # noqa: E402
 
 TARGET = 0.10
 PREFIX_CACHING_FIELD = "enable_prefix_caching"  # SchedulerConfig's switch, where it exists
@@ -79,6 +88,16 @@ def scheduler_config(prefix_caching: str) -> SchedulerConfig:
     if prefix_caching == "on":
         raise ValueError("--prefix-caching on: this build's engine has no prefix caching")
     return config
+
+
+def caching_phases(text: str) -> list[str]:
+    """`--prefix-caching`: the phases' modes in order ("both" is off, then on)."""
+    modes = ["off", "on"] if text == "both" else text.split(",")
+    for mode in modes:
+        if mode not in ("on", "off"):
+            raise ValueError(f"--prefix-caching: expected on, off, both or a comma-separated "
+                             f"list of on/off, got {text!r}")
+    return modes
 
 
 def _executor(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -114,14 +133,17 @@ class StepTrace:
         self.wall_loop = wall_loop  # the loop time is wall minus duration: off in CPU time
         self.rows: list[dict[str, Any]] = []
         self._last_end: float | None = None
+        self._idle_since: float | None = None  # when the engine last ran out of work
 
     def __call__(self, output: StepOutput, stats: SchedulerStats) -> None:
         now = self.clock.now()
         shape = output.batch.shape()
         measured = output.result.duration
         gap = None if self._last_end is None else now - self._last_end - measured
+        idle = None if self._idle_since is None else now - self._idle_since - measured
         busy = stats.num_running + stats.num_waiting + stats.num_swapped > 0
         self._last_end = now if busy else None
+        self._idle_since = None if busy else now
         if not output.batch.requests:
             return
         new = self.sizes.miss(shape.num_tokens)
@@ -133,11 +155,13 @@ class StepTrace:
                           "single_fit_ms": None if self.single_fit is None
                           else self.single_fit.step_time(shape) * 1e3,
                           "loop_ms": None if gap is None or not self.wall_loop
-                          else gap * 1e3})
+                          else gap * 1e3,
+                          "idle_before_ms": None if idle is None else idle * 1e3})
 
     def summary(self) -> dict[str, Any]:
-        """Per kind: steps, medians, and the measured / predicted ratio of the sums, also
-        apart for the steps of sizes new to the engine and of warm ones."""
+        """Per kind: steps, medians, the measured / predicted ratio of the sums (what the
+        mean TTFT and TPOT follow) and the median of the steps' ratios, and the ratio of
+        the sums apart for the steps of sizes new to the engine and of warm ones."""
         out: dict[str, Any] = {}
         for kind in ("decode", "mixed", "prefill"):
             rows = [r for r in self.rows if r["kind"] == kind]
@@ -148,7 +172,11 @@ class StepTrace:
             out[kind] = {"steps": len(rows), "new_sizes": sum(r["new_size"] for r in rows),
                          "measured_median_ms": round(float(np.median(measured)), 2),
                          "predicted_median_ms": round(float(np.median(predicted)), 2),
-                         "ratio": round(sum(measured) / sum(predicted), 3)}
+                         "ratio": round(sum(measured) / sum(predicted), 3),
+                         # the typical step: where it is below `ratio`, a tail of slow
+                         # steps, not a shift of every step, makes the difference
+                         "ratio_median": round(float(np.median(
+                             [m / p for m, p in zip(measured, predicted, strict=True)])), 3)}
             for label, new in (("new", True), ("warm", False)):  # sizes new to the engine
                 part = [r for r in rows if r["new_size"] is new]
                 if part:
@@ -262,8 +290,9 @@ def _calibrate(args: argparse.Namespace, executor: Any) -> tuple[dict[str, Any],
     from andante.exec.torch_calibrate import calibrate
 
     os.environ[ANDANTE_HOME_ENV] = tempfile.mkdtemp(prefix="andante-fidelity-")
-    started = time.perf_counter()
+    started, outside = time.perf_counter(), OutsideCpu()
     result = calibrate(executor, name=args.hardware)
+    outside_share = outside.share()
     save_fit(result.hardware, result.error, force=True)
     base = CostModel(executor.spec, dataclasses.replace(result.hardware,
                                                         serial_coefficients=None,
@@ -275,7 +304,8 @@ def _calibrate(args: argparse.Namespace, executor: Any) -> tuple[dict[str, Any],
                             round(hw.new_size_per_token * 1e3, 5)],
             "new_size_cache": hw.new_size_cache,
             "single_fit_error": round(prediction_error(single, result.samples), 4),
-            "wall_s": round(time.perf_counter() - started, 1)}, single
+            "wall_s": round(time.perf_counter() - started, 1),
+            "outside_cpu": outside_share}, single
 
 
 def _write_step_log(path: str | None, rate: float, trace: StepTrace) -> None:
@@ -284,6 +314,35 @@ def _write_step_log(path: str | None, rate: float, trace: StepTrace) -> None:
     with open(path, "a", encoding="utf-8") as out:
         for row in trace.rows:
             out.write(json.dumps({"rate": rate, **row}) + "\n")
+
+
+class OutsideCpu:
+    """The CPU time other processes used while this one ran a phase, as a share of the
+    machine (/proc/stat's busy time less this process's own, over wall time and cores):
+    a figure that tells an outside load from the engine's own drift (None where
+    /proc/stat is missing)."""
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as stat:
+                ticks = [int(v) for v in stat.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+        own = os.times()
+        return busy, own.user + own.system, time.perf_counter()
+
+    def share(self) -> float | None:
+        end = self._read()
+        if end is None or self._start is None or end[2] <= self._start[2]:
+            return None
+        outside = (end[0] - self._start[0]) - (end[1] - self._start[1])
+        cores = os.cpu_count() or 1
+        return round(max(0.0, outside) / ((end[2] - self._start[2]) * cores), 4)
 
 
 def _loadavg() -> list[float]:
@@ -296,12 +355,14 @@ def _one_rate(args: argparse.Namespace, model_and_executor: tuple[Any, Any], rat
     workload = build_workload(WorkloadConfig(kind="poisson", rate=rate,
                                              num_requests=args.num_requests,
                                              lengths=args.lengths, seed=args.seed))
+    outside = OutsideCpu()
     real_summary, trace = real_run(args, model_and_executor, workload, config, single_fit)
+    outside_share = outside.share()
     real = _figures(real_summary)
     sim = _figures(sim_run(args, workload, config, trace.history))
     _write_step_log(args.step_log, rate, trace)
     return {"rate": rate, "real": real, "sim": sim, **_errors(real, sim),
-            "steps": trace.summary(), "loadavg": _loadavg()}
+            "steps": trace.summary(), "loadavg": _loadavg(), "outside_cpu": outside_share}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,9 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hardware", default="cpu", help="the profile the simulator uses")
     p.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
                    help="calibrate first (default; into a private profiles folder)")
-    p.add_argument("--prefix-caching", choices=["on", "off", "both"], default="both",
-                   help="the engine's prefix caching on both sides (default both: every "
-                   "rate with it off, then on)")
+    p.add_argument("--prefix-caching", default="both", metavar="MODES",
+                   help="the engine's prefix caching on both sides: on, off, both (default: "
+                   "every rate with it off, then on) or phases in order, e.g. on,off,on")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
     p.add_argument("--cpu-time", action="store_true",
@@ -325,11 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-log", default=None,
                    help="write every real step (shape, measured, predicted) as JSON lines")
     args = p.parse_args(argv)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         rates = [float(r) for r in args.rates.split(",")]
-        modes = ["off", "on"] if args.prefix_caching == "both" else [args.prefix_caching]
-        configs = {mode: scheduler_config(mode) for mode in modes}
+        phases = [(mode, scheduler_config(mode)) for mode in caching_phases(args.prefix_caching)]
         if args.cpu_time and args.threads != 1:
             raise ValueError("--cpu-time needs --threads 1 (CPU time sums the threads)")
     except ValueError as exc:
@@ -342,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     calibration, single_fit = (_calibrate(args, model_and_executor[1]) if args.calibrate
                                else (None, None))
     runs = []
-    for mode, config in configs.items():
+    for mode, config in phases:
         for rate in rates:
             runs.append({"prefix_caching": mode, **_one_rate(
                 args, model_and_executor, rate, config, single_fit)})
@@ -353,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "fidelity", "workload": {
             "kind": "poisson", "num_requests": args.num_requests, "lengths": args.lengths,
             "seed": args.seed}, "policy": args.policy, "prefix_caching": args.prefix_caching,
-        "threads": args.threads, "cpu_time": args.cpu_time,
+        "threads": args.threads, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+        "cpu_time": args.cpu_time,
         "calibration": calibration, "runs": runs, "worst_error": worst, "target": TARGET,
         "within_target": worst <= TARGET, "wall_s": round(time.perf_counter() - started, 1),
         "loadavg_before": load_before, "loadavg_after": _loadavg()}))

@@ -9,10 +9,20 @@ produces: whole prefills, decode batches at several contexts, and mixed prefill 
 decode steps. Every step with a prefill runs twice at a token count not run before,
 each time after an untimed one-sequence decode step, as a prompt arrives among decode
 steps in live serving: the first run is cold (oneDNN builds the GEMM primitives of that
-size), the second warm. The regression is fitted to the warm runs, the steady state of
-a serving engine, and the cold-minus-warm differences give the setup of a new step size
-(`fit_new_size`, andante.perf.step_sizes), which the simulator adds the first time an
-instance runs a size. (Fitting the cold runs alone, as before, made the model predict
+size), the second warm. A step of whole prefills alone is what an idle engine runs
+when a prompt arrives (a served prefill-only step follows an idle wait: no request was
+running), so those runs also start after `idle_before_prefill` seconds of idling, the
+state serving meets them in, whatever the OpenMP wait policy does with it: with
+libgomp's default (spinning) policy the worker has stopped spinning by then and the
+step pays to wake it, 3-5% more on a 150-token prefill (2 threads, quiet moments of a
+shared machine), and a quiet fidelity run's served prefill-only steps took a median
+1.04x the prediction timed right after a decode step where its other steps took 1.00x;
+with OMP_WAIT_POLICY=PASSIVE the idle wait cost nothing measurable there (0.96x), and
+on a loaded machine 1.2-1.4x in every trial (the process waits to be scheduled again).
+The regression is fitted to the warm runs, the steady state of a serving engine, and
+the cold-minus-warm differences give the setup of a new step size (`fit_new_size`,
+andante.perf.step_sizes), which the simulator adds the first time an instance runs a
+size. (Fitting the cold runs alone, as before, made the model predict
 served prefills 14-18% high once their sizes had run.)
 The roofline rates themselves are measured too (a large bf16 GEMM for peak FLOP/s, a large
 copy for memory bandwidth, a KV swap for the host-link rate), so the fitted
@@ -58,10 +68,14 @@ class SweepConfig:
     decode_contexts: tuple[int, ...] = (64, 256, 1024)
     mixed: tuple[tuple[int, int, int], ...] = ((64, 4, 128), (256, 8, 256), (128, 16, 512))
     repeats: int = 3
+    idle_before_prefill: float = 0.1  # seconds idle before each timed prefill-only step
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if not self.idle_before_prefill >= 0:
+            raise ValueError(f"idle_before_prefill must be >= 0 seconds, "
+                             f"got {self.idle_before_prefill!r}")
 
     def shapes(self) -> list[Chunks]:
         out: list[Chunks] = [((n, 0),) for n in self.prefill_lens]
@@ -123,14 +137,31 @@ def _time_once(executor: TorchExecutor, kv: KVBlockManager, chunks: Chunks, tag:
             kv.free(req.request_id)
 
 
+@dataclass(frozen=True, slots=True)
+class LeadIn:
+    """What precedes each timed step with a prefill: an untimed one-sequence decode
+    step, then, before a step of whole prefills alone, `idle` seconds of `pause`."""
+
+    idle: float = 0.0
+    pause: Callable[[float], None] = time.sleep
+
+    def run(self, executor: TorchExecutor, kv: KVBlockManager, chunks: Chunks, tag: str,
+            token_id: int) -> None:
+        _time_once(executor, kv, LEAD_IN_DECODE, tag, token_id)
+        if self.idle > 0 and all(n > 1 for n, _ in chunks):
+            self.pause(self.idle)
+
+
 def _measure_shape(executor: TorchExecutor, kv: KVBlockManager, chunks: Chunks, tag: str,
-                   repeats: int, token_id: int) -> tuple[list[Sample], list[NewSize]]:
+                   repeats: int, token_id: int, lead_in: LeadIn = LeadIn()
+                   ) -> tuple[list[Sample], list[NewSize]]:
     """Decode-only steps: the median of `repeats` warm runs of one shape (decode batch
     sizes recur in live serving). Steps with a prefill, per repeat: a new size
-    (`_fresh_lengths`) run cold, then warm, each right after an untimed one-sequence
-    decode step, as in live serving, where a prompt arrives among decode steps (on a CPU
-    those run on one thread: the step after them pays for waking the others); the warm
-    run is the sample, cold minus warm the new size's setup."""
+    (`_fresh_lengths`) run cold, then warm, each after `lead_in`: an untimed
+    one-sequence decode step, as in live serving, where a prompt arrives among decode
+    steps (on a CPU those run on one thread: the step after them pays for waking the
+    others), and before whole prefills alone an idle wait, as a prompt that finds the
+    engine idle; the warm run is the sample, cold minus warm the new size's setup."""
     if all(n == 1 for n, _ in chunks):
         _time_once(executor, kv, chunks, tag, token_id)  # warm-up
         runs = [_time_once(executor, kv, chunks, tag, token_id) for _ in range(repeats)]
@@ -139,9 +170,9 @@ def _measure_shape(executor: TorchExecutor, kv: KVBlockManager, chunks: Chunks, 
     new_sizes: list[NewSize] = []
     for r in range(repeats):
         fresh = _fresh_lengths(chunks, r)
-        _time_once(executor, kv, LEAD_IN_DECODE, f"{tag}-{r}-lead", token_id)
+        lead_in.run(executor, kv, fresh, f"{tag}-{r}-lead", token_id)
         _, cold = _time_once(executor, kv, fresh, f"{tag}-{r}-cold", token_id)
-        _time_once(executor, kv, LEAD_IN_DECODE, f"{tag}-{r}-lead", token_id)
+        lead_in.run(executor, kv, fresh, f"{tag}-{r}-lead", token_id)
         shape, warm = _time_once(executor, kv, fresh, f"{tag}-{r}", token_id)
         samples.append((shape, warm))
         new_sizes.append((shape.num_tokens, cold - warm))
@@ -149,8 +180,8 @@ def _measure_shape(executor: TorchExecutor, kv: KVBlockManager, chunks: Chunks, 
 
 
 def measure_steps(executor: TorchExecutor, shapes: Sequence[Chunks], repeats: int,
-                  progress: Callable[[int, int], None] | None = None
-                  ) -> tuple[list[Sample], list[NewSize]]:
+                  progress: Callable[[int, int], None] | None = None,
+                  lead_in: LeadIn = LeadIn()) -> tuple[list[Sample], list[NewSize]]:
     """(shape, seconds) samples of synthetic warm steps, and (token count, cold minus
     warm seconds) of the new sizes; skips shapes that do not fit."""
     block_size = executor.options.block_size
@@ -168,7 +199,7 @@ def measure_steps(executor: TorchExecutor, shapes: Sequence[Chunks], repeats: in
             _time_once(executor, kv, chunks, "warm-up", token_id)
             warmed = True
         measured, extra = _measure_shape(executor, kv, chunks, f"cal{index}", repeats,
-                                         token_id)
+                                         token_id, lead_in)
         samples += measured
         new_sizes += extra
         if progress is not None:
@@ -238,7 +269,8 @@ def calibrate(executor: TorchExecutor, sweep: SweepConfig | None = None,
     base = HardwareSpec(name=name, peak_flops=flops, mem_bandwidth=bandwidth,
                         mem_capacity=total_memory_bytes(), host_link_bandwidth=link,
                         interconnect_bandwidth=link, collective_latency=0.0)
-    samples, new_sizes = measure_steps(executor, sweep.shapes(), sweep.repeats, progress)
+    samples, new_sizes = measure_steps(executor, sweep.shapes(), sweep.repeats, progress,
+                                       LeadIn(sweep.idle_before_prefill))
     if not samples:
         raise ValueError("no calibration step fits this executor's KV cache")
     below = serial_below_tokens(executor)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -63,6 +65,7 @@ def test_step_trace_compares_each_kind_with_the_model() -> None:
     assert summary["decode"]["steps"] == 2
     for kind in ("decode", "mixed", "prefill"):
         assert summary[kind]["ratio"] == pytest.approx(1.5, abs=1e-3)
+        assert summary[kind]["ratio_median"] == pytest.approx(1.5, abs=1e-3)
         assert summary[kind]["ratio_single_fit"] < 1.5  # the slower model predicts more
     assert summary["loop_median_ms"] == pytest.approx(2.0, abs=1e-3)
 
@@ -116,3 +119,89 @@ def test_size_recorder_keeps_the_sizes_of_forward_steps() -> None:
     recorder.execute(StepBatch())  # a swap-only or empty step runs no forward pass
     recorder.execute(_step([(1, 6)]))
     assert recorder.sizes == [31, 1] and recorder.name == "inner"
+
+
+def test_step_trace_logs_the_idle_time_before_a_step() -> None:
+    fidelity = _module("fidelity")
+    model = CostModel(get_model("smollm2-135m"), get_hardware("a10-24g"))
+    clock = _Clock()
+    trace = fidelity.StepTrace(model, clock)
+    busy, idle = SchedulerStats(num_running=1), SchedulerStats()
+    for chunks, stats, wait in (([(30, 0)], busy, 0.0), ([(1, 30)], idle, 0.001),
+                                ([(40, 0)], busy, 0.5), ([(1, 40)], busy, 0.001)):
+        batch = _step(chunks)
+        duration = model.step_time(batch.shape())
+        clock.t += wait + duration  # `wait`: time before the step started
+        trace(StepOutput(batch, StepResult([1] * len(chunks), duration)), stats)
+    idle_ms = [r["idle_before_ms"] for r in trace.rows]
+    assert idle_ms[0] is None and idle_ms[1] is None and idle_ms[3] is None
+    assert idle_ms[2] == pytest.approx(500.0, abs=1e-6)  # the engine had run out of work
+    assert trace.rows[2]["loop_ms"] is None
+
+
+def test_caching_phases_in_order() -> None:
+    fidelity = _module("fidelity")
+    assert fidelity.caching_phases("both") == ["off", "on"]
+    assert fidelity.caching_phases("on,off,on") == ["on", "off", "on"]
+    assert fidelity.caching_phases("off") == ["off"]
+    with pytest.raises(ValueError, match="--prefix-caching"):
+        fidelity.caching_phases("on,maybe")
+
+
+def test_the_wait_policy_is_the_environments_when_torch_loads_openmp() -> None:
+    """OpenMP reads OMP_WAIT_POLICY once, when torch loads it: fidelity.py must leave the
+    environment's choice (the served engine's) in force, unset included."""
+    probe = (
+        "import importlib.abc, os, sys\n"
+        "seen = []\n"
+        "class Watch(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' and not seen:\n"
+        "            seen.append(os.environ.get('OMP_WAIT_POLICY'))\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Watch())\n"
+        f"sys.path.insert(0, {str(BENCHMARKS)!r})\n"
+        "import fidelity\n"
+        "assert 'torch' in sys.modules, 'fidelity.py no longer loads torch on import'\n"
+        "print(seen[0])\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "None"
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "ACTIVE"
+
+
+def test_outside_cpu_is_the_machine_less_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    fidelity = _module("fidelity")
+    readings = iter([(100.0, 5.0, 10.0), (103.0, 6.0, 12.0)])  # (busy, own, wall) s
+    monkeypatch.setattr(fidelity.OutsideCpu, "_read", staticmethod(lambda: next(readings)))
+    monkeypatch.setattr(fidelity.os, "cpu_count", lambda: 2)
+    # 3 s busy of which 1 s this process's, over 2 s on 2 cores
+    assert fidelity.OutsideCpu().share() == pytest.approx(0.5)
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs /proc/stat")
+def test_outside_cpu_sees_another_process_spin() -> None:
+    fidelity = _module("fidelity")
+    meter = fidelity.OutsideCpu()
+    spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True, timeout=60)
+    share = meter.share()
+    assert share is not None and share >= 0.3 / (os.cpu_count() or 1)
+
+
+def test_step_trace_tells_a_tail_from_a_shift() -> None:
+    fidelity = _module("fidelity")
+    model = CostModel(get_model("smollm2-135m"), get_hardware("a10-24g"))
+    trace = fidelity.StepTrace(model, _Clock())
+    busy = SchedulerStats(num_running=1)
+    for slow in (1.0, 1.0, 1.0, 1.0, 3.0):  # one step in five runs 3x the prediction
+        batch = _step([(1, 40)])
+        duration = model.step_time(batch.shape()) * slow
+        trace(StepOutput(batch, StepResult([1], duration)), busy)
+    decode = trace.summary()["decode"]
+    assert decode["ratio"] == pytest.approx(1.4, abs=1e-3)
+    assert decode["ratio_median"] == pytest.approx(1.0, abs=1e-3)
