@@ -35,12 +35,12 @@ weigh padding (~0.24 ms per row of SmolLM2 at two threads: 1.8 ms on average at 
 granule of 16) against a cold size (8-25 ms below 384 tokens, more above). Measured
 (benchmarks/step_buckets.py: 40 prompt lengths in 65-256 that are no bucket, each run
 bucketed, exact and cold, exact and warm, interleaved in one process; busy machine,
-load 3.3-4.5): bucketed prefills took 7.6-9.5% less process CPU than the same sizes
-cold and 1-6% more than them warm (the pad rows); a granule of 8 halved the pad rows
-(4.2 vs 8.7 on average) but not that overhead (+5.8% over warm, 6.3% under cold), so 16.
-A 256-token prefill, a bucket itself, ran at 0.994-1.004 of the unbucketed path's CPU
-time. The warm-up takes 2-5 s up to 512 tokens (92 sizes) and 8-21 s up to 8,192 (140
-sizes) on this busy 2-core machine, on one layer of SmolLM2. A simulated
+load 2.2-4.5, four runs): bucketed prefills took 7.4-9.5% less process CPU than the
+same sizes cold and 1-6.4% more than them warm (the pad rows); a granule of 8 halved the
+pad rows (4.3 vs 8.5 on average) but not that overhead (+4.9-5.8% over warm, 6.3-10.5%
+under cold, two runs), so 16. A 256-token prefill, a bucket itself, ran at 0.992-1.004
+of the unbucketed path's CPU time. The warm-up takes 2-5 s up to 512 tokens (92 sizes)
+and 8-21 s up to 8,192 (140 sizes) on this busy 2-core machine, on one layer of SmolLM2. A simulated
 instance mirrors it: it charges the step at the bucket's token count and warms the
 buckets up to its step budget before the run (andante.exec.sim_executor).
 """
