@@ -25,24 +25,24 @@ prefills of a served workload then took 0.82-0.86 of the prediction and the cold
 1.13 (stop 20).
 
 Step-size buckets take that setup out of serving. The real engine pads a step's rows for
-its dense GEMMs up to a bucket (`StepBuckets.pad`): every count up to 64 (the
-first range, granule 1) as it is (decode batches: few sizes, each step's padding would cost a whole token's
-GEMM work per row), then multiples of a granule that grows with the count (16 up to
-512, 64 up to 2,048, 256 beyond), so that a few hundred distinct counts collapse onto
-~140 sizes up to 8,192 tokens, all built once at start-up (the executor's warm-up) and
-kept in a primitive cache sized for them (`primitive_cache_entries`). The granules
-weigh padding (~0.24 ms per row of SmolLM2 at two threads: 1.8 ms on average at a
-granule of 16) against a cold size (8-25 ms below 384 tokens, more above). Measured
+its dense GEMMs up to a bucket (`StepBuckets.pad`): every count up to 64 (the first
+range, granule 1) as it is (decode batches: few sizes, each step's padding would cost a
+whole token's GEMM work per row), then multiples of a granule that grows with the count
+(16 up to 512, 64 up to 2,048, 256 beyond), so that a few hundred distinct counts
+collapse onto ~140 sizes up to 8,192 tokens, all built once at start-up (the executor's
+warm-up) and kept in a primitive cache sized for them (`primitive_cache_entries`). The
+granules weigh padding (~0.24 ms per row of SmolLM2 at two threads: 1.8 ms on average at
+a granule of 16) against a cold size (8-25 ms below 384 tokens, more above). Measured
 (benchmarks/step_buckets.py: 40 prompt lengths in 65-256 that are no bucket, each run
-bucketed, exact and cold, exact and warm, interleaved in one process; busy machine,
-load 2.2-4.5, four runs): bucketed prefills took 7.4-9.5% less process CPU than the
-same sizes cold and 1-6.4% more than them warm (the pad rows); a granule of 8 halved the
-pad rows (4.3 vs 8.5 on average) but not that overhead (+4.9-5.8% over warm, 6.3-10.5%
-under cold, two runs), so 16. A 256-token prefill, a bucket itself, ran at 0.992-1.004
-of the unbucketed path's CPU time. The warm-up takes 2-5 s up to 512 tokens (92 sizes)
-and 8-21 s up to 8,192 (140 sizes) on this busy 2-core machine, on one layer of
-SmolLM2. A simulated instance mirrors it: it charges the step at the bucket's token count and warms the
-buckets up to its step budget before the run (andante.exec.sim_executor).
+bucketed, exact and cold, exact and warm, interleaved in one process; busy machine, load
+2.2-4.5, four runs): bucketed prefills took 7.4-9.5% less process CPU than the same
+sizes cold and 1-6.4% more than them warm (the pad rows); a granule of 8 halved the pad
+rows (4.3 vs 8.5 on average) but not that overhead (+4.9-5.8% over warm, 6.3-10.5% under
+cold, two runs), so 16. A 256-token prefill, a bucket itself, ran at 0.992-1.004 of the
+unbucketed path's CPU time. The warm-up takes 2-5 s up to 512 tokens (92 sizes) and 8-21
+s up to 8,192 (140 sizes) on this busy 2-core machine, on one layer of SmolLM2. A
+simulated instance mirrors it: it charges the step at the bucket's token count and warms
+the buckets up to its step budget before the run (andante.exec.sim_executor).
 """
 
 from __future__ import annotations
