@@ -23,6 +23,12 @@ meanwhile (from /proc/stat, less this run's own CPU time); a system-round is mar
 `busy` when that share exceeds `--busy-share`. Medians over rounds; ratios > 1 where
 andante is better. Prints ONE JSON line.
 
+`--prefill-lengths N` adds andante's mixed-size figure: N one-token prefills of lengths
+drawn from 32-256 (seeded by `--prefill-lengths-seed`), mean and median wall ms, where
+nearly every step is a size the process has not run (step-size buckets' case,
+andante.perf.step_sizes); `--no-step-buckets` runs andante with
+ANDANTE_NO_STEP_BUCKETS=1 (no padding, no warm-up), for side-by-side runs.
+
 `--profile` instead profiles andante's steps (a 256-token prefill, a batch-8 decode
 step, a 16-request mixed step) with torch.profiler, writing an operator table and a
 Chrome trace per step under `--profile-dir` (default runs/profile/<UTC time>).
@@ -166,7 +172,10 @@ def figures(record: dict[str, Any]) -> dict[str, float]:
             "decode_b8_ms": decode["b8"]["ms_per_step"],
             "concurrent_tok_s": record["concurrent"]["out_tok_s"],
             "decode_b1_wall_ms": decode["b1"]["ms_per_step_wall"],
-            "decode_b8_wall_ms": decode["b8"]["ms_per_step_wall"]}
+            "decode_b8_wall_ms": decode["b8"]["ms_per_step_wall"],
+            **({"mixed_prefill_mean_ms": record["mixed_prefill"]["mean_ms"],
+                "mixed_prefill_median_ms": record["mixed_prefill"]["median_ms"]}
+               if "mixed_prefill" in record else {})}
 
 
 def ratios(ours: dict[str, float], peer: dict[str, float]) -> dict[str, float]:
@@ -243,6 +252,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--conc-requests", type=int, default=16)
     p.add_argument("--conc-prompt", type=int, default=128)
     p.add_argument("--conc-output", type=int, default=64)
+    p.add_argument("--prefill-lengths", type=int, default=0,
+                   help="andante only: also time N prefills of random lengths 32-256 "
+                        "(the mixed-size figure; 0: off)")
+    p.add_argument("--prefill-lengths-seed", type=int, default=0)
+    p.add_argument("--no-step-buckets", action="store_true",
+                   help="andante without step-size buckets (ANDANTE_NO_STEP_BUCKETS=1)")
     p.add_argument("--vllm-eager", action="store_true", help="vLLM with enforce_eager")
     p.add_argument("--vllm-shared-machine", action="store_true",
                    help="vLLM in-process with sleeping OpenMP threads (see vllm_peer/README)")
@@ -259,6 +274,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-dir", type=Path, default=None,
                    help="where --profile writes (default runs/profile/<UTC time>)")
     args = p.parse_args(argv)
+    if args.prefill_lengths < 0:
+        p.error("--prefill-lengths must be >= 0")
     for name in ("rounds", "repeats", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
@@ -267,6 +284,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.no_step_buckets:  # read when andante's executor starts, in this process
+        os.environ["ANDANTE_NO_STEP_BUCKETS"] = "1"
     if args.wait_policy != "default":  # the same for every system: like for like
         os.environ["OMP_WAIT_POLICY"] = args.wait_policy.upper()
     if args.profile:

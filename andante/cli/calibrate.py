@@ -146,8 +146,10 @@ def _measure(args: argparse.Namespace) -> tuple[str, Calibration]:
     from andante.models.loader import load_model
 
     model = load_model(args.model, args.dtype)
+    # exact step sizes, none warmed: the sweep times each size cold, then warm
     executor = TorchExecutor(model, TorchExecutorOptions(
-        dtype=args.dtype, num_threads=args.threads, kv_cache_gib=1.0, swap_space_gib=0.25))
+        dtype=args.dtype, num_threads=args.threads, kv_cache_gib=1.0, swap_space_gib=0.25,
+        step_buckets=False, warmup_tokens=None))
     sweep = QUICK_SWEEP if args.quick else SweepConfig()
     sweep = dataclasses.replace(sweep, repeats=args.repeats if not args.quick else 1)
     print(f"calibrating {model.name} ({args.dtype}) on {len(sweep.shapes())} step shapes",

@@ -6,14 +6,30 @@ path (as in vLLM, which swaps synchronously before the forward pass); with
 swapping): copies whose blocks the step's forward pass uses (a swap-in of a request it
 runs, a swapped-out block it reuses) must finish first; the others overlap the forward
 pass and only the part longer than it delays the step.
+
+A CPU profile with a new-size setup (andante.perf.step_sizes) stands for andante's CPU
+engine, which pads each step to a step-size bucket and warms every bucket at start-up:
+the simulated instance then charges each step at its bucket's token count (and LM-head
+rows), the setup once per bucket, none for the buckets up to `warmup_tokens` (the real
+engine's warm-up limit: its max_model_len by default), in a size cache raised as the
+real engine raises oneDNN's. `step_buckets="auto"` follows the profile and
+$ANDANTE_NO_STEP_BUCKETS as the real engine does; None: no buckets.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.cost_model import CostModel
 from andante.perf.shape import BatchShape
-from andante.perf.step_sizes import StepSizeCache
+from andante.perf.step_sizes import (
+    StepBuckets,
+    StepSizeCache,
+    bucket_cache_sizes,
+    engine_buckets,
+    padded_shape,
+)
 
 GIB = 1 << 30
 
@@ -27,6 +43,8 @@ class SimExecutor:
         gpu_memory_utilization: float = 0.9,
         overlap_swaps: bool = False,
         token_id: int = 0,
+        step_buckets: StepBuckets | Literal["auto"] | None = "auto",
+        warmup_tokens: int | None = None,
     ) -> None:
         self.cost_model = cost_model
         self.block_size = block_size
@@ -34,7 +52,25 @@ class SimExecutor:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.overlap_swaps = overlap_swaps
         self.token_id = token_id
-        self.step_sizes = StepSizeCache(cost_model.hardware.new_size_cache)
+        self._init_step_sizes(step_buckets, warmup_tokens)
+
+    def _init_step_sizes(self, step_buckets: StepBuckets | Literal["auto"] | None,
+                         warmup_tokens: int | None) -> None:
+        hardware = self.cost_model.hardware
+        buckets = engine_buckets(hardware) if step_buckets == "auto" else step_buckets
+        self.step_buckets: StepBuckets | None = (
+            buckets if isinstance(buckets, StepBuckets) and hardware.new_size_cache else None)
+        capacity = hardware.new_size_cache
+        warm = (self.step_buckets.sizes(warmup_tokens)
+                if self.step_buckets is not None and warmup_tokens else [])
+        if warm:
+            capacity = max(capacity, bucket_cache_sizes(len(warm)))
+        self.step_sizes = StepSizeCache(capacity)
+        self.step_sizes.warm(warm)
+
+    def _shape(self, shape: BatchShape) -> BatchShape:
+        """The shape the engine runs: padded to its buckets, where it has them."""
+        return shape if self.step_buckets is None else padded_shape(shape, self.step_buckets)
 
     def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
         if block_size != self.block_size:
@@ -46,7 +82,7 @@ class SimExecutor:
     def execute(self, batch: StepBatch) -> StepResult:
         forward = 0.0
         if batch.requests:
-            shape = batch.shape()
+            shape = self._shape(batch.shape())
             forward = self.cost_model.step_time(shape)
             if self.step_sizes.capacity:
                 forward += self._new_size(shape.num_tokens)
@@ -82,7 +118,8 @@ class SimExecutor:
         self, batch: StepBatch, max_steps: int, time_budget: float
     ) -> list[float]:
         """See `andante.exec.base.DecodeRunExecutor`."""
-        shape = BatchShape.decodes([req.num_computed_tokens for req in batch.requests])
+        shape = self._shape(BatchShape.decodes([req.num_computed_tokens
+                                                for req in batch.requests]))
         if self.step_sizes.capacity:
             if self.step_sizes.is_new(shape.num_tokens):
                 return []  # the first step of a new size: stepped, so `execute` charges it
@@ -95,9 +132,10 @@ class SimExecutor:
         durations: list[float] = []
         total = 0.0
         sizes = self.step_sizes if self.step_sizes.capacity else None
-        for shape in shapes:
+        for real in shapes:
             if total >= time_budget:
                 break
+            shape = self._shape(real)
             if sizes is not None:
                 if sizes.is_new(shape.num_tokens):
                     break  # as in `decode_run_durations`

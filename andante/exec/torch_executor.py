@@ -9,13 +9,19 @@ is measured at start-up (andante.exec.torch_threads): whether a second OpenMP th
 pays for small decode steps depends on the machine and its load. The measured choice
 is cached per machine and model shape (andante.exec.torch_threads), so only the first
 start-up pays for the probe; it is logged either way. The process keeps freed heap
-memory for the next step (andante.exec.malloc_tuning).
+memory for the next step (andante.exec.malloc_tuning). On the fused bf16 path each
+step's GEMM rows are padded to a step-size bucket and every bucket up to the step
+budget is run once at start-up (andante.perf.step_sizes, andante.exec.torch_warmup), so
+no served step pays oneDNN's setup of a new size; `ANDANTE_NO_STEP_BUCKETS=1` turns
+both off.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -27,6 +33,7 @@ from andante.exec.malloc_tuning import keep_freed_memory
 from andante.exec.torch_cost import CPU_PROFILE, engine_cost_model
 from andante.exec.torch_inputs import InputBuilder
 from andante.exec.torch_kv import KVPools
+from andante.exec.torch_layers import packed_gemm_supported
 from andante.exec.torch_model import TransformerRunner
 from andante.exec.torch_sampler import Sampler
 from andante.exec.torch_threads import (
@@ -36,9 +43,18 @@ from andante.exec.torch_threads import (
     probe_context,
     probe_key,
 )
+from andante.exec.torch_warmup import (
+    WarmUp,
+    WarmUpPlan,
+    lm_head_thread_counts,
+    primitive_cache_for,
+    warm_buckets,
+)
 from andante.models.loader import LoadedModel, parse_dtype
 from andante.perf.cost_model import CostModel
+from andante.perf.paths import env_switch
 from andante.perf.specs import ModelSpec
+from andante.perf.step_sizes import NO_BUCKETS_ENV, StepBuckets
 
 GIB = 1 << 30
 log = logging.getLogger(__name__)
@@ -55,7 +71,13 @@ class TorchExecutorOptions:
     and on all threads, see andante.exec.torch_threads) or reuses the choice cached for
     this machine and model; None: always all threads; reprobe_threads: measure "auto"
     again even when a choice is cached (as does $ANDANTE_REPROBE_THREADS=1);
-    seed: the generator of unseeded sampling; hardware: cost-model profile name."""
+    seed: the generator of unseeded sampling; hardware: cost-model profile name;
+    step_buckets: pad each step's GEMM rows to a step-size bucket (bf16 fused path; off
+    with $ANDANTE_NO_STEP_BUCKETS=1); warmup_tokens: run every bucket up to this many
+    rows at start-up ("auto": the executor's max_model_len, the step budget of a server
+    with the default options; None: no warm-up, e.g. tests and tiny models);
+    warmup_seqs: the most sampled rows a step has (the scheduler's max_num_seqs), so
+    the LM head's buckets are warmed up to it."""
 
     dtype: str = "bfloat16"
     num_threads: int | None = None
@@ -67,9 +89,20 @@ class TorchExecutorOptions:
     reprobe_threads: bool = False
     seed: int = 0
     hardware: str = CPU_PROFILE
+    step_buckets: bool = True
+    warmup_tokens: int | Literal["auto"] | None = "auto"
+    warmup_seqs: int = 256
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
+        if isinstance(self.warmup_tokens, str):
+            if self.warmup_tokens != "auto":
+                raise ValueError("warmup_tokens must be an int, 'auto' or None, got "
+                                 f"{self.warmup_tokens!r}")
+        elif self.warmup_tokens is not None and self.warmup_tokens < 1:
+            raise ValueError(f"warmup_tokens must be >= 1, got {self.warmup_tokens}")
+        if self.warmup_seqs < 1:
+            raise ValueError(f"warmup_seqs must be >= 1, got {self.warmup_seqs}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if not self.kv_cache_gib > 0:
@@ -97,8 +130,11 @@ class TorchExecutor:
         self.model = model
         keep_freed_memory()
         self._init_threads()
-        self._init_runner()
+        self._init_buckets()
+        with primitive_cache_for(self._num_buckets()):
+            self._init_runner()
         self._init_thread_choice()
+        self._init_warmup()
         self.cost_model = cost_model or engine_cost_model(self.spec, self.options.hardware)
 
     def _init_threads(self) -> None:
@@ -132,7 +168,72 @@ class TorchExecutor:
                 "block_size": self.options.block_size,
                 "probe_context": probe_context(max_context)}
 
+    def _init_buckets(self) -> None:
+        """The step buckets: on unless switched off, on the fused path only."""
+        on = (self.options.step_buckets and not env_switch(NO_BUCKETS_ENV)
+              and packed_gemm_supported(parse_dtype(self.options.dtype)))
+        self.step_buckets: StepBuckets | None = StepBuckets() if on else None
+
+    def _num_buckets(self) -> int:
+        """How many buckets the warm-up may run (0 without buckets), at most."""
+        if self.step_buckets is None:
+            return 0
+        limit = self.model.config.max_model_len
+        if isinstance(self.options.warmup_tokens, int):
+            limit = max(limit, self.options.warmup_tokens)
+        return len(self.step_buckets.sizes(limit))
+
+    def _init_warmup(self) -> None:
+        """Run every bucket up to the warm-up limit once (fused path, buckets on)."""
+        self.warmup = WarmUp((), 0.0)
+        wanted = self.options.warmup_tokens
+        if self.runner.buckets is None or wanted is None:
+            return
+        max_tokens = self.max_model_len if wanted == "auto" else wanted
+        self.warmup = self.warm_up(max_tokens, self.options.warmup_seqs)
+        log.info("%s", self.warmup.describe())
+
+    def warm_up(self, max_tokens: int, max_seqs: int) -> WarmUp:
+        """Build the primitives of every bucket up to `max_tokens` rows (LM head: up to
+        `max_seqs` rows); call before serving (it writes K/V to unowned blocks)."""
+        buckets = self.runner.buckets
+        if buckets is None:
+            return WarmUp((), 0.0)
+        plan = WarmUpPlan(buckets, max_tokens, max_seqs, self.max_model_len,
+                          self.options.block_size, self.kv.num_device_blocks)
+        threads_of = partial(lm_head_thread_counts,
+                             parallel_min_tokens=self.thread_choice.parallel_min_tokens,
+                             num_threads=self.num_threads)
+        warmup = warm_buckets(self._warmup_step, self._warmup_lm_head, threads_of, plan)
+        torch.set_num_threads(self.num_threads)
+        return warmup
+
+    @contextmanager
+    def unbucketed(self) -> Iterator[None]:
+        """Steps run at their own row counts inside the block (a calibration timing
+        exact sizes on an executor that has buckets); the buckets come back after."""
+        buckets, self.runner.buckets = self.runner.buckets, None
+        try:
+            yield
+        finally:
+            self.runner.buckets = buckets
+
+    def _warmup_step(self, batch: StepBatch) -> None:
+        """A warm-up step: the first layer and the LM head, at the step's thread count."""
+        self._set_threads(batch.num_tokens)
+        self._forward(batch, num_layers=1)
+
+    def _warmup_lm_head(self, num_rows: int, num_threads: int) -> None:
+        torch.set_num_threads(num_threads)
+        with torch.inference_mode():
+            self.runner.lm_head(torch.zeros(num_rows, self.model.config.hidden_size,
+                                            dtype=self.dtype))
+
     def _set_threads(self, num_tokens: int) -> None:
+        """One thread or all for a step of `num_tokens` rows, decided on its bucket (so
+        that a step runs at the thread count its bucket was warmed at)."""
+        if self.runner.buckets is not None:
+            num_tokens = self.runner.buckets.pad(num_tokens)
         threshold = self.thread_choice.parallel_min_tokens
         wanted = 1 if threshold is not None and num_tokens < threshold else self.num_threads
         if torch.get_num_threads() != wanted:
@@ -149,7 +250,8 @@ class TorchExecutor:
         self.kv = KVPools(config.num_layers, config.num_kv_heads, config.head_dim,
                           opts.block_size, int(opts.kv_cache_gib * GIB // block_bytes),
                           int(opts.swap_space_gib * GIB // block_bytes), self.dtype)
-        self.runner = TransformerRunner(config, weights, self.kv, self.max_model_len)
+        self.runner = TransformerRunner(config, weights, self.kv, self.max_model_len,
+                                        buckets=self.step_buckets)
         self.inputs = InputBuilder(opts.block_size, self.max_model_len, config.num_kv_heads,
                                    config.num_heads // config.num_kv_heads, self.dtype)
         self.sampler = Sampler(opts.seed)
@@ -165,11 +267,12 @@ class TorchExecutor:
                              f"scheduler block size {block_size}")
         return self.kv.num_device_blocks, self.kv.num_host_blocks
 
-    def _forward(self, batch: StepBatch) -> dict[int, int]:
-        """One forward pass and sampling; the sampled token of each sampling request."""
+    def _forward(self, batch: StepBatch, num_layers: int | None = None) -> dict[int, int]:
+        """One forward pass and sampling; the sampled token of each sampling request.
+        `num_layers`: the first layers only (the warm-up)."""
         with torch.inference_mode():
             inputs = self.inputs.build(batch)
-            logits = self.runner.forward(inputs)
+            logits = self.runner.forward(inputs, num_layers)
             if not inputs.sample_index:
                 return {}
             owners = [batch.requests[i] for i in inputs.sample_index]

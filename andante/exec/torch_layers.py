@@ -103,14 +103,21 @@ class FusedWeights(NamedTuple):
 def attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pool: torch.Tensor,
            slots: torch.Tensor, plan: AttentionPlan, heads: int, kv_heads: int, dim: int,
            scale: float | None) -> torch.Tensor:
-    """RoPE, write the new K/V into their slots, attention; [T, heads * dim]."""
-    t = qkv.shape[0]
+    """RoPE, write the new K/V into their slots, attention; [rows, heads * dim]. Only
+    the step's T real rows (`plan.write_slots`) attend; the pad rows of a bucketed step
+    (rows > T, see andante.perf.step_sizes) come out as zeros."""
+    rows, t = qkv.shape[0], plan.write_slots.shape[0]
+    if rows > t:
+        qkv = qkv[:t]
     split = (heads + kv_heads) * dim
     qk = apply_rope(qkv[:, :split].view(t, heads + kv_heads, dim), cos, sin)
     q, k = qk[:, :heads], qk[:, heads:]
     v = qkv[:, split:].view(t, kv_heads, dim)
     write_kv(slots, k, v, plan.write_slots)
-    return attention(q, k, v, pool, plan, kv_heads, scale)
+    out = attention(q, k, v, pool, plan, kv_heads, scale)
+    if rows > t:
+        out = torch.cat([out, out.new_zeros(rows - t, out.shape[1])])
+    return out
 
 
 @script

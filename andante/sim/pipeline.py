@@ -116,6 +116,7 @@ def build_pipeline_instance(spec: ClusterSpec, index: int, clock: ManualClock) -
         host_kv_bytes=int(spec.swap_space_gib * GIB * spec.tp),  # per stage
         gpu_memory_utilization=spec.gpu_memory_utilization,
         overlap_swaps=spec.overlap_swaps,
+        step_buckets=None,  # the real pipeline stages run unpadded steps
     )
     engine = build_engine(executor, clock, spec.policy, spec.scheduler, spec.policy_options)
     # Hidden states cross to the next stage: every tp rank sends its replica's share.

@@ -154,6 +154,7 @@ def _engine_of(own: ClusterSpec, clock: ManualClock) -> tuple[Engine, SimExecuto
         host_kv_bytes=int(own.swap_space_gib * GIB * own.tp),
         gpu_memory_utilization=own.gpu_memory_utilization,
         overlap_swaps=own.overlap_swaps,
+        warmup_tokens=own.scheduler.max_model_len,  # as the real engine's warm-up
     )
     return build_engine(executor, clock, own.policy, own.scheduler, own.policy_options), executor
 

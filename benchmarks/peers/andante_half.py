@@ -145,6 +145,7 @@ def run_andante(args: argparse.Namespace) -> dict[str, Any]:
     prefill = [half.timed(prompts("prefill", 1, args.prefill_len), 1)[0]
                for _ in range(args.repeats)]
     decode = {f"b{b}": _decode(half, prompts, args, b) for b in (1, 8)}
+    mixed = _mixed_prefill(half, prompts, args) if getattr(args, "prefill_lengths", 0) else None
     conc = [args.conc_requests * args.conc_output
             / half.timed(prompts("concurrent", args.conc_requests, args.conc_prompt),
                          args.conc_output)[0]
@@ -165,7 +166,32 @@ def run_andante(args: argparse.Namespace) -> dict[str, Any]:
         "decode": decode,
         "concurrent": {"out_tok_s": round(statistics.median(conc), 1),
                        "out_tok_s_all": [round(c, 1) for c in conc]},
+        "step_buckets": half.executor.runner.buckets is not None,
+        "warmup_s": round(half.executor.warmup.seconds, 2),
+        "warmup_sizes": len(half.executor.warmup.sizes),
+        **({"mixed_prefill": mixed} if mixed else {}),
     }
+
+
+#: Prompt lengths of the mixed-size prefills (`--prefill-lengths`), as served prompts.
+MIXED_PREFILL_RANGE = (32, 256)
+
+
+def _mixed_prefill(half: AndanteHalf, prompts: _Prompts,
+                   args: argparse.Namespace) -> dict[str, Any]:
+    """Prefills of `args.prefill_lengths` lengths drawn uniformly from MIXED_PREFILL_RANGE
+    (seeded), one each, as a server meets them: mostly sizes this process never ran
+    (the step-size buckets' case, andante.perf.step_sizes). Wall ms per prefill."""
+    import random
+
+    rng = random.Random(args.prefill_lengths_seed)
+    lengths = [rng.randint(*MIXED_PREFILL_RANGE) for _ in range(args.prefill_lengths)]
+    times = [half.timed(prompts("prefill", 1, n), 1)[0] * 1e3 for n in lengths]
+    return {"count": len(lengths), "range": list(MIXED_PREFILL_RANGE),
+            "distinct_lengths": len(set(lengths)),
+            "mean_ms": round(statistics.mean(times), 2),
+            "median_ms": round(statistics.median(times), 2),
+            "ms_all": [round(t, 1) for t in times], "lengths": lengths}
 
 
 def _profiled_step(half: AndanteHalf, name: str, out_dir: Path) -> dict[str, Any]:

@@ -87,7 +87,7 @@ def test_the_cost_model_prices_a_new_size() -> None:
 
 def test_the_simulated_executor_charges_each_size_once_until_evicted() -> None:
     cost = CostModel(get_model("llama-3.1-8b"), _SETUP)
-    executor = SimExecutor(cost)
+    executor = SimExecutor(cost, step_buckets=None)  # the unbucketed engine
     shapes = {n: BatchShape.of([(n, 0)]) for n in (40, 50, 60, 70)}
 
     def extra(n: int) -> float:
@@ -108,7 +108,7 @@ def test_the_simulated_executor_charges_each_size_once_until_evicted() -> None:
 
 def test_runs_of_steps_stop_before_a_new_size() -> None:
     cost = CostModel(get_model("llama-3.1-8b"), _SETUP)
-    executor = SimExecutor(cost)
+    executor = SimExecutor(cost, step_buckets=None)
     executor.step_sizes.warm([10, 11])
     shapes = [BatchShape.of([(9, 0), (1, 50)]), BatchShape.of([(10, 0), (1, 51)]),
               BatchShape.of([(20, 0), (1, 52)])]

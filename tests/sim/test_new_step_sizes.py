@@ -12,6 +12,7 @@ import pytest
 from andante.perf.catalog import get_hardware, get_model, save_hardware
 from andante.perf.cost_model import CostModel
 from andante.perf.paths import ANDANTE_HOME_ENV
+from andante.perf.step_sizes import NO_BUCKETS_ENV
 from andante.sim import ClusterSpec, build_simulator, simulate
 from andante.workload import RequestSpec, WorkloadConfig, build_workload, to_requests
 
@@ -22,6 +23,9 @@ MODEL = "smollm2-135m"
 def cpu_like(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A saved profile whose first step of a size costs 20 ms + 0.1 ms per token more."""
     monkeypatch.setenv(ANDANTE_HOME_ENV, str(tmp_path))
+    # the unbucketed engine: with step-size buckets a warmed instance pays no setup
+    # (tests/perf/test_step_buckets.py)
+    monkeypatch.setenv(NO_BUCKETS_ENV, "1")
     hardware = dataclasses.replace(get_hardware("a10-24g"), name="cpu-setup",
                                    new_size_fixed=0.02, new_size_per_token=1e-4,
                                    new_size_cache=170)
