@@ -97,3 +97,4 @@ def test_served_toy_writes_its_trace(tmp_path: Path) -> None:
     assert request["output"] == 4 and request["seen"] >= request["arrival"]
     assert request["first_token"] >= request["first_scheduled"] >= request["seen"]
     assert any(r["kind"] == "step" for r in records)
+
