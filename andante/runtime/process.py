@@ -12,7 +12,8 @@ and withdrawals go down one pipe, in order, applied by the child at its next ste
 boundary; each engine step comes back up the other pipe as one `StepMessage` carrying
 all of that step's tokens, which a pump thread of the server hands to `post`. The child
 writes its messages from a thread of its own (`MessageSender`), so its engine thread
-goes straight on to the next step.
+goes straight on to the next step (`ANDANTE_NO_ENGINE_SENDER=1`: the engine thread
+writes them, as before).
 
 The child builds its worker with a picklable `factory(index)` (the Ray backend's) on a
 `WallClock` sharing the server's origin, so arrival and token times are on one line.
@@ -39,11 +40,13 @@ from andante.cluster.instance import BASIC_CAPABILITIES, LaterOperations
 from andante.cluster.load import LoadReport
 from andante.core.request import Request
 from andante.engine.stats import EngineLimits
+from andante.perf.paths import env_switch
 from andante.runtime.ray_actors import WorkerFactory
 from andante.runtime.worker import InstanceWorker, OnChange, Post, StepMessage
 
 log = logging.getLogger("andante.cluster")
 
+NO_SENDER_ENV = "ANDANTE_NO_ENGINE_SENDER"  # 1: the engine thread writes its messages
 IDLE_WAIT_S = 0.5
 START_POLL_S = 0.5
 _STOP = ("stop", None)
@@ -222,7 +225,7 @@ def child_main(factory: WorkerFactory, index: int, commands: Connection,
     messages.send(("ready", (limits, name, multiprocessing.current_process().pid)))
     sender = MessageSender(messages)
     try:
-        serve_steps(worker, commands, sender)
+        serve_steps(worker, commands, messages if env_switch(NO_SENDER_ENV) else sender)
     except (BrokenPipeError, EOFError, ConnectionResetError):
         return  # the server is gone
     except BaseException as exc:  # the engine is broken: this instance stays down
