@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/serve_vs_vllm.py [--duration 60] [--rate 1]
         [--policy andes,vllm] [--andante-backend process,inprocess] [--rounds 3]
+        [--workloads poisson,burst] [--trace-dir DIR]
 
 `--policy` takes a comma-separated list: one andante server per policy, then vLLM, all
 in one run (`andante` holds the first policy's figures, `andante_by_policy` every one's),
@@ -9,7 +10,10 @@ and `verdict` says, per andante policy and workload, whether it matches or beats
 on goodput, TTFT p99 and mean QoE. `--andante-backend` (a list too) runs every policy on
 each of those `andante serve --backend`s (labelled `policy@backend`); by default the
 server picks its own. `--rounds N` runs all the servers N times in turn and reports
-medians (`per_round` has every run, `runs` each run's load average).
+medians (`per_round` has every run, `runs` each run's load average). `--trace-dir DIR`
+has every andante server write its step and request trace (`andante serve --trace-steps`:
+per request, arrival, taken in by the engine, first scheduled, first token, prompt steps)
+to DIR/POLICY-N.jsonl, to see where the TTFT tail's time goes.
 
 For each server: start it (a subprocess on a free port), wait for /health, replay a
 Poisson workload and then a cyclic-burst workload with `andante bench`'s load generator
