@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="hardware profile (default: the calibrated 'cpu' if saved, else a10-24g)")
     p.add_argument("--rate", type=float, default=2.0)
     p.add_argument("--duration", type=float, default=30.0)
-    p.add_argument("--seed", type=int, default=1, help="serve_vs_vllm's burst seed (its --seed + 1)")
+    p.add_argument("--seed", type=int, default=1,
+                   help="serve_vs_vllm's burst seed (its --seed + 1)")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     policies = [x for x in args.policy.split(",") if x]
