@@ -13,7 +13,8 @@ boundary; each engine step comes back up the other pipe as one `StepMessage` car
 all of that step's tokens, which a pump thread of the server hands to `post`. The child
 writes its messages from a thread of its own (`MessageSender`), so its engine thread
 goes straight on to the next step (`ANDANTE_NO_ENGINE_SENDER=1`: the engine thread
-writes them, as before).
+writes them, as before). Once its engine is built the child freezes its heap
+(andante.runtime.gc_heap; `ANDANTE_NO_GC_FREEZE=1` does not).
 
 The child builds its worker with a picklable `factory(index)` (the Ray backend's) on a
 `WallClock` sharing the server's origin, so arrival and token times are on one line.
@@ -41,6 +42,7 @@ from andante.cluster.load import LoadReport
 from andante.core.request import Request
 from andante.engine.stats import EngineLimits
 from andante.perf.paths import env_switch
+from andante.runtime.gc_heap import NO_GC_FREEZE_ENV, freeze_heap
 from andante.runtime.ray_actors import WorkerFactory
 from andante.runtime.worker import InstanceWorker, OnChange, Post, StepMessage
 
@@ -222,6 +224,8 @@ def child_main(factory: WorkerFactory, index: int, commands: Connection,
         log.debug("instance %d could not start", index, exc_info=True)
         messages.send(("failed", portable(exc)))
         return
+    if not env_switch(NO_GC_FREEZE_ENV):
+        freeze_heap()  # the model and start-up objects: never walked again (gc_heap.py)
     messages.send(("ready", (limits, name, multiprocessing.current_process().pid)))
     sender = MessageSender(messages)
     try:

@@ -16,6 +16,8 @@ in, so it sees every step and every request without touching the scheduler:
   (`to_engine` = seen - arrival, `queue` = first scheduled - seen, `prefill` = first
   token - first scheduled), the steps that carried its prompt and the overhead of
   those steps, and its preemptions.
+- `{"kind": "gc", ...}` (with `watch_gc`) per pause of the garbage collector in the
+  process: every full collection, younger ones from 1 ms.
 
 Records go to a text stream opened by the caller (the server opens its file
 line-buffered, so a stopped server's trace is complete).
@@ -23,6 +25,7 @@ line-buffered, so a stopped server's trace is complete).
 
 from __future__ import annotations
 
+import gc
 import json
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -31,6 +34,8 @@ from andante.core.clock import Clock
 from andante.core.request import Request
 from andante.engine.engine import StepOutput
 from andante.engine.stats import SchedulerStats
+
+GC_REPORT_S = 0.001  # younger collections are recorded from this pause up
 
 
 @dataclass(slots=True)
@@ -51,9 +56,27 @@ class StepTrace:
     clock: Clock
     _last_end: float | None = None
     _pending: dict[str, _Pending] = field(default_factory=dict)
+    _gc_started: float | None = None
 
     def seen(self, req: Request) -> None:
         self._pending[req.request_id] = _Pending(self.clock.now())
+
+    def watch_gc(self) -> None:
+        """Also record the garbage collector's pauses in this process (`kind` "gc"):
+        every full collection, and younger ones that took 1 ms or more."""
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        now = self.clock.now()
+        if phase == "start":
+            self._gc_started = now
+            return
+        if self._gc_started is None:
+            return
+        pause, self._gc_started = now - self._gc_started, None
+        if info["generation"] == 2 or pause >= GC_REPORT_S:
+            self._write({"kind": "gc", "t": now, "generation": info["generation"],
+                         "pause": pause, "collected": info["collected"]})
 
     def __call__(self, output: StepOutput, stats: SchedulerStats) -> None:
         batch, now = output.batch, stats.time

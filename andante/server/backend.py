@@ -151,6 +151,7 @@ def start_trace(engine: Engine, clock: Clock, path: str, index: int) -> StepTrac
     target.parent.mkdir(parents=True, exist_ok=True)
     trace = StepTrace(target.open("w", buffering=1), clock)
     engine.add_observer(trace)
+    trace.watch_gc()
     return trace
 
 

@@ -98,3 +98,29 @@ def test_served_toy_writes_its_trace(tmp_path: Path) -> None:
     assert request["first_token"] >= request["first_scheduled"] >= request["seen"]
     assert any(r["kind"] == "step" for r in records)
 
+
+
+def test_trace_records_full_collections() -> None:
+    import gc
+
+    clock = ManualClock()
+    out = io.StringIO()
+    trace = StepTrace(out, clock)
+    trace.watch_gc()
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(trace._on_gc)
+    (record,) = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert record["kind"] == "gc" and record["generation"] == 2 and record["pause"] == 0.0
+
+
+def test_heap_freeze_exempts_start_up_objects() -> None:
+    import subprocess
+    import sys
+
+    code = ("import gc; from andante.runtime.gc_heap import freeze_heap; n = freeze_heap(); "
+            "assert n > 1000 and gc.get_freeze_count() == n, n; print(n)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
