@@ -50,3 +50,33 @@ def test_burst_overhead_replay_times_every_step(capsys: pytest.CaptureFixture[st
     assert andes["steps"] > 0 and vllm["steps"] > 0 and andes["median_us"] > 0
     assert andes["ttft_p99_ms"] > 0
     assert bench.main(["--policy", "nope"]) == 2
+
+
+def test_trace_summary_breaks_the_slowest_request_down(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    summary = _load("trace_summary")
+    records = [
+        {"kind": "step", "t": 1.0, "duration": 0.09, "overhead": None, "num_seqs": 1,
+         "num_tokens": 1, "prefill_ids": [], "num_waiting": 0},
+        {"kind": "step", "t": 1.5, "duration": 0.49, "overhead": 0.01, "num_seqs": 3,
+         "num_tokens": 301, "prefill_ids": ["a", "b"], "num_waiting": 0},
+        {"kind": "request", "id": "a", "prompt": 200, "output": 4, "arrival": 0.95,
+         "seen": 1.002, "first_scheduled": 1.003, "first_token": 1.5, "finish": 2.0,
+         "ttft": 0.55, "to_engine": 0.052, "queue": 0.001, "prefill": 0.497,
+         "prefill_steps": 1, "prefill_overhead": 0.01, "num_preemptions": 0},
+        {"kind": "request", "id": "b", "prompt": 100, "output": 4, "arrival": 1.0,
+         "seen": 1.002, "first_scheduled": 1.003, "first_token": 1.5, "finish": 2.0,
+         "ttft": 0.5, "to_engine": 0.002, "queue": 0.001, "prefill": 0.497,
+         "prefill_steps": 1, "prefill_overhead": 0.01, "num_preemptions": 0},
+        {"kind": "gc", "t": 1.7, "generation": 2, "pause": 0.15, "collected": 3},
+    ]
+    path = tmp_path / "andes-0.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert summary.main([str(path), "--slowest", "1"]) == 0
+    (out,) = json.loads(capsys.readouterr().out)["traces"]
+    assert out["num_requests"] == 2 and out["num_multi_prompt_steps"] == 1
+    assert out["gc_pauses_ms"] == [[2, 150.0]]
+    (worst,) = out["slowest"]
+    assert worst["id"] == "a" and worst["in_flight_ms"] == 50.0
+    assert worst["boundary_ms"] == 2.0 and worst["prompts_in_step"] == 2
+    assert summary.main([str(tmp_path / "missing.jsonl")]) == 2
