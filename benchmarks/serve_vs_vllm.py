@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/serve_vs_vllm.py [--duration 60] [--rate 1]
         [--policy andes,vllm] [--andante-backend process,inprocess] [--rounds 3]
+        [--workloads poisson,burst] [--trace-dir DIR]
 
 `--policy` takes a comma-separated list: one andante server per policy, then vLLM, all
 in one run (`andante` holds the first policy's figures, `andante_by_policy` every one's),
@@ -9,7 +10,10 @@ and `verdict` says, per andante policy and workload, whether it matches or beats
 on goodput, TTFT p99 and mean QoE. `--andante-backend` (a list too) runs every policy on
 each of those `andante serve --backend`s (labelled `policy@backend`); by default the
 server picks its own. `--rounds N` runs all the servers N times in turn and reports
-medians (`per_round` has every run, `runs` each run's load average).
+medians (`per_round` has every run, `runs` each run's load average). `--trace-dir DIR`
+has every andante server write its step and request trace (`andante serve --trace-steps`:
+per request, arrival, taken in by the engine, first scheduled, first token, prompt steps)
+to DIR/POLICY-N.jsonl, to see where the TTFT tail's time goes.
 
 For each server: start it (a subprocess on a free port), wait for /health, replay a
 Poisson workload and then a cyclic-burst workload with `andante bench`'s load generator
@@ -95,6 +99,10 @@ def andante_command(args: argparse.Namespace, port: int, policy: str,
         cmd += ["--backend", backend]
     for option in args.policy_option:
         cmd += ["--policy-option", option]
+    if args.trace_dir:  # one file per server run (its runs are numbered in turn)
+        args.trace_dir.mkdir(parents=True, exist_ok=True)
+        runs = len(list(args.trace_dir.glob(f"{policy}-*.jsonl")))
+        cmd += ["--trace-steps", str(args.trace_dir / f"{policy}-{runs}.jsonl")]
     return cmd
 
 
@@ -144,13 +152,14 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def workloads(args: argparse.Namespace) -> dict[str, WorkloadConfig]:
     common = {"rate": args.rate, "duration": args.duration, "num_requests": 100_000,
               "lengths": args.lengths}
-    return {
+    every = {
         "poisson": WorkloadConfig(kind="poisson", seed=args.seed, **common),
         "burst": WorkloadConfig(kind="burst", seed=args.seed + 1,
                                 burst_intensity=args.burst_intensity,
                                 burst_share=args.burst_share, cycle_length=args.duration / 2,
                                 **common),
     }
+    return {kind: every[kind] for kind in args.workloads.split(",")}
 
 
 def bench_server(args: argparse.Namespace, cmd: list[str], port: int, name: str) -> dict[str, Any]:
@@ -220,6 +229,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--start-timeout", type=float, default=900.0)
     p.add_argument("--log-dir", type=Path, default=Path("runs/serve_vs_vllm"))
     p.add_argument("--skip-vllm", action="store_true")
+    p.add_argument("--workloads", default="poisson,burst",
+                   help="comma-separated, from poisson and burst (default both)")
+    p.add_argument("--trace-dir", type=Path,
+                   help="debugging: each andante server writes its step and request trace "
+                   "(andante serve --trace-steps) to DIR/POLICY-N.jsonl")
     return p.parse_args(argv)
 
 
@@ -276,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     if not systems or unknown or args.rounds < 1:
         print(f"serve_vs_vllm.py: error: unknown policy {unknown or args.policy!r} (choose "
               f"from {', '.join(policy_names())}) or --rounds < 1", file=sys.stderr)
+        return 2
+    bad = set(args.workloads.split(",")) - {"poisson", "burst"}
+    if bad or not args.workloads:
+        print(f"serve_vs_vllm.py: error: unknown workload(s) {sorted(bad)} (choose from "
+              "poisson, burst)", file=sys.stderr)
         return 2
     args.log_dir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"rate": args.rate, "duration": args.duration,

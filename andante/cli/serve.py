@@ -108,6 +108,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
     add_prefix_caching_arg(g)
     g.add_argument("--threads", type=positive_int, help="torch threads (default: all cores)")
+    g.add_argument("--trace-steps", metavar="FILE",
+                   help="debugging: write every engine step and every finished request's "
+                   "timings (arrival, taken in by the engine, first scheduled, first token, "
+                   "prefill steps) to FILE as JSON lines (instance i > 0: FILE.i)")
     g.add_argument("--toy-step-ms", type=positive_float, default=5.0,
                    help="step time of the toy model (ms)")
 
@@ -154,6 +158,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
                           body_timeout=args.body_timeout, public_metrics=args.public_metrics,
                           max_file_bytes=args.max_file_bytes),
         batch=batch_options_from_args(args),
+        trace_steps=args.trace_steps,
     )
 
 

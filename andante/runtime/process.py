@@ -10,7 +10,11 @@ controller; vLLM v1 runs its engine core in a separate process for the same reas
 it in the Ray backend's message shapes (andante.runtime.ray_actors): requests, aborts
 and withdrawals go down one pipe, in order, applied by the child at its next step
 boundary; each engine step comes back up the other pipe as one `StepMessage` carrying
-all of that step's tokens, which a pump thread of the server hands to `post`.
+all of that step's tokens, which a pump thread of the server hands to `post`. The child
+writes its messages from a thread of its own (`MessageSender`), so its engine thread
+goes straight on to the next step (`ANDANTE_NO_ENGINE_SENDER=1`: the engine thread
+writes them, as before). Once its engine is built the child freezes its heap
+(andante.runtime.gc_heap; `ANDANTE_NO_GC_FREEZE=1` does not).
 
 The child builds its worker with a picklable `factory(index)` (the Ray backend's) on a
 `WallClock` sharing the server's origin, so arrival and token times are on one line.
@@ -37,11 +41,14 @@ from andante.cluster.instance import BASIC_CAPABILITIES, LaterOperations
 from andante.cluster.load import LoadReport
 from andante.core.request import Request
 from andante.engine.stats import EngineLimits
+from andante.perf.paths import env_switch
+from andante.runtime.gc_heap import NO_GC_FREEZE_ENV, freeze_heap
 from andante.runtime.ray_actors import WorkerFactory
 from andante.runtime.worker import InstanceWorker, OnChange, Post, StepMessage
 
 log = logging.getLogger("andante.cluster")
 
+NO_SENDER_ENV = "ANDANTE_NO_ENGINE_SENDER"  # 1: the engine thread writes its messages
 IDLE_WAIT_S = 0.5
 START_POLL_S = 0.5
 _STOP = ("stop", None)
@@ -217,14 +224,55 @@ def child_main(factory: WorkerFactory, index: int, commands: Connection,
         log.debug("instance %d could not start", index, exc_info=True)
         messages.send(("failed", portable(exc)))
         return
+    if not env_switch(NO_GC_FREEZE_ENV):
+        freeze_heap()  # the model and start-up objects: never walked again (gc_heap.py)
     messages.send(("ready", (limits, name, multiprocessing.current_process().pid)))
+    sender = MessageSender(messages)
     try:
-        serve_steps(worker, commands, messages)
+        serve_steps(worker, commands, messages if env_switch(NO_SENDER_ENV) else sender)
     except (BrokenPipeError, EOFError, ConnectionResetError):
         return  # the server is gone
     except BaseException as exc:  # the engine is broken: this instance stays down
         log.exception("instance %d failed", index)
-        messages.send(("error", f"{type(exc).__name__}: {exc}"))
+        with contextlib.suppress(BrokenPipeError, EOFError, ConnectionResetError, OSError):
+            sender.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        sender.close()
+
+
+class MessageSender:
+    """Writes the child's messages to the server from a thread of its own, in order, so
+    that the engine's thread goes on to its next step instead of pickling a step's
+    message and waiting for the pipe (a write wakes the server's reader, which on a
+    machine with as many busy threads as cores can take the writer's core for a while).
+    A write that fails (the server is gone) is raised by the next `send`."""
+
+    def __init__(self, messages: Connection) -> None:
+        self._messages = messages
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name="andante-engine-messages")
+        self._thread.start()
+
+    def send(self, message: Any) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(message)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued, then stop the thread."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while (message := self._queue.get()) is not _STOP:
+            if self._error is not None:
+                continue  # the pipe is gone: drop the rest
+            try:
+                self._messages.send(message)
+            except (BrokenPipeError, EOFError, ConnectionResetError, OSError) as exc:
+                self._error = exc
 
 
 def portable(exc: BaseException) -> BaseException:
@@ -237,7 +285,8 @@ def portable(exc: BaseException) -> BaseException:
     return exc
 
 
-def serve_steps(worker: InstanceWorker, commands: Connection, messages: Connection) -> None:
+def serve_steps(worker: InstanceWorker, commands: Connection,
+                messages: MessageSender | Connection) -> None:
     """Apply the commands that arrived, run one step, send its message; with nothing
     to do, wait for a command. Returns when told to stop."""
     while apply_commands(worker, commands):

@@ -21,6 +21,7 @@ import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from andante.cluster.ascendra import PoolMember, pool_plan
@@ -34,6 +35,7 @@ from andante.exec.base import Executor
 from andante.llm import build_engine
 from andante.models.interface import Tokenizer
 from andante.runtime.clock import WallClock
+from andante.runtime.step_trace import StepTrace
 from andante.runtime.worker import HostedInstance, InstanceWorker
 from andante.server.config import TOY_MODEL, EngineOptions, ServeOptions
 from andante.server.kv_budget import available_memory, plan_kv
@@ -114,8 +116,11 @@ class DeltaAdapter:
     def __init__(self, tokenizer: Tokenizer, outputs: OutputProcessor) -> None:
         self.tokenizer = tokenizer
         self.processor = outputs
+        self.trace: StepTrace | None = None  # `--trace-steps`: told when a request is in
 
     def register(self, req: Request) -> None:
+        if self.trace is not None:
+            self.trace.seen(req)
         decoder = self.tokenizer.incremental_decoder(skip_special_tokens=True)
         self.processor.register(req.request_id, decoder, tuple(req.sampling.stop))
         if req.output_token_ids:  # resumed after a model swap: its text so far was sent
@@ -135,7 +140,19 @@ def build_worker(options: ServeOptions, index: int, clock: Clock,
                  loaded: Any = None) -> InstanceWorker:
     """Instance `index` of the plan, on `clock`; `loaded`: weights to share, if any."""
     engine, adapter, name = build_engine_for(options, index, clock, options.model, loaded)
+    if options.trace_steps:
+        adapter.trace = start_trace(engine, clock, options.trace_steps, index)
     return InstanceWorker(index, engine, adapter, model_name=name)
+
+
+def start_trace(engine: Engine, clock: Clock, path: str, index: int) -> StepTrace:
+    """Trace `engine`'s steps and requests to `path` (instance i > 0: `path.i`)."""
+    target = Path(path if index == 0 else f"{path}.{index}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    trace = StepTrace(target.open("w", buffering=1), clock)
+    engine.add_observer(trace)
+    trace.watch_gc()
+    return trace
 
 
 def build_engine_for(options: ServeOptions, index: int, clock: Clock, model: str | None,

@@ -111,6 +111,9 @@ class ServeOptions:
     models: tuple[tuple[str, str | None], ...] = ()
     host_memory_gib: float | None = None  # cap on the warm models' host copies
     batch: BatchOptions = field(default_factory=BatchOptions)
+    # debugging: each instance's step and request trace (andante.runtime.step_trace),
+    # written to this file (instance i > 0: FILE.i)
+    trace_steps: str | None = None
 
     def __post_init__(self) -> None:
         self._check_models()

@@ -64,8 +64,12 @@ def _order_queue_scoring_all(self, plan, view):  # type: ignore[no-untyped-def]
     decision.admits = [view.reqs[i] for i in order]
     o = self.options
     victims = by_need[:0]
-    if o.pacer_aware and not self._fits(plan, decision.admits[0]):
+    fits = self._fits(plan, decision.admits[0])
+    if o.pacer_aware and not fits:
         victims = by_need[::-1][buffered[by_need[::-1]] > o.delta_t]
+    elif fits and o.pause_buffered_s > 0 and self._admits_all(plan, view):
+        decision.decode_order = [view.reqs[i] for i in by_need
+                                 if buffered[i] <= o.pause_buffered_s]
     if len(victims) or (o.refiner and self.refine_admissions and nr):
         gains = np.zeros(len(view))
         gains[view.queued] = gain

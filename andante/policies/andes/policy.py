@@ -302,9 +302,13 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         decision.admits = [view.reqs[i] for i in order]
         o = self.options
         victims = by_need[:0]
-        if o.pacer_aware and not self._fits(plan, decision.admits[0]):
+        fits = self._fits(plan, decision.admits[0])
+        if o.pacer_aware and not fits:
             full = buffered[by_need[::-1]] > o.delta_t
             victims = by_need[::-1][full]  # most buffered first, gain 0 over Δt
+        elif fits and o.pause_buffered_s > 0 and self._admits_all(plan, view):
+            decision.decode_order = [view.reqs[i] for i in by_need
+                                     if buffered[i] <= o.pause_buffered_s]
         if len(victims) or (o.refiner and self.refine_admissions and nr):
             tau, gain, starved = scores or self._queue_scores(plan, view)
             gains = np.zeros(len(view))
@@ -341,6 +345,21 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         free = plan.num_free_blocks - plan.watermark_blocks
         return num_queued <= plan.config.max_num_seqs and float(
             view.weight[view.queued].sum()) <= free
+
+    def _admits_all(self, plan: StepPlan, view: View) -> bool:
+        """With chunked prefill: can every queued request join the running ones now
+        (half the sequence slots at most, free blocks beside the watermark, a token
+        budget that running prompt chunks do not fill)? Only then may buffered streams
+        sit a step out (`pause_buffered_s`): when the queue waits for slots or memory,
+        slowing the streams that free them would make it wait longer (simulated at
+        3 req/s, pausing up to the full slot count cost mean QoE 0.991 -> 0.984)."""
+        if not self.chunks_prefill or 2 * len(view) > plan.config.max_num_seqs:
+            return False
+        if self._prefilling and sum(r.num_uncomputed_tokens for r in plan.running) >= \
+                plan.token_budget:  # running chunks take the step: as `_admits_nobody`
+            return False
+        free = plan.num_free_blocks - plan.watermark_blocks
+        return float(view.weight[view.queued].sum()) <= free
 
     @staticmethod
     def _fits(plan: StepPlan, req: Request) -> bool:
