@@ -43,15 +43,13 @@ kind, this tells an outside load from a drift of the engine itself.
 
 from __future__ import annotations
 
-import os
-
 # The wait policy is the environment's, as `andante serve` takes it (unset: libgomp's
 # default, spinning workers, which stop 21's quiet figures used). OpenMP reads it once, when
 # torch loads it, so this script never sets it after start: the JSON reports the one in force.
-
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import os
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
