@@ -46,32 +46,32 @@ from __future__ import annotations
 # The wait policy is the environment's, as `andante serve` takes it (unset: libgomp's
 # default, spinning workers, which stop 21's quiet figures used). OpenMP reads it once, when
 # torch loads it, so this script never sets it after start: the JSON reports the one in force.
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
+import argparse
+import dataclasses
+import json
 import os
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from typing import Any  # noqa: E402
+import sys
+import tempfile
+import time
+from typing import Any
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from andante.core import MonotonicClock, Request, SamplingParams  # noqa: E402
-from andante.engine.engine import StepOutput  # noqa: E402
-from andante.engine.stats import SchedulerStats  # noqa: E402
-from andante.metrics.record import records_from_requests  # noqa: E402
-from andante.metrics.summary import Summary, summarize  # noqa: E402
-from andante.perf.catalog import get_hardware  # noqa: E402
-from andante.perf.cost_model import CostModel  # noqa: E402
-from andante.perf.fit import fit_coefficients, prediction_error  # noqa: E402
-from andante.perf.paths import ANDANTE_HOME_ENV  # noqa: E402
-from andante.perf.shape import BatchShape  # noqa: E402
-from andante.perf.step_sizes import StepSizeCache  # noqa: E402
-from andante.policies import SchedulerConfig  # noqa: E402
-from andante.sim import ClusterSpec, build_simulator  # noqa: E402
-from andante.workload import RequestSpec, WorkloadConfig, build_workload  # noqa: E402
-from andante.workload.spec import to_requests  # noqa: E402
+from andante.core import MonotonicClock, Request, SamplingParams
+from andante.engine.engine import StepOutput
+from andante.engine.stats import SchedulerStats
+from andante.metrics.record import records_from_requests
+from andante.metrics.summary import Summary, summarize
+from andante.perf.catalog import get_hardware
+from andante.perf.cost_model import CostModel
+from andante.perf.fit import fit_coefficients, prediction_error
+from andante.perf.paths import ANDANTE_HOME_ENV
+from andante.perf.shape import BatchShape
+from andante.perf.step_sizes import StepSizeCache
+from andante.policies import SchedulerConfig
+from andante.sim import ClusterSpec, build_simulator
+from andante.workload import RequestSpec, WorkloadConfig, build_workload
+from andante.workload.spec import to_requests
 
 TARGET = 0.10
 PREFIX_CACHING_FIELD = "enable_prefix_caching"  # SchedulerConfig's switch, where it exists
