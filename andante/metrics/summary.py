@@ -145,10 +145,12 @@ class SummaryStream:
     `summary`) and gives exactly its figures. exact=False bounds memory by the number of
     requests (8-byte floats per request): the pooled ITL percentiles come from a
     `LogHistogram` (relative error at most `ITL_RELATIVE_ERROR`; its count, mean, std,
-    min and max stay exact), and a finished record is judged as soon as the clock (the
-    latest token or arrival of a finished record) passes its reader's last consumption,
-    after which its QoE at any later `now` is final; records whose reader is still
-    behind wait for `summary`, which then needs `now` >= that clock.
+    min and max stay exact; the token times of completed records wait in a buffer of at
+    most `ITL_FOLD_TOKENS` and are folded into it a batch at a time, which changes the
+    mean and std only by float rounding), and a finished record is judged as soon as
+    the clock (the latest token or arrival of a finished record) passes its reader's last
+    consumption, after which its QoE at any later `now` is final; records whose reader
+    is still behind wait for `summary`, which then needs `now` >= that clock.
     """
 
     def __init__(
