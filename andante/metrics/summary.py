@@ -33,6 +33,9 @@ _LATENCIES = ("ttft", "tpot", "itl", "e2el")
 _LATENCY_STATS = ("mean", "median", "std", "p90", "p99")
 _QOE_STATS = ("mean", "median", "p10", "min")
 NUM_FIRST_REJECTIONS = 3
+#: A streamed summary folds buffered token times into its ITL sketch once this many
+#: tokens wait, so numpy runs on large arrays yet the buffer stays bounded.
+ITL_FOLD_TOKENS = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +92,20 @@ class Summary:
 
 def pooled_itls(records: Sequence[RequestRecord]) -> npt.NDArray[np.float64]:
     """All inter-token gaps of `records`, concatenated (vllm's pooled ITL)."""
-    lengths = np.fromiter((len(r.token_times) for r in records), dtype=np.int64, count=len(records))
+    return _pooled_gaps([r.token_times for r in records])
+
+
+def _pooled_gaps(streams: Sequence[Sequence[float]]) -> npt.NDArray[np.float64]:
+    """The gaps within each of `streams` (none across two), concatenated: one np.diff
+    over all of them, so the values equal each stream's own np.diff bit for bit."""
+    lengths = np.fromiter((len(t) for t in streams), dtype=np.int64, count=len(streams))
     total = int(lengths.sum())
     if total < 2:
         return np.empty(0)
-    flat = np.fromiter(chain.from_iterable(r.token_times for r in records), float, count=total)
+    flat = np.fromiter(chain.from_iterable(streams), float, count=total)
     gaps = np.diff(flat)
     keep = np.ones(total - 1, dtype=bool)
-    ends = np.cumsum(lengths)[:-1] - 1  # last token of every record but the last
+    ends = np.cumsum(lengths)[:-1] - 1  # last token of every stream but the last
     keep[ends[(ends >= 0) & (ends < total - 1)]] = False
     return gaps[keep]
 
@@ -136,10 +145,12 @@ class SummaryStream:
     `summary`) and gives exactly its figures. exact=False bounds memory by the number of
     requests (8-byte floats per request): the pooled ITL percentiles come from a
     `LogHistogram` (relative error at most `ITL_RELATIVE_ERROR`; its count, mean, std,
-    min and max stay exact), and a finished record is judged as soon as the clock (the
-    latest token or arrival of a finished record) passes its reader's last consumption,
-    after which its QoE at any later `now` is final; records whose reader is still
-    behind wait for `summary`, which then needs `now` >= that clock.
+    min and max stay exact; the token times of completed records wait in a buffer of at
+    most `ITL_FOLD_TOKENS` and are folded into it a batch at a time, which changes the
+    mean and std only by float rounding), and a finished record is judged as soon as
+    the clock (the latest token or arrival of a finished record) passes its reader's last
+    consumption, after which its QoE at any later `now` is final; records whose reader
+    is still behind wait for `summary`, which then needs `now` >= that clock.
     """
 
     def __init__(
@@ -161,7 +172,10 @@ class SummaryStream:
         self._counts = _Counts()
         self._latencies = {name: array("d") for name in ("ttft", "tpot", "e2el")}
         self._qoes = array("d")
-        self._itl_parts: list[npt.NDArray[np.float64]] = []  # exact only
+        # token times of completed streams whose gaps are not yet taken (exact: all of
+        # them, until `summary`; else at most ITL_FOLD_TOKENS, then folded in the sketch)
+        self._itl_streams: list[Sequence[float]] = []
+        self._itl_tokens = 0
         self._itl_moments = Moments()
         self._itl_histogram = LogHistogram()
         # heap by reader end: (end, order, record, its final QoE once finished)
@@ -212,12 +226,19 @@ class SummaryStream:
             if value is not None:
                 self._latencies[name].append(value)
         if len(record.token_times) > 1:
-            gaps = np.diff(np.asarray(record.token_times, dtype=np.float64))
-            if self._exact:
-                self._itl_parts.append(gaps)
-            else:
-                self._itl_moments.add(gaps)
-                self._itl_histogram.add(gaps)
+            self._itl_streams.append(record.token_times)
+            self._itl_tokens += len(record.token_times)
+            if not self._exact and self._itl_tokens >= ITL_FOLD_TOKENS:
+                self._fold_itls()
+
+    def _fold_itls(self) -> None:
+        """Move the buffered streams' gaps into the sketch (moments and histogram)."""
+        if self._itl_streams:
+            gaps = _pooled_gaps(self._itl_streams)
+            self._itl_moments.add(gaps)
+            self._itl_histogram.add(gaps)
+        self._itl_streams = []
+        self._itl_tokens = 0
 
     def _judge(self, record: RequestRecord) -> None:
         """Fix the QoE of the records whose reader is done by the clock; hold the rest."""
@@ -235,7 +256,8 @@ class SummaryStream:
 
     def _itl_stats(self) -> Stats:
         if self._exact:
-            return percentiles(np.concatenate(self._itl_parts) if self._itl_parts else [])
+            return percentiles(_pooled_gaps(self._itl_streams))
+        self._fold_itls()
         return sketched_stats(self._itl_moments, self._itl_histogram)
 
     def summary(self, duration: float | None = None, now: float | None = None) -> Summary:

@@ -19,7 +19,9 @@ from andante.metrics import (
     qoe_of,
     summarize,
 )
+from andante.metrics import summary as summary_module
 from andante.metrics.sketch import ITL_RELATIVE_ERROR, LogHistogram
+from andante.metrics.summary import SummaryStream
 from tests.metrics.reference import MakeRecord
 
 
@@ -148,3 +150,30 @@ def test_log_histogram_percentiles_within_the_stated_error() -> None:
     assert hist.count == len(values)
     for got, want in zip(hist.quantiles(qs), exact, strict=True):
         assert abs(got - want) <= ITL_RELATIVE_ERROR * want
+
+
+def test_streamed_itls_fold_in_bounded_batches(
+    make_record: MakeRecord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folding buffered gaps every few tokens gives the histogram of adding them record by
+    record, the exact count/min/max and the mean/std up to float rounding."""
+    monkeypatch.setattr(summary_module, "ITL_FOLD_TOKENS", 7)
+    rng = np.random.default_rng(3)
+    records = [
+        make_record(arrival=float(i), times=(i + np.cumsum(rng.exponential(0.03, n))).tolist())
+        for i, n in enumerate(rng.integers(0, 12, 200))
+    ]
+    stream = SummaryStream()
+    one_by_one = LogHistogram()
+    for record in records:
+        stream.add(record)
+        assert stream._itl_tokens < 7  # the buffer never outgrows its bound
+        if len(record.token_times) > 1:
+            one_by_one.add(np.diff(np.asarray(record.token_times)))
+    streamed, exact = stream.summary().itl, summarize(records).itl
+    np.testing.assert_array_equal(stream._itl_histogram._counts, one_by_one._counts)
+    assert stream._itl_histogram.num_zeros == one_by_one.num_zeros
+    assert (streamed.count, streamed.min, streamed.max) == (exact.count, exact.min, exact.max)
+    assert streamed.mean == pytest.approx(exact.mean, rel=1e-12)
+    assert streamed.std == pytest.approx(exact.std, rel=1e-12)
+    assert streamed.p99 == pytest.approx(exact.p99, rel=ITL_RELATIVE_ERROR)
