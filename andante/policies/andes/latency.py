@@ -88,8 +88,9 @@ class LatencyModel:
 
     def tau(self, batch: np.ndarray | int) -> np.ndarray:
         """Predicted seconds per token for each request of a batch of size B."""
-        if isinstance(batch, int) and self.cost_model is not None:  # (no array overhead)
-            return self.ratio * self._decode_table()[min(max(batch, 1), self.max_batch)]
+        if isinstance(batch, int) and self.cost_model is not None:  # (no array overhead,
+            # nor a whole table for a new context bucket: one point of it)
+            return self.ratio * self._decode_time_at(min(max(batch, 1), self.max_batch))
         b = np.clip(np.asarray(batch), 1, self.max_batch)
         if self.cost_model is None:
             return np.full(b.shape, self.token_latency)

@@ -62,6 +62,7 @@ from andante.policies.andes.solver import (
     RUNNING,
     Packing,
     View,
+    ascending,
     batch_candidates,
     batch_range,
     dp_pack,
@@ -176,8 +177,7 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
             return False
         running = plan.running
         if self._may_run_short(plan):
-            order = np.argsort(self.table.buffered(idx, plan.now), kind="stable")
-            decode_order = [running[i] for i in order]
+            decode_order = [running[i] for i in ascending(self.table.buffered(idx, plan.now))]
         else:  # every request finds its blocks: the order decides nothing
             decode_order = list(running)
         num_tokens: TokenCount = remaining_tokens
@@ -287,8 +287,9 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         is first whatever its score, unless the refiner weighs it)."""
         now, nr = plan.now, view.num_running
         buffered = view.streams.buffered(now, nr)
-        by_need = np.argsort(buffered, kind="stable")  # emptiest buffers first
-        decision = Decision(decode_order=[view.reqs[i] for i in by_need])
+        by_need = ascending(buffered)  # emptiest buffers first
+        reqs = view.reqs
+        decision = Decision(decode_order=[reqs[i] for i in by_need])
         if len(view) == nr or self._admits_nobody(plan, view, buffered):
             return decision
         scores = None
@@ -301,11 +302,11 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
             order = top_order(prio, plan.config.max_num_seqs) + nr
         decision.admits = [view.reqs[i] for i in order]
         o = self.options
-        victims = by_need[:0]
+        victims = np.empty(0, dtype=np.intp)
         fits = self._fits(plan, decision.admits[0])
         if o.pacer_aware and not fits:
-            full = buffered[by_need[::-1]] > o.delta_t
-            victims = by_need[::-1][full]  # most buffered first, gain 0 over Δt
+            most = np.array(by_need[::-1], dtype=np.intp)
+            victims = most[buffered[most] > o.delta_t]  # most buffered first, gain 0 over Δt
         elif fits and o.pause_buffered_s > 0 and self._admits_all(plan, view):
             decision.decode_order = [view.reqs[i] for i in by_need
                                      if buffered[i] <= o.pause_buffered_s]
