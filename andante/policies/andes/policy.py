@@ -324,8 +324,9 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         position's starvation (`starved`)."""
         nr = view.num_running
         tau = self.latency.tau(max(1, nr))
-        gain = self.gain(view.streams.select(np.arange(nr, len(view))), plan.now,
-                         view.first_delay(tau)[view.queued], tau, view)
+        queued = view.queued  # (a slice: views of the arrays, no gathers)
+        gain = self.gain(view.streams.select(queued), plan.now,
+                         view.base[queued] + view.step[queued] * tau, tau, view)
         return float(tau), gain, self.starved(view, plan.now)
 
     def _admits_nobody(self, plan: StepPlan, view: View, buffered: np.ndarray) -> bool:
