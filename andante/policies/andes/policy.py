@@ -338,7 +338,7 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         long prompt's chunks)."""
         if not (self.chunks_prefill and self._prefilling):  # else all decode: budget left
             return False
-        if sum(r.num_uncomputed_tokens for r in plan.running) < plan.token_budget:
+        if not self._running_fill_budget(plan):
             return False
         o = self.options
         if not o.pacer_aware or not bool((buffered > o.delta_t).any()):
@@ -347,6 +347,17 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         free = plan.num_free_blocks - plan.watermark_blocks
         return num_queued <= plan.config.max_num_seqs and float(
             view.weight[view.queued].sum()) <= free
+
+    @staticmethod
+    def _running_fill_budget(plan: StepPlan) -> bool:
+        """Do the running requests' remaining tokens fill the step's token budget?
+        (Stops counting once they do: a long prompt's chunk usually does at once.)"""
+        left = plan.token_budget
+        for req in plan.running:
+            left -= req.num_uncomputed_tokens
+            if left <= 0:
+                return True
+        return left <= 0
 
     def _admits_all(self, plan: StepPlan, view: View) -> bool:
         """With chunked prefill: can every queued request join the running ones now
@@ -357,9 +368,8 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         3 req/s, pausing up to the full slot count cost mean QoE 0.991 -> 0.984)."""
         if not self.chunks_prefill or 2 * len(view) > plan.config.max_num_seqs:
             return False
-        if self._prefilling and sum(r.num_uncomputed_tokens for r in plan.running) >= \
-                plan.token_budget:  # running chunks take the step: as `_admits_nobody`
-            return False
+        if self._prefilling and self._running_fill_budget(plan):
+            return False  # running chunks take the step: as `_admits_nobody`
         free = plan.num_free_blocks - plan.watermark_blocks
         return float(view.weight[view.queued].sum()) <= free
 
