@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from typing import overload
 
 import numpy as np
 
@@ -86,7 +87,13 @@ class LatencyModel:
             self._point_cache[key] = value
         return value
 
-    def tau(self, batch: np.ndarray | int) -> np.ndarray:
+    @overload
+    def tau(self, batch: int) -> float: ...
+
+    @overload
+    def tau(self, batch: np.ndarray) -> np.ndarray: ...
+
+    def tau(self, batch: np.ndarray | int) -> np.ndarray | float:
         """Predicted seconds per token for each request of a batch of size B."""
         if isinstance(batch, int) and self.cost_model is not None:  # (no array overhead,
             # nor a whole table for a new context bucket: one point of it)

@@ -381,7 +381,7 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         return plan.can_schedule(req, n)
 
     # ---- gains ----------------------------------------------------------------------
-    def gain(self, s: Streams, now: float, first: np.ndarray, tau: np.ndarray,
+    def gain(self, s: Streams, now: float, first: np.ndarray, tau: np.ndarray | float,
              view: View) -> np.ndarray:
         t = now + self.options.delta_t
         q_wait, q_serve = qoe_wait_served(s, now, t, first, tau)
