@@ -61,10 +61,11 @@ def schedules_prompt_chunk(plan: StepPlan) -> bool:
 def decodes_first(order: list[Request]) -> list[Request]:
     """`order` with the requests still prefilling (in chunks) moved to the end, so that
     no stream waits for a chunk's share of the token budget."""
-    prefilling = [r for r in order if r.num_uncomputed_tokens > 1]
-    if not prefilling:
-        return order
-    return [r for r in order if r.num_uncomputed_tokens <= 1] + prefilling
+    decoding: list[Request] = []
+    prefilling: list[Request] = []
+    for req in order:  # (one pass: each request's token count is read once)
+        (prefilling if req.num_uncomputed_tokens > 1 else decoding).append(req)
+    return decoding + prefilling if prefilling else order
 
 
 def empties_queue(plan: StepPlan) -> bool:

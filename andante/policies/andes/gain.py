@@ -237,7 +237,7 @@ class Streams:
         return _buffered(self.start[:stop], self.inv[:stop], self.n[:stop],
                          self.late[:stop], now)
 
-    def select(self, positions: np.ndarray) -> Streams:
+    def select(self, positions: np.ndarray | slice) -> Streams:
         return Streams(self.start[positions], self.inv[positions], self.n[positions],
                        self.late[positions], self.pos[positions])
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from typing import overload
 
 import numpy as np
 
@@ -86,10 +87,17 @@ class LatencyModel:
             self._point_cache[key] = value
         return value
 
-    def tau(self, batch: np.ndarray | int) -> np.ndarray:
+    @overload
+    def tau(self, batch: int) -> float: ...
+
+    @overload
+    def tau(self, batch: np.ndarray) -> np.ndarray: ...
+
+    def tau(self, batch: np.ndarray | int) -> np.ndarray | float:
         """Predicted seconds per token for each request of a batch of size B."""
-        if isinstance(batch, int) and self.cost_model is not None:  # (no array overhead)
-            return self.ratio * self._decode_table()[min(max(batch, 1), self.max_batch)]
+        if isinstance(batch, int) and self.cost_model is not None:  # (no array overhead,
+            # nor a whole table for a new context bucket: one point of it)
+            return self.ratio * self._decode_time_at(min(max(batch, 1), self.max_batch))
         b = np.clip(np.asarray(batch), 1, self.max_batch)
         if self.cost_model is None:
             return np.full(b.shape, self.token_latency)

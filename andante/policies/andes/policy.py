@@ -62,6 +62,7 @@ from andante.policies.andes.solver import (
     RUNNING,
     Packing,
     View,
+    ascending,
     batch_candidates,
     batch_range,
     dp_pack,
@@ -176,8 +177,7 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
             return False
         running = plan.running
         if self._may_run_short(plan):
-            order = np.argsort(self.table.buffered(idx, plan.now), kind="stable")
-            decode_order = [running[i] for i in order]
+            decode_order = [running[i] for i in ascending(self.table.buffered(idx, plan.now))]
         else:  # every request finds its blocks: the order decides nothing
             decode_order = list(running)
         num_tokens: TokenCount = remaining_tokens
@@ -287,8 +287,9 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         is first whatever its score, unless the refiner weighs it)."""
         now, nr = plan.now, view.num_running
         buffered = view.streams.buffered(now, nr)
-        by_need = np.argsort(buffered, kind="stable")  # emptiest buffers first
-        decision = Decision(decode_order=[view.reqs[i] for i in by_need])
+        by_need = ascending(buffered)  # emptiest buffers first
+        reqs = view.reqs
+        decision = Decision(decode_order=[reqs[i] for i in by_need])
         if len(view) == nr or self._admits_nobody(plan, view, buffered):
             return decision
         scores = None
@@ -301,11 +302,11 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
             order = top_order(prio, plan.config.max_num_seqs) + nr
         decision.admits = [view.reqs[i] for i in order]
         o = self.options
-        victims = by_need[:0]
+        victims = np.empty(0, dtype=np.intp)
         fits = self._fits(plan, decision.admits[0])
         if o.pacer_aware and not fits:
-            full = buffered[by_need[::-1]] > o.delta_t
-            victims = by_need[::-1][full]  # most buffered first, gain 0 over Δt
+            most = np.array(by_need[::-1], dtype=np.intp)
+            victims = most[buffered[most] > o.delta_t]  # most buffered first, gain 0 over Δt
         elif fits and o.pause_buffered_s > 0 and self._admits_all(plan, view):
             decision.decode_order = [view.reqs[i] for i in by_need
                                      if buffered[i] <= o.pause_buffered_s]
@@ -323,8 +324,9 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         position's starvation (`starved`)."""
         nr = view.num_running
         tau = self.latency.tau(max(1, nr))
-        gain = self.gain(view.streams.select(np.arange(nr, len(view))), plan.now,
-                         view.first_delay(tau)[view.queued], tau, view)
+        queued = view.queued  # (a slice: views of the arrays, no gathers)
+        gain = self.gain(view.streams.select(queued), plan.now,
+                         view.base[queued] + view.step[queued] * tau, tau, view)
         return float(tau), gain, self.starved(view, plan.now)
 
     def _admits_nobody(self, plan: StepPlan, view: View, buffered: np.ndarray) -> bool:
@@ -336,7 +338,7 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         long prompt's chunks)."""
         if not (self.chunks_prefill and self._prefilling):  # else all decode: budget left
             return False
-        if sum(r.num_uncomputed_tokens for r in plan.running) < plan.token_budget:
+        if not self._running_fill_budget(plan):
             return False
         o = self.options
         if not o.pacer_aware or not bool((buffered > o.delta_t).any()):
@@ -345,6 +347,17 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         free = plan.num_free_blocks - plan.watermark_blocks
         return num_queued <= plan.config.max_num_seqs and float(
             view.weight[view.queued].sum()) <= free
+
+    @staticmethod
+    def _running_fill_budget(plan: StepPlan) -> bool:
+        """Do the running requests' remaining tokens fill the step's token budget?
+        (Stops counting once they do: a long prompt's chunk usually does at once.)"""
+        left = plan.token_budget
+        for req in plan.running:
+            left -= req.num_uncomputed_tokens
+            if left <= 0:
+                return True
+        return left <= 0
 
     def _admits_all(self, plan: StepPlan, view: View) -> bool:
         """With chunked prefill: can every queued request join the running ones now
@@ -355,9 +368,8 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         3 req/s, pausing up to the full slot count cost mean QoE 0.991 -> 0.984)."""
         if not self.chunks_prefill or 2 * len(view) > plan.config.max_num_seqs:
             return False
-        if self._prefilling and sum(r.num_uncomputed_tokens for r in plan.running) >= \
-                plan.token_budget:  # running chunks take the step: as `_admits_nobody`
-            return False
+        if self._prefilling and self._running_fill_budget(plan):
+            return False  # running chunks take the step: as `_admits_nobody`
         free = plan.num_free_blocks - plan.watermark_blocks
         return float(view.weight[view.queued].sum()) <= free
 
@@ -369,7 +381,7 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         return plan.can_schedule(req, n)
 
     # ---- gains ----------------------------------------------------------------------
-    def gain(self, s: Streams, now: float, first: np.ndarray, tau: np.ndarray,
+    def gain(self, s: Streams, now: float, first: np.ndarray, tau: np.ndarray | float,
              view: View) -> np.ndarray:
         t = now + self.options.delta_t
         q_wait, q_serve = qoe_wait_served(s, now, t, first, tau)

@@ -90,6 +90,16 @@ def empty_packing(batch: int = 0) -> Packing:
     return Packing(0.0, np.empty(0, dtype=np.intp), batch)
 
 
+SMALL_SORT = 32  # below this many elements a plain Python sort beats numpy's call overhead
+
+
+def ascending(values: np.ndarray) -> list[int]:
+    """Indices of `values` in ascending order, ties in index order (a stable argsort)."""
+    if len(values) < SMALL_SORT:
+        return sorted(range(len(values)), key=values.tolist().__getitem__)
+    return np.argsort(values, kind="stable").tolist()
+
+
 def top_order(prio: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k highest priorities, highest first (stable when k >= N)."""
     n = len(prio)
