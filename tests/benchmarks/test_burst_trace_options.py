@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.benchmarks.scripts import load_benchmark
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_workloads_option_picks_the_burst_alone() -> None:
-    serve = _load("serve_vs_vllm")
+    serve = load_benchmark("serve_vs_vllm")
     assert list(serve.workloads(serve.parse_args([]))) == ["poisson", "burst"]
     assert list(serve.workloads(serve.parse_args(["--workloads", "burst"]))) == ["burst"]
     assert serve.main(["--workloads", "bursty", "--skip-vllm"]) == 2
 
 
 def test_trace_dir_gives_each_server_run_its_own_file(tmp_path: Path) -> None:
-    serve = _load("serve_vs_vllm")
+    serve = load_benchmark("serve_vs_vllm")
     args = serve.parse_args(["--trace-dir", str(tmp_path)])
     first = serve.andante_command(args, 1, "andes")
     path = Path(first[first.index("--trace-steps") + 1])
@@ -42,7 +32,7 @@ def test_trace_dir_gives_each_server_run_its_own_file(tmp_path: Path) -> None:
 
 
 def test_burst_overhead_replay_times_every_step(capsys: pytest.CaptureFixture[str]) -> None:
-    bench = _load("burst_step_overhead")
+    bench = load_benchmark("burst_step_overhead")
     assert bench.main(["--policy", "andes,vllm", "--hardware", "a10-24g", "--duration", "6",
                        "--repeats", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -54,7 +44,7 @@ def test_burst_overhead_replay_times_every_step(capsys: pytest.CaptureFixture[st
 
 def test_trace_summary_breaks_the_slowest_request_down(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    summary = _load("trace_summary")
+    summary = load_benchmark("trace_summary")
     records = [
         {"kind": "step", "t": 1.0, "duration": 0.09, "overhead": None, "num_seqs": 1,
          "num_tokens": 1, "prefill_ids": [], "num_waiting": 0},

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -18,17 +16,9 @@ from andante.exec.batch import StepBatch, StepResult
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.perf.specs import CostCoefficients
+from tests.benchmarks.scripts import load_benchmark
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _module(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class _Clock:
@@ -48,7 +38,7 @@ def _step(chunks: list[tuple[int, int]]) -> StepBatch:
 
 
 def test_step_trace_compares_each_kind_with_the_model() -> None:
-    fidelity = _module("fidelity")
+    fidelity = load_benchmark("fidelity")
     model = CostModel(get_model("smollm2-135m"), get_hardware("a10-24g"))
     slower = model.with_coefficients(CostCoefficients(c2=2.0, c5=0.01))
     clock = _Clock()
@@ -71,7 +61,7 @@ def test_step_trace_compares_each_kind_with_the_model() -> None:
 
 
 def test_serve_verdict_compares_with_vllm() -> None:
-    serve = _module("serve_vs_vllm")
+    serve = load_benchmark("serve_vs_vllm")
     ours = {"burst": {"request_goodput": 1.9, "p99_ttft_ms": 800.0, "mean_qoe": 0.99},
             "poisson": {"request_goodput": 1.8, "p99_ttft_ms": 900.0, "mean_qoe": 0.98}}
     theirs = {"burst": {"request_goodput": 1.8, "p99_ttft_ms": 900.0, "mean_qoe": 0.99},
@@ -84,7 +74,7 @@ def test_serve_verdict_compares_with_vllm() -> None:
 def test_step_trace_adds_the_setup_of_sizes_new_to_the_engine() -> None:
     import dataclasses
 
-    fidelity = _module("fidelity")
+    fidelity = load_benchmark("fidelity")
     hardware = dataclasses.replace(get_hardware("a10-24g"), new_size_fixed=0.01,
                                    new_size_per_token=1e-4, new_size_cache=8)
     model = CostModel(get_model("smollm2-135m"), hardware)
@@ -106,7 +96,7 @@ def test_step_trace_adds_the_setup_of_sizes_new_to_the_engine() -> None:
 
 
 def test_size_recorder_keeps_the_sizes_of_forward_steps() -> None:
-    fidelity = _module("fidelity")
+    fidelity = load_benchmark("fidelity")
 
     class Inner:
         name = "inner"
@@ -122,7 +112,7 @@ def test_size_recorder_keeps_the_sizes_of_forward_steps() -> None:
 
 
 def test_step_trace_logs_the_idle_time_before_a_step() -> None:
-    fidelity = _module("fidelity")
+    fidelity = load_benchmark("fidelity")
     model = CostModel(get_model("smollm2-135m"), get_hardware("a10-24g"))
     clock = _Clock()
     trace = fidelity.StepTrace(model, clock)
@@ -140,7 +130,7 @@ def test_step_trace_logs_the_idle_time_before_a_step() -> None:
 
 
 def test_caching_phases_in_order() -> None:
-    fidelity = _module("fidelity")
+    fidelity = load_benchmark("fidelity")
     assert fidelity.caching_phases("both") == ["off", "on"]
     assert fidelity.caching_phases("on,off,on") == ["on", "off", "on"]
     assert fidelity.caching_phases("off") == ["off"]
@@ -175,7 +165,7 @@ def test_the_wait_policy_is_the_environments_when_torch_loads_openmp() -> None:
 
 
 def test_outside_cpu_is_the_machine_less_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    fidelity = _module("fidelity")
+    fidelity = load_benchmark("fidelity")
     readings = iter([(100.0, 5.0, 10.0), (103.0, 6.0, 12.0)])  # (busy, own, wall) s
     monkeypatch.setattr(fidelity.OutsideCpu, "_read", staticmethod(lambda: next(readings)))
     monkeypatch.setattr(fidelity.os, "cpu_count", lambda: 2)
@@ -185,7 +175,7 @@ def test_outside_cpu_is_the_machine_less_this_process(monkeypatch: pytest.Monkey
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs /proc/stat")
 def test_outside_cpu_sees_another_process_spin() -> None:
-    fidelity = _module("fidelity")
+    fidelity = load_benchmark("fidelity")
     meter = fidelity.OutsideCpu()
     spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
     subprocess.run([sys.executable, "-c", spin], check=True, timeout=60)
@@ -194,7 +184,7 @@ def test_outside_cpu_sees_another_process_spin() -> None:
 
 
 def test_step_trace_tells_a_tail_from_a_shift() -> None:
-    fidelity = _module("fidelity")
+    fidelity = load_benchmark("fidelity")
     model = CostModel(get_model("smollm2-135m"), get_hardware("a10-24g"))
     trace = fidelity.StepTrace(model, _Clock())
     busy = SchedulerStats(num_running=1)

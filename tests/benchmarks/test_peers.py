@@ -3,29 +3,18 @@ engine_vs_peers' summaries (the peers themselves are not installed in CI)."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
+from tests.benchmarks.scripts import load_script
 from tests.models.gguf_helpers import write_tiny_gguf
 from tests.models.helpers import make_tiny_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 PEERS = REPO / "benchmarks" / "peers"
-
-
-def _module(path: Path) -> ModuleType:
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_bf16_gguf_keeps_metadata_and_weights(tmp_path: Path) -> None:
@@ -34,7 +23,7 @@ def test_bf16_gguf_keeps_metadata_and_weights(tmp_path: Path) -> None:
     source = write_tiny_gguf(make_tiny_checkpoint(tmp_path / "hf"), tmp_path / "q8.gguf",
                              quantize=("attn", "ffn"))
     out = tmp_path / "bf16.gguf"
-    writer = _module(PEERS / "write_bf16_gguf.py")
+    writer = load_script(PEERS / "write_bf16_gguf.py")
     assert writer.main(["--gguf", str(source), "--out", str(out)]) == 0
     before, after = gguf.GGUFReader(source), gguf.GGUFReader(out)
     assert set(after.fields) == set(before.fields) | {"general.file_type"}
@@ -73,7 +62,7 @@ def _record(prefill: float, b1: float, b8: float, conc: float) -> dict[str, obje
 
 
 def test_summary_takes_medians_and_ratios_favour_andante_above_one() -> None:
-    bench = _module(REPO / "benchmarks" / "engine_vs_peers.py")
+    bench = load_script(REPO / "benchmarks" / "engine_vs_peers.py")
     quiet = {"others_cpu_share": 0.0}
     busy = {"others_cpu_share": 0.9}
     runs = {
@@ -93,7 +82,7 @@ def test_summary_takes_medians_and_ratios_favour_andante_above_one() -> None:
 
 
 def test_cpu_meter_reports_shares_between_zero_and_one() -> None:
-    bench = _module(REPO / "benchmarks" / "engine_vs_peers.py")
+    bench = load_script(REPO / "benchmarks" / "engine_vs_peers.py")
     result, machine = bench.CpuMeter().measure(lambda: sum(range(100_000)))
     assert result == sum(range(100_000))
     assert machine["others_cpu_share"] >= 0.0

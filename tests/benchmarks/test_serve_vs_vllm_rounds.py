@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
+
+from tests.benchmarks.scripts import load_benchmark
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def _serve() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("serve_vs_vllm", BENCHMARKS / "serve_vs_vllm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_systems_per_policy_and_backend() -> None:
-    serve = _serve()
+    serve = load_benchmark("serve_vs_vllm")
     args = serve.parse_args(["--policy", "andes,vllm", "--andante-backend", "process,inprocess"])
     assert serve.andante_systems(args) == [
         ("andes@process", "andes", "process"), ("andes@inprocess", "andes", "inprocess"),
@@ -35,7 +25,7 @@ def test_systems_per_policy_and_backend() -> None:
 
 
 def test_medians_over_rounds_per_workload() -> None:
-    serve = _serve()
+    serve = load_benchmark("serve_vs_vllm")
     rounds = [{"poisson": {"p99_ttft_ms": v, "mean_qoe": q, "note": None}}
               for v, q in ((300.0, 1.0), (100.0, 0.9), (200.0, 0.95))]
     assert serve.medians(rounds) == {"poisson": {"p99_ttft_ms": 200.0, "mean_qoe": 0.95,
@@ -43,6 +33,6 @@ def test_medians_over_rounds_per_workload() -> None:
 
 
 def test_bad_policy_or_rounds_exit_2() -> None:
-    serve = _serve()
+    serve = load_benchmark("serve_vs_vllm")
     assert serve.main(["--policy", "nope", "--skip-vllm"]) == 2
     assert serve.main(["--rounds", "0", "--skip-vllm"]) == 2

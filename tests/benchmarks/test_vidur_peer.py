@@ -6,7 +6,6 @@ are missing."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import json
 import lzma
@@ -14,29 +13,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from andante.perf import BatchShape, CostModel, get_hardware, get_model
+from tests.benchmarks.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 VIDUR_PEER = REPO / "benchmarks" / "vidur_peer"
 
 
-def _module(path: Path) -> ModuleType:
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-pt = _module(VIDUR_PEER / "profile_tables.py")
+pt = load_script(VIDUR_PEER / "profile_tables.py", register=True)
 SMALL = pt.ProfileConfig(max_tokens=512, max_num_seqs=16, kv_step=64)
 COST = CostModel(get_model(SMALL.model), get_hardware(SMALL.hardware))
 PARTS = pt.StepParts(COST)
@@ -196,7 +185,7 @@ def test_run_vidur_fails_loudly_without_venv_or_data(tmp_path: Path) -> None:
 
 def test_sim_vs_vidur_refuses_without_vidur(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    bench = _module(REPO / "benchmarks" / "sim_vs_vidur.py")
+    bench = load_script(REPO / "benchmarks" / "sim_vs_vidur.py", register=True)
     assert bench.main(["--peers", str(tmp_path), "--num-requests", "3"]) == 2
     assert "sim_vs_vidur: error: no Vidur venv" in capsys.readouterr().err
     _fake_venv(tmp_path)
@@ -207,7 +196,7 @@ def test_sim_vs_vidur_refuses_without_vidur(tmp_path: Path,
 
 
 def test_trace_and_summary_helpers(tmp_path: Path) -> None:
-    bench = _module(REPO / "benchmarks" / "sim_vs_vidur.py")
+    bench = load_script(REPO / "benchmarks" / "sim_vs_vidur.py", register=True)
     from andante.workload import RequestSpec
 
     trace = tmp_path / "t.csv"

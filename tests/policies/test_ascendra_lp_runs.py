@@ -20,7 +20,7 @@ from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.perf.specs import CostCoefficients
 from andante.policies import SchedulerConfig
-from andante.policies.ascendra.lp import largest_within
+from andante.policies.ascendra.lp import largest_by_bisection, largest_within
 from andante.policies.ascendra.prefill_runs import time_grows_with_tokens
 from andante.sim import ClusterSpec, build_simulator
 from andante.workload import WorkloadConfig, build_workload, to_requests
@@ -105,17 +105,6 @@ def test_a_run_ends_at_the_models_next_refit_check() -> None:
     assert policy.prefill_run_chunks([request("a", 5000)], False) == [2048, 2048]
 
 
-def _bisection(time_of, limit: int, budget: float) -> int:  # type: ignore[no-untyped-def]
-    lo, hi = 0, limit - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if time_of(mid) <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     st.integers(min_value=2, max_value=5000),
@@ -137,7 +126,7 @@ def test_secant_search_finds_the_bisections_answer(
     if t_limit <= budget:
         return
     assert largest_within(time_of, limit, budget, t_limit, hint) == \
-        _bisection(time_of, limit, budget)
+        largest_by_bisection(time_of, limit, budget)
 
 
 def test_secant_search_with_a_flat_step_time() -> None:

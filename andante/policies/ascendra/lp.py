@@ -43,6 +43,19 @@ def _decode_tokens(req: Request) -> int:
     return 1 if req.num_uncomputed_tokens == 1 else 0
 
 
+def largest_by_bisection(time_of: Callable[[int], float], limit: int, budget: float) -> int:
+    """The largest n < limit with time_of(n) <= budget, by Algorithm 1's bisection
+    (0 if none; time_of need not grow with n)."""
+    lo, hi = 0, limit - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if time_of(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def largest_within(time_of: Callable[[int], float], limit: int, budget: float,
                    t_limit: float, hint: int = 1) -> int:
     """The largest n in [1, limit) with time_of(n) <= budget (0 if none), for a
@@ -210,14 +223,7 @@ class AscendraLPPolicy(PrefillRuns, AscendraBase):
             return limit
         if self._time_grows():
             return largest_within(time_of, limit, budget, t_limit, hint)
-        lo, hi = 0, limit - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if time_of(mid) <= budget:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return largest_by_bisection(time_of, limit, budget)
 
     def _time_grows(self) -> bool:
         """Does the model's step time never fall as a chunk grows (per model version)?"""
