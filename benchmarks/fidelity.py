@@ -115,7 +115,7 @@ def _executor(args: argparse.Namespace) -> tuple[Any, Any]:
 def _warm_buckets(executor: Any) -> dict[str, Any]:
     """The served engine's start-up warm-up (every step bucket up to the model's length),
     run once the calibration is done."""
-    warmup = executor.warm_up(executor.max_model_len, executor.options.warmup_seqs)
+    warmup = executor.warm_up()
     return {"num_sizes": len(warmup.sizes), "seconds": round(warmup.seconds, 2)}
 
 

@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from andante.perf.paths import env_switch
+from andante.perf.step_sizes import NO_BUCKETS_ENV
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
     from andante.models import load_model
 
-    if os.environ.get("ANDANTE_NO_STEP_BUCKETS", "") not in ("", "0"):
+    if env_switch(NO_BUCKETS_ENV):
         print("step_buckets.py: unset ANDANTE_NO_STEP_BUCKETS", file=sys.stderr)
         return 2
     model = load_model(args.model, "bfloat16")

@@ -189,13 +189,15 @@ class TorchExecutor:
         wanted = self.options.warmup_tokens
         if self.runner.buckets is None or wanted is None:
             return
-        max_tokens = self.max_model_len if wanted == "auto" else wanted
-        self.warmup = self.warm_up(max_tokens, self.options.warmup_seqs)
+        self.warmup = self.warm_up(None if wanted == "auto" else wanted)
         log.info("%s", self.warmup.describe())
 
-    def warm_up(self, max_tokens: int, max_seqs: int) -> WarmUp:
-        """Build the primitives of every bucket up to `max_tokens` rows (LM head: up to
-        `max_seqs` rows); call before serving (it writes K/V to unowned blocks)."""
+    def warm_up(self, max_tokens: int | None = None, max_seqs: int | None = None) -> WarmUp:
+        """Build the primitives of every bucket up to `max_tokens` rows (default: the
+        model's length; LM head: up to `max_seqs` rows, default the option's); call
+        before serving (it writes K/V to unowned blocks)."""
+        max_tokens = self.max_model_len if max_tokens is None else max_tokens
+        max_seqs = self.options.warmup_seqs if max_seqs is None else max_seqs
         buckets = self.runner.buckets
         if buckets is None:
             return WarmUp((), 0.0)

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import gc
 
+from andante.perf.paths import env_switch
+
 NO_GC_FREEZE_ENV = "ANDANTE_NO_GC_FREEZE"  # 1: leave the start-up heap to the collector
 
 
 def freeze_heap() -> int:
     """Collect what start-up left as garbage, then exempt every surviving object from
-    future collections; returns how many objects were frozen."""
+    future collections; returns how many objects were frozen (0 with the switch set)."""
+    if env_switch(NO_GC_FREEZE_ENV):
+        return 0
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

@@ -42,7 +42,7 @@ from andante.cluster.load import LoadReport
 from andante.core.request import Request
 from andante.engine.stats import EngineLimits
 from andante.perf.paths import env_switch
-from andante.runtime.gc_heap import NO_GC_FREEZE_ENV, freeze_heap
+from andante.runtime.gc_heap import freeze_heap
 from andante.runtime.ray_actors import WorkerFactory
 from andante.runtime.worker import InstanceWorker, OnChange, Post, StepMessage
 
@@ -224,8 +224,7 @@ def child_main(factory: WorkerFactory, index: int, commands: Connection,
         log.debug("instance %d could not start", index, exc_info=True)
         messages.send(("failed", portable(exc)))
         return
-    if not env_switch(NO_GC_FREEZE_ENV):
-        freeze_heap()  # the model and start-up objects: never walked again (gc_heap.py)
+    freeze_heap()  # the model and start-up objects: never walked again (gc_heap.py)
     messages.send(("ready", (limits, name, multiprocessing.current_process().pid)))
     sender = MessageSender(messages)
     try:

@@ -81,7 +81,7 @@ class StepTrace:
     def __call__(self, output: StepOutput, stats: SchedulerStats) -> None:
         batch, now = output.batch, stats.time
         if batch.is_empty:
-            self._finish_all(output.finished, now)
+            self._finish_all(output.finished)
             return
         duration = output.result.duration
         overhead = None if self._last_end is None else now - self._last_end - duration
@@ -97,9 +97,9 @@ class StepTrace:
         self._write({"kind": "step", "t": now, "duration": duration, "overhead": overhead,
                      "num_seqs": batch.num_seqs, "num_tokens": batch.num_tokens,
                      "prefill_ids": prefill_ids, "num_waiting": stats.num_waiting})
-        self._finish_all(output.finished, now)
+        self._finish_all(output.finished)
 
-    def _finish_all(self, finished: list[Request], now: float) -> None:
+    def _finish_all(self, finished: list[Request]) -> None:
         for req in finished:
             self._write(self._request_record(req, self._pending.pop(req.request_id, None)))
 

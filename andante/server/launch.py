@@ -17,8 +17,7 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from andante.perf.paths import env_switch
-from andante.runtime.gc_heap import NO_GC_FREEZE_ENV, freeze_heap
+from andante.runtime.gc_heap import freeze_heap
 from andante.server.app import create_app
 from andante.server.backend import Backend
 from andante.server.config import ServeOptions
@@ -91,8 +90,7 @@ def serve(options: ServeOptions, backend: Backend | None = None) -> int:
     state: ServerState = app.state.andante
     print(f"andante: serving {', '.join(state.backend.served)} on http://{host}:{port} "
           f"(policy {options.policy}; live page at /, metrics at /metrics)", flush=True)
-    if not env_switch(NO_GC_FREEZE_ENV):
-        freeze_heap()  # start-up objects: never walked again (andante.runtime.gc_heap)
+    freeze_heap()  # start-up objects: never walked again (andante.runtime.gc_heap)
     _uvicorn_server(app, options).run(sockets=[sock])
     return _exit_status(app)
 

@@ -569,8 +569,7 @@ class Simulator(SimHooks):
             getattr(policy, "arrivals_commute_with_runs", False))
         return commutes and self._only_arrivals_add()
 
-    def _run_times(self, durations: list[float], inst: SimInstance | None = None,
-                   ) -> list[float]:
+    def _run_times(self, durations: list[float], inst: SimInstance) -> list[float]:
         """The end times of the steps lasting `durations` from now that end before the
         next arrival (or late drop, `_stop_at`) and `until`, and the step that ends after
         the arrival where `inst`'s runs may hold it (`_straddles`): the run's last step;
@@ -578,8 +577,8 @@ class Simulator(SimHooks):
         arrival are applied before it and each output's figures (its queues) are those
         stepping shows."""
         t, stop_at, until = self.clock.now(), self._stop_at, self._until
-        straddle = inst is not None and self._straddles(inst)
-        alone = straddle and inst is not None and inst.engine.has_observers
+        straddle = self._straddles(inst)
+        alone = straddle and inst.engine.has_observers
         times: list[float] = []
         for duration in durations:
             t += duration

@@ -228,10 +228,6 @@ class Streams:
     late: np.ndarray
     pos: np.ndarray
 
-    @classmethod
-    def take(cls, table: RequestTable, idx: np.ndarray) -> Streams:
-        return cls(*table.state.take(idx, axis=1)[:_POS + 1])  # (one gather)
-
     def buffered(self, now: float, stop: int) -> np.ndarray:
         """`RequestTable.buffered` of the first `stop` streams (no gather)."""
         return _buffered(self.start[:stop], self.inv[:stop], self.n[:stop],

@@ -303,7 +303,7 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         decision.admits = [view.reqs[i] for i in order]
         o = self.options
         victims = np.empty(0, dtype=np.intp)
-        fits = self._fits(plan, decision.admits[0])
+        fits = (o.pacer_aware or o.pause_buffered_s > 0) and self._fits(plan, decision.admits[0])
         if o.pacer_aware and not fits:
             most = np.array(by_need[::-1], dtype=np.intp)
             victims = most[buffered[most] > o.delta_t]  # most buffered first, gain 0 over Δt
@@ -344,9 +344,13 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         if not o.pacer_aware or not bool((buffered > o.delta_t).any()):
             return True
         num_queued = len(view) - view.num_running
+        return num_queued <= plan.config.max_num_seqs and self._queue_fits(plan, view)
+
+    @staticmethod
+    def _queue_fits(plan: StepPlan, view: View) -> bool:
+        """Do all the queued requests' blocks fit in the free ones above the watermark?"""
         free = plan.num_free_blocks - plan.watermark_blocks
-        return num_queued <= plan.config.max_num_seqs and float(
-            view.weight[view.queued].sum()) <= free
+        return float(view.weight[view.queued].sum()) <= free
 
     @staticmethod
     def _running_fill_budget(plan: StepPlan) -> bool:
@@ -370,8 +374,7 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
             return False
         if self._prefilling and self._running_fill_budget(plan):
             return False  # running chunks take the step: as `_admits_nobody`
-        free = plan.num_free_blocks - plan.watermark_blocks
-        return float(view.weight[view.queued].sum()) <= free
+        return self._queue_fits(plan, view)
 
     @staticmethod
     def _fits(plan: StepPlan, req: Request) -> bool:

@@ -62,6 +62,8 @@ class PrefillRuns:
 
         def note_chunk(self, request_id: str, n: int, last: bool) -> None: ...
 
+        def _time_grows(self) -> bool: ...
+
         _last_chunk: dict[str, int]
         _recent_chunk: int
 
@@ -77,8 +79,7 @@ class PrefillRuns:
         none), the others decoding; see the module note."""
         *decodes, prefill = running
         token_limit = self.decode_budget - len(decodes)
-        if others_wait or token_limit < 1 or not time_grows_with_tokens(
-                self.perf_model.cost_model):
+        if others_wait or token_limit < 1 or not self._time_grows():
             return []
         budget = self._step_budget(decodes) if decodes else math.inf
         shape = decode_shape(decodes)
