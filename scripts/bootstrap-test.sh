@@ -28,3 +28,11 @@ if ! command -v redis-server >/dev/null; then
     echo "bootstrap-test: redis-server missing; the Redis queue tests will be skipped" >&2
   fi
 fi
+
+# The real vLLM CPU build: the peer of the benchmarks and the engine andante.vllm plugs
+# into (its tests serve it). Installed once into $ANDANTE_PEERS (default runs/peers, git
+# ignored), in a venv of its own: vLLM never enters andante's .venv.
+if [ "${ANDANTE_SKIP_VLLM:-0}" != 1 ]; then
+  echo "bootstrap-test: vLLM CPU peer (benchmarks/peers/setup --only vllm --only model)" >&2
+  ./benchmarks/peers/setup --only vllm --only model
+fi
