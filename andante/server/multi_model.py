@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from andante.cluster.qlm.model_router import ModelRouter
+from andante.cluster.qlm.tiers import ModelTiers, first_that_fit
 from andante.cluster.router import QueueRouter, Router
 from andante.core.clock import Clock, MonotonicClock
 from andante.engine import Engine
@@ -29,8 +31,6 @@ from andante.models.interface import Tokenizer
 from andante.perf.cost_model import CostModel
 from andante.runtime.clock import WallClock
 from andante.runtime.local import MultiModelInstance
-from andante.runtime.model_router import ModelRouter
-from andante.runtime.models import ModelTiers
 from andante.runtime.worker import HostedInstance, InstanceWorker, ModelSwitch, OutputAdapter
 from andante.server.config import TOY_MODEL, ServeOptions
 from andante.server.runner import ClusterRunner
@@ -163,12 +163,15 @@ def _worker(options: ServeOptions, index: int, clock: Clock, weights: Mapping[st
     def load(model: str) -> Any:
         return load_weights(paths[model], options.engine.dtype)
 
-    tiers = ModelTiers(device, weights, names, load, weight_bytes, cap)
+    sizes = {name: weight_bytes(weights[name]) for name in names}
+    warm = first_that_fit((m for m in names if m != device), sizes, cap)
+    tiers = ModelTiers(sizes, device, host_capacity_bytes=cap, host=warm,
+                       weights={m: weights[m] for m in (device, *warm)})
     engine, adapter = build(device, weights[device])
     log.info("instance %d: %s on the device, warm: %s", index, device,
              ", ".join(tiers.host) or "none")
     return InstanceWorker(index, engine, adapter, model_name=device,
-                          switch=ModelSwitch(tiers, build, *known))
+                          switch=ModelSwitch(tiers, build, load, *known))
 
 
 def _shared(loaded: Any) -> Any:

@@ -1,7 +1,7 @@
 """Build a simulated cluster: N instances of the real engine over `SimExecutor`s, behind
 the real cluster controller and a router chosen by name. Instances may differ in model,
 hardware and parallelism (`InstanceSpec`), and serve several models each (QLM: the
-cluster's `models` registry, andante.sim.tiers); `andante.sim.cluster_file` reads such a
+cluster's `models` registry, andante.cluster.qlm.tiers); `andante.sim.cluster_file` reads such a
 cluster from TOML."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from andante.cluster.ascendra import pool_plan
 from andante.cluster.controller import Controller
 from andante.cluster.qlm.router import preemption_mode_for
+from andante.cluster.qlm.tiers import ModelTiers
 from andante.cluster.registry import make_router
 from andante.cluster.router import Router
 from andante.core.clock import ManualClock
@@ -26,7 +27,6 @@ from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.sim.pipeline import build_pipeline_instance
 from andante.sim.simulator import SimInstance, Simulator
-from andante.sim.tiers import ModelTiers
 
 # Routers whose cluster is built by another module (named, imported on demand).
 CLUSTER_BUILDERS = MappingProxyType(
