@@ -45,7 +45,7 @@ from functools import partial
 
 from andante.cluster.kunserve.coordinator import KunServeCoordinator
 from andante.cluster.kunserve.plan import LayerMemory
-from andante.cluster.kunserve.router import KunServeSettings
+from andante.cluster.kunserve.router import KunServeRouter, KunServeSettings
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.exec.torch_executor import TorchExecutor
 from andante.exec.torch_pipeline import (
@@ -356,6 +356,19 @@ def layer_memory(executor: TorchExecutor) -> LayerMemory:
         num_layers=model.config.num_layers, weight_bytes_per_layer=weight,
         kv_block_bytes_per_layer=layer_block_bytes(model, dtype, options.block_size),
         kv_region_bytes=device_kv_bytes(executor.kv.num_device_blocks, model, options))
+
+
+def serve_operators(router: KunServeRouter, instances: Sequence[object]
+                    ) -> list[KunServeCoordinator]:
+    """`andante serve --router kunserve` (andante.cluster.registry's hook): KunServe's
+    coordinator over the in-process instances, with the router's settings
+    (`--router-option`); none when dropping is off."""
+    local = [inst for inst in instances if isinstance(inst, LocalInstance)]
+    if len(local) != len(instances):
+        raise ValueError("--router kunserve runs on in-process instances (--backend inprocess)")
+    if not router.settings.drop:
+        return []
+    return [local_coordinator(local, router.settings)]
 
 
 def local_coordinator(instances: Sequence[LocalInstance], settings: KunServeSettings,

@@ -137,7 +137,7 @@ class Rendezvous:
         self._timeout = timeout
         self.result = False
 
-    def park(self, member: int) -> None:
+    def arrive(self, member: int) -> None:
         self._arrived[member].set()
         self._wait_for_end()
 
@@ -179,7 +179,7 @@ class Rendezvous:
         return self.result and not self._cancelled
 
     def parker(self, member: int) -> AtBoundary:
-        return lambda _worker: self.park(member)
+        return lambda _worker: self.arrive(member)
 
     def leader(self, operation: Callable[[], bool]) -> AtBoundary:
         return lambda _worker: self.lead(operation)

@@ -294,7 +294,8 @@ class InstanceWorker:
                 self._warmed(*item)
             else:
                 self._withdrawn.extend(self.host.withdraw(item))
-                self._withdrawn.extend(self._unpark(item))
+                if self.switcher is not None:
+                    self._withdrawn.extend(self.switcher.unpark(item))
 
     def _add(self, req: Request) -> None:
         if self.switcher is not None and self.switcher.must_park(req):
@@ -305,13 +306,11 @@ class InstanceWorker:
         self.host.add(req)  # a refused one comes with the engine's next output
 
     def _abort(self, request_id: str) -> None:
-        for req in self._unpark([request_id]):
+        parked = [] if self.switcher is None else self.switcher.unpark([request_id])
+        for req in parked:
             req.finish(RequestStatus.FINISHED_ABORTED, self.engine.clock.now())
             self._aborted.append(req)  # reported as finished with the next message
         self.engine.abort(request_id)
-
-    def _unpark(self, request_ids: Sequence[str]) -> list[Request]:
-        return [] if self.switcher is None else self.switcher.unpark(request_ids)
 
     # ---- warm start (QLM LSO 5): read a checkpoint into host memory, off this thread
     def _start_warming(self, model: str) -> None:

@@ -20,10 +20,11 @@ from andante.cluster.kunserve.seam import GroupPlan, KVMode
 from andante.core.clock import ManualClock
 from andante.perf.cost_model import CostModel
 from andante.perf.links import LinkSpec, get_link
+from andante.sim.instances import build_instance
 from andante.sim.kunserve_groups import SimPipelineGroups
 from andante.sim.kunserve_instance import KunSimInstance
-from andante.sim.setup import ClusterSpec, build_instance
 from andante.sim.simulator import Simulator
+from andante.sim.spec import ClusterSpec
 
 
 def layer_memory(cost: CostModel, num_blocks: int, block_size: int) -> LayerMemory:
