@@ -67,7 +67,7 @@ ROUTERS = MappingProxyType({
     "shepherd": RouterEntry("andante.cluster.shepherd:ShepherdRouter"),
     "kunserve": RouterEntry(
         "andante.cluster.kunserve.router:KunServeRouter", in_process=True,
-        simulator="andante.sim.kunserve_setup:build_kunserve_simulator",
+        simulator="andante.sim.kunserve:build_kunserve_simulator",
         serve_operators="andante.runtime.kunserve:serve_operators"),
     "llumnix": RouterEntry("andante.cluster.llumnix:LlumnixRouter",
                            simulator="andante.sim.llumnix:build_llumnix_simulator"),

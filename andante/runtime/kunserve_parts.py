@@ -15,16 +15,19 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.engine.scheduler import Scheduler
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
 from andante.exec.torch_pipeline import PipelineExecutor
-from andante.exec.torch_pipeline_kv import KVExchange
 from andante.models.loader import LoadedModel
 from andante.perf.cost_model import CostModel
 from andante.runtime.worker import AtBoundary
+
+if TYPE_CHECKING:
+    from andante.runtime.kunserve_stages import KVExchange
 
 log = logging.getLogger("andante.cluster")
 

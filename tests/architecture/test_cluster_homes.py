@@ -33,10 +33,18 @@ REGISTRY = PACKAGE / "cluster" / "registry.py"
 MACHINES = {
     PACKAGE / "cluster" / "qlm" / "tiers.py": ("ModelTiers", "ModelSwap"),
     PACKAGE / "cluster" / "qlm" / "swap.py": ("ModelSwitcher",),
+    PACKAGE / "cluster" / "kunserve" / "groups.py": ("PipelineGroupBook",),
+    PACKAGE / "cluster" / "kunserve" / "exchange.py": ("ExchangeQueue",),
 }
-SITES = {PACKAGE / "cluster" / "qlm" / "swap.py": ("SwapSite",)}
-#: Names too generic to stand for a step of an operation (a site may use them).
-GENERIC = {"check", "tier", "models", "due", "next_model", "at_boundary"}
+SITES = {
+    PACKAGE / "cluster" / "qlm" / "swap.py": ("SwapSite",),
+    PACKAGE / "cluster" / "kunserve" / "groups.py": ("GroupSite",),
+    PACKAGE / "cluster" / "kunserve" / "seam.py": ("PipelineGroups",),
+}
+#: Names too generic to stand for a step of an operation (a site may use them, or
+#: answer a seam's question with them by asking the machine).
+GENERIC = {"check", "tier", "models", "due", "next_model", "at_boundary", "run", "done",
+           "pending_ids", "leader_of", "accepting", "plans"}
 
 
 def _modules(*areas: str) -> Iterator[Path]:
@@ -118,8 +126,10 @@ def _steps() -> tuple[set[str], set[str]]:
 
 def test_machines_are_found() -> None:
     classes, steps = _steps()
-    assert {"ModelTiers", "ModelSwap", "ModelSwitcher"} <= classes
+    assert {"ModelTiers", "ModelSwap", "ModelSwitcher", "PipelineGroupBook"} <= classes
     assert {"park", "unpark", "release_parked", "swap", "flush", "activate", "warm"} <= steps
+    assert {"units_of", "propose", "form", "restore", "moves_back", "evict_group", "shed",
+            "link_load", "chunks"} <= steps
 
 
 def test_one_copy_of_each_cluster_operation() -> None:
