@@ -1,11 +1,12 @@
 """Several models behind one server (`andante serve --model NAME=PATH --model ...`).
 
-Design note (QLM §3 and §5, LSO 5): every in-process instance can serve every model,
-one at a time on its device. Instance i starts with model i mod M on the device (round
-robin over the models) and the others warm in host memory while they fit
-`--host-memory-gib`; the rest stay cold on disk. Requests go to an instance holding
-their model (`ModelRouter`), else one swaps to it (`InstanceWorker`: the outgoing
-model's unfinished requests are handed back, never lost). The weights are read once per
+Design note (QLM §3 and §5, LSO 5; its decisions are andante.cluster.qlm's): every
+in-process instance can serve every model, one at a time on its device. Instance i starts
+with model i mod M on the device and the others warm in host memory while they fit
+`--host-memory-gib` (`placed_tiers`); the rest stay cold on disk. Requests go to an
+instance holding their model (`ModelRouter`), else one swaps to it (`ModelSwitcher`,
+driven by the `InstanceWorker`: the outgoing model's unfinished requests are handed
+back, never lost). The weights are read once per
 process and shared by the instances (in-process instances share them, as with one
 model); a cold swap reads the checkpoint again. With `--backend ray` each actor builds
 the same worker (`ray_multi_worker`: its own copy of the weights) and the driver keeps
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from andante.cluster.qlm.model_router import ModelRouter
-from andante.cluster.qlm.tiers import ModelTiers, first_that_fit
+from andante.cluster.qlm.tiers import placed_tiers
 from andante.cluster.router import QueueRouter, Router
 from andante.core.clock import Clock, MonotonicClock
 from andante.engine import Engine
@@ -149,11 +150,10 @@ _Known = tuple[dict[str, CostModel], dict[str, EngineLimits]]  # filled by `_des
 
 def _worker(options: ServeOptions, index: int, clock: Clock, weights: Mapping[str, Any],
             build_engine: BuildEngine, known: _Known) -> InstanceWorker:
-    """Instance `index`: model index mod M on the device, the others warm if they fit."""
+    """Instance `index`, its models placed by andante.cluster.qlm.tiers' `placed_tiers`
+    (its warm models keep the weights loaded here; the others' are dropped)."""
     paths = dict(options.models)
-    names = tuple(paths)
     cap = None if options.host_memory_gib is None else int(options.host_memory_gib * GIB)
-    device = names[index % len(names)]
 
     def build(model: str, loaded: Any) -> tuple[Engine, OutputAdapter]:
         engine, adapter, _ = build_engine(options, index, clock, paths[model],
@@ -163,10 +163,9 @@ def _worker(options: ServeOptions, index: int, clock: Clock, weights: Mapping[st
     def load(model: str) -> Any:
         return load_weights(paths[model], options.engine.dtype)
 
-    sizes = {name: weight_bytes(weights[name]) for name in names}
-    warm = first_that_fit((m for m in names if m != device), sizes, cap)
-    tiers = ModelTiers(sizes, device, host_capacity_bytes=cap, host=warm,
-                       weights={m: weights[m] for m in (device, *warm)})
+    tiers = placed_tiers(index, {name: weight_bytes(weights[name]) for name in paths}, cap)
+    device = tiers.device
+    tiers.weights.update((m, weights[m]) for m in (device, *tiers.host))
     engine, adapter = build(device, weights[device])
     log.info("instance %d: %s on the device, warm: %s", index, device,
              ", ".join(tiers.host) or "none")

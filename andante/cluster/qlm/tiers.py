@@ -152,10 +152,22 @@ class ModelTiers:
             self.weights.pop(victim, None)
 
 
+def placed_tiers(index: int, weight_bytes: Mapping[str, int],
+                 host_capacity_bytes: int | None) -> ModelTiers:
+    """Where instance `index` of a server starts (QLM §3, §5): every instance may serve
+    every model; model `index` mod M is on its device (round robin over the models in
+    order) and the others are warm in host memory, in order, while they fit."""
+    models = list(weight_bytes)
+    device = models[index % len(models)]
+    warm = first_that_fit((m for m in models if m != device), weight_bytes,
+                          host_capacity_bytes)
+    return ModelTiers(weight_bytes, device, host_capacity_bytes=host_capacity_bytes,
+                      host=warm)
+
+
 def first_that_fit(models: Iterable[str], weight_bytes: Mapping[str, int],
                    capacity_bytes: int | None) -> list[str]:
-    """An instance's first warm models: each of `models` in order while it fits beside
-    the ones before it (the server keeps every model it loaded warm where it can)."""
+    """Each of `models` in order while it fits beside the ones before it."""
     kept: list[str] = []
     used = 0
     for model in models:
