@@ -3,28 +3,17 @@ over `LocalInstance`s (andante.cluster.kunserve.seam states the contract), and t
 coordinator of `andante serve --router kunserve` over them.
 
 Design note (KunServe §4.1, §4.2, §4.4). The groups' state machine and the order of
-forming and restoring a group are andante.cluster.kunserve.groups' `PipelineGroupBook`;
-`LocalPipelineGroups` is its site on the wall clock, with threads. Every instance's
-worker thread steps its own engine, so a group forms and dissolves at a step boundary of
-all its members: the operation is posted to each member's inbox
-(`InstanceWorker.at_boundary`), the members wait there and the leader's thread carries
-it out (`kunserve_parts.Rendezvous`), calling the book, whose steps this site performs
-on torch (andante.runtime.kunserve_stages):
-- forming: the stages are built while the members still serve (on the caller's thread,
-  or a thread of its own with `background_prepare`); at the boundary the leader's block
-  manager grows to the group's block count, the members' shrink to none (their memory is
-  their stage now), every member's requests move into the leader's scheduler and output
-  adapter, the members' executors (their weights) are released and they pass what still
-  reaches them on to the leader; the KV moves run between the leader's steps
-  (`KVExchange`), `kv_mode="recompute"` recomputes instead; members are not `alive` to
-  routers while grouped; the real engine's stage pools are not re-cut, so a plan never
-  merges existing groups here;
-- dissolving: the full executors are rebuilt from each member's host copy of the weights
-  (the `LoadedModel`) while the group keeps serving (on the caller's thread, or a thread
-  of its own with `background_restore`); at the boundary the rest of the exchange
-  completes, running requests past the leader's own pool are recomputed (newest first),
-  the KV comes back from the stages and every member serves alone again; requests stay
-  at the leader.
+forming and restoring one are andante.cluster.kunserve.groups' `PipelineGroupBook`;
+`LocalPipelineGroups` is its site on the wall clock, with threads, and does the torch
+side through andante.runtime.kunserve_stages. Every instance's worker thread steps its
+own engine, so a group forms and dissolves at a step boundary of all its members: the
+operation is posted to each member's inbox (`InstanceWorker.at_boundary`), the members
+wait there and the leader's thread carries it out (`kunserve_parts.Rendezvous`). The
+slow parts run while the instances serve: the stages are laid out before a formation
+(on a thread of its own with `background_prepare`), the full executors rebuilt from the
+host copy of the weights before a restore (with `background_restore`). Members are not
+`alive` to routers while grouped and pass what still reaches them on to the leader; the
+real engine's stage pools are not re-cut, so a plan never merges existing groups here.
 A member whose thread dies makes the leader restore at its next boundary without that
 member's layers: every request holding KV is recomputed there (its output so far kept;
 nothing is lost or failed). A leader that dies leaves its requests to the controller
@@ -43,7 +32,6 @@ from functools import partial
 from andante.cluster.kunserve.adopt import Adoption, KVMove
 from andante.cluster.kunserve.coordinator import KunServeCoordinator
 from andante.cluster.kunserve.groups import PipelineGroupBook, shed
-from andante.cluster.kunserve.plan import LayerMemory
 from andante.cluster.kunserve.router import KunServeRouter, KunServeSettings
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.core.request import Request
@@ -51,12 +39,8 @@ from andante.engine.scheduler import Scheduler
 from andante.exec.torch_executor import TorchExecutor
 from andante.exec.torch_pipeline import (
     PipelineExecutor,
-    device_kv_bytes,
-    layer_block_bytes,
-    layer_weight_bytes,
     stage_memory,
 )
-from andante.models.loader import parse_dtype
 from andante.runtime.kunserve_parts import (
     FormReport,
     Group,
@@ -72,6 +56,7 @@ from andante.runtime.kunserve_stages import (
     exchange_step,
     finish_exchange,
     give_back,
+    layer_memory,
     start_exchange,
     switch_to_pipeline,
 )
@@ -432,19 +417,6 @@ def _num_layers(worker: InstanceWorker) -> int:
     """The model's layers (0 when the engine runs no real model: nothing can group)."""
     executor = worker.engine.executor
     return executor.model.config.num_layers if isinstance(executor, TorchExecutor) else 0
-
-
-def layer_memory(executor: TorchExecutor) -> LayerMemory:
-    """One unsplit instance's memory in the drop plan's units (andante.cluster.kunserve.
-    plan), from its executor: a layer's weights, a layer's KV block, the KV pool."""
-    model, options = executor.model, executor.options
-    dtype = parse_dtype(options.dtype)
-    weight = layer_weight_bytes(model.weights.layers[0]) * dtype.itemsize // max(
-        1, model.weights.dtype.itemsize)
-    return LayerMemory(
-        num_layers=model.config.num_layers, weight_bytes_per_layer=weight,
-        kv_block_bytes_per_layer=layer_block_bytes(model, dtype, options.block_size),
-        kv_region_bytes=device_kv_bytes(executor.kv.num_device_blocks, model, options))
 
 
 def serve_operators(router: KunServeRouter, instances: Sequence[object]

@@ -24,11 +24,19 @@ from collections.abc import Callable, Iterable, Mapping
 
 from andante.cluster.kunserve.adopt import KVMove
 from andante.cluster.kunserve.exchange import Chunk, ExchangeQueue
+from andante.cluster.kunserve.plan import LayerMemory
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.engine.scheduler import Scheduler
 from andante.exec.torch_executor import TorchExecutor
-from andante.exec.torch_pipeline import PipelineExecutor, device_kv_bytes, pipeline_executor
+from andante.exec.torch_pipeline import (
+    PipelineExecutor,
+    device_kv_bytes,
+    layer_block_bytes,
+    layer_weight_bytes,
+    pipeline_executor,
+)
 from andante.exec.torch_pipeline_kv import LayerPool, copy_blocks
+from andante.models.loader import parse_dtype
 from andante.runtime.kunserve_parts import (
     Group,
     Origin,
@@ -199,3 +207,16 @@ def give_back(worker: InstanceWorker, instance: LocalInstance, executor: TorchEx
     refresh_max_num_tokens(worker.engine.scheduler)
     worker.redirect = None
     instance.group_leader = None
+
+
+def layer_memory(executor: TorchExecutor) -> LayerMemory:
+    """One unsplit instance's memory in the drop plan's units (andante.cluster.kunserve.
+    plan), from its executor: a layer's weights, a layer's KV block, the KV pool."""
+    model, options = executor.model, executor.options
+    dtype = parse_dtype(options.dtype)
+    weight = layer_weight_bytes(model.weights.layers[0]) * dtype.itemsize // max(
+        1, model.weights.dtype.itemsize)
+    return LayerMemory(
+        num_layers=model.config.num_layers, weight_bytes_per_layer=weight,
+        kv_block_bytes_per_layer=layer_block_bytes(model, dtype, options.block_size),
+        kv_region_bytes=device_kv_bytes(executor.kv.num_device_blocks, model, options))
