@@ -77,7 +77,7 @@ class SimPipelineGroups:
     _reload_done: dict[int, float] = field(default_factory=dict)  # leader -> time
     _failures: dict[int, tuple[int, EvictionCallback]] = field(default_factory=dict)
     _transfer: tuple[int, float] = (0, 0.0)  # the last exchange: bytes, seconds
-    _held: list[KVMove] = field(default_factory=list)  # a restore's moves, held in `leave`
+    _moving_back: list[KVMove] = field(default_factory=list)  # a restore's, held in `leave`
 
     def __post_init__(self) -> None:
         self.book = PipelineGroupBook(self, self.memory.num_layers)
@@ -202,7 +202,7 @@ class SimPipelineGroups:
         now = leader.engine.clock.now()
         self._transfer = self._occupy_link(leader, moves, now)
         if adoption is None:
-            self._held = moves
+            self._moving_back = moves
             return
         num_bytes, seconds = self._transfer
         leader.hold(sorted({m.request_id for m in moves}), now + seconds)
@@ -240,7 +240,7 @@ class SimPipelineGroups:
             self.instances[index].become_solo(whole)
             self.instances[index].hooks.wake(self.instances[index])
         num_bytes, seconds = self._transfer
-        leader.hold(sorted({m.request_id for m in self._held}), now + seconds)
+        leader.hold(sorted({m.request_id for m in self._moving_back}), now + seconds)
         self.events.append(GroupEvent(now, "restore", plan.members, bytes_moved=num_bytes,
                                       transfer_seconds=seconds))
         leader.hooks.wake(leader)
