@@ -4,7 +4,9 @@ As nano-vllm's `llm.py`, this module sits above the engine and the policies and 
 them: `build_engine` sizes the block manager from the executor and picks the policy by
 name (the engine never imports a policy); `generate` and `build_offline_engine` complete
 prompts through the real scheduler (the `andante generate` engine); `run_timed` replays
-requests at their arrival times on the wall clock (fidelity benchmarks).
+requests at their arrival times on the wall clock (fidelity benchmarks). The model
+loader (and torch with it) is imported only by the functions that load a model, so the
+simulator, which builds engines here, runs with numpy alone.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from andante.core.clock import Clock, MonotonicClock
 from andante.core.request import Request
@@ -24,10 +26,11 @@ from andante.engine.policy import PolicyContext
 from andante.engine.scheduler import Scheduler
 from andante.exec.base import Executor
 from andante.kv.block_manager import KVBlockManager
-from andante.models.loader import LoadedModel, load_model
-from andante.models.stopping import StopStrings, truncate_at_stop
-from andante.models.tokenizer import TextTokenizer
 from andante.policies.registry import make_policy
+
+if TYPE_CHECKING:
+    from andante.models.loader import LoadedModel
+    from andante.models.tokenizer import TextTokenizer
 
 Prompt = str | Sequence[int]
 
@@ -111,6 +114,9 @@ def generate(prompts: Sequence[Prompt], sampling: SamplingParams | None = None, 
 
     Pass `engine` (from `build_offline_engine`) to reuse one executor across calls.
     """
+    from andante.models.loader import LoadedModel, load_model
+    from andante.models.stopping import StopStrings, truncate_at_stop
+
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     tokenizer = loaded.tokenizer
     params = with_eos(sampling or SamplingParams(max_tokens=64, temperature=0.0), tokenizer)

@@ -157,7 +157,8 @@ def perf_model_trace(setup: Setup, num_steps: int, seed: int,
     from andante.perf.shape import BatchShape
     from andante.perf.specs import CostCoefficients
     from andante.policies.ascendra.perf import OnlinePerfModel
-    from andante.sim.setup import ClusterSpec, build_cost_model
+    from andante.sim.instances import build_cost_model
+    from andante.sim.spec import ClusterSpec
 
     truth = build_cost_model(ClusterSpec(model=setup.model, hardware=setup.hardware))
     prior = truth.with_coefficients(CostCoefficients(c1=0.0, c2=1.0, c3=0.0, c4=0.0, c5=0.0))

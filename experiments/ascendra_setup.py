@@ -17,7 +17,7 @@ import numpy as np
 
 from andante.core.sampling import SLO
 from andante.engine.config import SchedulerConfig
-from andante.sim.setup import ClusterSpec, InstanceSpec
+from andante.sim.spec import ClusterSpec, InstanceSpec
 from andante.workload import RequestSpec, WorkloadConfig, build_workload
 from andante.workload.arrivals import poisson
 from andante.workload.slo import SLOConfig

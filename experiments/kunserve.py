@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from andante.bench.report import Report, pyplot
-from andante.sim.setup import ClusterSpec
+from andante.sim.spec import ClusterSpec
 from andante.workload.spec import RequestSpec
 from experiments.kunserve_runs import (
     SYSTEMS,

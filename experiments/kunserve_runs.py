@@ -25,7 +25,9 @@ from andante.cluster.controller import Controller
 from andante.core.clock import ManualClock
 from andante.core.request import PreemptionMode, Request
 from andante.engine.config import SchedulerConfig
-from andante.sim.setup import ClusterSpec, build_cost_model, build_instance, build_simulator
+from andante.sim.instances import build_cost_model, build_instance
+from andante.sim.setup import build_simulator
+from andante.sim.spec import ClusterSpec
 from andante.workload.arrivals import cyclic_burst
 from andante.workload.builder import resolve_traces_dir
 from andante.workload.spec import RequestSpec, to_requests

@@ -31,7 +31,8 @@ from andante.cluster.qlm.router import QLMRouter
 from andante.cluster.registry import make_router
 from andante.core.request import Request
 from andante.sim import ClusterSpec, SimRun, simulate
-from andante.sim.setup import InstanceSpec, with_router
+from andante.sim.setup import with_router
+from andante.sim.spec import InstanceSpec
 from andante.workload import WorkloadConfig, build_workload
 from andante.workload.mixes import (
     add_mega_prompts,

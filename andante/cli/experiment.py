@@ -1,13 +1,17 @@
 """`andante experiment NAME`: reproduce a paper's evaluation and write a report.
 
 The reproductions live in the repository's top-level `experiments/` package, outside
-the product package; this command finds it in the checkout andante runs from.
+the product package; this command finds it in the checkout andante runs from (the
+working directory, else the checkout holding this package) when the command runs, and
+loads it from there without changing `sys.path`. Building the command line reads none
+of it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -15,25 +19,32 @@ from typing import Any
 
 from andante.cli.progress import Heartbeat
 
+PACKAGE = "experiments"
+
 
 def _registry() -> ModuleType | None:
-    """`experiments.registry` from the checkout (cwd or beside the andante package)."""
-    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if (root / "experiments" / "registry.py").is_file() and str(root) not in sys.path:
-            sys.path.append(str(root))
-    try:
-        return importlib.import_module("experiments.registry")
-    except ModuleNotFoundError:
-        return None
+    """`experiments.registry`: the package as Python finds it, else the checkout's."""
+    if importlib.util.find_spec(PACKAGE) is None:
+        init = next((root / PACKAGE / "__init__.py"
+                     for root in (Path.cwd(), Path(__file__).resolve().parents[2])
+                     if (root / PACKAGE / "registry.py").is_file()), None)
+        if init is None:
+            return None
+        spec = importlib.util.spec_from_file_location(
+            PACKAGE, init, submodule_search_locations=[str(init.parent)])
+        assert spec is not None and spec.loader is not None
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[PACKAGE] = package  # its modules import each other by this name
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"{PACKAGE}.registry")
 
 
 def add_parser(subparsers: Any) -> None:
-    registry = _registry()
-    names = ", ".join(registry.experiment_names()) if registry else "(none: no checkout)"
     p = subparsers.add_parser(
         "experiment",
         help="reproduce a paper's evaluation in the simulator (report + plots)",
-        description=f"Experiments: {names}.",
+        description="Reproduce a paper's evaluation: the experiments of the checkout's "
+        "experiments/ package (an unknown NAME lists them).",
     )
     p.add_argument("name", help="experiment name")
     p.add_argument("--output", type=Path, help="report folder (default runs/experiment-NAME)")

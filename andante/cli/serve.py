@@ -170,9 +170,10 @@ def resolve_backend(backend: str, model: str | None, models: tuple[Any, ...],
     where there is no engine worth moving (the toy model)."""
     if backend != "auto":
         return backend
+    from andante.cluster.registry import router_entry
     from andante.server.config import TOY_MODEL
 
-    if models or model == TOY_MODEL or router == "kunserve":
+    if models or model == TOY_MODEL or router_entry(router).in_process:
         return "inprocess"
     return "process"
 

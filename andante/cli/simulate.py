@@ -19,6 +19,7 @@ from andante.cli.options import (
 from andante.cli.output import record_files, write_summary
 from andante.cli.progress import Progress
 from andante.cli.workload_args import add_workload_args, workload_from_args
+from andante.cluster.registry import PoolMember, router_entry
 from andante.core.request import PreemptionMode
 from andante.engine.policy import parse_options
 from andante.metrics import Summary, format_table
@@ -34,8 +35,6 @@ from andante.sim import ClusterSpec, SimRun, simulate
 from andante.sim.cluster_file import load_cluster_file
 from andante.sim.setup import with_router
 from andante.workload import RequestSpec, Trace, build_workload_traced
-
-ASCENDRA = "ascendra"
 
 
 def add_parser(subparsers: Any) -> None:
@@ -104,28 +103,34 @@ def max_model_len_from_args(args: argparse.Namespace) -> int:
     return int(args.max_model_len)
 
 
-def token_budget(policy: str, requested: int, max_model_len: int, router: str) -> int:
-    """The step budget: as requested for a policy that chunks prefills; raised to
-    max_model_len for one that prefills whole prompts (vLLM v0's rule without chunked
+def token_budget(policies: list[str], requested: int, max_model_len: int) -> int:
+    """The step budget: as requested where every policy chunks prefills; raised to
+    max_model_len where one prefills whole prompts (vLLM v0's rule without chunked
     prefill), or a long prompt could never be scheduled."""
-    chunks = router != "ascendra" and getattr(policy_class(policy), "chunks_prefill", False)
+    chunks = all(getattr(policy_class(p), "chunks_prefill", False) for p in policies)
     return requested if chunks else max(requested, max_model_len)
+
+
+def pools_from_args(args: argparse.Namespace) -> list[PoolMember] | None:
+    """The pools of a router that runs its own policies, one per pool (ascendra: LP and
+    HP, the last --hp-instances), or None."""
+    pool_plan = router_entry(args.router).hook("pool_plan")
+    if pool_plan is None:
+        return None
+    plan: list[PoolMember] = pool_plan(args.instances, args.hp_instances,
+                                       parse_key_values(args.policy_option))
+    return plan
 
 
 def policies_from_args(args: argparse.Namespace) -> list[str]:
     """The runs' labels, each checked before any runs: the policies of --policy or
-    --compare, or "ascendra" (its own LP/HP policies) under --router ascendra."""
-    if args.router == ASCENDRA:
+    --compare, or the router's name where its pools run their own policies."""
+    if router_entry(args.router).pool_plan is not None:
         if args.policy is not None or args.compare:
-            raise ValueError("--router ascendra runs its own policies (ascendra-lp on the LP "
-                             "pool, ascendra-hp on the HP pool): drop --policy/--compare")
-        if args.instances < 2:
-            raise ValueError(f"--router ascendra needs --instances >= 2 (an LP and an HP "
-                             f"pool), got {args.instances}")
-        if args.hp_instances >= args.instances:
-            raise ValueError(f"--router ascendra: --hp-instances {args.hp_instances} must be "
-                             f"below --instances {args.instances} (the rest form the LP pool)")
-        return [ASCENDRA]
+            raise ValueError(f"--router {args.router} runs its own policies, one per pool: "
+                             "drop --policy/--compare")
+        pools_from_args(args)
+        return [args.router]
     names = [n.strip() for n in args.compare.split(",")] if args.compare else [
         args.policy or "vllm"]
     for name in names:
@@ -137,8 +142,8 @@ def policy_options_from_args(args: argparse.Namespace, policy: str) -> dict[str,
     """--policy-option values (checked against the policy's declared types), plus what
     makes the policy honour an explicit --preemption-mode."""
     options = parse_key_values(args.policy_option)
-    if args.router == ASCENDRA:
-        return options  # "lp."/"hp." keys, checked by the pools' policies
+    if router_entry(args.router).pool_plan is not None:
+        return options  # keys for the pools' policies, checked by the pool plan
     cls = policy_class(policy)
     if args.preemption_mode is not None and hasattr(cls, "preemption_options"):
         mode = PreemptionMode[args.preemption_mode.upper()]
@@ -152,10 +157,11 @@ def policy_options_from_args(args: argparse.Namespace, policy: str) -> dict[str,
 
 
 def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
-    if args.router == ASCENDRA:
-        policy = "ascendra-lp"  # the pools' policies replace it (with_router)
+    pools = pools_from_args(args)
+    policies = [policy] if pools is None else [m.policy for m in pools]
+    policy = policies[0]  # with pools, theirs replace it (with_router)
     max_model_len = max_model_len_from_args(args)
-    budget = token_budget(policy, args.max_num_batched_tokens, max_model_len, args.router)
+    budget = token_budget(policies, args.max_num_batched_tokens, max_model_len)
     scheduler = SchedulerConfig(
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,

@@ -17,25 +17,14 @@ instance is LP or HP and what it runs, for the simulator and the server alike.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from andante.cluster.registry import PoolMember
 from andante.cluster.router import InstanceView, _RouterBase
 from andante.core.request import Request
 
 LP, HP = "lp", "hp"
 HP_BATCH_FACTOR = 4  # the HP pool's elastic batch: 4x the LP batch cap
-
-
-@dataclass(frozen=True, slots=True)
-class PoolMember:
-    """What one instance of the plan is: its role, its policy (with its options) and
-    the factor on the cluster's `max_num_seqs`."""
-
-    role: str
-    policy: str
-    policy_options: dict[str, Any]
-    batch_factor: int = 1
 
 
 def pool_plan(num_instances: int, num_hp: int,

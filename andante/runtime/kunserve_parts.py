@@ -15,16 +15,19 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.engine.scheduler import Scheduler
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
 from andante.exec.torch_pipeline import PipelineExecutor
-from andante.exec.torch_pipeline_kv import KVExchange
 from andante.models.loader import LoadedModel
 from andante.perf.cost_model import CostModel
 from andante.runtime.worker import AtBoundary
+
+if TYPE_CHECKING:
+    from andante.runtime.kunserve_stages import KVExchange
 
 log = logging.getLogger("andante.cluster")
 
@@ -137,7 +140,7 @@ class Rendezvous:
         self._timeout = timeout
         self.result = False
 
-    def park(self, member: int) -> None:
+    def arrive(self, member: int) -> None:
         self._arrived[member].set()
         self._wait_for_end()
 
@@ -179,7 +182,7 @@ class Rendezvous:
         return self.result and not self._cancelled
 
     def parker(self, member: int) -> AtBoundary:
-        return lambda _worker: self.park(member)
+        return lambda _worker: self.arrive(member)
 
     def leader(self, operation: Callable[[], bool]) -> AtBoundary:
         return lambda _worker: self.lead(operation)

@@ -25,11 +25,12 @@ from typing import Any, Protocol
 from andante.cluster.host import EngineHost
 from andante.cluster.instance import Instance, ModelState
 from andante.cluster.load import LoadReport
+from andante.cluster.qlm.swap import ModelSwitcher
+from andante.cluster.qlm.tiers import DISK, HOST, ModelSwap, ModelTiers
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
 from andante.engine.stats import EngineLimits
 from andante.perf.cost_model import CostModel
-from andante.runtime.models import COLD, WARM, ModelSwap, ModelTiers
 
 log = logging.getLogger("andante.cluster")
 
@@ -87,8 +88,8 @@ def state_from(basis: ModelState, report: ModelReport) -> ModelState:
     device = report.pending or report.device
     measured = dict(report.bandwidth)
     return replace(basis, device=device, host=tuple(m for m in report.host if m != device),
-                   host_link_bandwidth=measured.get(WARM, basis.host_link_bandwidth),
-                   disk_bandwidth=measured.get(COLD, basis.disk_bandwidth))
+                   host_link_bandwidth=measured.get(HOST, basis.host_link_bandwidth),
+                   disk_bandwidth=measured.get(DISK, basis.disk_bandwidth))
 
 
 @dataclass(slots=True)
@@ -108,6 +109,7 @@ class StepMessage:
 Post = Callable[[StepMessage], None]
 OnChange = Callable[[int, BaseException | None], None]  # (instance index, the cause)
 Build = Callable[[str, Any], tuple[Engine, OutputAdapter]]  # (model, weights) -> engine
+Load = Callable[[str], Any]  # model name -> its weights read from disk (a cold load)
 AtBoundary = Callable[["InstanceWorker"], None]  # run by the stepping thread, between steps
 # run after each step (True: the step ran a batch); returns False once it has finished
 BoundaryTask = Callable[[bool], bool]
@@ -115,12 +117,15 @@ BoundaryTask = Callable[[bool], bool]
 
 @dataclass(slots=True)
 class ModelSwitch:
-    """A multi-model worker's models (`tiers`), how it builds an engine for one, each
-    model's cost model (for a router's estimates: QLM's §6 estimator) and, where known,
-    each model's engine limits (what the server admits for it)."""
+    """A multi-model worker's models (`tiers`, holding the weights of the device and
+    warm models), how it reads a model's weights from disk (`load`, any thread) and
+    builds an engine over them, each model's cost model (for a router's estimates:
+    QLM's §6 estimator) and, where known, each model's engine limits (what the server
+    admits for it)."""
 
     tiers: ModelTiers
     build: Build
+    load: Load
     costs: Mapping[str, CostModel]
     limits: Mapping[str, EngineLimits] = field(default_factory=dict)
 
@@ -143,10 +148,10 @@ class HostedInstance(Instance, Protocol):
 
 class InstanceWorker:
     """One engine and its inbox. With a `ModelSwitch` it serves several models, one on
-    the device at a time (QLM LSO 5): a request for another model is parked until the
-    engine is dry (or `swap_model` asks for it), then the engine is rebuilt for that
-    model and the outgoing model's unfinished requests are handed back (recomputed
-    later wherever their model is on the device; their output so far is kept)."""
+    the device at a time (QLM LSO 5): the swap is andante.cluster.qlm.swap's
+    `ModelSwitcher` (a request for another model is parked until the engine is dry, or
+    `swap_model` asks for it; the outgoing model's unfinished requests are handed back),
+    driven here on the wall clock, this worker its `SwapSite`."""
 
     def __init__(self, index: int, engine: Engine, adapter: OutputAdapter | None = None,
                  drop_late: bool = False, model_name: str = "",
@@ -158,13 +163,12 @@ class InstanceWorker:
         self.drop_late = drop_late
         self.host = EngineHost(engine, drop_late)
         self.switch = switch
+        self.switcher = None if switch is None else ModelSwitcher(switch.tiers, self)
         self._inbox: deque[tuple[str, Any]] = deque()  # appends are thread-safe
         self._wake = threading.Event()
         self._withdrawn: list[Request] = []
         self._aborted: list[Request] = []  # parked requests aborted before their engine
-        self._parked: deque[Request] = deque()  # requests for a model not on the device
-        self._pending_swap: str | None = None
-        self._swaps: list[ModelSwap] = []
+        self._swaps: list[ModelSwap] = []  # since the last message
         self._bandwidth: dict[str, float] = {}  # tier -> measured bytes/s of its swaps
         self._warming: set[str] = set()  # models being read into host memory
         self._init_grouping()
@@ -240,7 +244,7 @@ class InstanceWorker:
         if self._tasks:
             self._run_tasks(ran_batch)
         if self._swap_due:
-            self._swap(self._pending_swap or self._parked[0].model)
+            self._swap_at_boundary()
         heartbeat = idle and self.switch is not None  # fresh time for a queue router
         report, self._report_due = self._report_due, False
         if message is None and (self._aborted or self._withdrawn or self._swaps or heartbeat
@@ -282,43 +286,36 @@ class InstanceWorker:
             elif kind == "abort":
                 self._abort(item)
             elif kind == "swap":
-                self._pending_swap = item
+                assert self.switcher is not None
+                self.switcher.ask(item)
             elif kind == "warm":
                 self._start_warming(item)
             elif kind == "warmed":
                 self._warmed(*item)
             else:
                 self._withdrawn.extend(self.host.withdraw(item))
-                self._withdrawn.extend(self._unpark(item))
+                if self.switcher is not None:
+                    self._withdrawn.extend(self.switcher.unpark(item))
 
     def _add(self, req: Request) -> None:
-        if self.switch is not None and (self._parked or not self._on_device(req)):
+        if self.switcher is not None and self.switcher.must_park(req):
             self.host.num_received += 1  # taken in; handed to the engine after a swap
-            self._parked.append(req)
+            self.switcher.park(req)
             return
         self.adapter.register(req)
         self.host.add(req)  # a refused one comes with the engine's next output
 
-    def _on_device(self, req: Request) -> bool:
-        return self.switch is None or not req.model or req.model == self.switch.tiers.device
-
     def _abort(self, request_id: str) -> None:
-        for req in self._unpark([request_id]):
+        parked = [] if self.switcher is None else self.switcher.unpark([request_id])
+        for req in parked:
             req.finish(RequestStatus.FINISHED_ABORTED, self.engine.clock.now())
             self._aborted.append(req)  # reported as finished with the next message
         self.engine.abort(request_id)
 
-    def _unpark(self, request_ids: Sequence[str]) -> list[Request]:
-        ids = set(request_ids)
-        found = [r for r in self._parked if r.request_id in ids]
-        if found:
-            self._parked = deque(r for r in self._parked if r.request_id not in ids)
-        return found
-
     # ---- warm start (QLM LSO 5): read a checkpoint into host memory, off this thread
     def _start_warming(self, model: str) -> None:
         assert self.switch is not None
-        if model in self._warming or not self.switch.tiers.needs_warming(model):
+        if model in self._warming or self.switch.tiers.tier(model) != DISK:
             return
         self._warming.add(model)
         threading.Thread(target=self._read_warm, args=(model,), daemon=True,
@@ -327,7 +324,7 @@ class InstanceWorker:
     def _read_warm(self, model: str) -> None:
         assert self.switch is not None
         try:
-            weights = self.switch.tiers.read(model)
+            weights = self.switch.load(model)
         except Exception:  # the model stays cold; a swap to it reads it again
             log.exception("instance %d: warming %s failed", self.index, model)
             weights = None
@@ -337,65 +334,58 @@ class InstanceWorker:
         assert self.switch is not None
         self._warming.discard(model)
         tiers = self.switch.tiers
-        if weights is not None and tiers.needs_warming(model):
-            kept = tiers.keep_warm(model, weights)
+        if weights is not None and tiers.tier(model) == DISK:
+            kept = tiers.warm(model, self.engine.clock.now())
+            if kept:
+                tiers.weights[model] = weights
             log.info("instance %d: %s %s", self.index, model,
                      "is warm" if kept else "does not fit the host budget: stays cold")
 
-    # ---- model swaps (QLM LSO 5) --------------------------------------------------
+    # ---- model swaps (QLM LSO 5): the switcher's steps, this worker's transport -------
     @property
     def _swap_due(self) -> bool:
-        """An asked-for swap (at this boundary), or parked requests and a dry engine."""
-        if self.switch is None:
-            return False
-        return self._pending_swap is not None or (bool(self._parked)
-                                                  and not self.engine.has_work)
+        return self.switcher is not None and self.switcher.due
 
-    def _swap(self, model: str) -> None:
+    def _swap_at_boundary(self) -> None:
+        assert self.switcher is not None
+        swap = self.switcher.at_boundary(self.engine.clock.now())
+        if swap is None:
+            return
+        self._swaps.append(swap)
+        log.info("instance %d swapped %s -> %s (%s start, %.3f s, %d request(s) handed back)",
+                 self.index, swap.outgoing, swap.incoming, swap.tier, swap.seconds,
+                 swap.num_evicted)
+
+    def install(self, model: str, source: str) -> float:
+        """(`SwapSite`) An engine for `model` over its weights (the host copy, or read
+        from disk); returns the seconds it took, which measure the tier's bandwidth."""
         assert self.switch is not None
-        self._pending_swap = None
-        tiers = self.switch.tiers
-        if model and model != tiers.device:
-            start = time.perf_counter()
-            evicted = self._flush()
-            weights, tier, _ = tiers.fetch(model)
-            outgoing = tiers.device
-            engine, adapter = self.switch.build(model, weights)
-            tiers.activate(model, weights)
-            self._install(engine, adapter, model)
-            self._withdrawn.extend(evicted)
-            swap = ModelSwap(outgoing, model, tier, time.perf_counter() - start, len(evicted))
-            self._swaps.append(swap)
-            self._bandwidth[tier] = self.switch.costs[model].model.weight_bytes / max(
-                swap.seconds, 1e-6)
-            log.info("instance %d swapped %s -> %s (%s start, %.3f s, %d request(s) "
-                     "handed back)", self.index, outgoing, model, tier, swap.seconds,
-                     len(evicted))
-        self._release_parked()
-
-    def _flush(self) -> list[Request]:
-        """The engine's unfinished requests, their KV dropped (recomputed later)."""
-        now = self.engine.clock.now()
-        evicted = list(self.engine.scheduler.requests.values())
-        for req in evicted:
-            if req.status in (RequestStatus.RUNNING, RequestStatus.SWAPPED):
-                req.preempt_by_recompute(now)
-            self.adapter.discard(req.request_id)
-        return evicted
-
-    def _install(self, engine: Engine, adapter: OutputAdapter, model: str) -> None:
+        switch, tiers = self.switch, self.switch.tiers
+        start = time.perf_counter()
+        for rid in self.engine.scheduler.requests:  # flushed: handed back
+            self.adapter.discard(rid)
+        weights = tiers.weights.get(model) if source == HOST else None
+        if weights is None:
+            weights = switch.load(model)
+        engine, adapter = switch.build(model, weights)
+        tiers.weights[model] = weights
         received = self.host.num_received
         self.engine, self.adapter, self.model_name = engine, adapter, model
         self.host = EngineHost(engine, self.drop_late)
         self.host.num_received = received
+        seconds = time.perf_counter() - start
+        self._bandwidth[source] = switch.costs[model].model.weight_bytes / max(seconds, 1e-6)
+        return seconds
 
-    def _release_parked(self) -> None:
-        """Parked requests for the device model, in order, up to the first of another."""
-        while self._parked and self._on_device(self._parked[0]):
-            req = self._parked.popleft()
-            self.adapter.register(req)
-            self.host.num_received -= 1  # `add` counts it again
-            self.host.add(req)  # a refused one comes with the engine's next output
+    def admit(self, req: Request) -> None:
+        """(`SwapSite`) A parked request for the device model, to its engine."""
+        self.adapter.register(req)
+        self.host.num_received -= 1  # `add` counts it again
+        self.host.add(req)  # a refused one comes with the engine's next output
+
+    def hand_back(self, reqs: list[Request]) -> None:
+        """(`SwapSite`) The flushed requests go back with the next message."""
+        self._withdrawn.extend(reqs)
 
     def _drain_handoffs(self) -> list[Request]:
         handoffs, self._withdrawn = self._withdrawn, []
@@ -423,15 +413,7 @@ class InstanceWorker:
     def next_model(self) -> str | None:
         """The model this worker will swap to (a swap asked for, or its parked head's);
         read from any thread."""
-        if self.switch is None:
-            return None
-        if self._pending_swap is not None:
-            return self._pending_swap
-        try:
-            head = self._parked[0].model
-        except IndexError:
-            return None
-        return head if head and head != self.switch.tiers.device else None
+        return None if self.switcher is None else self.switcher.next_model
 
     @property
     def device_model(self) -> str:
@@ -450,7 +432,8 @@ class InstanceWorker:
         """Where the models are now (read from any thread)."""
         assert self.switch is not None
         tiers = self.switch.tiers
-        return ModelReport(tiers.device, tuple(tiers.host.copy()), self._pending_swap,
+        assert self.switcher is not None
+        return ModelReport(tiers.device, tuple(tiers.host.copy()), self.switcher.pending,
                            self.next_model, tuple(self._bandwidth.copy().items()))
 
     def model_basis(self) -> ModelState:

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from andante.cluster.ascendra import PoolMember, pool_plan
-from andante.cluster.registry import make_router
+from andante.cluster.registry import PoolMember, make_router, router_entry
 from andante.core.clock import Clock, MonotonicClock
 from andante.core.request import Request
 from andante.engine import Engine, StepOutput
@@ -82,31 +81,20 @@ def build_backend(options: ServeOptions) -> Backend:
                                                                        _local_instances)
     instances, limits, tokenizer, name, clock = build(options, plans)
     name = options.served_model_name or name
-    operators = _kunserve(options, router, instances) if options.router == "kunserve" else []
+    serve_operators = router_entry(options.router).hook("serve_operators")
+    operators = [] if serve_operators is None else serve_operators(router, instances)
     return Backend(ClusterRunner(instances, router, operators), tokenizer, name, limits, clock)
 
 
-def _kunserve(options: ServeOptions, router: Any, instances: list[HostedInstance]
-              ) -> list[Any]:
-    """`--router kunserve`: KunServe's coordinator over the in-process instances
-    (andante.runtime.kunserve), with the router's settings (`--router-option`)."""
-    from andante.runtime.kunserve import local_coordinator
-    from andante.runtime.local import LocalInstance
-
-    local = [inst for inst in instances if isinstance(inst, LocalInstance)]
-    if options.backend == "ray" or len(local) != len(instances):
-        raise ValueError("--router kunserve runs on in-process instances (--backend inprocess)")
-    if not router.settings.drop:
-        return []
-    return [local_coordinator(local, router.settings)]
-
-
 def instance_plans(options: ServeOptions) -> list[PoolMember]:
-    """Roles and policies: `ascendra` splits the instances into its LP and HP pools
-    (`--policy-option lp.KEY=V` / `hp.KEY=V` reach one pool); otherwise every instance
-    runs `options.policy`."""
-    if options.router == "ascendra":
-        return pool_plan(options.instances, options.hp_instances, options.policy_options)
+    """Roles and policies: a router with pools splits the instances into them (ascendra:
+    its LP and HP pools, `--policy-option lp.KEY=V` / `hp.KEY=V` reach one pool);
+    otherwise every instance runs `options.policy`."""
+    pool_plan = router_entry(options.router).hook("pool_plan")
+    if pool_plan is not None:
+        plan: list[PoolMember] = pool_plan(options.instances, options.hp_instances,
+                                           options.policy_options)
+        return plan
     return [PoolMember("", options.policy, dict(options.policy_options))] * options.instances
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from andante.cluster.registry import router_entry
 from andante.core.request import PreemptionMode
 
 TOY_MODEL = "toy"
@@ -102,7 +103,7 @@ class ServeOptions:
     backend: str = "inprocess"  # "process" or "ray" (`andante serve`: process by default)
     router: str = "round-robin"
     router_options: Mapping[str, Any] = field(default_factory=dict)
-    hp_instances: int = 1  # router "ascendra": the size of the HP pool
+    hp_instances: int = 1  # a router with pools (ascendra): the size of the HP pool
     ray_address: str = "local"  # "local" (embedded), "auto" or "ray://HOST:PORT"
     max_restarts: int = 3  # Ray actor restarts per instance
     limits: HTTPLimits = field(default_factory=HTTPLimits)
@@ -139,8 +140,8 @@ class ServeOptions:
         if self.models and self.backend == "process":
             raise ValueError("backend 'process' serves one model; several models run on "
                              "backend 'inprocess' or 'ray'")
-        if self.models and self.router == "ascendra":
-            raise ValueError("router 'ascendra' is not available with several models")
+        if self.models and not router_entry(self.router).several_models:
+            raise ValueError(f"router {self.router!r} is not available with several models")
         if self.host_memory_gib is not None and self.host_memory_gib < 0:
             raise ValueError(f"host_memory_gib must be >= 0, got {self.host_memory_gib}")
 

@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from andante.cluster.qlm.tiers import ModelSwap
 from andante.engine.stats import SchedulerStats
 from andante.metrics import e2el, itls, qoe_of, ttft
-from andante.runtime.models import ModelSwap
 from andante.server.outputs import Delta
 
 PREFIX = "andante:"

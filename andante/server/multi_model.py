@@ -1,11 +1,12 @@
 """Several models behind one server (`andante serve --model NAME=PATH --model ...`).
 
-Design note (QLM §3 and §5, LSO 5): every in-process instance can serve every model,
-one at a time on its device. Instance i starts with model i mod M on the device (round
-robin over the models) and the others warm in host memory while they fit
-`--host-memory-gib`; the rest stay cold on disk. Requests go to an instance holding
-their model (`ModelRouter`), else one swaps to it (`InstanceWorker`: the outgoing
-model's unfinished requests are handed back, never lost). The weights are read once per
+Design note (QLM §3 and §5, LSO 5; its decisions are andante.cluster.qlm's): every
+in-process instance can serve every model, one at a time on its device. Instance i starts
+with model i mod M on the device and the others warm in host memory while they fit
+`--host-memory-gib` (`placed_tiers`); the rest stay cold on disk. Requests go to an
+instance holding their model (`ModelRouter`), else one swaps to it (`ModelSwitcher`,
+driven by the `InstanceWorker`: the outgoing model's unfinished requests are handed
+back, never lost). The weights are read once per
 process and shared by the instances (in-process instances share them, as with one
 model); a cold swap reads the checkpoint again. With `--backend ray` each actor builds
 the same worker (`ray_multi_worker`: its own copy of the weights) and the driver keeps
@@ -21,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from andante.cluster.qlm.model_router import ModelRouter
+from andante.cluster.qlm.tiers import placed_tiers
 from andante.cluster.router import QueueRouter, Router
 from andante.core.clock import Clock, MonotonicClock
 from andante.engine import Engine
@@ -29,8 +32,6 @@ from andante.models.interface import Tokenizer
 from andante.perf.cost_model import CostModel
 from andante.runtime.clock import WallClock
 from andante.runtime.local import MultiModelInstance
-from andante.runtime.model_router import ModelRouter
-from andante.runtime.models import ModelTiers
 from andante.runtime.worker import HostedInstance, InstanceWorker, ModelSwitch, OutputAdapter
 from andante.server.config import TOY_MODEL, ServeOptions
 from andante.server.runner import ClusterRunner
@@ -149,11 +150,10 @@ _Known = tuple[dict[str, CostModel], dict[str, EngineLimits]]  # filled by `_des
 
 def _worker(options: ServeOptions, index: int, clock: Clock, weights: Mapping[str, Any],
             build_engine: BuildEngine, known: _Known) -> InstanceWorker:
-    """Instance `index`: model index mod M on the device, the others warm if they fit."""
+    """Instance `index`, its models placed by andante.cluster.qlm.tiers' `placed_tiers`
+    (its warm models keep the weights loaded here; the others' are dropped)."""
     paths = dict(options.models)
-    names = tuple(paths)
     cap = None if options.host_memory_gib is None else int(options.host_memory_gib * GIB)
-    device = names[index % len(names)]
 
     def build(model: str, loaded: Any) -> tuple[Engine, OutputAdapter]:
         engine, adapter, _ = build_engine(options, index, clock, paths[model],
@@ -163,12 +163,14 @@ def _worker(options: ServeOptions, index: int, clock: Clock, weights: Mapping[st
     def load(model: str) -> Any:
         return load_weights(paths[model], options.engine.dtype)
 
-    tiers = ModelTiers(device, weights, names, load, weight_bytes, cap)
+    tiers = placed_tiers(index, {name: weight_bytes(weights[name]) for name in paths}, cap)
+    device = tiers.device
+    tiers.weights.update((m, weights[m]) for m in (device, *tiers.host))
     engine, adapter = build(device, weights[device])
     log.info("instance %d: %s on the device, warm: %s", index, device,
              ", ".join(tiers.host) or "none")
     return InstanceWorker(index, engine, adapter, model_name=device,
-                          switch=ModelSwitch(tiers, build, *known))
+                          switch=ModelSwitch(tiers, build, load, *known))
 
 
 def _shared(loaded: Any) -> Any:

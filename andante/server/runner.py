@@ -22,11 +22,11 @@ from typing import Any
 
 from andante.cluster.controller import ClusterOperator, Controller
 from andante.cluster.load import total_stats
+from andante.cluster.qlm.tiers import ModelSwap
 from andante.cluster.router import Router
 from andante.core.request import Request
 from andante.engine.stats import SchedulerStats
 from andante.runtime.local import MultiModelInstance
-from andante.runtime.models import ModelSwap
 from andante.runtime.ray_actors import RayMultiModelInstance
 from andante.runtime.worker import HostedInstance, StepMessage
 from andante.server.outputs import Delta

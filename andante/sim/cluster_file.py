@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from andante.perf.catalog import get_hardware, get_model
-from andante.sim.setup import ClusterSpec, InstanceSpec
+from andante.sim.spec import ClusterSpec, InstanceSpec
 
 _TOP_KEYS = frozenset({"model", "hardware", "tp", "policy", "router", "models",
                        "host_memory_gib", "router_options", "policy_options", "instances"})

@@ -1,20 +1,20 @@
-"""A simulated instance that can lead or join a KunServe pipeline group (KunServe §4.1-§4.3).
+"""A simulated instance that can lead or join a KunServe pipeline group: the group's
+time on the simulated clock (KunServe §4.1-§4.3).
 
 Design note (KunServe §4.1-§4.3 on andante.sim). Every instance is a `KunSimInstance`, a
 pipeline instance of one stage while ungrouped. When its cluster's pipeline groups
-(andante.sim.kunserve_groups) make it a group's leader (`become_stage_leader`), it runs
-`len(members)` pipeline stages (andante.sim.pipeline): each stage costs the step of its
-slice of layers (the largest slice, from the cost model), and hidden states cross an
-inter-instance link (`andante.perf.links`) between stages; unbalanced microbatches leave
-bubbles, which the groups' `bubble_ratio` reports from this instance's stage-seconds.
-With lookahead (§4.3) each step is capped at the first of the balanced microbatches
-formed from a cycle's worth of work, with eq. (1)'s chunk cost fitted to the cost model
-(`fit_chunk_cost`). While a KV exchange (§4.2) occupies the link, the requests whose KV
-is on its way are held (`hold`); coordinated (the paper's design), an activation waits
-at most for the chunk on the wire (a chunk lasts about one stage step), uncoordinated it
-queues behind the whole exchange. A member forwards aborts and withdrawals to its
-leader; at each step boundary the instance tells its groups, which apply the formations
-and restores that waited for it.
+(andante.sim.kunserve, over andante.cluster.kunserve.groups) make it a group's leader
+(`become_stage_leader`), it runs `len(members)` pipeline stages (andante.sim.pipeline):
+each stage costs the step of its slice of layers (the largest slice, from the cost
+model), and hidden states cross an inter-instance link (`andante.perf.links`) between
+stages; unbalanced microbatches leave bubbles, which the groups' `bubble_ratio` reports
+from this instance's stage-seconds. With lookahead (§4.3) each step's budgets are
+andante.cluster.kunserve.lookahead's `lookahead_config`. While a KV exchange (§4.2)
+occupies the link, the requests whose KV is on its way are held (`hold`); coordinated
+(the paper's design), an activation waits at most for the chunk on the wire (a chunk
+lasts about one stage step), uncoordinated it queues behind the whole exchange. A member
+forwards aborts and withdrawals to its leader; at each step boundary the instance tells
+its groups, which apply the formations and restores that waited for it.
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-import numpy as np
-
-from andante.cluster.kunserve.lookahead import ChunkCostModel, WorkItem, form_microbatches
-from andante.cluster.kunserve.plan import LayerMemory
+from andante.cluster.kunserve.lookahead import (
+    ChunkCostModel,
+    fit_chunk_cost,
+    group_config,
+    lookahead_config,
+)
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.engine.config import SchedulerConfig
 from andante.engine.engine import Engine, StepOutput
@@ -35,7 +37,6 @@ from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch
 from andante.perf.cost_model import CostModel
 from andante.perf.links import LinkSpec
-from andante.perf.shape import BatchShape
 from andante.sim.pipeline import PipelineSimInstance
 
 
@@ -46,27 +47,6 @@ class GroupBoundaries(Protocol):
 
     def at_boundary(self, inst: KunSimInstance) -> None:
         """`inst` has no batch in flight: apply what waited for it."""
-
-
-def fit_chunk_cost(cost: CostModel) -> ChunkCostModel:
-    """Eq. (1)'s alpha, beta, gamma fitted (least squares) to the cost model's step
-    times over prefill chunks and decode batches: the paper profiles them offline."""
-    rows: list[tuple[float, float, float]] = []
-    times: list[float] = []
-    for prefix in (0, 512, 2048, 8192):
-        for tokens in (1, 64, 512, 2048):
-            rows.append((prefix * tokens + (tokens * tokens + tokens) / 2, tokens, 1.0))
-            times.append(cost.prefill_time(tokens, prefix))
-    for batch in (8, 64, 256):
-        for context in (256, 2048):
-            shape = BatchShape(num_seqs=batch, num_tokens=batch, num_sampled=batch,
-                               num_decode_seqs=batch, attn_pairs=float(batch * (context + 1)),
-                               kv_tokens_read=batch * (context + 1))
-            rows.append((batch * (context + 1), batch, 1.0))
-            times.append(cost.step_time(shape))
-    solution = np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)[0]
-    alpha, beta, gamma = (max(0.0, float(v)) for v in solution)
-    return ChunkCostModel(alpha, beta, gamma)
 
 
 class KunSimInstance(PipelineSimInstance):
@@ -133,7 +113,8 @@ class KunSimInstance(PipelineSimInstance):
             return None
         self._release_ready(now)
         if self.grouped and self.lookahead is not None:
-            self._size_microbatch(self.lookahead)
+            self.engine.scheduler.config = lookahead_config(
+                self.engine.scheduler, self.group_config(), self.num_stages, self.lookahead)
         was_empty = not self._pipeline
         done = super().begin_step(now)
         if done is not None and self.grouped:
@@ -164,44 +145,9 @@ class KunSimInstance(PipelineSimInstance):
             return start + min(self.chunk_seconds, self.link_busy_until - start) + hop
         return self.link_busy_until + hop  # queued behind the whole exchange
 
-    def _size_microbatch(self, model: ChunkCostModel) -> None:
-        """Cap this step at the first of the balanced microbatches that Figure 11 forms
-        from a cycle's worth of work (the running requests' next tokens and the queued
-        prompts that fit); the policy fills the step in its own order up to the caps."""
-        scheduler, base = self.engine.scheduler, self.group_config()
-        budget = base.max_num_batched_tokens * self.num_stages
-        items = [WorkItem(r.request_id, r.num_computed_tokens, max(1, r.num_uncomputed_tokens),
-                          r.num_uncomputed_tokens > 1) for r in scheduler.running]
-        num_tokens = sum(i.tokens for i in items)
-        free = scheduler.kv.num_free_device_blocks
-        for req in scheduler.waiting:
-            need = scheduler.kv.num_blocks_for(req.num_tokens)
-            if need > free or num_tokens >= budget:
-                break
-            free -= need
-            tokens = min(req.num_uncomputed_tokens, budget - num_tokens)
-            items.append(WorkItem(req.request_id, req.num_computed_tokens, tokens))
-            num_tokens += tokens
-        batches = form_microbatches(items, model, self.num_stages,
-                                    min_tokens=base.block_size)
-        if not batches:
-            scheduler.config = base
-            return
-        # only the token budget is capped: max_num_seqs also caps the running set
-        # (admission), which must stay the group's (see `group_config`)
-        first = batches[0]
-        scheduler.config = dataclasses.replace(
-            base, max_num_batched_tokens=max(1, min(base.max_num_batched_tokens,
-                                                    sum(i.tokens for i in first))))
-
     def group_config(self) -> SchedulerConfig:
-        """The leader's budgets while grouped: a step (one microbatch) keeps one
-        instance's budgets, while the running set may hold `num_stages` x max_num_seqs
-        (the members' requests were adopted; as in vLLM's pipeline parallelism, each
-        microbatch in flight has its own sequence budget). With one instance's cap the
-        group could not admit a queued request until its running set fell below 256."""
-        base = self.base_config
-        return dataclasses.replace(base, max_num_seqs=base.max_num_seqs * self.num_stages)
+        """The leader's budgets while grouped (andante.cluster.kunserve.lookahead)."""
+        return group_config(self.base_config, self.num_stages)
 
     def hold(self, request_ids: Sequence[str], until: float) -> None:
         """Stall these requests until `until` (their KV is on its way)."""
@@ -242,7 +188,7 @@ class KunSimInstance(PipelineSimInstance):
         return self.groups.instances[self.leader]
 
     # ---- reconfiguration (SimPipelineGroups calls these) ---------------------------
-    def become_stage_leader(self, plan: GroupPlan, memory: LayerMemory) -> None:
+    def become_stage_leader(self, plan: GroupPlan) -> None:
         """Run `plan`'s pipeline from now (the pipeline is empty)."""
         widest = max(end - start for start, end in plan.layer_slices)
         stage = dataclasses.replace(self.full_cost.model, num_layers=widest)

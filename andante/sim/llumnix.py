@@ -22,9 +22,10 @@ from andante.cluster.llumnix import LlumnixRouter
 from andante.core.clock import ManualClock
 from andante.core.request import RequestStatus
 from andante.perf.links import LinkSpec, get_link
+from andante.sim.instances import build_instance
 from andante.sim.kunserve_instance import KunSimInstance
-from andante.sim.setup import ClusterSpec, build_instance
 from andante.sim.simulator import Simulator
+from andante.sim.spec import ClusterSpec
 
 
 @dataclass(slots=True)

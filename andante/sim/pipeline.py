@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from typing import TYPE_CHECKING
 
 from andante.core.clock import ManualClock
 from andante.engine.engine import Engine, StepOutput
@@ -32,9 +31,7 @@ from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.perf.specs import ModelSpec
 from andante.sim.simulator import SimInstance
-
-if TYPE_CHECKING:
-    from andante.sim.setup import ClusterSpec
+from andante.sim.spec import ClusterSpec
 
 
 def stage_model(model: ModelSpec, pp: int) -> ModelSpec:

@@ -12,8 +12,9 @@ from andante.cluster.router import Router
 from andante.core.request import Request, RequestStatus
 from andante.metrics.record import RequestRecord, records_from_requests
 from andante.metrics.summary import Summary, SummaryStream, summarize
-from andante.sim.setup import ClusterSpec, build_simulator
+from andante.sim.setup import build_simulator
 from andante.sim.simulator import SimReport
+from andante.sim.spec import ClusterSpec
 from andante.workload.spec import RequestSpec, to_request, to_requests
 
 RecordSink = Callable[[RequestRecord], None]

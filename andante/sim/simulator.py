@@ -13,19 +13,17 @@ before the next arrival, or with the step that straddles it where nothing the ar
 does can tell the difference (`Simulator._straddles`; a run of its own where the
 engine's observers read each output's figures).
 
-Multi-model instances (QLM §5, andante.sim.tiers): a `SWAP_MODEL` replaces the engine by
-one built for the incoming model (its block pool sized for that model's KV), after the
-step in flight; the outgoing engine's unfinished requests go back to the controller
-(preempted by recompute: their KV is flushed with the engine, nothing is lost), and the
-instance starts no step until the weights have loaded. Without a router that drives
-swaps, an instance holds requests for other models (FCFS, "parked") and swaps to the
-oldest one's model when its engine runs dry, one request run of a model at a time.
+Multi-model instances (QLM §5): the swap itself is andante.cluster.qlm.swap's
+`ModelSwitcher` (parking, flush, release), which a `SimInstance` drives on the simulated
+clock: a `SWAP_MODEL` happens after the step in flight; the instance loads an engine
+built for the incoming model (its block pool sized for that model's KV), its load time
+modelled by the model tiers (andante.cluster.qlm.tiers), and starts no step until the
+weights have loaded.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -41,6 +39,8 @@ from andante.cluster.instance import (
     ModelState,
 )
 from andante.cluster.load import LoadReport
+from andante.cluster.qlm.swap import ModelSwitcher
+from andante.cluster.qlm.tiers import ModelSwap, ModelTiers
 from andante.core.clock import ManualClock
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
@@ -61,7 +61,6 @@ from andante.sim.prefill_run import (
     reserve_prefill_blocks,
     steps_within_limit,
 )
-from andante.sim.tiers import ModelSwap, ModelTiers
 
 # Builds the engine (and its decode-run executor) of one model on an instance.
 EngineLoader = Callable[[str], tuple[Engine, DecodeRunExecutor | None]]
@@ -88,7 +87,8 @@ class SimHooks:
 class SimInstance(LaterOperations):
     """An `andante.cluster.Instance` on the simulated clock. `runs`: the engine's
     executor where it offers decode runs (None: the instance always steps). With
-    `tiers` and `loader` it serves several models, one at a time (`swap_model`)."""
+    `serve_models` it serves several models, one at a time (`swap_model`): it is then the
+    `SwapSite` of its `switcher` (andante.cluster.qlm.swap)."""
 
     capabilities = BASIC_CAPABILITIES
 
@@ -111,11 +111,9 @@ class SimInstance(LaterOperations):
 
     def _init_models(self) -> None:
         self.tiers: ModelTiers | None = None
+        self.switcher: ModelSwitcher | None = None
         self.loader: EngineLoader | None = None
         self.loading_until = -math.inf
-        self.pending_swap: str | None = None
-        self.parked: deque[Request] = deque()  # requests for another model, FCFS
-        self.swaps: list[ModelSwap] = []
         self.drop_late = False
         self._cost_models: dict[str, CostModel] = {}
 
@@ -127,7 +125,17 @@ class SimInstance(LaterOperations):
     def serve_models(self, tiers: ModelTiers, loader: EngineLoader) -> None:
         """Serve every model of `tiers` (the engine built so far serves `tiers.device`)."""
         self.tiers, self.loader = tiers, loader
+        self.switcher = ModelSwitcher(tiers, self)
         self.capabilities = BASIC_CAPABILITIES | {SWAP_MODEL}
+
+    @property
+    def parked(self) -> Sequence[Request]:
+        """Requests waiting here for their model (FCFS)."""
+        return () if self.switcher is None else self.switcher.parked
+
+    @property
+    def swaps(self) -> list[ModelSwap]:
+        return [] if self.switcher is None else self.switcher.swaps
 
     @property
     def model(self) -> str | None:
@@ -147,15 +155,12 @@ class SimInstance(LaterOperations):
             self.host.num_received += 1
             self.hooks.finished(self, [req])
             return
-        if self.tiers is not None and (self.parked or not self._serves_now(req)):
-            self.parked.append(req)
+        if self.switcher is not None and self.switcher.must_park(req):
+            self.switcher.park(req)
             self.host.num_received += 1  # taken in; handed to the engine later
             self.swap_when_dry()
             return
         self._add(req)
-
-    def _serves_now(self, req: Request) -> bool:
-        return self.tiers is None or not req.model or req.model == self.tiers.device
 
     def _add(self, req: Request) -> None:
         if self.host.add(req):
@@ -166,15 +171,17 @@ class SimInstance(LaterOperations):
     def abort(self, request_id: str) -> None:
         req = self.engine.scheduler.abort_request(request_id)  # at once: one thread here
         if req is None:
-            req = next((r for r in self.parked if r.request_id == request_id), None)
-            if req is None:
+            parked = [] if self.switcher is None else self.switcher.unpark([request_id])
+            if not parked:
                 return
-            self.parked.remove(req)
+            req = parked[0]
             req.finish(RequestStatus.FINISHED_ABORTED, self.engine.clock.now())
         self.hooks.finished(self, [req])
 
     def withdraw(self, request_ids: Sequence[str]) -> None:
         reqs = self.host.withdraw(request_ids)
+        if self.switcher is not None:
+            reqs += self.switcher.unpark(request_ids)
         if reqs:
             self.hooks.handoff(self, reqs)
 
@@ -182,7 +189,8 @@ class SimInstance(LaterOperations):
         """Computed on demand (and cached until the instance's state changes)."""
         now = self.engine.clock.now()
         key = (now, self.stats.num_steps, self.host.num_received,
-               len(self.engine.scheduler.requests), len(self.swaps))
+               len(self.engine.scheduler.requests),
+               0 if self.switcher is None else len(self.switcher.swaps))
         if self._report is None or self._report[0] != key:
             self._report = (key, self.host.report())
         return self._report[1]
@@ -190,14 +198,12 @@ class SimInstance(LaterOperations):
     # ---- model swaps (QLM LSO 5) --------------------------------------------------------
     def swap_model(self, model: str) -> None:
         """Serve `model` next: at once when no step is in flight, else after it."""
-        if self.tiers is None or self.loader is None:
+        if self.switcher is None:
             super().swap_model(model)
             return
-        self.tiers.tier(model)  # a ValueError naming the known models
-        if self.in_flight is not None or self.decode_run is not None:
-            self.pending_swap = model
-            return
-        self._swap(model)
+        self.switcher.ask(model)  # a ValueError naming the known models
+        if self.in_flight is None and self.decode_run is None:
+            self._swap_due()
 
     def warm_model(self, model: str) -> bool:
         """Start loading `model` into host memory ahead of need (warm start)."""
@@ -211,12 +217,13 @@ class SimInstance(LaterOperations):
         models = {cost.model.name: cost.model.weight_bytes} if tiers is None \
             else dict(tiers.weight_bytes)
         costs = {m: (cost if m == cost.model.name else self._costs(m)) for m in models}
+        pending = None if self.switcher is None else self.switcher.pending
         return ModelState(
-            device=self.pending_swap or cost.model.name, host=host,
+            device=pending or cost.model.name, host=host,
             loading_s=max(0.0, self.loading_until - now), costs=costs, weight_bytes=models,
             host_link_bandwidth=hw.host_link_bandwidth * cost.tp,
             disk_bandwidth=hw.disk_bandwidth, device_memory_bytes=hw.mem_capacity * cost.tp,
-            host_memory_bytes=0 if tiers is None else tiers.host_capacity_bytes,
+            host_memory_bytes=0 if tiers is None else tiers.host_capacity_bytes or 0,
             block_size=self.engine.scheduler.config.block_size)
 
     def _costs(self, model: str) -> CostModel:
@@ -233,54 +240,40 @@ class SimInstance(LaterOperations):
 
     def at_step_boundary(self) -> None:
         """After a step: a requested swap happens now; else parked requests may swap."""
-        if self.pending_swap is not None:
-            model, self.pending_swap = self.pending_swap, None
-            self._swap(model)
-        else:
-            self.swap_when_dry()
+        assert self.switcher is not None
+        if self.switcher.pending is not None or not self.busy:
+            self._swap_due()
 
     def swap_when_dry(self) -> None:
-        if self.parked and not self.busy and not self.engine.has_work:
-            self._swap(self.parked[0].model or self.engine_model)
+        if not self.busy:
+            self._swap_due()
 
-    @property
-    def engine_model(self) -> str:
-        assert self.tiers is not None
-        return self.tiers.device
+    def _swap_due(self) -> None:
+        """The swap that is due now (andante.cluster.qlm.swap); the instance starts
+        its next step once the weights have loaded."""
+        assert self.switcher is not None
+        if self.switcher.at_boundary(self.engine.clock.now()) is not None:
+            self.hooks.wake_at(self, self.loading_until)
 
-    def _swap(self, model: str) -> None:
+    # ---- the SwapSite of the switcher ---------------------------------------------------
+    def install(self, model: str, source: str) -> float:
+        """Build the engine of `model`; its weights take the modelled load time."""
         assert self.tiers is not None and self.loader is not None
         now = self.engine.clock.now()
-        if model == self.tiers.device:
-            self._release_parked()
-            return
-        evicted = self._flush(now)
-        outgoing = self.tiers.device
-        source, seconds = self.tiers.activate(model, now)
+        seconds = self.tiers.load_time(model, now)
         received = self.host.num_received
         self.engine, self.runs = self.loader(model)
         self.host = EngineHost(self.engine, self.drop_late)
         self.host.num_received = received
         self.loading_until = now + seconds
-        self.swaps.append(ModelSwap(now, outgoing, model, source, seconds, len(evicted)))
-        if evicted:
-            self.hooks.handoff(self, evicted)
-        self._release_parked()
-        self.hooks.wake_at(self, self.loading_until)
+        return seconds
 
-    def _flush(self, now: float) -> list[Request]:
-        """The engine's unfinished requests, their KV dropped (recomputed later)."""
-        evicted = list(self.engine.scheduler.requests.values())
-        for req in evicted:
-            if req.status in (RequestStatus.RUNNING, RequestStatus.SWAPPED):
-                req.preempt_by_recompute(now)
-        return evicted
+    def admit(self, req: Request) -> None:
+        self.host.num_received -= 1  # counted when parked; `_add` counts it again
+        self._add(req)
 
-    def _release_parked(self) -> None:
-        """Parked requests for the device model, in order, up to the first of another."""
-        while self.parked and self._serves_now(self.parked[0]):
-            self.host.num_received -= 1  # counted when parked; `_add` counts it again
-            self._add(self.parked.popleft())
+    def hand_back(self, reqs: list[Request]) -> None:
+        self.hooks.handoff(self, reqs)
 
     # ---- stepping -------------------------------------------------------------------
     @property

@@ -152,7 +152,7 @@ def test_the_wait_policy_is_the_environments_when_torch_loads_openmp() -> None:
         "sys.meta_path.insert(0, Watch())\n"
         f"sys.path.insert(0, {str(BENCHMARKS)!r})\n"
         "import fidelity\n"
-        "assert 'torch' in sys.modules, 'fidelity.py no longer loads torch on import'\n"
+        "import torch  # where fidelity.py has not loaded it yet: as its engine does later\n"
         "print(seen[0])\n")
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,

@@ -90,8 +90,8 @@ def test_preemption_mode_against_a_policy_option_is_refused(
 @pytest.mark.parametrize(("argv", "message"), [
     (["--hp-instances", "2", "--instances", "4", "--compare", "vllm,sjf"], "drop --policy"),
     (["--policy", "no-such-policy", "--instances", "3"], "drop --policy"),
-    (["--instances", "1"], "needs --instances >= 2"),
-    (["--instances", "2", "--hp-instances", "2"], "--hp-instances 2 must be below"),
+    (["--instances", "1"], "needs 1 <= hp_instances < instances, got 1 of 1"),
+    (["--instances", "2", "--hp-instances", "2"], "hp_instances < instances, got 2 of 2"),
 ])
 def test_ascendra_router_refuses_what_it_would_ignore(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str],

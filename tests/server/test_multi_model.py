@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from andante.cli.serve import parse_models
+from andante.cluster.qlm.tiers import ModelTiers, first_that_fit
 from andante.core.request import Request, RequestStatus
 from andante.core.sampling import SamplingParams
-from andante.runtime.models import ModelTiers
 from andante.runtime.worker import InstanceWorker, ModelSwitch, StepMessage
 from andante.server import EngineOptions, ServeOptions, ServerThread
 from andante.server.backend import build_engine_for
@@ -142,12 +142,14 @@ def _toy_worker(models: tuple[str, ...], host_cap: int | None = None,
         engine, adapter, _name = build_engine_for(options, 0, clock, TOY_MODEL)
         return engine, adapter
 
-    tiers = ModelTiers(models[0], {m: object() for m in models if m not in cold}, models,
-                       lambda m: object(), lambda w: 1, host_cap)
+    sizes = dict.fromkeys(models, 1)
+    warm = first_that_fit((m for m in models[1:] if m not in cold), sizes, host_cap)
+    tiers = ModelTiers(sizes, models[0], host_capacity_bytes=host_cap, host=warm,
+                       weights={m: object() for m in (models[0], *warm)})
     engine, adapter = build(models[0], None)
     costs = {m: engine.executor.cost_model for m in models}
     return InstanceWorker(0, engine, adapter, model_name=models[0],
-                          switch=ModelSwitch(tiers, build, costs))
+                          switch=ModelSwitch(tiers, build, lambda m: object(), costs))
 
 
 def _request(rid: str, model: str, max_tokens: int = 20) -> Request:
@@ -192,7 +194,7 @@ def test_a_model_over_the_host_budget_is_cold() -> None:
     worker.swap_model("c")
     message = worker.step(0)
     assert message is not None and [s.tier for s in message.swaps] == ["cold"]
-    assert worker.models() == ("c", ("b",))  # a did not fit back: cold
+    assert worker.models() == ("c", ("a",))  # a stays warm; b, used least recently: cold
 
 
 def test_warm_start_reads_a_cold_model_into_host_memory_off_the_stepping_thread() -> None:
@@ -329,8 +331,8 @@ class _View:
 
 
 def test_model_router_places_by_model_and_never_stacks_swaps() -> None:
+    from andante.cluster.qlm.model_router import ModelRouter
     from andante.cluster.router import RoundRobinRouter
-    from andante.runtime.model_router import ModelRouter
 
     holders = [_Holder("a", 5.0), _Holder("a", 1.0), _Holder("b", 0.0)]
     views = [_View(i, h) for i, h in enumerate(holders)]

@@ -53,7 +53,7 @@ def test_not_for_policies_that_reorder_their_batch(policy: str) -> None:
 def test_only_where_requests_reach_instances_at_arrivals() -> None:
     """Ascendra's pools hand requests between instances (and its router keeps a queue):
     one could land amid a run, so only decode runs after a step apply there."""
-    from andante.sim.setup import InstanceSpec
+    from andante.sim.spec import InstanceSpec
 
     plain = build_simulator(ClusterSpec(policy="vllm", num_instances=2))
     alone = build_simulator(ClusterSpec(policy="ascendra-lp"))

@@ -10,7 +10,8 @@ from andante.cluster.kunserve.seam import GroupPlan
 from andante.core.request import Request, RequestStatus
 from andante.engine.config import SchedulerConfig
 from andante.sim.kunserve_instance import KunSimInstance
-from andante.sim.setup import ClusterSpec, build_simulator
+from andante.sim.setup import build_simulator
+from andante.sim.spec import ClusterSpec
 from andante.workload.spec import RequestSpec, to_requests
 
 

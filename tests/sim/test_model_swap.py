@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from andante.cluster.instance import SWAP_MODEL
+from andante.cluster.qlm.tiers import DEVICE, DISK, HOST, ModelTiers
 from andante.core.request import Request
 from andante.perf.catalog import get_hardware, get_model
 from andante.sim import ClusterSpec, simulate
 from andante.sim.cluster_file import cluster_from_toml, load_cluster_file
 from andante.sim.setup import build_simulator
-from andante.sim.tiers import DEVICE, DISK, HOST, ModelTiers
 from andante.workload.spec import RequestSpec, to_requests
 
 MISTRAL, VICUNA, LLAMA8 = "mistral-7b", "vicuna-13b", "llama-3.1-8b"
@@ -41,7 +41,8 @@ def test_load_time_is_bytes_over_tier_bandwidth() -> None:
 
 def test_activate_keeps_outgoing_warm_and_host_memory_is_bounded() -> None:
     tiers = _tiers(host_gib=20.0, warm=(LLAMA8,))
-    source, seconds = tiers.activate(VICUNA, 0.0)
+    seconds = tiers.load_time(VICUNA, 0.0)
+    source = tiers.activate(VICUNA)
     assert (source, tiers.device) == (DISK, VICUNA) and seconds > 0
     assert tiers.host == [MISTRAL]  # llama dropped: both do not fit in 20 GiB
     with pytest.raises(ValueError, match="unknown model 'nope'"):

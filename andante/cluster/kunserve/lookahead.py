@@ -16,13 +16,29 @@ use the GPU well). O(log L) levels of linear passes.
 `bubble_ratio` replays microbatch costs through the stages (a microbatch's next round
 starts only after its previous round left the last stage, as autoregressive decoding
 requires) and returns the idle share of the stages, the figure §5.3 reports.
+
+A grouped leader's budgets (`group_config`, `lookahead_config`): a step (one
+microbatch) keeps one instance's token budget, capped at the first of the balanced
+microbatches formed from a cycle's worth of work, while the running set may hold
+`num_stages` x max_num_seqs (the members' requests were adopted; as in vLLM's pipeline
+parallelism, each microbatch in flight has its own sequence budget). Eq. (1)'s
+coefficients are fitted to the cost model (`fit_chunk_cost`): the paper profiles them
+offline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+from andante.engine.config import SchedulerConfig
+from andante.engine.scheduler import Scheduler
+from andante.perf.cost_model import CostModel
+from andante.perf.shape import BatchShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,3 +149,60 @@ def bubble_ratio(costs: Sequence[float], num_stages: int, hop: float = 0.0,
     span = max(done)
     busy = rounds * sum(costs) * num_stages
     return max(0.0, 1.0 - busy / (num_stages * span)) if span > 0 else 0.0
+
+
+def fit_chunk_cost(cost: CostModel) -> ChunkCostModel:
+    """Eq. (1)'s alpha, beta, gamma fitted (least squares) to the cost model's step
+    times over prefill chunks and decode batches: the paper profiles them offline."""
+    rows: list[tuple[float, float, float]] = []
+    times: list[float] = []
+    for prefix in (0, 512, 2048, 8192):
+        for tokens in (1, 64, 512, 2048):
+            rows.append((prefix * tokens + (tokens * tokens + tokens) / 2, tokens, 1.0))
+            times.append(cost.prefill_time(tokens, prefix))
+    for batch in (8, 64, 256):
+        for context in (256, 2048):
+            shape = BatchShape(num_seqs=batch, num_tokens=batch, num_sampled=batch,
+                               num_decode_seqs=batch, attn_pairs=float(batch * (context + 1)),
+                               kv_tokens_read=batch * (context + 1))
+            rows.append((batch * (context + 1), batch, 1.0))
+            times.append(cost.step_time(shape))
+    solution = np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)[0]
+    alpha, beta, gamma = (max(0.0, float(v)) for v in solution)
+    return ChunkCostModel(alpha, beta, gamma)
+
+
+def group_config(base: SchedulerConfig, num_stages: int) -> SchedulerConfig:
+    """A grouped leader's budgets (module note): with one instance's sequence cap the
+    group could not admit a queued request until its running set fell below it."""
+    return dataclasses.replace(base, max_num_seqs=base.max_num_seqs * num_stages)
+
+
+def lookahead_config(scheduler: Scheduler, base: SchedulerConfig, num_stages: int,
+                     model: ChunkCostModel) -> SchedulerConfig:
+    """The leader's budgets for its next step: `base` (the group's, `group_config`)
+    with the token budget capped at the first of the balanced microbatches that Figure
+    11 forms from a cycle's worth of work (the running requests' next tokens and the
+    queued prompts that fit); the policy fills the step in its own order up to the
+    caps. Only the token budget is capped: max_num_seqs also caps the running set
+    (admission), which must stay the group's."""
+    budget = base.max_num_batched_tokens * num_stages
+    items = [WorkItem(r.request_id, r.num_computed_tokens, max(1, r.num_uncomputed_tokens),
+                      r.num_uncomputed_tokens > 1) for r in scheduler.running]
+    num_tokens = sum(i.tokens for i in items)
+    free = scheduler.kv.num_free_device_blocks
+    for req in scheduler.waiting:
+        need = scheduler.kv.num_blocks_for(req.num_tokens)
+        if need > free or num_tokens >= budget:
+            break
+        free -= need
+        tokens = min(req.num_uncomputed_tokens, budget - num_tokens)
+        items.append(WorkItem(req.request_id, req.num_computed_tokens, tokens))
+        num_tokens += tokens
+    batches = form_microbatches(items, model, num_stages, min_tokens=base.block_size)
+    if not batches:
+        return base
+    first = batches[0]
+    return dataclasses.replace(
+        base, max_num_batched_tokens=max(1, min(base.max_num_batched_tokens,
+                                                sum(i.tokens for i in first))))

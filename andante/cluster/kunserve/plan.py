@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from andante.cluster.kunserve.seam import GroupPlan
+from andante.perf.cost_model import CostModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,26 @@ class LayerMemory:
         """Weights the members of `plan` dropped (what a restore reloads)."""
         held = sum(end - start for start, end in plan.layer_slices)
         return (len(plan.members) * self.num_layers - held) * self.weight_bytes_per_layer
+
+    def reload_bytes(self, plan: GroupPlan) -> int:
+        """The weight bytes of the member that dropped the most layers (§4.4: what its
+        restore reloads; the members reload in parallel)."""
+        return max((self.num_layers - (end - start)) * self.weight_bytes_per_layer
+                   for start, end in plan.layer_slices)
+
+
+def layer_memory(cost: CostModel, num_blocks: int, block_size: int) -> LayerMemory:
+    """One instance's memory per GPU, from its cost model and its KV pool of
+    `num_blocks` blocks (each tp rank drops its shard of a layer)."""
+    model = cost.model
+    per_layer = (model.dense_params_per_layer + 2 * model.hidden_size) * model.dtype_bytes
+    kv_token = cost.kv_bytes_per_token_per_gpu
+    return LayerMemory(
+        num_layers=model.num_layers,
+        weight_bytes_per_layer=per_layer // cost.tp,
+        kv_block_bytes_per_layer=block_size * kv_token // model.num_layers,
+        kv_region_bytes=num_blocks * block_size * kv_token,
+    )
 
 
 def balanced_slices(num_members: int, num_layers: int) -> tuple[tuple[int, int], ...]:

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from andante.cluster.kunserve.adopt import kv_moves, whole_model
 from andante.cluster.kunserve.seam import GroupPlan
-from andante.exec.torch_pipeline_kv import KVExchange, LayerPool
+from andante.exec.torch_pipeline_kv import LayerPool
 from andante.kv.block_manager import KVBlockManager
+from andante.runtime.kunserve_stages import KVExchange
 
 LAYERS, HEADS, BLOCK, DIM = 4, 2, 2, 3
 OLD, GROUP = 32, 80  # blocks of each member before, of the group after

@@ -1,13 +1,14 @@
-"""Routing by model on a multi-model server (default routers; `qlm` orders its own queue).
+"""Routing by model over multi-model instances (default routers; `qlm` orders its own
+queue): how the server places requests when it serves several models.
 
 Design note (QLM §3, LSO 5 on the serving side): a request goes to the instances that
 hold its model on the device, where the configured router (round-robin, least-loaded...)
 picks one. When none does, the request is not refused: it goes to the instance already
 swapping to its model, else to the least-loaded instance that can swap (QLM's load
 balancing) without a swap pending; that instance parks it and swaps at its next step
-boundary once its engine is dry (`InstanceWorker`). A swap that instance has not
-reported taking in yet counts as pending, so two requests never start two swaps on one
-instance.
+boundary once its engine is dry (andante.cluster.qlm.swap). A swap that instance has
+not reported taking in yet counts as pending, so two requests never start two swaps on
+one instance.
 """
 
 from __future__ import annotations
