@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from andante.core.request import PreemptionMode, Request, RequestStatus
+from andante.engine.fast_path import FastPathDefaults
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
@@ -86,7 +87,7 @@ class AndesStats:
     num_solves: int = 0  # knapsack invocations (selective triggering let them run)
 
 
-class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
+class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy, FastPathDefaults):
     name = "andes"
     Options = AndesOptions
     chunks_prefill = AndesOptions().chunked_prefill  # per instance: the option's value

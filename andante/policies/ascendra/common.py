@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from operator import attrgetter
 
 from andante.core.request import Request
+from andante.engine.fast_path import FastPathDefaults
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.shape import BatchShape
@@ -66,7 +67,7 @@ class MeanMeter:
         return self._total / self._count if self._count else self._default
 
 
-class AscendraBase(BasePolicy):
+class AscendraBase(BasePolicy, FastPathDefaults):
     """Keeps `perf_model` (read by the cluster's load reports) fed with every step."""
 
     name = "ascendra"

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from andante.core.request import PreemptionMode, Request
+from andante.engine.fast_path import FastPathDefaults
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
@@ -122,7 +123,7 @@ class JobOrder(Protocol):
                           next_iteration_time: Callable[[Request, int], float]) -> None: ...
 
 
-class FastServePolicy(BasePolicy):
+class FastServePolicy(BasePolicy, FastPathDefaults):
     name = "fastserve"
     Options = FastServeOptions
 
