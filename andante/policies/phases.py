@@ -143,12 +143,11 @@ def preempt_for(plan: StepPlan, req: Request, victims: list[Request]) -> bool:
     n = req.num_uncomputed_tokens
     preemptable = [v for v in victims if plan.can_preempt(v, PreemptionMode.RECOMPUTE)]
     reclaimable = sum(plan.num_blocks_of(v) for v in preemptable)
-    reserve = plan.blocks_needed(req, n) + plan.watermark_blocks
     if plan.seq_budget < 1 or plan.token_budget < n:
         return False
     if not plan.has_seq_room and not preemptable:
         return False
-    if plan.num_free_blocks + reclaimable < reserve:
+    if reclaimable < plan.blocks_short(req, n):
         return False
     for victim in victims:
         if plan.has_seq_room and plan.can_schedule(req, n):

@@ -77,7 +77,7 @@ class View:
         *fields, prompt = table.state.take(idx, axis=1)  # (one gather)
         streams = Streams(*fields)
         tokens = prompt + streams.n
-        weight = np.ceil((tokens + 1.0) / plan.block_size)
+        weight = plan.num_blocks_for(tokens + 1.0)
         base = np.zeros(len(reqs))
         if nw:
             base[nr:nr + nw] = latency.prefill_time(tokens[nr:nr + nw])

@@ -52,6 +52,7 @@ from andante.engine.fast_path import FastPathDefaults
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
+from andante.kv.block_manager import max_new_blocks_for
 from andante.policies.andes.knapsack import (
     RUNNING,
     LatencyModel,
@@ -196,7 +197,8 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
                 self.latency.token_latency > min_inv):
             return False
         running = plan.running
-        if self._runs_short(len(running), plan.token_budget, plan.num_free_blocks):
+        # may the next tokens (a block each, the prompt chunks the budget allows) run short?
+        if plan.num_free_blocks < len(running) + plan.max_new_blocks_for(plan.token_budget):
             decode_order = [running[i] for i in ascending(self.table.buffered(idx, plan.now))]
         else:  # every request finds its blocks: the order decides nothing
             decode_order = list(running)
@@ -219,18 +221,11 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
             return min(cap, num_running + self.options.chunk_tokens)
         return cap
 
-    def _runs_short(self, num_running: int, token_budget: int, num_free_blocks: int) -> bool:
-        """Could the running requests' next tokens need more blocks than are free (one
-        each, plus the prompt chunks the budget allows)?"""
-        need = num_running + token_budget // self.ctx.config.block_size + 1
-        return num_free_blocks < need
-
     def _triggered(self, plan: StepPlan, view: View) -> bool:
         """Selective triggering (§4.2)."""
         if self._since_solve < self.options.solver_interval or not view.num_running:
             return False
-        used = 1.0 - plan.num_free_blocks / max(1, plan.num_total_blocks)
-        if used >= self.options.watermark and len(view) > view.num_running:
+        if plan.kv_usage >= self.options.watermark and len(view) > view.num_running:
             return True
         return self.latency.token_latency > float(view.streams.inv.min())
 
@@ -244,7 +239,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         needs the memory of keeps running (pausing it would hold its KV and its sequence
         slot while serving nobody)."""
         nr = view.num_running
-        capacity = plan.num_free_blocks + float(view.weight[:nr].sum()) - plan.watermark_blocks
+        capacity = plan.num_free_blocks_above_watermark + float(view.weight[:nr].sum())
         starved = starvation(view, plan.now, self.starvation_limit)
         best: Solution = solve(view, self.latency, self.options, capacity,
                                plan.config.max_num_seqs, plan.now, starved)
@@ -332,7 +327,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
     @staticmethod
     def _queue_fits(plan: StepPlan, view: View) -> bool:
         """Do all the queued requests' blocks fit in the free ones above the watermark?"""
-        free = plan.num_free_blocks - plan.watermark_blocks
+        free = plan.num_free_blocks_above_watermark
         return float(view.weight[view.queued].sum()) <= free
 
     def _admits_all(self, plan: StepPlan, view: View) -> bool:
@@ -352,7 +347,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
     def _fits(plan: StepPlan, req: Request) -> bool:
         n = req.num_uncomputed_tokens
         if req.status == RequestStatus.SWAPPED:
-            return plan.num_blocks_of(req) + plan.blocks_needed(req, n) <= plan.num_free_blocks
+            return plan.can_swap_in(req, n)
         return plan.can_schedule(req, n)
 
     # ---- carrying a decision out through the shared loops (phases.py) --------------
@@ -395,7 +390,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         (`prefill_run_budget`)."""
         o = self.options
         self.stationary = not plan.preemptions and (o.refiner or (
-            not o.batch_search and plan.num_free_blocks > plan.watermark_blocks))
+            not o.batch_search and plan.num_free_blocks_above_watermark > 0))
         if self.stationary:
             self._run_min_inv = min_inv
             num_next = len(plan.running) + len(plan.waiting) + len(plan.swapped)
@@ -416,7 +411,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         if not (self.chunks_prefill and o.refiner) or plan.preemptions or plan.swapped \
                 or len(plan.scheduled) != view.num_running:
             return
-        reserve = math.ceil((1.0 - o.watermark) * plan.num_total_blocks) + 1
+        reserve = plan.min_free_blocks_below_usage(o.watermark)
         if o.pacer_aware:
             if len(view) - view.num_running > plan.config.max_num_seqs:
                 return
@@ -528,7 +523,8 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
             return None
         self._run_min_inv = min_inv
         budget = self._step_token_budget(len(running))
-        if not self._runs_short(len(running), budget, num_free_blocks):
+        block_size = self.ctx.config.block_size
+        if num_free_blocks >= len(running) + max_new_blocks_for(budget, block_size):
             return running
         order = np.argsort(self.table.buffered(idx, self.now), kind="stable")
         return [running[i] for i in order]

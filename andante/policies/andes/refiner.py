@@ -50,14 +50,14 @@ class OverheadRefiner:
         victim_reqs = [reqs[i] for i in victims]
         pairs = pair_up(view.weight[admits].tolist(),
                         [plan.num_blocks_of(v) for v in victim_reqs],
-                        plan.num_free_blocks - plan.watermark_blocks)
+                        plan.num_free_blocks_above_watermark)
         keep = len(pairs)
         if o.refiner and pairs and (self.refine_admissions or any(p.victims for p in pairs)):
             # only the victims some pair needs are weighed (`_modes` fills the host
             # tier in victim order, so a prefix of them gets the same modes)
             paired = victims[:max((v + 1 for p in pairs for v in p.victims), default=0)]
             round_trip = self._round_trips(plan, victim_reqs[:len(paired)],
-                                           view.weight[paired] * plan.block_size)
+                                           plan.num_slots_in(view.weight[paired]))
             keep = accepted_prefix(pairs, gain[admits], view.base[admits], gain[paired],
                                    round_trip, self._loss_fn(plan, view, victims, tau),
                                    budget, check_all=self.refine_admissions,
