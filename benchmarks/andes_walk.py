@@ -1,20 +1,27 @@
 """The walk of one `andes` scheduling decision: which of andante's modules it passes
-through, and how often it comes back into the policy's own module from a helper.
+through, and whether a helper calls back into the policy.
 
 Traces (sys.settrace) one `AndesPolicy.schedule` call where the knapsack runs
 (selective triggering forced: watermark 0, every step) with the refiner on, 16 running
 and 8 queued requests whose gains differ, on the llama-3.1-8b / a100-80g cost model.
 Prints ONE JSON line:
-- `files`: the Python files of the `andes` policy (its package, plus the modules outside
+- `files`: the Python files of the `andes` policy (its package, plus any module outside
   it named `andes*`);
 - `calls`: function entries in andante's code during the call;
-- `steps`: calls that cross from one andante module into another;
-- `modules`: the distinct andante modules entered (and `module_list`, in first-entry
-  order);
-- `policy_reentries`: calls into the policy class's module from another andante module
-  (a helper calling back into the policy).
-The figures depend on the scenario only through which branches the decision takes; the
-scenario is fixed, so runs on two trees compare their structure.
+- `steps`: calls that cross from one andante module into another (`policy_steps`: of
+  them, those between modules of andante.policies);
+- `modules`: the distinct andante modules entered (`policy_modules`: of andante.policies;
+  `module_list`, all of them in first-entry order);
+- `walk_steps`: how often the andante.policies module executing changes (by a call or a
+  return), as a reader following the call would turn pages, and `walk_policy_returns`:
+  how often that walk comes back to the policy class's module;
+- `policy_module_reentries`: calls into the policy class's module from another andante
+  module, and `helper_calls_into_policy`: calls of the policy object's methods from code
+  outside its class's module (a helper or a mixin in another file calling back into
+  the policy);
+- `num_solves_in_walk`: knapsack solves during the call (1: the scenario's branch).
+The scenario is fixed, so runs on two trees compare their structure (run it with
+PYTHONPATH set to each).
 """
 
 from __future__ import annotations
@@ -63,7 +70,8 @@ def _request(i: int, arrival: float, prompt: int) -> Request:
     )
 
 
-def _engine() -> tuple[Engine, ManualClock]:
+def scenario() -> tuple[Engine, ManualClock]:
+    """The scenario of the module note, just before the traced decision."""
     clock = ManualClock()
     cost = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
     config = SchedulerConfig(max_num_seqs=64, max_model_len=8192)
@@ -158,8 +166,9 @@ def andes_files() -> list[str]:
     return [str(p.relative_to(PACKAGE.parent)) for p in files]
 
 
-def main() -> None:
-    engine, clock = _engine()
+def walk_one_decision(engine: Engine) -> dict[str, Any]:
+    """The figures of one traced `schedule` call of the engine's policy (the scheduler's
+    next step, applied; `num_solves_in_walk`: knapsack solves during it)."""
     scheduler = engine.scheduler
     policy = scheduler.policy
     captured: dict[str, Any] = {}
@@ -168,16 +177,23 @@ def main() -> None:
     def traced(plan: StepPlan) -> None:
         captured.update(trace_walk(original, plan, policy))
 
+    stats = getattr(policy, "stats", None)
+    solves = getattr(stats, "num_solves", 0)
     policy.schedule = traced  # type: ignore[method-assign]
     try:
         scheduler.schedule()
     finally:
         del policy.schedule  # type: ignore[method-assign]
-    solves = getattr(getattr(policy, "stats", None), "num_solves", None)
+    captured["num_solves_in_walk"] = getattr(stats, "num_solves", 0) - solves
+    return captured
+
+
+def main() -> None:
+    engine, _ = scenario()
+    figures = walk_one_decision(engine)
     files = andes_files()
     print(json.dumps({"benchmark": "andes_walk", "andante": str(PACKAGE),
-                      "files": len(files), "file_list": files, "num_solves": solves,
-                      **captured}))
+                      "files": len(files), "file_list": files, **figures}))
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
             if plan.seq_budget < 1 or plan.token_budget < 1 or used >= capacity:
                 continue
             n = req.num_uncomputed_tokens
-            if n > plan.token_budget or n > room * bs:
+            if n > plan.token_budget or num_blocks_for(n, bs) > room:
                 continue
         elif status == _RUNNING and in_flight and req.request_id in in_flight:
             continue
