@@ -15,9 +15,10 @@ import math
 from collections.abc import Iterable, Sequence
 
 from andante.cluster.instance import HandsOff
-from andante.cluster.load import LoadReport, OutputLengthMeter, predicted_drain_time
+from andante.cluster.load import DEFAULT_EXPECTED_OUTPUT, LoadReport, predicted_drain_time
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine
+from andante.metrics.stats import RunningMean
 from andante.perf.cost_model import CostModel
 
 
@@ -66,7 +67,7 @@ class EngineHost:
         self.engine = engine
         self.num_received = 0
         self.dropper = LateDropper() if drop_late else None
-        self.outputs = OutputLengthMeter()
+        self.outputs = RunningMean(DEFAULT_EXPECTED_OUTPUT)  # finished output lengths
         policy = engine.scheduler.policy
         self._handoffs = policy if isinstance(policy, HandsOff) else None
 

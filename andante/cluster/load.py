@@ -66,24 +66,6 @@ def total_stats(stats: Sequence[SchedulerStats], num_queued: int = 0) -> Schedul
     )
 
 
-class OutputLengthMeter:
-    """Running mean of finished requests' output lengths (the expected output)."""
-
-    __slots__ = ("_count", "_total")
-
-    def __init__(self) -> None:
-        self._count = 0
-        self._total = 0
-
-    def observe(self, num_output_tokens: int) -> None:
-        self._count += 1
-        self._total += num_output_tokens
-
-    @property
-    def mean(self) -> float:
-        return self._total / self._count if self._count else DEFAULT_EXPECTED_OUTPUT
-
-
 def predicted_drain_time(cost: CostModel, stats: SchedulerStats,
                          expected_output: float) -> float:
     """Seconds to finish the work in `stats` (see the module note)."""

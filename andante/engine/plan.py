@@ -23,10 +23,15 @@ its `num_computed_tokens`): the block manager's figures for it count the shared 
 from __future__ import annotations
 
 from collections.abc import Set
+from typing import TYPE_CHECKING, overload
 
 from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.config import SchedulerConfig
 from andante.kv.block_manager import KVBlockManager
+
+if TYPE_CHECKING:
+    from numpy import float64
+    from numpy.typing import NDArray
 
 _RUNNING = RequestStatus.RUNNING
 _SWAPPED = RequestStatus.SWAPPED
@@ -89,12 +94,51 @@ class StepPlan:
         return self._kv.watermark_blocks
 
     @property
+    def num_blocks_above_watermark(self) -> int:
+        """Device blocks admissions may fill: all of them but the watermark."""
+        return self._kv.num_blocks_above_watermark
+
+    @property
+    def num_free_blocks_above_watermark(self) -> int:
+        """Free device blocks an admission may take now (free less the watermark)."""
+        return self._kv.num_free_blocks_above_watermark
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of device blocks in use."""
+        return self._kv.usage
+
+    def min_free_blocks_below_usage(self, usage: float) -> int:
+        """Free device blocks that certainly keep the usage below `usage`."""
+        return self._kv.min_free_blocks_below_usage(usage)
+
+    @property
     def block_size(self) -> int:
         return self._kv.block_size
 
-    def num_blocks_for(self, num_tokens: int) -> int:
-        """Blocks that hold `num_tokens` tokens."""
+    @overload
+    def num_blocks_for(self, num_tokens: int) -> int: ...
+
+    @overload
+    def num_blocks_for(self, num_tokens: NDArray[float64]) -> NDArray[float64]: ...
+
+    def num_blocks_for(self, num_tokens: int | NDArray[float64]) -> int | NDArray[float64]:
+        """Blocks that hold `num_tokens` tokens (elementwise for an array)."""
         return self._kv.num_blocks_for(num_tokens)
+
+    def max_new_blocks_for(self, num_tokens: int) -> int:
+        """The most new blocks `num_tokens` tokens appended to a request may take."""
+        return self._kv.max_new_blocks_for(num_tokens)
+
+    @overload
+    def num_slots_in(self, num_blocks: int) -> int: ...
+
+    @overload
+    def num_slots_in(self, num_blocks: NDArray[float64]) -> NDArray[float64]: ...
+
+    def num_slots_in(self, num_blocks: int | NDArray[float64]) -> int | NDArray[float64]:
+        """Tokens that `num_blocks` blocks hold (elementwise for an array)."""
+        return self._kv.num_slots_in(num_blocks)
 
     def num_blocks_of(self, req: Request) -> int:
         """Blocks the request holds now (on the device, or on the host if swapped)."""
@@ -103,6 +147,11 @@ class StepPlan:
     def blocks_needed(self, req: Request, num_tokens: int) -> int:
         """New device blocks to advance `req` by `num_tokens` this step."""
         return self._kv.num_new_blocks_needed(req.request_id, req.num_computed_tokens + num_tokens)
+
+    def blocks_short(self, req: Request, num_tokens: int) -> int:
+        """More free blocks `req` needs to advance by `num_tokens` (0: they are free;
+        an admission's need counts the watermark)."""
+        return self._kv.num_blocks_short(req.request_id, req.num_computed_tokens + num_tokens)
 
     # ---- queries --------------------------------------------------------------------
     def is_scheduled(self, req: Request) -> bool:

@@ -1,11 +1,32 @@
-"""The Policy protocol: what a scheduling policy must do, and what it is given."""
+"""The Policy contract: what a scheduling policy must answer to schedule a step.
+
+Design note (DESIGN.md §2.4, policies are small registered objects; §3, the engine
+loop). Once per engine step the `Scheduler` builds a `StepPlan` over its queues and the
+block manager (the one owner of KV feasibility, §2.6) and calls `Policy.schedule(plan)`.
+The policy may reorder `plan.waiting`, `plan.running` and `plan.swapped` in place
+(never add or remove items) and records its decision through the plan: which requests
+advance and by how many tokens (a whole prefill, a chunk of it, or a decode token: §2.3,
+tokens, not phases), which running requests to preempt (recompute or swap) and which
+swapped requests to bring back. It asks the plan, never the block manager directly,
+what fits, and it does not mutate requests. Time comes from the injected clock
+(`PolicyContext.clock`), costs from the executor's cost model: the same policy runs on
+the real engine and in the simulator (§2.1). The hooks tell it about arrivals, finished
+(or withdrawn) requests and completed steps; they must be cheap. A policy must make
+progress: if any request can run alone, some step must schedule something.
+`chunks_prefill` is True if it splits a prefill longer than the step's token budget
+(else the budget must cover max_model_len; the scheduler checks it).
+
+That is the whole contract: a policy implementing only `Policy` runs in the engine and,
+unchanged, in the simulator, which then simulates every step. What lets the simulator
+apply runs of steps at once is a separate, optional protocol
+(`andante.engine.fast_path.SimFastPath`), for a policy that can vouch for its next
+decisions.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -28,46 +49,9 @@ class PolicyContext:
 
 
 class Policy(Protocol):
-    """A scheduling policy.
-
-    Contract: `schedule(plan)` is called once per engine step. It may reorder
-    `plan.waiting`, `plan.running` and `plan.swapped` in place (never add or remove
-    items) and records its decision through the plan: which requests advance and by
-    how many tokens, which running requests to preempt (recompute or swap) and which
-    swapped requests to bring back. It must not mutate requests. The hooks tell it
-    about arrivals, finished requests and completed steps; they must be cheap.
-    A policy must make progress: if any request can run alone, some step must
-    schedule something. `stationary` is True (it may change after each `schedule`) if
-    its next decisions depend only on the queues' contents and the free blocks (not on
-    time) until an arrival or a finish, so that the simulator may apply runs of
-    identical all-decode steps at once (andante.sim.decode_run); such a run then calls
-    `on_decode_run` with each step's duration instead of `on_step_end` per step, for a
-    policy that keeps per-step state to replay it; `decode_run_reserve_blocks` device
-    blocks must still be free at the end of such a run (a policy whose decision changes
-    when free memory falls below a threshold; a prefill run's end too), and each step of
-    a prefill run lasts at most `run_step_limit` seconds (math.inf: any; Andes while
-    requests wait, so that its token-latency estimate stays below every reader's pace).
-    `chunks_prefill` is True if it splits a prefill longer than the step's token budget
-    (else the budget must cover max_model_len).
-    A `prefill_run_budget` > 0 (the next steps' token budget) says that the policy's
-    next steps, until an arrival or a finish, are certainly "every running request,
-    each by its uncomputed tokens capped by the budget left, the decodes first" (while
-    the budget is spent, whatever waits; with nothing waiting after that), so that
-    the simulator may apply runs of chunked-prefill steps at once
-    (andante.sim.prefill_run); such a run calls `on_prefill_run` instead of
-    `on_step_end` per step. A policy whose chunks are not "the budget left" (Ascendra's
-    LP instance caps them by predicted step time) gives them itself through
-    `prefill_run_chunks` (None: the budget's).
-    A `decode_budget` > 0 says that, with nothing waiting or swapped and every
-    running request decoding, its step advances them all, in the order
-    `decode_order(running, num_free_blocks)` gives (None if unsure), when they number
-    at most that (andante.sim.after_finish).
-    """
+    """A scheduling policy (see the module note for the contract)."""
 
     name: str
-    stationary: bool
-    decode_run_reserve_blocks: int
-    run_step_limit: float
     chunks_prefill: bool
 
     def schedule(self, plan: StepPlan) -> None: ...
@@ -77,23 +61,6 @@ class Policy(Protocol):
     def on_finish(self, req: Request) -> None: ...
 
     def on_step_end(self, batch: StepBatch, result: StepResult) -> None: ...
-
-    def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None: ...
-
-    def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
-                       times: Sequence[float], durations: Sequence[float] = ()) -> None: ...
-
-    @property
-    def prefill_run_budget(self) -> int: ...
-
-    def prefill_run_chunks(self, running: Sequence[Request],
-                           others_wait: bool) -> list[int] | None: ...
-
-    @property
-    def decode_budget(self) -> int: ...
-
-    def decode_order(self, running: Sequence[Request],
-                     num_free_blocks: int) -> Sequence[Request] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +77,6 @@ class BasePolicy:
 
     name = "base"
     Options: ClassVar[type] = NoOptions
-    stationary = False  # see Policy
-    decode_run_reserve_blocks = 0  # see Policy
-    run_step_limit = math.inf  # see Policy
     chunks_prefill = False  # see Policy
 
     def __init__(self, ctx: PolicyContext) -> None:
@@ -140,42 +104,6 @@ class BasePolicy:
 
     def on_step_end(self, batch: StepBatch, result: StepResult) -> None:
         return None
-
-    def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
-        """The steps of a decode run repeating `batch` took `durations` (their tokens
-        are recorded and their requests' `num_computed_tokens` advanced)."""
-        return None
-
-    def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
-                       times: Sequence[float], durations: Sequence[float] = ()) -> None:
-        """The steps following `batch` prefilled `chunks` of its last request beside
-        the others' decodes, lasted `durations` and ended at `times` (their tokens are
-        recorded)."""
-        return None
-
-    @property
-    def prefill_run_budget(self) -> int:
-        """0: no chunked-prefill runs (see Policy)."""
-        return 0
-
-    def prefill_run_chunks(self, running: Sequence[Request],
-                           others_wait: bool) -> list[int] | None:
-        """The chunks of `running[-1]`'s prompt in the steps certain to follow, each
-        beside a decode token of every other running request ([]: none is certain;
-        `others_wait`: requests wait or are swapped); None: each chunk is the
-        `prefill_run_budget` left (see Policy)."""
-        return None
-
-    @property
-    def decode_budget(self) -> int:
-        """0: no decode run starts without a scheduled step first (see Policy)."""
-        return 0
-
-    def decode_order(self, running: Sequence[Request],
-                     num_free_blocks: int) -> Sequence[Request] | None:
-        """The running list's own order (see Policy; `num_free_blocks`: free device
-        blocks before the step)."""
-        return running
 
 
 def parse_options(options_cls: type, values: dict[str, Any], policy_name: str) -> Any:

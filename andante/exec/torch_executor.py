@@ -247,7 +247,7 @@ class TorchExecutor:
         weights = self.model.weights.to(self.dtype)
         self.max_model_len = min(opts.max_model_len or config.max_model_len,
                                  config.max_model_len)
-        token_bytes = config.kv_bytes_per_token(self.dtype.itemsize)
+        token_bytes = config.with_dtype(self.dtype.itemsize).kv_bytes_per_token
         block_bytes = token_bytes * opts.block_size
         self.kv = KVPools(config.num_layers, config.num_kv_heads, config.head_dim,
                           opts.block_size, int(opts.kv_cache_gib * GIB // block_bytes),
@@ -261,7 +261,7 @@ class TorchExecutor:
     @property
     def spec(self) -> ModelSpec:
         """The cost model's ModelSpec of the served model in the executor's dtype."""
-        return self.model.config.to_model_spec(self.dtype.itemsize, self.model.name)
+        return self.model.config.with_dtype(self.dtype.itemsize, self.model.name)
 
     def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
         if block_size != self.options.block_size:

@@ -46,10 +46,10 @@ import torch.nn.functional as F
 
 from andante.exec.torch_attention import AttentionPlan, attention, attention_plan, write_kv
 from andante.exec.torch_inputs import StepInputs
-from andante.models.config import ModelConfig
 from andante.models.rope import apply_rope
 from andante.models.torchscript import script
 from andante.models.weights import LayerWeights
+from andante.perf.specs import ModelSpec
 
 _mkldnn = torch.ops.mkldnn
 
@@ -158,7 +158,7 @@ def fused_stack(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 class _Layer:
     """What both forms share: shapes and the layer's KV pool."""
 
-    def __init__(self, config: ModelConfig, pool: torch.Tensor, slots: torch.Tensor) -> None:
+    def __init__(self, config: ModelSpec, pool: torch.Tensor, slots: torch.Tensor) -> None:
         self.heads, self.kv_heads, self.dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.eps = config.rms_norm_eps
         self.pool = pool  # [2 kvh, blocks, block_size, dim]
@@ -166,7 +166,7 @@ class _Layer:
 
 
 class ExactLayer(_Layer):
-    def __init__(self, config: ModelConfig, w: LayerWeights, pool: torch.Tensor,
+    def __init__(self, config: ModelSpec, w: LayerWeights, pool: torch.Tensor,
                  slots: torch.Tensor) -> None:
         super().__init__(config, pool, slots)
         self.w = w
@@ -188,7 +188,7 @@ class ExactLayer(_Layer):
 
 
 class FusedLayer(_Layer):
-    def __init__(self, config: ModelConfig, w: LayerWeights, pool: torch.Tensor,
+    def __init__(self, config: ModelSpec, w: LayerWeights, pool: torch.Tensor,
                  slots: torch.Tensor) -> None:
         super().__init__(config, pool, slots)
         self._init_weights(config, w)
@@ -196,7 +196,7 @@ class FusedLayer(_Layer):
                            torch.tensor(self.eps, dtype=torch.float32),
                            1.0 / config.hidden_size)
 
-    def _init_weights(self, config: ModelConfig, w: LayerWeights) -> None:
+    def _init_weights(self, config: ModelSpec, w: LayerWeights) -> None:
         inter, q_size = config.intermediate_size, config.q_size
         row_scale = torch.ones(w.qkv.shape[0], 1, dtype=torch.float32)
         row_scale[:q_size] = config.head_dim ** -0.5

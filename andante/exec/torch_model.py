@@ -29,9 +29,9 @@ from andante.exec.torch_layers import (
     packed_gemm_supported,
     run_layers,
 )
-from andante.models.config import ModelConfig
 from andante.models.rope import inverse_frequencies, rope_table
 from andante.models.weights import ModelWeights
+from andante.perf.specs import ModelSpec
 from andante.perf.step_sizes import StepBuckets
 
 
@@ -42,7 +42,7 @@ def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 class TransformerRunner:
-    def __init__(self, config: ModelConfig, weights: ModelWeights, kv: KVPools,
+    def __init__(self, config: ModelSpec, weights: ModelWeights, kv: KVPools,
                  max_len: int, fused: bool | None = None,
                  buckets: StepBuckets | None = None) -> None:
         self.config = config

@@ -192,7 +192,7 @@ class PipelineExecutor:
 
     @property
     def spec(self) -> ModelSpec:
-        return self.model.config.to_model_spec(self.dtype.itemsize, self.model.name)
+        return self.model.config.with_dtype(self.dtype.itemsize, self.model.name)
 
     def stage_of(self, layer: int) -> PipelineStage:
         return next(s for s in self.stages if s.holds(layer))

@@ -30,16 +30,51 @@ other holders, a block no one else holds is unregistered and freed (its device c
 not relied on after a swap); swap-in allocates fresh private device blocks.
 Shrinking the device tier evicts cached free blocks above the new size and moves the
 blocks in use (shared ones once, for every holder).
+
+Policies ask these figures through their step's plan (`andante.engine.plan.StepPlan`):
+blocks for a token count (`num_blocks_for`, also a module function for a policy with no
+plan at hand), the most new blocks a run of tokens may take (`max_new_blocks_for`), the
+free and total blocks above the admission watermark, the free blocks that keep the usage
+below a fraction, and how many blocks an admission is short of; none redoes the
+rounding or the watermark itself.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, overload
 
 from andante.core.request import Request
 from andante.kv.block_pool import BlockPool, OutOfBlocksError
 from andante.kv.pending_hits import PendingHits
 from andante.kv.prefix_cache import PrefixCache, RequestHashes, is_hashable
+
+if TYPE_CHECKING:
+    from numpy import float64
+    from numpy.typing import NDArray
+
+
+@overload
+def num_blocks_for(num_tokens: int, block_size: int) -> int: ...
+
+
+@overload
+def num_blocks_for(num_tokens: NDArray[float64], block_size: int) -> NDArray[float64]: ...
+
+
+def num_blocks_for(num_tokens: int | NDArray[float64], block_size: int,
+                   ) -> int | NDArray[float64]:
+    """Blocks of `block_size` tokens that hold `num_tokens` tokens (elementwise for an
+    array of whole token counts): `KVBlockManager.num_blocks_for`, for a policy outside
+    a step (an arrival, the simulator's fast paths)."""
+    return -(-num_tokens // block_size)
+
+
+def max_new_blocks_for(num_tokens: int, block_size: int) -> int:
+    """The most new blocks that `num_tokens` tokens appended to any request may take
+    (whatever its last block holds), with a block to spare."""
+    return num_tokens // block_size + 1
 
 
 class KVBlockManager:
@@ -107,8 +142,46 @@ class KVBlockManager:
         total = self.device.num_blocks
         return 1.0 - self.num_free_device_blocks / total if total else 0.0
 
-    def num_blocks_for(self, num_tokens: int) -> int:
+    @property
+    def num_blocks_above_watermark(self) -> int:
+        """Device blocks admissions may fill: all of them but the watermark."""
+        return self.device.num_blocks - self.watermark_blocks
+
+    @property
+    def num_free_blocks_above_watermark(self) -> int:
+        """Free device blocks an admission may take now: the free ones less the
+        watermark (negative below it)."""
+        return self.num_free_device_blocks - self.watermark_blocks
+
+    def min_free_blocks_below_usage(self, usage: float) -> int:
+        """The free device blocks that certainly keep `usage` (the fraction of blocks
+        in use) below `usage`, with a block's margin over rounding."""
+        return math.ceil((1.0 - usage) * self.device.num_blocks) + 1
+
+    @overload
+    def num_blocks_for(self, num_tokens: int) -> int: ...
+
+    @overload
+    def num_blocks_for(self, num_tokens: NDArray[float64]) -> NDArray[float64]: ...
+
+    def num_blocks_for(self, num_tokens: int | NDArray[float64]) -> int | NDArray[float64]:
+        """Blocks that hold `num_tokens` tokens (elementwise for an array of whole token
+        counts)."""
         return -(-num_tokens // self.block_size)
+
+    def max_new_blocks_for(self, num_tokens: int) -> int:
+        """See the module function `max_new_blocks_for`."""
+        return max_new_blocks_for(num_tokens, self.block_size)
+
+    @overload
+    def num_slots_in(self, num_blocks: int) -> int: ...
+
+    @overload
+    def num_slots_in(self, num_blocks: NDArray[float64]) -> NDArray[float64]: ...
+
+    def num_slots_in(self, num_blocks: int | NDArray[float64]) -> int | NDArray[float64]:
+        """Tokens that `num_blocks` blocks hold (elementwise for an array)."""
+        return num_blocks * self.block_size
 
     def block_table(self, request_id: str) -> list[int]:
         """The request's device block table (empty if it holds no device KV)."""
@@ -221,6 +294,13 @@ class KVBlockManager:
         if self.holds_kv(request_id):
             return self.num_free_device_blocks
         return self.num_free_device_blocks - self.watermark_blocks
+
+    def num_blocks_short(self, request_id: str, num_total_tokens: int) -> int:
+        """How many more free blocks the request's device KV needs to cover
+        `num_total_tokens` (0 if `can_allocate` would find them, a stale prefix hit
+        aside): an admission's need counts the watermark."""
+        need = self.num_new_blocks_needed(request_id, num_total_tokens)
+        return max(0, need - self.num_free_blocks_for(request_id))
 
     def max_num_tokens_for(self, request_id: str) -> int:
         """Tokens the request's device KV could cover with the free blocks it may take

@@ -17,7 +17,7 @@ from andante.metrics.slo import (
     meets_tbt,
     meets_ttft,
 )
-from andante.metrics.stats import Stats, percentiles
+from andante.metrics.stats import RunningMean, Stats, percentiles
 from andante.metrics.summary import Summary, SummaryStream, pooled_itls, summarize
 from andante.metrics.table import DEFAULT_ROWS, format_table
 
@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_TTFT_TARGET",
     "GOODPUT_METRICS",
     "RequestRecord",
+    "RunningMean",
     "Stats",
     "Summary",
     "SummaryStream",

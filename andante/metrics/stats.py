@@ -1,4 +1,5 @@
-"""Distribution statistics with numpy's default (linear) percentile interpolation."""
+"""Distribution statistics with numpy's default (linear) percentile interpolation, and
+the one running mean (`RunningMean`) that policies and the cluster keep online."""
 
 from __future__ import annotations
 
@@ -33,6 +34,29 @@ class Stats:
             self.count,
             *(getattr(self, name) * factor for name in _FLOAT_FIELDS),
         )
+
+
+class RunningMean:
+    """The running mean of the values observed so far (`default` before the first)."""
+
+    __slots__ = ("_count", "_default", "_total")
+
+    def __init__(self, default: float = 0.0) -> None:
+        self._default = default
+        self._count = 0
+        self._total = 0.0
+
+    def observe(self, value: float) -> None:
+        self._count += 1
+        self._total += value
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @property
+    def mean(self) -> float:
+        return self._total / self._count if self._count else self._default
 
 
 _FLOAT_FIELDS = ("mean", "std", "min", "p10", "median", "p90", "p99", "max")

@@ -1,92 +1,20 @@
-"""The architecture of a Llama-family checkpoint, read from `config.json` or GGUF metadata.
+"""The architecture of a Llama-family checkpoint, read from a Hugging Face `config.json`.
 
-One frozen `ModelConfig` covers Llama 1-3, Mistral, Qwen2 and SmolLM: RMSNorm, RoPE
-(optionally scaled: linear or llama3; dynamic NTK is exact only up to the original
-context, so the context is capped there), grouped-query attention,
-SwiGLU MLP, optional q/k/v biases (Qwen2), optionally tied embeddings.
+The result is the one `ModelSpec` (andante.perf.specs) the cost model also reads; it
+covers Llama 1-3, Mistral, Qwen2 and SmolLM: RMSNorm, RoPE (optionally scaled: linear or
+llama3; dynamic NTK is exact only up to the original context, so the context is capped
+there), grouped-query attention, SwiGLU MLP, optional q/k/v biases (Qwen2), optionally
+tied embeddings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from andante.perf.specs import ModelSpec
+from andante.perf.specs import ModelSpec, RopeScaling
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm", "smollm2")
-ROPE_TYPES = ("default", "linear", "llama3")
-
-
-@dataclass(frozen=True, slots=True)
-class RopeScaling:
-    """RoPE scaling as Hugging Face describes it (`rope_scaling` / `rope_parameters`)."""
-
-    rope_type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.rope_type not in ROPE_TYPES:
-            raise ValueError(f"unsupported rope scaling type {self.rope_type!r}; "
-                             f"supported: {', '.join(ROPE_TYPES)}")
-        if not self.factor > 0:
-            raise ValueError(f"rope scaling factor must be > 0, got {self.factor!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class ModelConfig:
-    name: str
-    model_type: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    max_model_len: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: RopeScaling = RopeScaling()
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-
-    def __post_init__(self) -> None:
-        for field_name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
-                           "head_dim", "intermediate_size", "vocab_size", "max_model_len"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"model config {field_name} must be a positive integer, "
-                                 f"got {value!r}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_key_value_heads={self.num_kv_heads} must divide "
-                             f"num_attention_heads={self.num_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.num_layers * self.kv_size * dtype_bytes
-
-    def to_model_spec(self, dtype_bytes: int = 2, name: str | None = None) -> ModelSpec:
-        """The cost model's view of this architecture."""
-        return ModelSpec(
-            name=name or self.name, num_layers=self.num_layers, hidden_size=self.hidden_size,
-            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-            intermediate_size=self.intermediate_size, vocab_size=self.vocab_size,
-            mlp_kind="gated", tie_word_embeddings=self.tie_word_embeddings,
-            dtype_bytes=dtype_bytes, max_model_len=self.max_model_len,
-        )
 
 
 def _rope_from_hf(data: Mapping[str, Any]) -> tuple[float, RopeScaling, int | None]:
@@ -119,8 +47,8 @@ def _require(data: Mapping[str, Any], key: str) -> Any:
     return data[key]
 
 
-def config_from_hf(data: Mapping[str, Any], name: str) -> ModelConfig:
-    """A `ModelConfig` from the contents of a Hugging Face `config.json`."""
+def config_from_hf(data: Mapping[str, Any], name: str) -> ModelSpec:
+    """The `ModelSpec` of the contents of a Hugging Face `config.json`."""
     model_type = str(data.get("model_type", ""))
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: "
@@ -138,7 +66,7 @@ def config_from_hf(data: Mapping[str, Any], name: str) -> ModelConfig:
     theta, scaling, cap = _rope_from_hf(data)
     if cap:
         max_len = min(max_len, int(cap))
-    return ModelConfig(
+    return ModelSpec(
         name=name, model_type=model_type,
         num_layers=int(_require(data, "num_hidden_layers")), hidden_size=hidden,
         num_heads=heads, num_kv_heads=int(data.get("num_key_value_heads") or heads),

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from andante.models.config import ModelConfig, RopeScaling
 from andante.models.gguf_reader import GGUFFile
 from andante.models.gguf_tokenizer import tokenizer_from_gguf
 from andante.models.tokenizer import TextTokenizer
 from andante.models.weights import ModelWeights, build_weights
+from andante.perf.specs import ModelSpec, RopeScaling
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 _PERMUTED_ARCHITECTURES = ("llama", "mistral")
@@ -72,7 +72,7 @@ def _rope_scaling(fields: dict[str, Any], arch: str) -> RopeScaling:
     return RopeScaling("linear", float(fields.get(f"{arch}.rope.scaling.factor", 1.0)))
 
 
-def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
+def config_from_gguf(gguf: GGUFFile) -> ModelSpec:
     f, path = gguf.fields, gguf.path
     arch = str(_field(f, "general.architecture", path))
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -81,7 +81,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     hidden = int(_field(f, f"{arch}.embedding_length", path))
     heads = int(_field(f, f"{arch}.attention.head_count", path))
     vocab = f.get(f"{arch}.vocab_size") or len(f.get("tokenizer.ggml.tokens", ()))
-    return ModelConfig(
+    return ModelSpec(
         name=str(f.get("general.name") or path.stem), model_type=arch,
         num_layers=int(_field(f, f"{arch}.block_count", path)), hidden_size=hidden,
         num_heads=heads, num_kv_heads=int(f.get(f"{arch}.attention.head_count_kv", heads)),
@@ -96,7 +96,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     )
 
 
-def _fetcher(gguf: GGUFFile, config: ModelConfig):  # type: ignore[no-untyped-def]
+def _fetcher(gguf: GGUFFile, config: ModelSpec):  # type: ignore[no-untyped-def]
     permuted = config.model_type in _PERMUTED_ARCHITECTURES
 
     def fetch(hf_name: str) -> torch.Tensor | None:
@@ -116,7 +116,7 @@ def _fetcher(gguf: GGUFFile, config: ModelConfig):  # type: ignore[no-untyped-de
 
 
 def load_gguf(path: Path, dtype: torch.dtype
-              ) -> tuple[ModelConfig, ModelWeights, TextTokenizer]:
+              ) -> tuple[ModelSpec, ModelWeights, TextTokenizer]:
     gguf = GGUFFile(path).read()
     try:
         config = config_from_gguf(gguf)

@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
-from andante.models.config import ModelConfig, config_from_hf
+from andante.models.config import config_from_hf
 from andante.models.tokenizer import TextTokenizer, tokenizer_from_hf_dir
 from andante.models.weights import ModelWeights, build_weights
+from andante.perf.specs import ModelSpec
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -23,7 +24,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def read_config(directory: Path) -> ModelConfig:
+def read_config(directory: Path) -> ModelSpec:
     path = directory / "config.json"
     if not path.is_file():
         raise ValueError(f"{directory} is not a model directory: no config.json")
@@ -63,7 +64,7 @@ def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_hf_dir(directory: Path, dtype: torch.dtype
-                ) -> tuple[ModelConfig, ModelWeights, TextTokenizer]:
+                ) -> tuple[ModelSpec, ModelWeights, TextTokenizer]:
     config = read_config(directory)
     tensors = load_tensors(directory)
     weights = build_weights(config, tensors.get, str(directory), dtype)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from andante.models.config import ModelConfig
 from andante.models.tokenizer import TextTokenizer
 from andante.models.weights import ModelWeights
 from andante.perf.specs import ModelSpec
@@ -40,7 +39,7 @@ class LoadedModel:
 
     name: str
     path: Path
-    config: ModelConfig
+    config: ModelSpec
     tokenizer: TextTokenizer
     weights: ModelWeights
 
@@ -55,7 +54,7 @@ class LoadedModel:
     @property
     def spec(self) -> ModelSpec:
         """The cost model's view (its dtype is the weights' dtype)."""
-        return self.config.to_model_spec(self.weights.dtype.itemsize, self.name)
+        return self.config.with_dtype(self.weights.dtype.itemsize, self.name)
 
 
 def default_model_path() -> Path | None:

@@ -18,8 +18,8 @@ import math
 
 import torch
 
-from andante.models.config import ModelConfig, RopeScaling
 from andante.models.torchscript import script
+from andante.perf.specs import ModelSpec, RopeScaling
 
 
 def _llama3(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
@@ -37,7 +37,7 @@ def _llama3(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def inverse_frequencies(config: ModelConfig,
+def inverse_frequencies(config: ModelSpec,
                         freq_factors: torch.Tensor | None = None) -> torch.Tensor:
     """Per-pair inverse frequencies (float32, head_dim / 2 of them)."""
     dim = config.head_dim

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from andante.models.config import ModelConfig
+from andante.perf.specs import ModelSpec
 
 Fetch = Callable[[str], torch.Tensor | None]
 
@@ -65,7 +65,7 @@ def _need(fetch: Fetch, name: str, shape: tuple[int, ...], source: str) -> torch
     return tensor
 
 
-def _layer(config: ModelConfig, fetch: Fetch, i: int, source: str,
+def _layer(config: ModelSpec, fetch: Fetch, i: int, source: str,
            dtype: torch.dtype) -> LayerWeights:
     h, q, kv, inter = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
     p = f"model.layers.{i}."
@@ -91,7 +91,7 @@ def _layer(config: ModelConfig, fetch: Fetch, i: int, source: str,
     )
 
 
-def build_weights(config: ModelConfig, fetch: Fetch, source: str,
+def build_weights(config: ModelSpec, fetch: Fetch, source: str,
                   dtype: torch.dtype = torch.bfloat16,
                   rope_freq_factors: torch.Tensor | None = None) -> ModelWeights:
     """Assemble the executor's weights from tensors under Hugging Face names.

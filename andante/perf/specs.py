@@ -1,9 +1,12 @@
 """Model and hardware specifications: the static inputs of the cost model.
 
 A `ModelSpec` is a dense decoder-only transformer described by the fields of its public
-`config.json`; its derived properties count parameters, bytes and FLOPs. A
-`HardwareSpec` is one accelerator (one GPU of a tensor-parallel instance) with the
-regression coefficients of Ascendra §5.1 that turn roofline terms into a step time.
+`config.json` (or GGUF metadata): the one description of a model's architecture, read
+by the cost model (its derived properties count parameters, bytes and FLOPs) and by the
+torch model that runs it (andante.models: RMSNorm, RoPE optionally scaled, grouped-query
+attention, SwiGLU MLP, optional q/k/v biases). A `HardwareSpec` is one accelerator (one
+GPU of a tensor-parallel instance) with the regression coefficients of Ascendra §5.1
+that turn roofline terms into a step time.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Literal
 
 MlpKind = Literal["gated", "plain"]
 MLP_KINDS: tuple[str, ...] = ("gated", "plain")
+ROPE_TYPES = ("default", "linear", "llama3")
 
 HARDWARE_JSON_VERSION = 1
 
@@ -35,8 +39,30 @@ def _require_rate(owner: str, name: str, value: object, allow_zero: bool = False
 
 
 @dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """RoPE scaling as Hugging Face describes it (`rope_scaling` / `rope_parameters`)."""
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"unsupported rope scaling type {self.rope_type!r}; "
+                             f"supported: {', '.join(ROPE_TYPES)}")
+        if not self.factor > 0:
+            raise ValueError(f"rope scaling factor must be > 0, got {self.factor!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """A dense decoder-only transformer (Llama/Mistral/Qwen/Phi-3 or OPT family)."""
+    """A dense decoder-only transformer (Llama/Mistral/Qwen/Phi-3 or OPT family).
+
+    `dtype_bytes` is the weights' and KV cache's element size; `model_type` is
+    `config.json`'s (or the GGUF architecture); the RoPE, norm and bias fields are read
+    by the torch model only (the cost model ignores q/k/v biases)."""
 
     name: str
     num_layers: int
@@ -50,6 +76,11 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     dtype_bytes: int = 2
     max_model_len: int = 4096
+    model_type: str = "llama"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = RopeScaling()
+    attention_bias: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -63,6 +94,12 @@ class ModelSpec:
         if self.mlp_kind not in MLP_KINDS:
             raise ValueError(f"ModelSpec.mlp_kind must be one of {MLP_KINDS}, "
                              f"got {self.mlp_kind!r}")
+        if self.head_dim % 2:
+            raise ValueError(f"ModelSpec.head_dim must be even for RoPE, got {self.head_dim}")
+
+    def with_dtype(self, dtype_bytes: int, name: str | None = None) -> ModelSpec:
+        """This architecture with weights and KV of `dtype_bytes` bytes (and `name`)."""
+        return replace(self, dtype_bytes=dtype_bytes, name=name or self.name)
 
     @property
     def q_size(self) -> int:

@@ -1,5 +1,5 @@
 """The loops vLLM-style policies share: admit, advance with preemption from the back,
-swap in, and preempt for an arrival.
+swap in, and preempt for an arrival; the orders and checks of chunked steps.
 
 Design note: vLLM's schedulers. `advance_with_preemption` is the running loop of v1
 (vllm/v1/core/sched/scheduler.py, `schedule`) and v0 (`_schedule_running`): advance
@@ -9,13 +9,17 @@ queue order until one does not fit (head-of-line). `swap_in_in_order` is v0's
 `_schedule_swapped`; `preempt_for` its priority mode (`_schedule_priority_preemption`).
 A request advances by its remaining tokens (`remaining_tokens`: prefill-first) or by
 those capped by the step's token budget (`budgeted`: v1's chunked prefill).
+`admit_and_swap_in` admits and swaps in along one priority order (Andes' decisions
+interleave waiting and swapped requests); `decodes_first` is Sarathi-Serve's order of a
+chunked step (the streams before the prompts still prefilling).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from itertools import groupby
 
-from andante.core.request import PreemptionMode, Request
+from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.plan import StepPlan
 
 TokenCount = Callable[[Request], int]  # tokens a request advances this step (0: none)
@@ -139,12 +143,11 @@ def preempt_for(plan: StepPlan, req: Request, victims: list[Request]) -> bool:
     n = req.num_uncomputed_tokens
     preemptable = [v for v in victims if plan.can_preempt(v, PreemptionMode.RECOMPUTE)]
     reclaimable = sum(plan.num_blocks_of(v) for v in preemptable)
-    reserve = plan.blocks_needed(req, n) + plan.watermark_blocks
     if plan.seq_budget < 1 or plan.token_budget < n:
         return False
     if not plan.has_seq_room and not preemptable:
         return False
-    if plan.num_free_blocks + reclaimable < reserve:
+    if reclaimable < plan.blocks_short(req, n):
         return False
     for victim in victims:
         if plan.has_seq_room and plan.can_schedule(req, n):
@@ -152,3 +155,60 @@ def preempt_for(plan: StepPlan, req: Request, victims: list[Request]) -> bool:
         if plan.can_preempt(victim, PreemptionMode.RECOMPUTE):
             plan.preempt(victim, plan.preemption_mode_for(victim))
     return plan.has_seq_room and plan.can_schedule(req, n)
+
+
+def _is_swapped(req: Request) -> bool:
+    return req.status == RequestStatus.SWAPPED
+
+
+def admit_and_swap_in(plan: StepPlan, order: Sequence[Request],
+                      num_tokens: TokenCount = remaining_tokens) -> bool:
+    """Admit waiting and swap in swapped requests in `order` until one does not fit;
+    True if a prefill was scheduled (the step is then a prefill step)."""
+    prefilled = False
+    for swapped, group in groupby(order, key=_is_swapped):
+        run = list(group)
+        if swapped:
+            before = len(plan.swap_ins)
+            swap_in_in_order(plan, run, num_tokens)
+            done = len(plan.swap_ins) - before
+        else:
+            done = admit_in_order(plan, run, num_tokens)
+            prefilled = prefilled or done > 0
+        if done < len(run):
+            break
+    return prefilled
+
+
+def decodes_first(order: list[Request]) -> list[Request]:
+    """`order` with the requests still prefilling (in chunks) moved to the end, so that
+    no stream waits for a chunk's share of the token budget."""
+    decoding: list[Request] = []
+    prefilling: list[Request] = []
+    for req in order:  # (one pass: each request's token count is read once)
+        (prefilling if req.num_uncomputed_tokens > 1 else decoding).append(req)
+    return decoding + prefilling if prefilling else order
+
+
+def schedules_prompt_chunk(plan: StepPlan) -> bool:
+    """Does the step schedule a prompt chunk (more than one token for a request)?"""
+    return max(plan.num_scheduled_tokens, default=0) > 1
+
+
+def empties_queue(plan: StepPlan) -> bool:
+    """Does the step schedule every waiting and swapped request (none is left queued)?"""
+    if not (plan.waiting or plan.swapped):
+        return True
+    scheduled = plan.is_scheduled
+    return all(map(scheduled, plan.waiting)) and all(map(scheduled, plan.swapped))
+
+
+def running_fill_budget(plan: StepPlan) -> bool:
+    """Do the running requests' remaining tokens fill the step's token budget? (Stops
+    counting once they do: a long prompt's chunk usually does at once.)"""
+    left = plan.token_budget
+    for req in plan.running:
+        left -= req.num_uncomputed_tokens
+        if left <= 0:
+            return True
+    return left <= 0

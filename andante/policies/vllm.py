@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from andante.engine.fast_path import FastPathDefaults
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy
 from andante.policies.phases import (
@@ -28,7 +29,7 @@ from andante.policies.phases import (
 )
 
 
-class VLLMPolicy(BasePolicy):
+class VLLMPolicy(BasePolicy, FastPathDefaults):
     name = "vllm"
     stationary = True  # queue order and blocks alone decide: same state, same decision
     chunks_prefill = True  # `budgeted`: any prompt advances by the budget left

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from andante.core.request import Request
+from andante.engine.fast_path import FastPathDefaults
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.policies.phases import (
@@ -27,7 +28,7 @@ from andante.policies.phases import (
 )
 
 
-class OrderedPolicy(BasePolicy):
+class OrderedPolicy(BasePolicy, FastPathDefaults):
     name = "ordered"
     preempts_for_waiting: ClassVar[bool] = False  # may arrivals preempt worse running ones?
     sorts_running: ClassVar[bool] = False  # else admission order: the newest is the victim

@@ -257,7 +257,7 @@ def _model_parts(path: str | None, opts: EngineOptions, loaded: Any = None
     from andante.models import load_model
 
     loaded = loaded or load_model(path, opts.dtype)
-    token_bytes = loaded.config.kv_bytes_per_token(4 if opts.dtype == "float32" else 2)
+    token_bytes = loaded.config.with_dtype(4 if opts.dtype == "float32" else 2).kv_bytes_per_token
     kv_gib = opts.kv_cache_gib
     if opts.num_kv_blocks is not None:
         kv_gib = (opts.num_kv_blocks + 0.5) * token_bytes * opts.block_size / GIB

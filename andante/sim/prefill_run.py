@@ -4,21 +4,21 @@
 Design note: with chunked prefill (vLLM v1's loop; Sarathi-Serve, Agrawal et al., OSDI
 2024, §4 stall-free batching, whose 512-token budget splits most prompts) a long prompt
 takes several steps, each holding one decode token of every other running request and a
-chunk of the prompt as large as the budget left. A policy declares
-`prefill_run_budget` > 0 (the token budget of its next steps) when its step is "every
-running request, each by its uncomputed tokens capped by the budget left" (the decodes
-in any order, the prefill last), replaying in `on_prefill_run` any per-step state it
-keeps (Andes' QoE and latency state). Then, after a step that advanced every running
-request, the last by a chunk of its prompt and the others by a decode token, the same
-batch certainly follows, only the chunk's position moving, while that request has more
-than a chunk left: the chunk spends the budget, so no waiting or swapped request can
-join, and the decodes stop only by a length limit (`num_tokens_before_length_stop`).
-(vLLM's budget is fixed; Andes' grows with the running requests, one token each, so
-the step that admitted the prompt had a chunk one token shorter.) The final chunk,
-shorter, leaves budget over; it joins the run when nothing waits or is swapped (nobody
-could take it), and samples the request's first token. The run ends before the next
-arrival, as a decode run, and holds as many steps as find their blocks free (reserved
-when it begins). Tests check that timelines are identical with and without.
+chunk of the prompt as large as the budget left. A policy declares `prefill_run_budget`
+> 0 (andante.engine.fast_path: the token budget of its next steps) when its step is
+"every running request, each by its uncomputed tokens capped by the budget left" (the
+decodes in any order, the prefill last), replaying in `on_prefill_run` any per-step
+state it keeps (Andes' QoE and latency state). Then, after a step that advanced every
+running request, the last by a chunk of its prompt and the others by a decode token, the
+same batch certainly follows, only the chunk's position moving, while that request has
+more than a chunk left: the chunk spends the budget, so no waiting or swapped request
+can join, and the decodes stop only by a length limit (`num_tokens_before_length_stop`).
+(vLLM's budget is fixed; Andes' grows with the running requests, one token each, so the
+step that admitted the prompt had a chunk one token shorter.) The final chunk, shorter,
+leaves budget over; it joins the run when nothing waits or is swapped (nobody could take
+it), and samples the request's first token. The run ends before the next arrival, as a
+decode run, and holds as many steps as find their blocks free (reserved when it begins).
+Tests check that timelines are identical with and without.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 from andante.core.request import Request, RequestStatus
+from andante.engine.fast_path import SimFastPath
 from andante.engine.scheduler import Scheduler
 from andante.engine.stopping import num_tokens_before_length_stop
 from andante.exec.batch import StepBatch
@@ -34,10 +35,12 @@ from andante.perf.shape import BatchShape
 _RUNNING = RequestStatus.RUNNING
 
 
-def prefill_run_chunks(scheduler: Scheduler, batch: StepBatch) -> list[int]:
+def prefill_run_chunks(scheduler: Scheduler, fast: SimFastPath, batch: StepBatch,
+                       ) -> list[int]:
     """The prefill chunks of the last running request in the steps certain to follow
-    `batch` (just applied), one per step; [] when no prefill run applies."""
-    budget = scheduler.policy.prefill_run_budget
+    `batch` (just applied) under the scheduler's policy `fast`, one per step; [] when no
+    prefill run applies."""
+    budget = fast.prefill_run_budget
     running = scheduler.running
     if budget <= 0 or not running or batch.swap_out or batch.swap_in:
         return []  # (a budget > 0: the policy vouches for its next steps)
@@ -55,7 +58,7 @@ def prefill_run_chunks(scheduler: Scheduler, batch: StepBatch) -> list[int]:
     if any(r.status != _RUNNING or r.num_uncomputed_tokens != 1 for r in decodes):
         return []
     others_wait = bool(scheduler.waiting or scheduler.swapped)
-    chunks = scheduler.policy.prefill_run_chunks(running, others_wait)  # None: the budget's
+    chunks = fast.prefill_run_chunks(running, others_wait)  # None: the budget's
     if chunks is None:
         num_full = (left - 1) // chunk  # steps that leave some of the prompt
         chunks = [chunk] * num_full
@@ -103,11 +106,11 @@ def steps_within_limit(durations: list[float], limit: float) -> int:
     return next((k for k, d in enumerate(durations) if d > limit), len(durations))
 
 
-def fit_prefill_blocks(scheduler: Scheduler, chunks: list[int]) -> int:
-    """The largest k <= len(chunks) whose k steps find all their blocks free (leaving
-    the policy's `decode_run_reserve_blocks`)."""
+def fit_prefill_blocks(scheduler: Scheduler, chunks: list[int], reserve: int = 0) -> int:
+    """The largest k <= len(chunks) whose k steps find all their blocks free, leaving
+    `reserve` (the policy's `decode_run_reserve_blocks`)."""
     running = scheduler.running
-    free = scheduler.kv.num_free_device_blocks - scheduler.policy.decode_run_reserve_blocks
+    free = scheduler.kv.num_free_device_blocks - reserve
     lo, hi = 0, len(chunks)
     if hi and _need(scheduler, running, chunks, hi) <= free:
         return hi  # (the common case: one count)

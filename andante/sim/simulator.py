@@ -44,6 +44,7 @@ from andante.cluster.qlm.tiers import ModelSwap, ModelTiers
 from andante.core.clock import ManualClock
 from andante.core.request import Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
+from andante.engine.fast_path import SimFastPath
 from andante.engine.policy import BasePolicy
 from andante.engine.stopping import num_tokens_before_length_stop
 from andante.exec.base import DecodeRunExecutor
@@ -107,6 +108,7 @@ class SimInstance(LaterOperations):
         self.kick_pending = False
         self.hooks = SimHooks()
         self._report: tuple[tuple[float, int, int, int, int], LoadReport] | None = None
+        self._fast: tuple[object, SimFastPath | None] = (None, None)  # see `fast_path`
         self._init_models()
 
     def _init_models(self) -> None:
@@ -290,6 +292,15 @@ class SimInstance(LaterOperations):
         self.stats.busy_time += result.duration
         return now + result.duration
 
+    def fast_path(self) -> SimFastPath | None:
+        """The engine's policy where it implements the simulator's fast paths
+        (andante.engine.fast_path); None: every step is simulated. Checked once per
+        engine (a model swap builds another)."""
+        policy = self.engine.scheduler.policy
+        if self._fast[0] is not policy:
+            self._fast = (policy, policy if isinstance(policy, SimFastPath) else None)
+        return self._fast[1]
+
     def begin_decode_run(self, runs: DecodeRunExecutor, batch: StepBatch,
                          times: list[float], durations: list[float]) -> None:
         """Start the run of identical decode steps of `batch` ending at `times` (each
@@ -329,15 +340,16 @@ class SimInstance(LaterOperations):
                            durations: list[float], token_id: int, start: float,
                            chunks: list[int]) -> tuple[StepBatch, StepOutput]:
         self.decode_run = None
-        requests, engine = batch.requests, self.engine
+        requests, engine, fast = batch.requests, self.engine, self.fast_path()
+        assert fast is not None  # (a run began: the policy offers runs)
         if chunks:
             got = record_prefill_run(engine.scheduler, engine.scheduler.running, chunks,
                                      token_id, times)
-            engine.scheduler.policy.on_prefill_run(batch, chunks, times, durations)
+            fast.on_prefill_run(batch, chunks, times, durations)
         else:
             got = engine.scheduler.record_tokens(requests, repeat(len(times)),
                                                  repeat(token_id), *times)
-            engine.scheduler.policy.on_decode_run(batch, durations)
+            fast.on_decode_run(batch, durations)
         result = StepResult([token_id] * len(requests), times[-1] - start)
         output = StepOutput(batch, result, got, [r for r in got if r.is_finished], len(times))
         engine.notify(output)
@@ -500,18 +512,24 @@ class Simulator(SimHooks):
             self._start_step(inst)
 
     def _run_next(self, inst: SimInstance, batch: StepBatch, finished: bool) -> bool:
-        """Start the run of steps certain to follow `batch` (just applied), if any."""
-        if not finished and self._decode_run(inst, batch):
+        """Start the run of steps certain to follow `batch` (just applied), if any: only
+        where the instance's executor and its policy offer runs
+        (andante.engine.fast_path)."""
+        fast = inst.fast_path()
+        if inst.runs is None or fast is None:
+            return False
+        if not finished and self._decode_run(inst, fast, batch):
             return True
         if not self._only_arrivals_add():
             return False
-        if not finished and self._prefill_run(inst, batch):
+        if not finished and self._prefill_run(inst, fast, batch):
             return True
         # a finish, or prefills that completed: all that runs may now be decodes
-        after = batch_after_finish(inst.engine.scheduler)
-        return after is not None and self._decode_run(inst, after, next_batch=True)
+        after = batch_after_finish(inst.engine.scheduler, fast)
+        return after is not None and self._decode_run(inst, fast, after, next_batch=True)
 
-    def _decode_run(self, inst: SimInstance, batch: StepBatch, next_batch: bool = False) -> bool:
+    def _decode_run(self, inst: SimInstance, fast: SimFastPath, batch: StepBatch,
+                    next_batch: bool = False) -> bool:
         """Apply the identical decode steps that certainly follow `batch` (just applied;
         `next_batch`: the batch of the next step, andante.sim.after_finish) before the
         next arrival (or late drop); True if any were applied (the instance is then busy
@@ -520,7 +538,7 @@ class Simulator(SimHooks):
         if executor is None:
             return False
         max_steps = num_tokens_before_length_stop(batch.requests, scheduler.max_num_tokens) \
-            if next_batch else decode_run_limit(scheduler, batch)
+            if next_batch else decode_run_limit(scheduler, fast, batch)
         if max_steps == 0:
             return False
         now = self.clock.now()
@@ -531,7 +549,7 @@ class Simulator(SimHooks):
         durations = executor.decode_run_durations(batch, max_steps,
                                                   min(stop_at, self._until) - now)
         times = self._run_times(durations, inst)
-        del times[fit_blocks(scheduler, batch, len(times)):]
+        del times[fit_blocks(scheduler, batch, len(times), fast.decode_run_reserve_blocks):]
         if not times:
             return False
         inst.begin_decode_run(executor, batch, times, durations[:len(times)])
@@ -557,9 +575,9 @@ class Simulator(SimHooks):
         (`arrivals_commute_with_runs`, or none of its own)."""
         if len(self.instances) > 1 or inst.host.dropper is not None:
             return False
-        policy = inst.engine.scheduler.policy
-        commutes = type(policy).on_arrival is BasePolicy.on_arrival or bool(
-            getattr(policy, "arrivals_commute_with_runs", False))
+        policy, fast = inst.engine.scheduler.policy, inst.fast_path()
+        commutes = type(policy).on_arrival is BasePolicy.on_arrival or (
+            fast is not None and fast.arrivals_commute_with_runs)
         return commutes and self._only_arrivals_add()
 
     def _run_times(self, durations: list[float], inst: SimInstance) -> list[float]:
@@ -584,13 +602,13 @@ class Simulator(SimHooks):
             times.append(t)
         return times
 
-    def _prefill_run(self, inst: SimInstance, batch: StepBatch) -> bool:
+    def _prefill_run(self, inst: SimInstance, fast: SimFastPath, batch: StepBatch) -> bool:
         """Apply the steps of a chunked prefill beside decodes that certainly follow
         `batch` (andante.sim.prefill_run); True if any were applied."""
         executor, scheduler = inst.runs, inst.engine.scheduler
         if executor is None:
             return False
-        chunks = prefill_run_chunks(scheduler, batch)
+        chunks = prefill_run_chunks(scheduler, fast, batch)
         if not chunks:
             return False
         self._stop_at = self._next_arrival
@@ -600,8 +618,9 @@ class Simulator(SimHooks):
         shapes = prefill_run_shapes(scheduler.running, chunks)
         durations = executor.prefill_run_durations(shapes, budget)
         times = self._run_times(durations, inst)
-        del times[steps_within_limit(durations, scheduler.policy.run_step_limit):]
-        del times[fit_prefill_blocks(scheduler, chunks[:len(times)]):]
+        del times[steps_within_limit(durations, fast.run_step_limit):]
+        del times[fit_prefill_blocks(scheduler, chunks[:len(times)],
+                                     fast.decode_run_reserve_blocks):]
         if not times:
             return False
         inst.begin_prefill_run(executor, batch, times, durations[:len(times)],

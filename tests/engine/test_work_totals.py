@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from andante.core import PreemptionMode
 from andante.core.clock import ManualClock
 from andante.engine.engine import Engine
+from andante.engine.fast_path import SimFastPath
 from andante.sim.decode_run import decode_run_limit, fit_blocks, reserve_blocks
 from tests.engine.helpers import make_engine, make_request
 
@@ -56,7 +57,10 @@ def _decode_run(engine: Engine, clock: ManualClock, num_steps: int) -> None:
     clock.advance_to(clock.now() + result.duration)
     engine.finish_step(batch, result)
     sched = engine.scheduler
-    k = fit_blocks(sched, batch, min(num_steps, decode_run_limit(sched, batch)))
+    fast = sched.policy
+    assert isinstance(fast, SimFastPath)
+    k = fit_blocks(sched, batch, min(num_steps, decode_run_limit(sched, fast, batch)),
+                   fast.decode_run_reserve_blocks)
     if k:
         reserve_blocks(sched, batch, k)
         times = [clock.now() + 0.01 * (i + 1) for i in range(k)]

@@ -18,7 +18,7 @@ GIB = 1 << 30
 
 
 def kv_gib_for_blocks(model: LoadedModel, num_blocks: int, block_size: int = 16) -> float:
-    return num_blocks * block_size * model.config.kv_bytes_per_token(4) / GIB
+    return num_blocks * block_size * model.config.with_dtype(4).kv_bytes_per_token / GIB
 
 
 def tiny_executor(model: LoadedModel, device_blocks: int = 64, host_blocks: int = 64,

@@ -126,7 +126,7 @@ def test_bfloat16_runs_and_mostly_agrees(tiny_llama: Path, reference) -> None:  
 def test_num_kv_blocks_from_memory_budget(tiny) -> None:  # type: ignore[no-untyped-def]
     executor = TorchExecutor(tiny, TorchExecutorOptions(dtype="float32", kv_cache_gib=0.001,
                                                         swap_space_gib=0.002))
-    per_block = tiny.config.kv_bytes_per_token(4) * 16
+    per_block = tiny.config.with_dtype(4).kv_bytes_per_token * 16
     device, host = executor.num_kv_blocks(16)
     assert device == int(0.001 * (1 << 30) // per_block) > 0
     assert host == int(0.002 * (1 << 30) // per_block)

@@ -1,4 +1,4 @@
-"""`andes/carry.py`: a chunked step's decode order puts the streams before the prompts
+"""`phases.decodes_first`: a chunked step's decode order puts the streams before the prompts
 still prefilling, keeping each group's order."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from andante.policies.andes.carry import decodes_first
+from andante.policies.phases import decodes_first
 from tests.engine.helpers import make_request
 
 

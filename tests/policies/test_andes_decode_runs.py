@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from andante.core.sampling import SLO
 from andante.policies import SchedulerConfig
-from andante.policies.andes.gain import RequestTable
+from andante.policies.andes.qoe import RequestTable
 from andante.sim import ClusterSpec, build_simulator
 from andante.workload import WorkloadConfig, build_workload, to_requests
 from andante.workload.slo import SLOConfig

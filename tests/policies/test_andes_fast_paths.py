@@ -48,8 +48,8 @@ def _order_queue_scoring_all(self, plan, view):  # type: ignore[no-untyped-def]
     """`_order_queue` scoring the queue whatever its size (the full computation)."""
     import numpy as np
 
-    from andante.policies.andes.carry import Decision
-    from andante.policies.andes.solver import top_order
+    from andante.policies.andes.knapsack import priority, top_order
+    from andante.policies.andes.policy import Decision
 
     nr = view.num_running
     buffered = self.table.buffered(view.idx[:nr], plan.now)
@@ -58,8 +58,8 @@ def _order_queue_scoring_all(self, plan, view):  # type: ignore[no-untyped-def]
     if len(view) == nr or self._admits_nobody(plan, view, buffered):
         return decision
     tau, gain, starved = self._queue_scores(plan, view)
-    prio = self.priority(gain, view.weight[view.queued], view.kind[view.queued],
-                         None if starved is None else starved[view.queued])
+    prio = priority(gain, view.weight[view.queued], view.kind[view.queued], self.options,
+                    None if starved is None else starved[view.queued])
     order = top_order(prio, plan.config.max_num_seqs) + nr
     decision.admits = [view.reqs[i] for i in order]
     o = self.options
@@ -73,8 +73,8 @@ def _order_queue_scoring_all(self, plan, view):  # type: ignore[no-untyped-def]
     if len(victims) or (o.refiner and self.refine_admissions and nr):
         gains = np.zeros(len(view))
         gains[view.queued] = gain
-        decision.admits, decision.victims = self.refine(plan, view, order, victims, gains,
-                                                        tau, starved)
+        decision.admits, decision.victims = self.refiner.refine(plan, view, order, victims,
+                                                                gains, tau, starved)
     return decision
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from andante.core.sampling import SLO
 from andante.metrics.qoe import qoe
-from andante.policies.andes.gain import NO_LATENESS, RequestTable, Streams, objective_gain, qoe_at
+from andante.policies.andes.qoe import NO_LATENESS, RequestTable, Streams, objective_gain, qoe_at
 from tests.engine.helpers import make_request
 
 DT = 10.0

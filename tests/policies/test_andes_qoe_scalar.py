@@ -1,4 +1,4 @@
-"""The plain-Python QoE path for few streams (qoe_scalar.py) equals the vectorized one
+"""The plain-Python QoE path for few streams (`qoe.qoe_wait_served_small`) equals the vectorized one
 bit for bit, on random stream summaries, timelines and serving plans."""
 
 from __future__ import annotations
@@ -7,8 +7,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from andante.policies.andes.gain import NO_LATENESS, Streams, qoe_wait_served
-from andante.policies.andes.qoe_scalar import SMALL_STREAMS, qoe_wait_served_small
+from andante.policies.andes.qoe import (
+    NO_LATENESS,
+    SMALL_STREAMS,
+    Streams,
+    qoe_wait_served,
+    qoe_wait_served_small,
+)
 
 _streams_of = st.lists(st.tuples(
     st.floats(0.0, 30.0), st.sampled_from([0.05, 0.1, 0.2, 1 / 3, 0.5]),

@@ -1,5 +1,6 @@
-"""`solver.py`: the knapsack solvers (Alg. 1, Appendix C), §4.2's batch-size pruning and
-the overhead-aware refiner's pairing and acceptance (§4.3), in isolation."""
+"""`knapsack.py` and `refiner.py`: the knapsack solvers (Alg. 1, Appendix C), §4.2's
+batch-size pruning and the overhead-aware refiner's pairing and acceptance (§4.3), in
+isolation."""
 
 from __future__ import annotations
 
@@ -8,18 +9,15 @@ import itertools
 import numpy as np
 import pytest
 
-from andante.policies.andes.solver import (
-    MAX_EXACT,
-    Pair,
-    accepted_prefix,
+from andante.policies.andes.knapsack import (
     batch_candidates,
     batch_range,
     dp_pack,
     fill,
     greedy_pack,
-    pair_up,
     top_order,
 )
+from andante.policies.andes.refiner import MAX_EXACT, Pair, accepted_prefix, pair_up
 
 
 def _brute(gain: np.ndarray, weight: np.ndarray, capacity: float, batch: int) -> float:

@@ -42,10 +42,11 @@ def test_not_for_policies_that_reorder_their_batch(policy: str) -> None:
     workload = build_workload(WorkloadConfig(kind="poisson", rate=0.5, num_requests=10,
                                              lengths="fixed:32:40", seed=1))
     sim = build_simulator(ClusterSpec(policy=policy))
-    engine = sim.instances[0].engine
+    engine, fast = sim.instances[0].engine, sim.instances[0].fast_path()
+    assert fast is not None
     seen: list[bool] = []
     engine.add_observer(lambda out, stats: seen.append(
-        batch_after_finish(engine.scheduler) is not None))
+        batch_after_finish(engine.scheduler, fast) is not None))
     sim.run(to_requests(workload))
     assert seen and not any(seen)
 

@@ -69,10 +69,11 @@ def test_no_prefill_run_for_a_policy_that_does_not_declare_it() -> None:
                                              lengths="uniform:500:3000:1:100", seed=1))
     spec = ClusterSpec(policy="vllm-v0")
     sim = build_simulator(spec)
-    engine = sim.instances[0].engine
+    engine, fast = sim.instances[0].engine, sim.instances[0].fast_path()
+    assert fast is not None
     seen: list[list[int]] = []
     engine.add_observer(lambda out, stats: seen.append(
-        prefill_run_chunks(engine.scheduler, out.batch)))
+        prefill_run_chunks(engine.scheduler, fast, out.batch)))
     sim.run(to_requests(workload))
     assert seen and not any(seen)
 

@@ -1,84 +1,85 @@
 """`andes`: QoE-aware token-level preemptive scheduling (Andes, §4).
 
 Design note. Every step the policy sees running, waiting and swapped requests as
-numpy arrays (`View`) over incrementally kept QoE state (`gain.py`). When the system
-is memory-bound (KV usage >= watermark with requests queued) or compute-bound (the
-observed token latency exceeds the most stringent reader's pace) — selective
-triggering, §4.2, considered every `solver_interval` steps — it solves the knapsack of
-Eq. 5 for each candidate batch size B in [B_min, B_max] (greedy Alg. 1 or the DP of
-Appendix C), keeps the best, and lets the overhead-aware refiner (§4.3) decide which
-admission/preemption pairs are worth their cost. Otherwise it orders the queue by QoE
-gain per KV block and admits in that order, through the same refiner (a prefill stalls
-the running streams); a reader whose pacer holds more than Δt of text (its gain over Δt
-is 0) may then be preempted to admit a queued request (§3.2: the scheduler and the
-token pacer are one design). With `chunked_prefill=False` steps are prefill-first as in
-vLLM v0, where Andes is implemented (§5): the chosen victims are preempted, the chosen
-waiting and swapped requests admitted in priority order until one does not fit
-(Algorithm 1's `break`), and only if no prefill was scheduled every running request
-advances by one token, the lowest-priority one preempted when blocks run dry — the
-shared loops of `phases.py`. With chunked prefill (the default; issue 14) the same
-decision is carried out as vLLM v1 / Sarathi-Serve steps: the running requests advance
-first, the admissions then take prefill chunks from what is left of the step's token
-budget, so a long prompt no longer stalls every stream for its whole prefill.
+numpy arrays (`knapsack.View`) over incrementally kept QoE state (`qoe.RequestTable`).
+When the system is memory-bound (KV usage >= watermark with requests queued) or
+compute-bound (the observed token latency exceeds the most stringent reader's pace) —
+selective triggering, §4.2, considered every `solver_interval` steps — it solves the
+knapsack of Eq. 5 for each candidate batch size B in [B_min, B_max] (greedy Alg. 1 or
+the DP of Appendix C: `knapsack.solve`), keeps the best, and lets the overhead-aware
+refiner (§4.3, `refiner.OverheadRefiner`) decide which admission/preemption pairs are
+worth their cost. Otherwise it orders the queue by QoE gain per KV block and admits in
+that order, through the same refiner (a prefill stalls the running streams); a reader
+whose pacer holds more than Δt of text (its gain over Δt is 0) may then be preempted to
+admit a queued request (§3.2: the scheduler and the token pacer are one design). With
+`chunked_prefill=False` steps are prefill-first as in vLLM v0, where Andes is
+implemented (§5): the chosen victims are preempted, the chosen waiting and swapped
+requests admitted in priority order until one does not fit (Algorithm 1's `break`), and
+only if no prefill was scheduled every running request advances by one token, the
+lowest-priority one preempted when blocks run dry — the shared loops of `phases.py`.
+With chunked prefill (the default; issue 14) the same decision is carried out as vLLM
+v1 / Sarathi-Serve steps: the running requests advance first, the admissions then take
+prefill chunks from what is left of the step's token budget, so a long prompt no longer
+stalls every stream for its whole prefill. The helpers (`qoe`, `knapsack`, `refiner`,
+`phases`) never call back into the policy: one decision reads top to bottom here.
 
-The simulator's fast paths (declaring decode and prefill runs, replaying their state)
-are `runs.py`'s `RunReplay`, the overhead-aware refiner (§4.3) `refiner.py`'s
-`OverheadRefiner`, both mixins of `AndesPolicy` over its state; carrying a decision out
-through the shared loops is `carry.py`.
+The simulator's fast paths (`SimFastPath`, andante.engine.fast_path; Andes §4.2
+selective triggering and §3.1 the request tracker, replayed). Decode runs: with nothing
+queued the decision is "decode every running request" until an arrival, a finish or a
+block shortage, whatever the time, so the policy declares itself `stationary` then and
+replays, when the run ends, what `on_step_end` and its selective-triggering count would
+have recorded for the steps the simulator applied at once (bit-identical state; tests
+compare both modes). Without the refiner (LQSF) it is stationary too, leaving the
+admission watermark free (see `_declare_stationary`). Prefill runs are replayed alike:
+the decodes' tokens, the prompt chunks' latency observations and the triggering count
+(`_declare_queued_run` says when a queued step's successors decide the same).
+`decode_order` and `decode_budget` serve the runs that follow a finish.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from andante.core.request import PreemptionMode, Request, RequestStatus
+from andante.engine.fast_path import FastPathDefaults
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
-from andante.policies.andes.carry import (
-    Decision,
-    carry_out,
-    decodes_first,
-    empties_queue,
-    schedules_prompt_chunk,
-)
-from andante.policies.andes.gain import (
-    RequestTable,
-    Streams,
-    objective_gain,
-    qoe_at,
-    qoe_wait_served,
-)
-from andante.policies.andes.latency import LatencyModel
-from andante.policies.andes.options import AndesOptions
-from andante.policies.andes.refiner import OverheadRefiner
-from andante.policies.andes.runs import RunReplay
-from andante.policies.andes.solver import (
+from andante.kv.block_manager import max_new_blocks_for
+from andante.policies.andes.knapsack import (
     RUNNING,
-    Packing,
+    LatencyModel,
+    Solution,
     View,
     ascending,
-    batch_candidates,
-    batch_range,
-    dp_pack,
-    fill,
-    greedy_pack,
+    priority,
+    solve,
+    starvation,
     top_order,
 )
+from andante.policies.andes.options import AndesOptions
+from andante.policies.andes.qoe import RequestTable, qoe_gain
+from andante.policies.andes.refiner import OverheadRefiner
 from andante.policies.phases import (
     TokenCount,
+    admit_and_swap_in,
     advance_with_preemption,
     budgeted,
+    decodes_first,
+    empties_queue,
     remaining_tokens,
+    running_fill_budget,
+    schedules_prompt_chunk,
 )
 
-RUNNING_TIE = 1e-12  # running requests win ties (a zero-gain request costs nothing kept)
-STARVED = 1e6  # above any gain per block: a starved request goes first
+_NUM_COMPUTED = attrgetter("num_computed_tokens")
 
 
 @dataclass(slots=True)
@@ -86,10 +87,21 @@ class AndesStats:
     num_solves: int = 0  # knapsack invocations (selective triggering let them run)
 
 
-class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
+@dataclass(slots=True)
+class Decision:
+    admits: list[Request] = field(default_factory=list)  # in the order to try
+    victims: list[Request] = field(default_factory=list)  # preempt now
+    decode_order: list[Request] = field(default_factory=list)  # highest priority first
+
+
+class AndesPolicy(BasePolicy, FastPathDefaults):
     name = "andes"
     Options = AndesOptions
     chunks_prefill = AndesOptions().chunked_prefill  # per instance: the option's value
+    #: `on_arrival` only gives the new request a table slot of its own, which no run's
+    #: replay reads or writes (and a run's only finishes are at its end), so a run may
+    #: end with the step that straddles an arrival (andante.sim.simulator `_straddles`).
+    arrivals_commute_with_runs = True
 
     @classmethod
     def preemption_options(cls, mode: PreemptionMode) -> dict[str, Any]:
@@ -99,6 +111,7 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         self._init_state()
+        self._init_runs()
 
     def _init_state(self) -> None:
         self.chunks_prefill = self.options.chunked_prefill
@@ -111,10 +124,18 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         self.table = RequestTable()
         self.latency = LatencyModel(self.ctx.cost_model, self.ctx.config,
                                     self.options.latency_ema)
+        self.refiner = OverheadRefiner(self.options, self.latency, self.refine_admissions)
         self.stats = AndesStats()
         self._since_solve = self.options.solver_interval
         self._prefilling = False  # the last step scheduled a prompt chunk
-        self._init_runs()
+
+    def _init_runs(self) -> None:
+        self.stationary = False  # see `_declare_stationary`
+        self.decode_run_reserve_blocks = 0  # the watermark, without the refiner (`schedule`)
+        self._run_min_inv = 0.0  # the running requests' least 1/tds when a run began
+        self._run_token_budget = 0  # the token budget of the steps a run stands for
+        self._queued_run = False  # see `_declare_queued_run`
+        self.run_step_limit = math.inf
 
     # ---- hooks ----------------------------------------------------------------------
     def on_arrival(self, req: Request) -> None:
@@ -176,7 +197,8 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
                 self.latency.token_latency > min_inv):
             return False
         running = plan.running
-        if self._may_run_short(plan):
+        # may the next tokens (a block each, the prompt chunks the budget allows) run short?
+        if plan.num_free_blocks < len(running) + plan.max_new_blocks_for(plan.token_budget):
             decode_order = [running[i] for i in ascending(self.table.buffered(idx, plan.now))]
         else:  # every request finds its blocks: the order decides nothing
             decode_order = list(running)
@@ -185,7 +207,8 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
             num_tokens = budgeted(plan)
             if self._prefilling:
                 decode_order = decodes_first(decode_order)
-        advance_with_preemption(plan, decode_order, num_tokens, partial(self._mode_for, plan))
+        advance_with_preemption(plan, decode_order, num_tokens,
+                                partial(self.refiner.mode_for, plan))
         self._prefilling = schedules_prompt_chunk(plan)
         self._declare_stationary(plan, min_inv)
         return True
@@ -198,82 +221,36 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
             return min(cap, num_running + self.options.chunk_tokens)
         return cap
 
-    def _may_run_short(self, plan: StepPlan) -> bool:
-        """Could the running requests' next tokens need more blocks than are free (one
-        each, plus the prompt chunks the budget allows)?"""
-        return self._runs_short(len(plan.running), plan.token_budget, plan.num_free_blocks)
-
-    def _runs_short(self, num_running: int, token_budget: int, num_free_blocks: int) -> bool:
-        need = num_running + token_budget // self.ctx.config.block_size + 1
-        return num_free_blocks < need
-
-
     def _triggered(self, plan: StepPlan, view: View) -> bool:
         """Selective triggering (§4.2)."""
         if self._since_solve < self.options.solver_interval or not view.num_running:
             return False
-        used = 1.0 - plan.num_free_blocks / max(1, plan.num_total_blocks)
-        if used >= self.options.watermark and len(view) > view.num_running:
+        if plan.kv_usage >= self.options.watermark and len(view) > view.num_running:
             return True
         return self.latency.token_latency > float(view.streams.inv.min())
 
-    # ---- the knapsack (§4.2) --------------------------------------------------------
+    # ---- the knapsack (§4.2) and the refiner (§4.3) ---------------------------------
     def _solve(self, plan: StepPlan, view: View) -> Decision:
-        """Eq. 5 for every candidate B; the B of the largest total gain wins (ties: the
-        larger B). M is what the running requests hold plus the free blocks, less the
-        block manager's admission watermark."""
+        """The knapsack's best B over M, what the running requests hold plus the free
+        blocks, less the block manager's admission watermark. Its chosen queued
+        requests become admissions in priority order, its unchosen running ones
+        candidate victims from the lowest priority up. Without the refiner every victim
+        is preempted, as the knapsack decided; with it, a victim that no kept admission
+        needs the memory of keeps running (pausing it would hold its KV and its sequence
+        slot while serving nobody)."""
         nr = view.num_running
-        capacity = plan.num_free_blocks + float(view.weight[:nr].sum()) - plan.watermark_blocks
-        batches = self._batches(plan, view, capacity)
-        tau = self.latency.tau(batches)[:, None]
-        gains = self.gain(view.streams, plan.now, view.first_delay(tau), tau, view)
-        best: Packing | None = None
-        best_k = 0
-        starved = self.starved(view, plan.now)
-        for k, batch in enumerate(batches):
-            packing = self._pack(view, gains[k], capacity, int(batch), starved)
-            if best is None or packing.value >= best.value:
-                best, best_k = packing, k
-        assert best is not None
-        return self._decide(plan, view, best, gains[best_k], float(tau[best_k, 0]), starved)
-
-    def _batches(self, plan: StepPlan, view: View, capacity: float) -> np.ndarray:
-        """§4.2's candidate batch sizes (only B_max without the search)."""
-        o = self.options
-        max_seqs = plan.config.max_num_seqs
-        fast = max_seqs
-        if o.batch_search:
-            fast = self.latency.fastest_batch_within(float(view.streams.inv.min()))
-        b_min, b_max = batch_range(view.weight, capacity, max_seqs, fast)
-        return batch_candidates(b_min, b_max, o.max_batch_candidates)
-
-    def _pack(self, view: View, gain: np.ndarray, capacity: float, batch: int,
-              starved: np.ndarray | None = None) -> Packing:
-        o = self.options
-        prio = self.priority(gain, view.weight, view.kind, starved)
-        if o.solver == "dp":
-            packing = dp_pack(prio, gain, view.weight, capacity, batch, o.dp_max_items,
-                              o.dp_capacity_units)
-            return fill(packing, prio, view.weight, capacity)
-        return greedy_pack(prio, gain, view.weight, capacity, batch)
-
-    def _decide(self, plan: StepPlan, view: View, best: Packing, gain: np.ndarray,
-                tau: float, starved: np.ndarray | None = None) -> Decision:
-        """Chosen queued requests become admissions in priority order, unchosen running
-        ones candidate victims from the lowest priority up. Without the refiner every
-        victim is preempted, as the knapsack decided; with it, a victim that no kept
-        admission needs the memory of keeps running (pausing it would hold its KV and
-        its sequence slot while serving nobody)."""
-        nr = view.num_running
-        prio = self.priority(gain, view.weight, view.kind, starved)
-        chosen = best.chosen
+        capacity = plan.num_free_blocks_above_watermark + float(view.weight[:nr].sum())
+        starved = starvation(view, plan.now, self.starvation_limit)
+        best: Solution = solve(view, self.latency, self.options, capacity,
+                               plan.config.max_num_seqs, plan.now, starved)
+        prio, chosen = best.priority, best.packing.chosen
         selected = np.zeros(len(view), dtype=bool)
         selected[chosen] = True
         admits = chosen[view.kind[chosen] != RUNNING]
         dropped = np.flatnonzero(~selected[:nr])
         victims = dropped[np.argsort(prio[dropped], kind="stable")]
-        admit_reqs, victim_reqs = self.refine(plan, view, admits, victims, gain, tau,
-                                              starved)
+        admit_reqs, victim_reqs = self.refiner.refine(plan, view, admits, victims,
+                                                      best.gain, best.tau, starved)
         if not self.options.refiner:
             cap = self.options.max_preemptions
             victim_reqs = [view.reqs[i] for i in (victims if cap is None else victims[:cap])]
@@ -297,8 +274,8 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
             order = np.array([nr])
         else:
             scores = tau, gain, starved = self._queue_scores(plan, view)
-            prio = self.priority(gain, view.weight[view.queued], view.kind[view.queued],
-                                 None if starved is None else starved[view.queued])
+            prio = priority(gain, view.weight[view.queued], view.kind[view.queued],
+                            self.options, None if starved is None else starved[view.queued])
             order = top_order(prio, plan.config.max_num_seqs) + nr
         decision.admits = [view.reqs[i] for i in order]
         o = self.options
@@ -314,20 +291,21 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
             tau, gain, starved = scores or self._queue_scores(plan, view)
             gains = np.zeros(len(view))
             gains[view.queued] = gain
-            decision.admits, decision.victims = self.refine(
+            decision.admits, decision.victims = self.refiner.refine(
                 plan, view, order, victims, gains, tau, starved)
         return decision
 
     def _queue_scores(self, plan: StepPlan, view: View,
                       ) -> tuple[float, np.ndarray, np.ndarray | None]:
         """τ at the current batch size, the queued requests' gains and every view
-        position's starvation (`starved`)."""
+        position's starvation (`knapsack.starvation`)."""
         nr = view.num_running
         tau = self.latency.tau(max(1, nr))
         queued = view.queued  # (a slice: views of the arrays, no gathers)
-        gain = self.gain(view.streams.select(queued), plan.now,
-                         view.base[queued] + view.step[queued] * tau, tau, view)
-        return float(tau), gain, self.starved(view, plan.now)
+        gain = qoe_gain(view.streams.select(queued), plan.now, self.options.delta_t,
+                        view.base[queued] + view.step[queued] * tau, tau,
+                        self.options.objective, view.streams)
+        return float(tau), gain, starvation(view, plan.now, self.starvation_limit)
 
     def _admits_nobody(self, plan: StepPlan, view: View, buffered: np.ndarray) -> bool:
         """With chunked prefill, True when the running requests' remaining tokens fill
@@ -338,7 +316,7 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         long prompt's chunks)."""
         if not (self.chunks_prefill and self._prefilling):  # else all decode: budget left
             return False
-        if not self._running_fill_budget(plan):
+        if not running_fill_budget(plan):
             return False
         o = self.options
         if not o.pacer_aware or not bool((buffered > o.delta_t).any()):
@@ -349,19 +327,8 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
     @staticmethod
     def _queue_fits(plan: StepPlan, view: View) -> bool:
         """Do all the queued requests' blocks fit in the free ones above the watermark?"""
-        free = plan.num_free_blocks - plan.watermark_blocks
+        free = plan.num_free_blocks_above_watermark
         return float(view.weight[view.queued].sum()) <= free
-
-    @staticmethod
-    def _running_fill_budget(plan: StepPlan) -> bool:
-        """Do the running requests' remaining tokens fill the step's token budget?
-        (Stops counting once they do: a long prompt's chunk usually does at once.)"""
-        left = plan.token_budget
-        for req in plan.running:
-            left -= req.num_uncomputed_tokens
-            if left <= 0:
-                return True
-        return left <= 0
 
     def _admits_all(self, plan: StepPlan, view: View) -> bool:
         """With chunked prefill: can every queued request join the running ones now
@@ -372,7 +339,7 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
         3 req/s, pausing up to the full slot count cost mean QoE 0.991 -> 0.984)."""
         if not self.chunks_prefill or 2 * len(view) > plan.config.max_num_seqs:
             return False
-        if self._prefilling and self._running_fill_budget(plan):
+        if self._prefilling and running_fill_budget(plan):
             return False  # running chunks take the step: as `_admits_nobody`
         return self._queue_fits(plan, view)
 
@@ -380,44 +347,184 @@ class AndesPolicy(RunReplay, OverheadRefiner, BasePolicy):
     def _fits(plan: StepPlan, req: Request) -> bool:
         n = req.num_uncomputed_tokens
         if req.status == RequestStatus.SWAPPED:
-            return plan.num_blocks_of(req) + plan.blocks_needed(req, n) <= plan.num_free_blocks
+            return plan.can_swap_in(req, n)
         return plan.can_schedule(req, n)
 
-    # ---- gains ----------------------------------------------------------------------
-    def gain(self, s: Streams, now: float, first: np.ndarray, tau: np.ndarray | float,
-             view: View) -> np.ndarray:
-        t = now + self.options.delta_t
-        q_wait, q_serve = qoe_wait_served(s, now, t, first, tau)
-        objective = self.options.objective
-        if objective == "avg":
-            return objective_gain(objective, q_serve, q_wait, q_wait)
-        q_now = qoe_at(s, now, now)
-        q_min = float(qoe_at(view.streams, now, now).min())
-        return objective_gain(objective, q_serve, q_wait, q_now, q_min)
-
-    def priority(self, gain: np.ndarray, weight: np.ndarray, kind: np.ndarray,
-                 starved: np.ndarray | None = None) -> np.ndarray:
-        """Eq. 6: gain per KV block (gain alone if not size-aware); running bonus;
-        `starved` (seconds past the starvation limit, <= 0 if not) goes first."""
-        p = gain / weight if self.options.size_aware else np.array(gain, dtype=float)
-        running = kind == RUNNING
-        p = np.where(running, p * (1.0 + self.options.running_bonus) + RUNNING_TIE, p)
-        if starved is not None:
-            p = np.where(starved > 0, STARVED + starved, p)
-        return p
-
-    def starved(self, view: View, now: float) -> np.ndarray | None:
-        """Per view position: seconds a never-served queued request has waited past its
-        TTFT target and the starvation limit (<= 0: not starved); None if nobody is."""
-        if math.isinf(self.starvation_limit):
-            return None
-        s = view.streams
-        wait = now - s.start - self.starvation_limit
-        wait = np.where((view.kind != RUNNING) & (s.n == 0), wait, -1.0)
-        return wait if bool((wait > 0).any()) else None
-
-    # ---- carrying a decision out (carry.py) ----------------------------------------
+    # ---- carrying a decision out through the shared loops (phases.py) --------------
     def _carry_out(self, plan: StepPlan, decision: Decision) -> None:
-        carry_out(plan, decision, self.chunks_prefill, partial(self._mode_for, plan))
-        if self.chunks_prefill:
-            self._prefilling = schedules_prompt_chunk(plan)
+        """Preempt the victims; then, prefill-first (vLLM v0, Andes §5): admit in
+        priority order and, if no prefill was scheduled, advance the running requests;
+        chunked (vLLM v1 / Sarathi-Serve): advance the running requests first, the
+        admissions then take prefill chunks from what is left of the token budget."""
+        mode_for = partial(self.refiner.mode_for, plan)
+        for victim in decision.victims:
+            if plan.can_preempt(victim, PreemptionMode.RECOMPUTE):
+                plan.preempt(victim, mode_for(victim))
+        if not self.chunks_prefill:
+            if not admit_and_swap_in(plan, decision.admits):
+                advance_with_preemption(plan, decision.decode_order, remaining_tokens,
+                                        mode_for)
+            return
+        num_tokens = budgeted(plan)  # running requests first, then the admissions
+        preempted = len(plan.preemptions)
+        advance_with_preemption(plan, decodes_first(decision.decode_order), num_tokens,
+                                mode_for)
+        if len(plan.preemptions) == preempted:
+            admit_and_swap_in(plan, decision.admits, num_tokens)
+        self._prefilling = schedules_prompt_chunk(plan)
+
+    # ---- the simulator's fast paths (SimFastPath, see the module note) --------------
+    def _declare_stationary(self, plan: StepPlan, min_inv: float) -> None:
+        """With nothing queued, every step decodes every running request until an
+        arrival, a finish or a block shortage (the events that end a decode run): the
+        knapsack may run (compute-bound trigger) but, with the refiner, it preempts
+        nobody when nobody is admitted. Time and QoE state then only feed bookkeeping,
+        which `on_decode_run` replays for the steps a run applied at once. Without the
+        refiner (LQSF) the knapsack's unchosen requests are preempted, but with nothing
+        queued and B = B_max (no batch search) it chooses every running request while
+        the free blocks cover the admission watermark (its capacity M less their
+        weights is free - watermark), so a run must leave the watermark free
+        (`decode_run_reserve_blocks`). A step that admits the whole queue is followed by
+        such steps too (`empties_queue`); `min_inv` is then the least 1/tds of the
+        running and admitted requests, whose number sets the next steps' token budget
+        (`prefill_run_budget`)."""
+        o = self.options
+        self.stationary = not plan.preemptions and (o.refiner or (
+            not o.batch_search and plan.num_free_blocks_above_watermark > 0))
+        if self.stationary:
+            self._run_min_inv = min_inv
+            num_next = len(plan.running) + len(plan.waiting) + len(plan.swapped)
+            self._run_token_budget = self._step_token_budget(num_next)
+
+    def _declare_queued_run(self, plan: StepPlan, view: View) -> None:
+        """A chunked step that advanced every running request and admitted nobody while
+        requests wait: its next steps decide the same (the decodes, a prompt chunk
+        that spends the budget, nobody admitted: `_admits_nobody`) as long as the
+        knapsack is not triggered and every queued request fits the free blocks
+        beside the watermark (or no pacer counts). So a prefill run may follow
+        (`prefill_run_budget`) if it leaves free the blocks those need (the memory
+        trigger's share of the device and the queue's weight, as
+        `decode_run_reserve_blocks`) and its steps are shorter than every reader's
+        pace (`run_step_limit`): the token-latency estimate, an average of the
+        steps' gaps, then stays below it (the compute-bound trigger)."""
+        o = self.options
+        if not (self.chunks_prefill and o.refiner) or plan.preemptions or plan.swapped \
+                or len(plan.scheduled) != view.num_running:
+            return
+        reserve = plan.min_free_blocks_below_usage(o.watermark)
+        if o.pacer_aware:
+            if len(view) - view.num_running > plan.config.max_num_seqs:
+                return
+            weight = math.ceil(float(view.weight[view.queued].sum()))
+            reserve = max(reserve, plan.watermark_blocks + weight)
+        min_inv = float(view.streams.inv.min())
+        self._queued_run, self._run_min_inv = True, min_inv
+        self._run_token_budget = self._step_token_budget(view.num_running)
+        self.decode_run_reserve_blocks = reserve
+        self.run_step_limit = min_inv * (1.0 - 1e-9)  # (a margin over rounding)
+
+    def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
+        """What `on_step_end` and `schedule` would have recorded for each step of a
+        decode run: the tokens' QoE state, the latency estimates and the solver's
+        selective-triggering count (the knapsack it would run changes nothing). The
+        policy stays stationary: another run may follow at once."""
+        reqs = batch.requests
+        times = self.latency.run_times(reqs[0].timeline.token_times) if reqs else []
+        if not times:
+            return
+        self._record_run(reqs, times)
+        # each request holds its tokens at the run's end less one per step of the run
+        context = sum(map(_NUM_COMPUTED, reqs)) - len(reqs) * len(times)
+        self._prefilling = False  # (a run that follows a prefill, andante.sim.after_finish)
+        self._replay_schedules(self.latency.observe_run(times, len(reqs), context))
+
+    def on_prefill_run(self, batch: StepBatch, chunks: Sequence[int],
+                       times: Sequence[float], durations: Sequence[float] = ()) -> None:
+        """What `on_step_end` and `schedule` would have recorded for each step of a
+        prefill run (andante.sim.prefill_run): `batch`'s decodes got a token per step,
+        its last request prefilled `chunks` (its first token at the end if the prompt is
+        done). A final chunk of one token counts as a decode, as `LatencyModel.observe`
+        counts it."""
+        *decodes, prefill = batch.requests
+        self._record_run(decodes, times)
+        token_times = prefill.timeline.token_times
+        if token_times and token_times[-1] == times[-1]:  # the prompt's first token
+            self._record_run([prefill], times[-1:])
+        num_dec, steps = len(decodes), len(chunks)
+        context = sum(map(_NUM_COMPUTED, decodes)) - num_dec * steps
+        cached = prefill.num_computed_tokens - sum(chunks)
+        latency, before = self.latency, []
+        for chunk, now in zip(chunks, times, strict=True):
+            before.append(latency.token_latency)
+            if chunk == 1:  # (never 0 cached: the run continues a prefill)
+                latency.observe_decodes(num_dec + 1, context + cached, now)
+            else:
+                latency.observe_decodes(num_dec, context, now)
+            context += num_dec
+            cached += chunk
+        self._prefilling = chunks[-1] > 1
+        self._replay_schedules(before)
+
+    def _record_run(self, reqs: Sequence[Request], times: Sequence[float]) -> None:
+        """A token at each of `times` for each of `reqs` still tracked (one that
+        finished is not)."""
+        table = self.table
+        slots = table.slots_of(reqs)
+        if not slots:
+            return
+        if table.few_records(len(slots), len(times)):
+            table.record_few(slots, times)
+        else:
+            table.record_run(np.array(slots, dtype=np.intp), np.array(times))
+
+    def _replay_schedules(self, latencies: Sequence[float]) -> None:
+        """The selective-triggering count of the steps of a run, whose token latency
+        estimates at their decisions were `latencies`: with nothing queued the knapsack
+        it would run preempts nobody (see `_declare_stationary`)."""
+        interval, min_inv = self.options.solver_interval, self._run_min_inv
+        for latency in latencies:
+            self._since_solve += 1
+            if self._since_solve >= interval and latency > min_inv:
+                self._since_solve = 0
+                self.stats.num_solves += 1
+
+    @property
+    def prefill_run_budget(self) -> int:
+        """With chunked prefill and the refiner, the next steps' token budget: with
+        nothing queued (`stationary`) every running request advances, the decodes
+        first, and a prompt's chunk takes what is left (andante.sim.prefill_run); so
+        while a chunk spends the budget with requests queued, if the token-latency
+        estimate is below every reader's pace (`_declare_queued_run`)."""
+        if not (self.chunks_prefill and self.options.refiner):
+            return 0
+        if self.stationary or (self._queued_run and self._prefilling and (
+                self.latency.token_latency <= self.run_step_limit)):
+            return self._run_token_budget
+        return 0
+
+    @property
+    def decode_budget(self) -> int:
+        """With nothing queued, every running request decodes (andante.sim.after_finish)
+        in the order `decode_order` gives, where the knapsack cannot preempt: with the
+        refiner, or without the batch search (see `_declare_stationary`)."""
+        o = self.options
+        return self.ctx.config.max_num_batched_tokens if o.refiner or not o.batch_search \
+            else 0
+
+    def decode_order(self, running: Sequence[Request],
+                     num_free_blocks: int) -> Sequence[Request] | None:
+        """The order `_decode_all` decodes every running request in, with nothing
+        queued; None when the knapsack is due (its order is the priorities'). Keeps
+        the requests' least 1/tds for the run's replay."""
+        idx = self.table.indices(running)
+        min_inv = float(self.table.inv[idx].min())
+        if self._since_solve + 1 >= self.options.solver_interval and (
+                self.latency.token_latency > min_inv):
+            return None
+        self._run_min_inv = min_inv
+        budget = self._step_token_budget(len(running))
+        block_size = self.ctx.config.block_size
+        if num_free_blocks >= len(running) + max_new_blocks_for(budget, block_size):
+            return running
+        order = np.argsort(self.table.buffered(idx, self.now), kind="stable")
+        return [running[i] for i in order]

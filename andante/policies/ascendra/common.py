@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from operator import attrgetter
 
 from andante.core.request import Request
+from andante.engine.fast_path import FastPathDefaults
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.shape import BatchShape
@@ -47,26 +48,7 @@ def decode_shape(decodes: Sequence[Request], steps_back: int = 0) -> BatchShape:
                       kv_tokens_read=cached + num)
 
 
-class MeanMeter:
-    """Running mean of observed values (`default` before the first)."""
-
-    __slots__ = ("_count", "_default", "_total")
-
-    def __init__(self, default: float) -> None:
-        self._default = default
-        self._count = 0
-        self._total = 0.0
-
-    def observe(self, value: float) -> None:
-        self._count += 1
-        self._total += value
-
-    @property
-    def mean(self) -> float:
-        return self._total / self._count if self._count else self._default
-
-
-class AscendraBase(BasePolicy):
+class AscendraBase(BasePolicy, FastPathDefaults):
     """Keeps `perf_model` (read by the cluster's load reports) fed with every step."""
 
     name = "ascendra"

@@ -23,7 +23,8 @@ from __future__ import annotations
 from andante.core.request import Request
 from andante.engine.plan import StepPlan
 from andante.engine.policy import PolicyContext
-from andante.policies.ascendra.common import AscendraBase, MeanMeter
+from andante.metrics.stats import RunningMean
+from andante.policies.ascendra.common import AscendraBase
 from andante.policies.ascendra.options import HPOptions
 from andante.policies.phases import (
     admit_in_order,
@@ -40,7 +41,7 @@ class AscendraHPPolicy(AscendraBase):
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         self.options: HPOptions
-        self.decode_lengths = MeanMeter(default=256.0)
+        self.decode_lengths = RunningMean(default=256.0)
         self._sorted = True
 
     def on_arrival(self, req: Request) -> None:

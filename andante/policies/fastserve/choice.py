@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from andante.core.request import Request, RequestStatus
 from andante.engine.plan import StepPlan
+from andante.kv.block_manager import num_blocks_for
 
 _NO_KV = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _RUNNING = RequestStatus.RUNNING
@@ -49,7 +50,7 @@ class StepChoice:
 
 def device_capacity(plan: StepPlan, order: Sequence[Request]) -> int:
     """Device blocks the places may use (batches in a pipeline keep theirs)."""
-    capacity = plan.num_total_blocks - plan.watermark_blocks
+    capacity = plan.num_blocks_above_watermark
     if plan.in_flight_ids:
         capacity -= sum(plan.num_blocks_of(r) for r in order if plan.is_in_flight(r))
     return capacity
@@ -78,7 +79,7 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
             if plan.seq_budget < 1 or plan.token_budget < 1 or used >= capacity:
                 continue
             n = req.num_uncomputed_tokens
-            if n > plan.token_budget or n > room * bs:
+            if n > plan.token_budget or num_blocks_for(n, bs) > room:
                 continue
         elif status == _RUNNING and in_flight and req.request_id in in_flight:
             continue
@@ -89,7 +90,7 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
             continue
         else:
             n = req.num_uncomputed_tokens
-        blocks = -(-(req.num_computed_tokens + n) // bs)  # plan.num_blocks_for, inlined
+        blocks = num_blocks_for(req.num_computed_tokens + n, bs)  # (one call: a hot loop)
         if pinned:
             pinned_left -= pinned.get(req, 0)
         if used + pinned_left + blocks > (capacity if new else held_capacity):
@@ -128,7 +129,7 @@ def _pinned(plan: StepPlan, order: Sequence[Request]) -> dict[Request, int]:
         if held <= host_free:
             host_free -= held
         else:  # the blocks of all its tokens (computed + uncomputed)
-            out[req] = -(-req.num_tokens // bs)
+            out[req] = num_blocks_for(req.num_tokens, bs)
     return out
 
 

@@ -61,6 +61,11 @@ class ArrivalRate:
         return rate * horizon * self._sum_blocks / len(events)
 
 
+def _free_blocks(plan: StepPlan, admits: bool) -> int:
+    """The free device blocks a batch may take (above the watermark if it `admits`)."""
+    return plan.num_free_blocks_above_watermark if admits else plan.num_free_blocks
+
+
 class KVPlanner:
     """Records one step's evictions, swap-ins and schedules on the plan (§4.2)."""
 
@@ -93,9 +98,8 @@ class KVPlanner:
         if spare:  # victims: pop() takes the largest ENST
             enst_of = get_ranks()
             spare.sort(key=enst_of.__getitem__)
-        wm = plan.watermark_blocks if choice.any_new else 0
         need = self._blocks_to_place(plan)
-        deficit = need + wm - plan.num_free_blocks
+        deficit = need - _free_blocks(plan, choice.any_new)
         while deficit > 0 and spare:
             deficit -= self._evict(plan, spare.pop())
         if deficit > 0:  # last resort: placed jobs that do not run this step
@@ -106,7 +110,7 @@ class KVPlanner:
             budget = self._transfer_budget(plan)
             fetch = self._fetch_order(plan, choice, get_ranks)
             budget -= self._make_room(plan, reserve, spare, fetch, budget)
-        free = plan.num_free_blocks - need - wm
+        free = _free_blocks(plan, choice.any_new) - need
         fill(plan, [r for r in choice.unplaced if not plan.is_preempted(r)], free)
         if not plan.claimed:  # nothing ready fits: run the best job, whatever it costs
             self._run_first(plan, order, spare)

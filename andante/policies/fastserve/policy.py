@@ -31,9 +31,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from andante.core.request import PreemptionMode, Request
+from andante.engine.fast_path import FastPathDefaults
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
+from andante.kv.block_manager import num_blocks_for
 from andante.policies.fastserve.choice import choose
 from andante.policies.fastserve.kvcache import KV_MODES, ArrivalRate, KVPlanner
 from andante.policies.fastserve.mlfq import FCFSOrder, SkipJoinMLFQ, geometric_quanta
@@ -122,7 +124,7 @@ class JobOrder(Protocol):
                           next_iteration_time: Callable[[Request, int], float]) -> None: ...
 
 
-class FastServePolicy(BasePolicy):
+class FastServePolicy(BasePolicy, FastPathDefaults):
     name = "fastserve"
     Options = FastServeOptions
 
@@ -176,8 +178,8 @@ class FastServePolicy(BasePolicy):
     def on_arrival(self, req: Request) -> None:
         now = self.now
         self.order.add(req, self.iteration_time(req), now)
-        bs = self.ctx.config.block_size
-        self.arrivals.observe(now, -(-(req.num_prompt_tokens + 1) // bs))
+        self.arrivals.observe(now, num_blocks_for(req.num_prompt_tokens + 1,
+                                                  self.ctx.config.block_size))
 
     def on_finish(self, req: Request) -> None:
         self.order.remove(req)
@@ -201,7 +203,7 @@ class FastServePolicy(BasePolicy):
                       lambda jobs: self.order.enst(size, now, jobs))
         for req in plan.scheduled:
             self.order.mark_run(req, now)
-        self._room = plan.num_total_blocks - plan.watermark_blocks - reserve
+        self._room = plan.num_blocks_above_watermark - reserve
         self.stationary = self._batch_repeats(plan)
 
     # ---- decode runs ----------------------------------------------------------------
@@ -237,7 +239,7 @@ class FastServePolicy(BasePolicy):
         """Do the jobs' blocks at their last tokens fit the room the last step found
         beside the reserve (which only shrinks until a job arrives)?"""
         limit, bs = self.ctx.config.max_model_len, self.ctx.config.block_size
-        blocks = sum(-(-min(r.num_prompt_tokens + r.sampling.max_tokens, limit) // bs)
+        blocks = sum(num_blocks_for(min(r.num_prompt_tokens + r.sampling.max_tokens, limit), bs)
                      for r in jobs)
         return blocks <= self._room
 
