@@ -97,7 +97,9 @@ class RandomLlama:
 
     def forward(self, tokens: torch.Tensor, start: int,
                 cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """Advance `tokens` (batch, new) past `start` cached tokens; the next tokens."""
+        """Advance `tokens` (batch, new) past `start` cached tokens; the next tokens. A
+        step of several tokens is a whole prompt (start 0: the causal mask of SDPA is
+        aligned to the top left) or one token per sequence past its cache."""
         spec = self.spec
         batch, new = tokens.shape
         positions = torch.arange(start, start + new, device=self.device)
