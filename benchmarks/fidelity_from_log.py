@@ -29,6 +29,8 @@ import os
 import sys
 import tempfile
 import time
+from contextlib import redirect_stdout
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +101,6 @@ def calibrate(step_log: Path, upto: int, out: Path) -> dict[str, Any]:
     argv = ["calibrate", "--step-log", str(out), "--model", "smollm2-135m",
             "--base-hardware", "cpu", "--name", PROFILE, "--force", "--json"]
     saved = Path(os.environ[ANDANTE_HOME_ENV]) / "hardware"
-    from contextlib import redirect_stdout
-    from io import StringIO
     buffer = StringIO()
     with redirect_stdout(buffer):
         code = andante_main(argv)

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from andante.cli.options import positive_int
+
 if TYPE_CHECKING:
     from andante.perf.log_fit import LogFit
     from andante.perf.specs import HardwareSpec, ModelSpec
@@ -36,8 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the GPU the log was recorded on (e.g. h100-80g, a100-80g, h200; "
                    "'cpu' for a CPU engine): its datasheet rates and memory are kept, the "
                    "coefficients fitted")
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per instance")
-    g.add_argument("--serial-below-tokens", type=int, metavar="N",
+    g.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel GPUs per instance (default 1)")
+    g.add_argument("--serial-below-tokens", type=positive_int, metavar="N",
                    help="fit steps of fewer than N tokens their own coefficients (a CPU "
                    "engine that runs small steps on one thread)")
 
@@ -80,8 +83,6 @@ def fit_log(args: argparse.Namespace) -> tuple[ModelSpec, LogFit]:
 
     if not args.name:
         raise ValueError("--step-log needs --name: the profile to save (e.g. my-h100)")
-    if args.tp < 1:
-        raise ValueError(f"--tp must be >= 1, got {args.tp}")
     model = resolve_model(args.model, args.dtype)
     base = resolve_base(args.base_hardware)
     steps = read_step_log(args.step_log)
