@@ -56,7 +56,7 @@ AMPERE_COEFFICIENTS = CostCoefficients(
 # H200 rates; tests/perf/test_h200_measurement.py refits and compares). Every step of
 # M1 within 3.5%: prefills of 2,048-32,768 tokens run at 52-55% of the BF16 peak
 # (c4 = 0.82), decode steps cost 4.9 ms (c5) plus the weights and KV cache streamed
-# at close to the datasheet rate (c2 = 0.98, KV reads c6 = 0.13 more). Two prefills of
+# at close to the datasheet rate (c2 = 0.98, KV reads c6 = 0.12 more). Two prefills of
 # M1 are not GPU work: 128 and 512 tokens both took 25 ms, the host's time to launch
 # 32 layers op by op (the same decode steps launched op by op took 24-28 ms). A
 # serving engine hides that (vLLM V1 replays prefills of up to 512 tokens as graphs and
@@ -72,8 +72,8 @@ AMPERE_COEFFICIENTS = CostCoefficients(
 # measurement (the previous coefficients were extrapolated: prefill 1.37x slower than
 # M1, batch-1 decode 0.65x of it at H200's bandwidth); an engine's own step log
 # (`andante calibrate --step-log`) gives its own profile.
-HOPPER_COEFFICIENTS = CostCoefficients(c1=0.0, c2=0.981, c3=0.0, c4=0.820, c5=4.88e-3,
-                                       c6=0.126)
+HOPPER_COEFFICIENTS = CostCoefficients(c1=0.0, c2=0.982, c3=0.0, c4=0.820, c5=4.89e-3,
+                                       c6=0.122)
 # M1's host launch floor: 25.1 ms for 32 layers (its 128- and 512-token prefills).
 TORCH_EAGER_LAUNCH_PER_LAYER = 0.784e-3
 
