@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,9 +118,9 @@ def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: An
         print(f"  the previous profile is kept as {outcome.previous!r}")
 
 
-def run_step_log(args: argparse.Namespace) -> int:
-    from andante.cli.calibrate import save_fit
-
+def run_step_log(args: argparse.Namespace, save_fit: Callable[..., Any]) -> int:
+    """Fit the log and save the profile with `save_fit` (andante.cli.calibrate's: the
+    same refusal over --max-error and the same dated copy of a replaced profile)."""
     try:
         model, fit = fit_log(args)
         outcome = save_fit(fit.hardware, fit.error, args.max_error, force=args.force,
