@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from andante.cli.options import positive_int
+from andante.perf.log_fit import STALL_FACTOR
 
 if TYPE_CHECKING:
     from andante.perf.log_fit import LogFit
@@ -106,6 +107,9 @@ def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: An
     if fit.num_on_floor:
         print(f"  launch floor: {hw.eager_launch_per_layer * model.num_layers * 1e3:.1f} ms "
               f"per step with prefill tokens ({fit.num_on_floor} steps on it)")
+    if fit.num_stalled:
+        print(f"  {fit.num_stalled} stalled steps left out (over {STALL_FACTOR:g}x, or under "
+              f"1/{STALL_FACTOR:g} of, what the others predict)")
     if fit.num_derived_shapes:
         print(f"  note: {fit.num_derived_shapes} steps had no attn_pairs/kv_tokens_read; "
               "their attention work was estimated from the aggregates")
@@ -141,7 +145,8 @@ def run_step_log(args: argparse.Namespace, save_fit: Callable[..., Any]) -> int:
                                                     for k, v in fit.by_kind.items()},
             "coefficients": dataclasses.asdict(hw.coefficients),
             "eager_launch_per_layer": hw.eager_launch_per_layer,
-            "num_on_floor": fit.num_on_floor, "fitted_on": hw.fitted_on,
+            "num_on_floor": fit.num_on_floor, "num_stalled": fit.num_stalled,
+            "fitted_on": hw.fitted_on,
             "previous_saved_as": outcome.previous, "warning": outcome.message,
             "saved_to": str(outcome.saved_to) if outcome.saved_to else None}))
     else:

@@ -19,9 +19,13 @@ saying so; so before fitting, `check_log` refuses, naming what is missing:
   roofline time tM + tF with the measured duration below MIN_WORK_CORRELATION): the
   durations are not the steps' own times (idle waits included), or the log is of
   another model than the one named.
-A fit that explains its own steps badly is the caller's to refuse (`andante calibrate
---max-error`). The profile records the range of shapes it was fitted on (`fitted_on`),
-which `andante simulate` prints with it.
+A step that took more than STALL_FACTOR times (or less than 1/STALL_FACTOR of) what a
+fit of the other steps predicts is a stall, not the cost of its shape (a busy machine, a
+paused process: a served log on this project's shared 2-core machine had steps of
+14-20 s among steps of about 0.1 s); up to MAX_STALL_SHARE of the steps are left out
+and counted, more and the log is refused. A fit that explains its own steps badly is
+the caller's to refuse (`andante calibrate --max-error`). The profile records the range
+of shapes it was fitted on (`fitted_on`), which `andante simulate` prints with it.
 
 Launch floor. An engine that replays only its decode steps as CUDA graphs launches its
 prefills op by op, and a short prefill then takes as long as the host needs to launch
@@ -52,6 +56,8 @@ MIN_WORK_CORRELATION = 0.5
 FLOOR_SPREAD = 0.15  # the steps on a launch floor lie within this of its median
 FLOOR_GAIN = 0.01  # a floor is kept only where it lowers the mean error by this much
 REWEIGHTS = 3  # refits weighted by the previous fit's predictions (`fit_means`)
+STALL_FACTOR = 4.0  # a step this far off the others' fit is a stall (`split_stalls`)
+MAX_STALL_SHARE = 0.05  # more stalled steps than this share: the log is refused
 
 
 class LogFitRefused(ValueError):
@@ -78,6 +84,7 @@ class LogFit:
     num_shapes: int
     engines: list[str]
     num_on_floor: int = 0
+    num_stalled: int = 0  # steps left out as stalls (`split_stalls`)
     num_derived_shapes: int = 0  # steps without attn_pairs (pairs estimated)
     samples: list[Sample] = field(default_factory=list)
 
@@ -221,19 +228,46 @@ def coverage(steps: Sequence[LoggedStep]) -> str:
             f"{max(s.shape.kv_tokens_read for s in steps)} tokens")
 
 
+def split_stalls(model: CostModel, steps: Sequence[LoggedStep]
+                 ) -> tuple[list[LoggedStep], list[LoggedStep]]:
+    """(the steps to fit, the stalled ones): a step off by more than STALL_FACTOR from
+    what a fit of the others predicts, either way, is not the engine's cost of its shape
+    (a machine too busy to run it, a pause of the process). Two rounds: the first fit
+    sees every step. Steps launched op by op are kept: they are the launch floor's."""
+    kept = list(steps)
+    for _ in range(2):
+        fitted = model.with_coefficients(fit_coefficients(
+            model, [(s.shape, s.duration) for s in kept], kv_term=True))
+        off = {id(s) for s in steps if s.graph is not False
+               and not 1 / STALL_FACTOR <= s.duration / max(fitted.step_time(s.shape), 1e-12)
+               <= STALL_FACTOR}
+        kept = [s for s in steps if id(s) not in off]
+    stalled = [s for s in steps if id(s) in off]
+    if len(stalled) > MAX_STALL_SHARE * len(steps):
+        raise LogFitRefused(
+            f"{len(stalled)} of {len(steps)} steps took more than {STALL_FACTOR:g}x (or "
+            f"less than 1/{STALL_FACTOR:g}) what the other steps predict (e.g. line "
+            f"{stalled[0].line}: {stalled[0].duration * 1e3:.0f} ms): the machine was too "
+            "busy or the engine stalled while it logged; record on a quiet machine")
+    return kept, stalled
+
+
 def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: HardwareSpec,
                  name: str, tp: int = 1, serial_below_tokens: int | None = None,
                  source: str = "step log") -> LogFit:
     """Fit `base`'s coefficients to the logged steps and return the profile `name`:
     `base`'s rates and sizes, the fitted coefficients (two sets where
     `serial_below_tokens` splits the steps, andante.perf.fit.fit_by_threads), a launch
-    floor where the log shows one, no new-size setup. LogFitRefused for a thin log."""
+    floor where the log shows one, no new-size setup. LogFitRefused for a thin log, or
+    one with too many stalled steps (`split_stalls`; the few others are left out and
+    counted)."""
     plain = dataclasses.replace(base, name=name, serial_coefficients=None,
                                 serial_below_tokens=None, eager_launch_per_layer=0.0,
                                 new_size_fixed=0.0, new_size_per_token=0.0, new_size_cache=0,
                                 fit_error=None, calibrated_at=None, fitted_on=None)
     model = CostModel(model_spec, plain, tp)
     check_log(steps, model)
+    steps, stalled = split_stalls(model, steps)
     samples: list[Sample] = [(s.shape, s.duration) for s in steps]
     coefficients, serial = _fit_regimes(model, samples, serial_below_tokens)
     floor, on_floor = 0.0, 0
@@ -245,10 +279,11 @@ def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: Hardw
         serial_coefficients=serial,
         serial_below_tokens=serial_below_tokens if serial is not None else None,
         fitted_on=f"{source} ({', '.join(engines) or 'engine not named'}, "
-                  f"{model_spec.name}, tp {tp}): {coverage(steps)}")
+                  f"{model_spec.name}, tp {tp}): {coverage(steps)}"
+                  + (f"; {len(stalled)} stalled steps left out" if stalled else ""))
     fitted_model = CostModel(model_spec, fitted, tp)
     return LogFit(hardware=fitted, error=prediction_error(fitted_model, samples),
                   by_kind=_by_kind(fitted_model, steps), num_steps=len(steps),
                   num_shapes=len({shape_class(s) for s in steps}), engines=engines,
-                  num_on_floor=on_floor,
+                  num_on_floor=on_floor, num_stalled=len(stalled),
                   num_derived_shapes=sum(not s.exact_shape for s in steps), samples=samples)

@@ -109,3 +109,17 @@ def test_durations_that_do_not_grow_with_work_are_refused():
     reversed_records = [dict(r, duration=d) for r, d in zip(by_work, durations, strict=True)]
     message = _refusal(reversed_records)
     assert "do not increase with the steps' work" in message and LLAMA.name in message
+
+
+def test_a_few_stalled_steps_are_left_out_and_counted_many_are_refused():
+    timed = CostModel(LLAMA, A100)
+    records = logged_steps(timed) * 5  # 60 steps
+    stalled = [dict(r, duration=r["duration"] * 50) if i in (3, 40) else r
+               for i, r in enumerate(records)]
+    fit = fit_step_log(_steps(stalled), LLAMA, A100, "stalls")
+    assert fit.num_stalled == 2 and fit.num_steps == 58 and fit.error < 1e-6
+    assert "2 stalled steps left out" in (fit.hardware.fitted_on or "")
+    busy = [dict(r, duration=r["duration"] * 50) if i % 10 == 0 else r
+            for i, r in enumerate(records)]
+    with pytest.raises(LogFitRefused, match="6 of 60 steps took more than 4x"):
+        fit_step_log(_steps(busy), LLAMA, A100, "busy")
