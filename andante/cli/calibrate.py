@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from andante.cli.calibrate_log import add_arguments as add_step_log_arguments
+from andante.cli.calibrate_log import run_step_log
 from andante.cli.options import positive_int
 
 if TYPE_CHECKING:
@@ -26,21 +28,28 @@ if TYPE_CHECKING:
     from andante.perf.specs import HardwareSpec
 
 MAX_FIT_ERROR = 0.15  # mean |relative error| of a fit above which it is not saved
+CPU_PROFILE_NAME = "cpu"  # the profile a sweep of andante's CPU engine saves by default
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "calibrate",
-        help="time real engine steps and save a fitted `cpu` hardware profile",
+        help="fit a hardware profile: time real engine steps, or read an engine's step log",
         description="Run a short sweep of real steps (prefills, decodes, mixed), fit the "
                     "cost model's coefficients (Ascendra §5.1) and save the profile, so "
-                    "`andante simulate --hardware cpu` predicts the real engine. Prints the "
+                    "`andante simulate --hardware cpu` predicts the real engine; or, with "
+                    "--step-log, fit them to the steps any engine logged while serving "
+                    "(andante serve --trace-steps, vLLM with andante's scheduler, "
+                    "benchmarks/gpu_steps.py). Prints the "
                     "fit's mean error and stores it in the profile. A fit whose error "
                     f"exceeds --max-error (default {MAX_FIT_ERROR:.0%}) is not saved unless "
                     "--force; a profile it replaces is kept as NAME-YYYYmmdd-HHMMSS.",
     )
-    p.add_argument("--model", help="HF model directory or .gguf file (default: embedded)")
-    p.add_argument("--name", default="cpu", help="profile name to save (default: cpu)")
+    p.add_argument("--model", help="HF model directory or .gguf file (default: embedded); "
+                   "with --step-log: the served model, a catalog name or a directory with "
+                   "config.json")
+    p.add_argument("--name", help="profile name to save (default: cpu; required with "
+                   "--step-log)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--threads", type=positive_int,
                    help="torch threads (default: torch's); calibrate with the threads the "
@@ -54,6 +63,7 @@ def add_parser(subparsers: Any) -> None:
                    help="save the fit even if its error exceeds --max-error")
     p.add_argument("--dry-run", action="store_true", help="fit and print; do not save")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    add_step_log_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -160,6 +170,13 @@ def _measure(args: argparse.Namespace) -> tuple[str, Calibration]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.step_log:
+        return run_step_log(args, save_fit)
+    if args.base_hardware or args.serial_below_tokens is not None or args.tp != 1:
+        print("andante calibrate: error: --base-hardware, --tp and --serial-below-tokens "
+              "go with --step-log", file=sys.stderr)
+        return 2
+    args.name = args.name or CPU_PROFILE_NAME
     model_name, result = _measure(args)
     outcome = save_fit(result.hardware, result.error, args.max_error, force=args.force,
                        dry_run=args.dry_run)

@@ -96,12 +96,14 @@ def save_hardware(spec: HardwareSpec, profiles_dir: Path | None = None) -> Path:
 
 def describe_hardware(name: str, profiles_dir: Path | None = None) -> str:
     """Which profile `name` is and how far to trust it: built-in, or saved with the mean
-    error of its calibration fit (what `andante simulate` prints in its header)."""
+    error of its calibration fit and, for a step-log fit, the shapes it covered (what
+    `andante simulate` prints in its header)."""
     spec = get_hardware(name, profiles_dir)
     if name in builtin_hardware_names():
-        return f"{name} (built-in, fitted to published figures)"
+        return f"{name} (built-in, fitted to published and measured figures: hardware.py)"
     path = _profiles_dir(profiles_dir) / f"{name}{PROFILE_SUFFIX}"
     error = "fit error unknown" if spec.fit_error is None else \
         f"fit error {spec.fit_error:.1%}"
     when = f", calibrated {spec.calibrated_at}" if spec.calibrated_at else ""
-    return f"{name} (saved {path}, {error}{when})"
+    fitted_on = f"; fitted on {spec.fitted_on}" if spec.fitted_on else ""
+    return f"{name} (saved {path}, {error}{when}{fitted_on})"

@@ -21,6 +21,13 @@ regimes had to compromise: measured on this engine (2 threads, single-threaded d
 it over-predicted small decode steps by 10-25% (the TPOT of light serving) while
 under-predicting long-context decodes by 50-70% and prefills by ~15%.
 
+A profile of an engine that captures only its decode steps as CUDA graphs (vLLM V0,
+plain PyTorch: the shared H200 measurement, andante.perf.hardware) sets
+`eager_launch_per_layer`: its other steps are launched op by op, and while the GPU
+work is short the host's launching is the step's time, so a step with prefill tokens
+takes max(the regression's time, num_layers x that). (Launches overlap the GPU work,
+hence a max and not a sum.)
+
 Everything per step is plain float arithmetic on constants precomputed in __init__:
 the simulator calls `step_time` once per simulated step.
 """
@@ -50,7 +57,7 @@ class CostModel:
         "_body_bytes", "_lm_head_bytes", "_bytes_per_token", "_bytes_per_kv_read",
         "_bytes_per_sample", "_flops_per_token", "_flops_per_pair", "_flops_per_sample",
         "_inv_bandwidth", "_inv_peak", "_c_sum", "_c_max", "_c_mem", "_c_flop", "_c_fixed",
-        "_c_kv_token", "_serial_coeffs", "_serial_below",
+        "_c_kv_token", "_serial_coeffs", "_serial_below", "_eager_floor",
         "_comm_fixed", "_comm_per_token",
     )
 
@@ -84,6 +91,8 @@ class CostModel:
         if serial is not None and hardware.serial_below_tokens is not None:
             self._serial_coeffs = (*serial.as_tuple(), serial.c6)
             self._serial_below = hardware.serial_below_tokens
+        # the least time of a step with prefill tokens (launched op by op); 0: none
+        self._eager_floor = hardware.eager_launch_per_layer * model.num_layers
 
     def _init_memory_terms(self) -> None:
         m, tp = self.model, self.tp
@@ -166,12 +175,17 @@ class CostModel:
         t_max = t_m if t_m > t_f else t_f
         if n < self._serial_below:
             c_sum, c_max, c_mem, c_flop, c_fixed, c_kv = self._serial_coeffs
-            return (c_sum * (t_m + t_f) + c_max * t_max + c_mem * t_m + c_flop * t_f
-                    + c_fixed + c_kv * self.kv_read_time(shape)
-                    + self._comm_fixed + self._comm_per_token * n)
-        return (self._c_sum * (t_m + t_f) + self._c_max * t_max + self._c_mem * t_m
-                + self._c_flop * t_f + self._c_fixed + self._c_kv_token * shape.kv_tokens_read
-                + self._comm_fixed + self._comm_per_token * n)
+            t = (c_sum * (t_m + t_f) + c_max * t_max + c_mem * t_m + c_flop * t_f
+                 + c_fixed + c_kv * self.kv_read_time(shape)
+                 + self._comm_fixed + self._comm_per_token * n)
+        else:
+            t = (self._c_sum * (t_m + t_f) + self._c_max * t_max + self._c_mem * t_m
+                 + self._c_flop * t_f + self._c_fixed
+                 + self._c_kv_token * shape.kv_tokens_read
+                 + self._comm_fixed + self._comm_per_token * n)
+        if t < self._eager_floor and shape.num_decode_seqs < shape.num_seqs:
+            return self._eager_floor  # launched op by op: the host's launching takes longer
+        return t
 
     def decode_step_times(self, shape: BatchShape, max_steps: int,
                           time_budget: float = float("inf")) -> list[float]:
@@ -198,6 +212,8 @@ class CostModel:
             c_fixed, c_kv = self._c_fixed, self._c_kv_token
         comm_fixed, comm = self._comm_fixed, self._comm_per_token * n
         kv, pairs = shape.kv_tokens_read, shape.attn_pairs
+        # `step_time`'s floor: only where a sequence of the shape is no decode
+        floor = self._eager_floor if shape.num_decode_seqs < seqs else 0.0
         durations: list[float] = []
         total = 0.0
         while len(durations) < max_steps and total < time_budget:
@@ -212,6 +228,8 @@ class CostModel:
             kv_term = c_kv * (kv * per_kv * inv_bw) if serial else c_kv * kv
             duration = (c_sum * (t_m + t_f) + c_max * t_max + c_mem * t_m + c_flop * t_f
                         + c_fixed + kv_term + comm_fixed + comm)
+            if duration < floor:
+                duration = floor
             durations.append(duration)
             total += duration
             kv += seqs

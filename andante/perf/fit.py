@@ -85,12 +85,15 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_coefficients(model: CostModel, samples: Sequence[Sample],
-                     relative: bool = True, kv_term: bool = False) -> CostCoefficients:
+                     relative: bool = True, kv_term: bool = False,
+                     scale: Sequence[float] | None = None) -> CostCoefficients:
     """Non-negative least-squares coefficients for `model` from measured steps.
 
     With `relative` (the default) each step is weighted by 1 / duration, minimising the
-    squared relative error, so short decode steps count as much as long prefills. With
-    `kv_term` the KV read time tKV is a fifth feature (coefficient c6).
+    squared relative error, so short decode steps count as much as long prefills; or by
+    1 / `scale` (per step, e.g. a previous fit's predictions: noisy single steps then
+    do not pull the fit below their mean). With `kv_term` the KV read time tKV is a
+    fifth feature (coefficient c6).
     """
     _check_samples(samples)
     rows = np.array([features(model, shape)[1:] + ((model.kv_read_time(shape),)
@@ -100,8 +103,9 @@ def fit_coefficients(model: CostModel, samples: Sequence[Sample],
     comm = np.array([model.comm_time(shape.num_tokens) for shape, _ in samples])
     targets = durations - comm
     if relative:
-        rows = rows / durations[:, None]
-        targets = targets / durations
+        divisor = durations if scale is None else np.asarray(scale, dtype=float)
+        rows = rows / divisor[:, None]
+        targets = targets / divisor
     c2, c3, c4, c5, *c6 = (float(v) for v in _nnls(rows, targets))
     return CostCoefficients(c1=0.0, c2=c2, c3=c3, c4=c4, c5=c5, c6=c6[0] if c6 else 0.0)
 

@@ -224,12 +224,19 @@ class HardwareSpec:
     new_size_fixed: float = 0.0
     new_size_per_token: float = 0.0
     new_size_cache: int = 0
+    # An engine that captures only its decode steps as CUDA graphs launches every step
+    # with prefill tokens op by op: such a step takes at least `num_layers` times this
+    # (seconds), the host's time to launch it (0: launches hidden, as in every built-in
+    # serving profile; andante.perf.cost_model).
+    eager_launch_per_layer: float = 0.0
     collective_latency: float = 10e-6  # fixed cost of one small all-reduce, s
     disk_bandwidth: float = 7.0e9  # model weights read from local disk, B/s (hardware.py)
     # A calibrated profile's provenance (`andante calibrate`): the fit's mean |relative
-    # error| over the steps it measured, and when (UTC, ISO 8601). None for built-ins.
+    # error| over the steps it measured, when (UTC, ISO 8601), and what it was fitted on
+    # (for a step log: its source and the range of shapes it covers). None for built-ins.
     fit_error: float | None = None
     calibrated_at: str | None = None
+    fitted_on: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -255,7 +262,7 @@ class HardwareSpec:
         if self.serial_below_tokens is not None:
             _require_positive_int("HardwareSpec", "serial_below_tokens",
                                   self.serial_below_tokens)
-        for name in ("new_size_fixed", "new_size_per_token"):
+        for name in ("new_size_fixed", "new_size_per_token", "eager_launch_per_layer"):
             _require_rate("HardwareSpec", name, getattr(self, name), allow_zero=True)
         if self.new_size_cache != 0:
             _require_positive_int("HardwareSpec", "new_size_cache", self.new_size_cache)
@@ -287,7 +294,8 @@ class HardwareSpec:
                                                "disk_bandwidth", "fit_error",
                                                "calibrated_at", "serial_coefficients",
                                                "serial_below_tokens", "new_size_fixed",
-                                               "new_size_per_token", "new_size_cache"})
+                                               "new_size_per_token", "new_size_cache",
+                                               "eager_launch_per_layer", "fitted_on"})
         if missing:
             raise ValueError(f"hardware profile lacks keys {missing}")
         if "coefficients" in data:

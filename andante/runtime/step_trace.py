@@ -10,7 +10,10 @@ in, so it sees every step and every request without touching the scheduler:
   ended less `duration`: scheduling, updating, streaming, taking requests in; None for
   the first step after the engine ran dry, whose wait for work is no overhead),
   `num_seqs`, `num_tokens`, the ids given more than one token (`prefill_ids`: a
-  prompt chunk, or a recomputation) and the queue left (`num_waiting`).
+  prompt chunk, or a recomputation) and the queue left (`num_waiting`); and the step's
+  shape as a step log has it (andante.perf.step_log, what `andante calibrate
+  --step-log` fits): `num_prefill_tokens`, `num_decode_seqs`, `num_context_tokens`,
+  `num_sampled`, `attn_pairs`, `kv_tokens_read`, and `engine` ("andante").
 - `{"kind": "request", ...}` per finished request: its arrival at the server, when the
   engine took it in (`seen`), first scheduled, first token, finish; the derived waits
   (`to_engine` = seen - arrival, `queue` = first scheduled - seen, `prefill` = first
@@ -34,8 +37,10 @@ from andante.core.clock import Clock
 from andante.core.request import Request
 from andante.engine.engine import StepOutput
 from andante.engine.stats import SchedulerStats
+from andante.perf.step_log import step_record
 
 GC_REPORT_S = 0.001  # younger collections are recorded from this pause up
+ENGINE = "andante"  # the step records' source (andante.perf.step_log's engine field)
 
 
 @dataclass(slots=True)
@@ -94,9 +99,10 @@ class StepTrace:
             if pending is not None:
                 pending.prefill_steps += 1
                 pending.prefill_overhead += overhead or 0.0
-        self._write({"kind": "step", "t": now, "duration": duration, "overhead": overhead,
-                     "num_seqs": batch.num_seqs, "num_tokens": batch.num_tokens,
-                     "prefill_ids": prefill_ids, "num_waiting": stats.num_waiting})
+        self._write({**step_record(batch.shape(), duration, sum(batch.num_cached_tokens),
+                                   engine=ENGINE),
+                     "t": now, "overhead": overhead, "prefill_ids": prefill_ids,
+                     "num_waiting": stats.num_waiting})
         self._finish_all(output.finished)
 
     def _finish_all(self, finished: list[Request]) -> None:

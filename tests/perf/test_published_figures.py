@@ -6,9 +6,13 @@ Each figure is cited in andante/perf/hardware.py. Two kinds of check:
   digits; "48.3 ms"; "about 3 minutes");
 - held-out figures (P4, vLLM PR #2192, FastServe §6.1): not used in the fit. P4 and the
   PR are end-to-end serving latencies (TensorRT-LLM/Triton, vLLM's benchmark_latency)
-  which sit a near-constant 1.15-1.30x above a pure step model (per-request serving
-  overhead, hardware.py's calibration note); FastServe states "about 30 ms" per decode
-  iteration, read as +-20%.
+  which sit a near-constant 1.15-1.30x above a pure step model on Ampere (per-request
+  serving overhead, hardware.py's calibration note); FastServe states "about 30 ms" per
+  decode iteration, read as +-20%.
+- P4 on Hopper is where the published figures and the H200 measurement (M1) disagree:
+  the Hopper coefficients follow M1, plain PyTorch, whose per-step cost is higher than
+  TensorRT-LLM's fused kernels', so the model now sits at or above P4's own end-to-end
+  latencies (hardware.py says why it follows M1). Kept visible as its own test.
 """
 
 import pytest
@@ -55,28 +59,31 @@ def test_p3_300k_token_prefill_llama3_8b_a100_about_three_minutes():
     assert 150.0 <= model.prefill_time(300_000) <= 210.0
 
 
-@pytest.mark.parametrize(
-    ("hardware", "batch_size", "published_ms"),
-    [("a100-80g", 1, 234.0), ("a100-80g", 8, 329.5),
-     ("h100-80g", 1, 153.8), ("h100-80g", 8, 199.2)],
-)
-def test_p4_nemo_llama2_7b_sits_a_serving_overhead_above_the_model(
-    hardware, batch_size, published_ms
-):
-    # [P4] NeMo Framework Llama-2 (TensorRT-LLM, TP1), 128 in / 20 out, request latency.
+P4_A100 = (234.0, 249.6, 272.6, 329.5)  # ms at batch 1, 2, 4, 8
+P4_H100 = (153.8, 160.8, 174.8, 199.2)
+
+
+def _p4_ratios(hardware: str, table: tuple[float, ...]) -> list[float]:
+    """P4's published latency over the model's, at batch 1, 2, 4 and 8."""
     model = CostModel(LLAMA_2_7B, get_hardware(hardware))
-    ratio = (published_ms / 1e3) / _request_latency(model, 128, 20, batch_size)
-    assert SERVING_OVERHEAD[0] <= ratio <= SERVING_OVERHEAD[1]
+    return [published_ms / 1e3 / _request_latency(model, 128, 20, batch)
+            for batch, published_ms in zip((1, 2, 4, 8), table, strict=True)]
 
 
-def test_p4_overhead_is_near_constant_across_gpus_and_batches():
-    ratios = []
-    for hardware, table in (("a100-80g", (234.0, 249.6, 272.6, 329.5)),
-                            ("h100-80g", (153.8, 160.8, 174.8, 199.2))):
-        model = CostModel(LLAMA_2_7B, get_hardware(hardware))
-        for batch, published_ms in zip((1, 2, 4, 8), table, strict=True):
-            ratios.append(published_ms / 1e3 / _request_latency(model, 128, 20, batch))
+def test_p4_nemo_llama2_7b_a100_sits_a_near_constant_serving_overhead_above_the_model():
+    # [P4] NeMo Framework Llama-2 (TensorRT-LLM, TP1), 128 in / 20 out, request latency.
+    ratios = _p4_ratios("a100-80g", P4_A100)
+    assert all(SERVING_OVERHEAD[0] <= r <= SERVING_OVERHEAD[1] for r in ratios)
     assert max(ratios) - min(ratios) <= 0.1
+
+
+def test_p4_h100_shows_where_the_h200_measurement_and_tensorrt_llm_disagree():
+    # The Hopper model follows M1 (plain PyTorch): at small batches its steps are slower
+    # than TensorRT-LLM's, so P4 sits 0.87-0.99x the model instead of a serving overhead
+    # above it; the gap closes as the batch grows and the fixed cost per step matters less.
+    ratios = _p4_ratios("h100-80g", P4_H100)
+    assert all(0.80 <= r < SERVING_OVERHEAD[0] for r in ratios)
+    assert ratios == sorted(ratios)
 
 
 def test_vllm_pr2192_tp4_llama_70b_batch_64_a100_80g():

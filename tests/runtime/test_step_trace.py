@@ -14,6 +14,7 @@ from andante.core import ManualClock, Request, SamplingParams
 from andante.engine.config import SchedulerConfig
 from andante.exec.batch import StepBatch, StepResult
 from andante.llm import build_engine
+from andante.perf.step_log import parse_steps
 from andante.runtime.step_trace import StepTrace
 from andante.server import ServerThread
 from andante.server.toy import ToyExecutor
@@ -76,6 +77,22 @@ def test_trace_records_every_step_and_request() -> None:
         assert r["ttft"] == pytest.approx(r["to_engine"] + r["queue"] + r["prefill"])
         assert r["output"] == 3 and r["num_preemptions"] == 0
     assert by_id["r1"]["prefill"] == pytest.approx(3 * STEP_S)
+
+
+def test_step_records_carry_the_shape_a_step_log_fit_reads() -> None:
+    steps, _ = _trace_run(token_budget=64)
+    logged = parse_steps(json.dumps(s) for s in steps)
+    assert len(logged) == len(steps)
+    first, last = logged[0], logged[-1]
+    # step 1: r0's whole 40-token prompt and r1's first 24 tokens, both from empty caches
+    assert (first.shape.num_seqs, first.shape.num_tokens) == (2, 64)
+    assert first.shape.num_decode_seqs == 0 and steps[0]["num_prefill_tokens"] == 64
+    assert first.shape.attn_pairs == (40 * 41 + 24 * 25) / 2 and first.exact_shape
+    assert {s.engine for s in logged} == {"andante"}
+    # the last step decodes r1 alone, its 100-token prompt and 2 tokens in its cache
+    assert last.kind == "decode" and steps[-1]["num_context_tokens"] == 101
+    assert last.shape.kv_tokens_read == 102 and last.duration == pytest.approx(
+        STEP_S - OVERHEAD_S)
 
 
 def test_a_larger_budget_prefills_in_fewer_steps() -> None:

@@ -1,0 +1,289 @@
+"""Fit a hardware profile to an engine's step log (`andante calibrate --step-log`).
+
+Design note. Ascendra §5.1 fits its step-time regression to steps the engine ran; here
+the steps come from a log a real engine wrote while serving (andante.perf.step_log),
+whichever engine it is, so a profile describes that engine on that machine with that
+model. The GPU's datasheet rates come from a base profile (`base`): they set the
+roofline terms tM and tF; the regression's coefficients (non-negative least squares on
+relative error, with the KV-read term: andante.perf.fit, reweighted by its own
+predictions so that noisy single steps give their mean: `fit_means`) carry everything
+else.
+
+A log can be too thin to fit, and a fit of a thin log would extrapolate without
+saying so; so before fitting, `check_log` refuses, naming what is missing:
+- fewer than MIN_DISTINCT_SHAPES distinct step shapes (sequence, token and decode
+  counts; the growing context of one batch does not make new shapes), or fewer than
+  MIN_SHAPES_PER_KIND among the decode-only steps or among the steps with prefill
+  tokens (a log of one kind cannot tell prefill cost from decode cost);
+- durations that do not increase with the step's work (Spearman rank correlation of the
+  roofline time tM + tF with the measured duration below MIN_WORK_CORRELATION): the
+  durations are not the steps' own times (idle waits included), or the log is of
+  another model than the one named.
+A step that took more than STALL_FACTOR times (or less than 1/STALL_FACTOR of) what a
+fit of the other steps predicts is a stall, not the cost of its shape (a busy machine, a
+paused process: a served log on this project's shared 2-core machine had steps of
+14-20 s among steps of about 0.1 s); up to MAX_STALL_SHARE of the steps are left out
+and counted, more and the log is refused. A fit that explains its own steps badly is
+the caller's to refuse (`andante calibrate --max-error`). The profile records the range
+of shapes it was fitted on (`fitted_on`), which `andante simulate` prints with it.
+
+Launch floor. An engine that replays only its decode steps as CUDA graphs launches its
+prefills op by op, and a short prefill then takes as long as the host needs to launch
+it, whatever its GPU work (the shared H200 measurement: 25 ms for 128 and for 512
+tokens). Where a log marks steps as launched op by op (`graph: false`), `fit_launch_floor`
+tries the k least-work such steps on a flat floor (k = 0, 2, 3, ...; their durations
+within FLOOR_SPREAD of its median), fits the coefficients to the other steps, and keeps
+the k with the least mean error over all steps; the floor is stored per layer
+(`eager_launch_per_layer`), the host's launching being proportional to the layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from andante.perf.cost_model import CostModel
+from andante.perf.fit import MIN_REGIME_SAMPLES, Sample, fit_coefficients, prediction_error
+from andante.perf.specs import CostCoefficients, HardwareSpec, ModelSpec
+from andante.perf.step_log import LoggedStep
+
+MIN_DISTINCT_SHAPES = 6
+MIN_SHAPES_PER_KIND = 2
+MIN_WORK_CORRELATION = 0.5
+FLOOR_SPREAD = 0.15  # the steps on a launch floor lie within this of its median
+FLOOR_GAIN = 0.01  # a floor is kept only where it lowers the mean error by this much
+REWEIGHTS = 3  # refits weighted by the previous fit's predictions (`fit_means`)
+STALL_FACTOR = 4.0  # a step this far off the others' fit is a stall (`split_stalls`)
+MAX_STALL_SHARE = 0.05  # more stalled steps than this share: the log is refused
+
+
+class LogFitRefused(ValueError):
+    """A step log that cannot give a trustworthy profile; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class KindError:
+    """How the fitted profile predicts the log's steps of one kind."""
+
+    num_steps: int
+    mean_error: float  # mean |predicted - measured| / measured
+    ratio: float  # sum of predicted over sum of measured
+
+
+@dataclass(slots=True)
+class LogFit:
+    """The fitted profile, its mean |relative error| over the log's steps, per kind."""
+
+    hardware: HardwareSpec
+    error: float
+    by_kind: dict[str, KindError]
+    num_steps: int
+    num_shapes: int
+    engines: list[str]
+    num_on_floor: int = 0
+    num_stalled: int = 0  # steps left out as stalls (`split_stalls`)
+    num_derived_shapes: int = 0  # steps without attn_pairs (pairs estimated)
+    samples: list[Sample] = field(default_factory=list)
+
+
+def shape_class(step: LoggedStep) -> tuple[int, int, int]:
+    """What makes two steps different shapes for a fit: their sequence, token and decode
+    counts (not the context, which grows by itself while a batch decodes)."""
+    return (step.shape.num_seqs, step.shape.num_tokens, step.shape.num_decode_seqs)
+
+
+def _rank_correlation(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (ties broken by order: fine for a sanity bound)."""
+    rx = np.argsort(np.argsort(np.asarray(x, dtype=float)))
+    ry = np.argsort(np.argsort(np.asarray(y, dtype=float)))
+    if np.std(rx) == 0 or np.std(ry) == 0:
+        return 0.0
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def check_log(steps: Sequence[LoggedStep], model: CostModel) -> None:
+    """Refuse a log too thin or too inconsistent to fit (LogFitRefused, naming why)."""
+    if not steps:
+        raise LogFitRefused('the log has no step records ({"kind": "step", ...}): was it '
+                            "written with step logging on (andante serve --trace-steps, "
+                            'vLLM\'s {"andante": {"step_log": PATH}})?')
+    decode = {shape_class(s) for s in steps if not s.has_prefill}
+    prefill = {shape_class(s) for s in steps if s.has_prefill}
+    num_shapes = len(decode | prefill)
+    if not prefill or not decode:
+        missing, have = ("prefill", "decode-only") if not prefill else ("decode", "prefill")
+        raise LogFitRefused(
+            f"all {len(steps)} steps are {have} steps: the log has no {missing} steps, so "
+            f"their cost cannot be fitted; record while the engine serves both new prompts "
+            "and running generations")
+    if num_shapes < MIN_DISTINCT_SHAPES:
+        raise LogFitRefused(
+            f"only {num_shapes} distinct step shapes (sequence, token and decode counts) in "
+            f"{len(steps)} steps; a fit needs at least {MIN_DISTINCT_SHAPES}: record under "
+            "varied load (prompts of several lengths, several requests at once)")
+    for kind, classes in (("decode-only", decode), ("prefill", prefill)):
+        if len(classes) < MIN_SHAPES_PER_KIND:
+            raise LogFitRefused(
+                f"the {kind} steps have only {len(classes)} distinct shape(s); a fit needs "
+                f"at least {MIN_SHAPES_PER_KIND} of each kind (several "
+                f"{'batch sizes' if kind == 'decode-only' else 'prompt lengths'})")
+    work = [sum(model.terms(s.shape)) for s in steps]
+    correlation = _rank_correlation(work, [s.duration for s in steps])
+    if correlation < MIN_WORK_CORRELATION:
+        raise LogFitRefused(
+            f"the step durations do not increase with the steps' work (rank correlation "
+            f"{correlation:.2f} between roofline time and duration, need at least "
+            f"{MIN_WORK_CORRELATION}): the durations may include waits that are not the "
+            f"step's own, or the log is of another model than {model.model.name}")
+
+
+def fit_means(model: CostModel, samples: Sequence[Sample]) -> CostCoefficients:
+    """Relative non-negative least squares (andante.perf.fit), refitted REWEIGHTS times
+    with the previous fit's predictions as each step's scale instead of its own
+    duration. A log has one noisy duration per step, and weighting a step by its own
+    duration favours the fast ones: on a busy machine's served log the plain fit put the
+    sum of the decode steps 21% below the measured sum, this one 2% (the simulator's
+    TPOT and TTFT are such sums)."""
+    coefficients = fit_coefficients(model, samples, kv_term=True)
+    for _ in range(REWEIGHTS):
+        fitted = model.with_coefficients(coefficients)
+        scale = [fitted.step_time(shape) for shape, _ in samples]
+        if min(scale) <= 0:
+            break  # a step the fit predicts as free: keep the plain relative fit
+        coefficients = fit_coefficients(model, samples, kv_term=True, scale=scale)
+    return coefficients
+
+
+def _fit_regimes(model: CostModel, samples: Sequence[Sample],
+                 serial_below_tokens: int | None
+                 ) -> tuple[CostCoefficients, CostCoefficients | None]:
+    """`fit_means` per thread regime, as andante.perf.fit.fit_by_threads splits them:
+    (all threads, one thread or None)."""
+    if serial_below_tokens is not None:
+        serial = [s for s in samples if s[0].num_tokens < serial_below_tokens]
+        parallel = [s for s in samples if s[0].num_tokens >= serial_below_tokens]
+        if min(len(serial), len(parallel)) >= MIN_REGIME_SAMPLES:
+            return fit_means(model, parallel), fit_means(model, serial)
+    return fit_means(model, samples), None
+
+
+def _with_floor(hardware: HardwareSpec, model: ModelSpec, floor: float) -> HardwareSpec:
+    return dataclasses.replace(hardware, eager_launch_per_layer=floor / model.num_layers)
+
+
+def fit_launch_floor(model: CostModel, steps: Sequence[LoggedStep],
+                     coefficients: CostCoefficients) -> tuple[CostCoefficients, float, int]:
+    """(coefficients, floor seconds, steps on it): see the module note. Without steps
+    launched op by op, or where no floor helps, the coefficients given and no floor."""
+    all_samples = [(s.shape, s.duration) for s in steps]
+    base_error = prediction_error(model.with_coefficients(coefficients), all_samples)
+    eager = sorted((s for s in steps if s.graph is False and s.has_prefill),
+                   key=lambda s: sum(model.terms(s.shape)))
+    best = (coefficients, 0.0, 0, base_error - FLOOR_GAIN)
+    for k in range(2, len(eager) + 1):
+        on_floor = eager[:k]
+        floor = float(np.median([s.duration for s in on_floor]))
+        if any(abs(s.duration - floor) > FLOOR_SPREAD * floor for s in on_floor):
+            break  # the k least-work steps are not flat: neither are more of them
+        floor_ids = {id(s) for s in on_floor}
+        others = [s for s in steps if id(s) not in floor_ids]
+        if len({shape_class(s) for s in others}) < MIN_DISTINCT_SHAPES:
+            break
+        rest = [(s.shape, s.duration) for s in others]
+        fitted = fit_means(model, rest)
+        floored = CostModel(model.model, _with_floor(model.hardware.with_coefficients(
+            fitted), model.model, floor), model.tp)
+        error = prediction_error(floored, all_samples)
+        if error < best[3]:
+            best = (fitted, floor, k, error)
+    return best[0], best[1], best[2]
+
+
+def _by_kind(model: CostModel, steps: Sequence[LoggedStep]) -> dict[str, KindError]:
+    out: dict[str, KindError] = {}
+    for kind in ("decode", "mixed", "prefill"):
+        part = [s for s in steps if s.kind == kind]
+        if not part:
+            continue
+        predicted = [model.step_time(s.shape) for s in part]
+        measured = [s.duration for s in part]
+        out[kind] = KindError(
+            len(part),
+            sum(abs(p - m) / m for p, m in zip(predicted, measured, strict=True)) / len(part),
+            sum(predicted) / sum(measured))
+    return out
+
+
+def coverage(steps: Sequence[LoggedStep]) -> str:
+    """The range of shapes a log covers, in words."""
+    prefill = [s.shape.num_tokens - s.shape.num_decode_seqs for s in steps if s.has_prefill]
+    decode = [s.shape.num_decode_seqs for s in steps]
+    classes = len({shape_class(s) for s in steps})
+    return (f"{len(steps)} steps, {classes} shapes: prefill tokens per step "
+            f"{min(prefill, default=0)}-{max(prefill, default=0)}, decodes per step "
+            f"up to {max(decode, default=0)}, KV read per step up to "
+            f"{max(s.shape.kv_tokens_read for s in steps)} tokens")
+
+
+def split_stalls(model: CostModel, steps: Sequence[LoggedStep]
+                 ) -> tuple[list[LoggedStep], list[LoggedStep]]:
+    """(the steps to fit, the stalled ones): a step off by more than STALL_FACTOR from
+    what a fit of the others predicts, either way, is not the engine's cost of its shape
+    (a machine too busy to run it, a pause of the process). Two rounds: the first fit
+    sees every step. Steps launched op by op are kept: they are the launch floor's."""
+    kept = list(steps)
+    for _ in range(2):
+        fitted = model.with_coefficients(fit_coefficients(
+            model, [(s.shape, s.duration) for s in kept], kv_term=True))
+        off = {id(s) for s in steps if s.graph is not False
+               and not 1 / STALL_FACTOR <= s.duration / max(fitted.step_time(s.shape), 1e-12)
+               <= STALL_FACTOR}
+        kept = [s for s in steps if id(s) not in off]
+    stalled = [s for s in steps if id(s) in off]
+    if len(stalled) > MAX_STALL_SHARE * len(steps):
+        raise LogFitRefused(
+            f"{len(stalled)} of {len(steps)} steps took more than {STALL_FACTOR:g}x (or "
+            f"less than 1/{STALL_FACTOR:g}) what the other steps predict (e.g. line "
+            f"{stalled[0].line}: {stalled[0].duration * 1e3:.0f} ms): the machine was too "
+            "busy or the engine stalled while it logged; record on a quiet machine")
+    return kept, stalled
+
+
+def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: HardwareSpec,
+                 name: str, tp: int = 1, serial_below_tokens: int | None = None,
+                 source: str = "step log") -> LogFit:
+    """Fit `base`'s coefficients to the logged steps and return the profile `name`:
+    `base`'s rates and sizes, the fitted coefficients (two sets where
+    `serial_below_tokens` splits the steps, andante.perf.fit.fit_by_threads), a launch
+    floor where the log shows one, no new-size setup. LogFitRefused for a thin log, or
+    one with too many stalled steps (`split_stalls`; the few others are left out and
+    counted)."""
+    plain = dataclasses.replace(base, name=name, serial_coefficients=None,
+                                serial_below_tokens=None, eager_launch_per_layer=0.0,
+                                new_size_fixed=0.0, new_size_per_token=0.0, new_size_cache=0,
+                                fit_error=None, calibrated_at=None, fitted_on=None)
+    model = CostModel(model_spec, plain, tp)
+    check_log(steps, model)
+    steps, stalled = split_stalls(model, steps)
+    samples: list[Sample] = [(s.shape, s.duration) for s in steps]
+    coefficients, serial = _fit_regimes(model, samples, serial_below_tokens)
+    floor, on_floor = 0.0, 0
+    if serial is None:
+        coefficients, floor, on_floor = fit_launch_floor(model, steps, coefficients)
+    engines = sorted({s.engine for s in steps if s.engine is not None})
+    fitted = dataclasses.replace(
+        _with_floor(plain.with_coefficients(coefficients), model_spec, floor),
+        serial_coefficients=serial,
+        serial_below_tokens=serial_below_tokens if serial is not None else None,
+        fitted_on=f"{source} ({', '.join(engines) or 'engine not named'}, "
+                  f"{model_spec.name}, tp {tp}): {coverage(steps)}"
+                  + (f"; {len(stalled)} stalled steps left out" if stalled else ""))
+    fitted_model = CostModel(model_spec, fitted, tp)
+    return LogFit(hardware=fitted, error=prediction_error(fitted_model, samples),
+                  by_kind=_by_kind(fitted_model, steps), num_steps=len(steps),
+                  num_shapes=len({shape_class(s) for s in steps}), engines=engines,
+                  num_on_floor=on_floor, num_stalled=len(stalled),
+                  num_derived_shapes=sum(not s.exact_shape for s in steps), samples=samples)

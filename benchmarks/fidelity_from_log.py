@@ -1,0 +1,180 @@
+"""Simulator fidelity from a served engine's own step log: calibrate, then predict it.
+
+The check of issue 31 item 2, for whichever engine serves: `--engine andante`
+(`andante serve --trace-steps FILE`) or `--engine vllm` (vLLM CPU running andante's
+scheduler class, which writes the same step log when `{"andante": {"step_log": PATH}}`
+is in its `--additional-config`). One server, started once:
+
+1. calibration load: a Poisson workload of varied lengths (`--calibration-*`), its
+   steps logged; the log up to its end is fitted by `andante calibrate --step-log`
+   (--base-hardware cpu, into a private profiles folder);
+2. for each rate of `--rates` (default 0.5, 1, 2 req/s): a Poisson workload (other
+   seeds than the calibration's) replayed on the server by andante's load generator
+   (token-id prompts of exact length, ignore_eos, streaming), and the same workload in
+   `andante simulate`'s engine (`andante.sim`, policy vllm, the server's limits) on the
+   fitted profile. Target: mean TTFT and mean TPOT within 10% (|sim - real| / real).
+
+The real TTFT is the client's (HTTP and streaming included); the simulator's is the
+engine's. Prints one JSON line: the fit (error per step kind, steps, shapes), per rate
+the real and simulated figures and their errors, the worst error, the load average
+before and after (the machine's load moves the real figures: say so when reporting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from contextlib import redirect_stdout
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+from andante.bench.load import BenchConfig, run_bench
+from andante.cli.main import main as andante_main
+from andante.metrics.record import records_from_requests
+from andante.metrics.summary import summarize
+from andante.perf.paths import ANDANTE_HOME_ENV
+from andante.policies import SchedulerConfig
+from andante.sim import ClusterSpec, build_simulator
+from andante.workload import WorkloadConfig, build_workload
+from andante.workload.spec import to_requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_paths import REPO, VLLM_MODEL, VLLM_PYTHON  # noqa: E402
+from serve_vs_vllm import free_port, start, stop, warm_up  # noqa: E402
+
+TARGET = 0.10
+PROFILE = "served"
+
+
+def server_command(args: argparse.Namespace, port: int, step_log: Path) -> list[str]:
+    limits = ["--max-model-len", str(args.max_model_len), "--max-num-seqs",
+              str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_batched_tokens)]
+    if args.engine == "andante":
+        return [sys.executable, "-m", "andante.cli.main", "serve", "--port", str(port),
+                "--policy", "vllm", "--log-level", "warning", "--no-prefix-caching",
+                "--dtype", "bfloat16", "--trace-steps", str(step_log), *limits]
+    config = {"andante": {"policy": "vllm", "step_log": str(step_log)}}
+    return [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model",
+            str(args.model_dir), "--served-model-name", "smollm2", "--dtype", "bfloat16",
+            "--host", "127.0.0.1", "--port", str(port), "--no-enable-prefix-caching",
+            "--enforce-eager", "--scheduler-cls", "andante.vllm.Scheduler",
+            "--additional-config", json.dumps(config), *limits]
+
+
+def engine_limits(args: argparse.Namespace) -> SchedulerConfig:
+    return SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                           max_num_batched_tokens=args.max_batched_tokens)
+
+
+def served(port: int, config: WorkloadConfig) -> dict[str, float]:
+    cfg = BenchConfig(base_url=f"http://127.0.0.1:{port}", seed=config.seed)
+    run = asyncio.run(run_bench(build_workload(config), cfg))
+    if run.errors:
+        raise RuntimeError(f"{len(run.errors)} requests failed: {run.errors[:3]}")
+    return figures(run.summary)
+
+
+def simulated(args: argparse.Namespace, config: WorkloadConfig) -> dict[str, float]:
+    spec = ClusterSpec(model="smollm2-135m", hardware=PROFILE, policy="vllm",
+                       scheduler=engine_limits(args))
+    requests = to_requests(build_workload(config))
+    build_simulator(spec).run(requests)
+    return figures(summarize(records_from_requests(requests)))
+
+
+def figures(summary: Any) -> dict[str, float]:
+    return {"ttft_mean_ms": round(summary.ttft.mean * 1e3, 2),
+            "tpot_mean_ms": round(summary.tpot.mean * 1e3, 2),
+            "num_finished": summary.num_finished}
+
+
+def calibrate(step_log: Path, upto: int, out: Path) -> dict[str, Any]:
+    """Fit the first `upto` lines of the log (the calibration load) as PROFILE."""
+    lines = step_log.read_text(encoding="utf-8").splitlines(keepends=True)[:upto]
+    out.write_text("".join(lines), encoding="utf-8")
+    argv = ["calibrate", "--step-log", str(out), "--model", "smollm2-135m",
+            "--base-hardware", "cpu", "--name", PROFILE, "--force", "--json"]
+    saved = Path(os.environ[ANDANTE_HOME_ENV]) / "hardware"
+    buffer = StringIO()
+    with redirect_stdout(buffer):
+        code = andante_main(argv)
+    if code != 0 or not (saved / f"{PROFILE}.json").is_file():
+        raise RuntimeError(f"calibration failed (exit {code}): {buffer.getvalue()}")
+    return json.loads(buffer.getvalue())
+
+
+def workload(args: argparse.Namespace, rate: float, seed: int, lengths: str,
+             num_requests: int) -> WorkloadConfig:
+    return WorkloadConfig(kind="poisson", rate=rate, num_requests=num_requests,
+                          lengths=lengths, seed=seed)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engine", choices=["andante", "vllm"], default="andante")
+    p.add_argument("--rates", default="0.5,1,2", help="requests/s (Poisson), comma-separated")
+    p.add_argument("--num-requests", type=int, default=30, help="per rate")
+    p.add_argument("--lengths", default="uniform:32:256:16:96")
+    p.add_argument("--calibration-rate", type=float, default=2.0)
+    p.add_argument("--calibration-requests", type=int, default=80)
+    p.add_argument("--calibration-lengths", default="uniform:16:512:8:96")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-batched-tokens", type=int, default=2048)
+    p.add_argument("--model-dir", type=Path, default=VLLM_MODEL)
+    p.add_argument("--vllm-python", default=str(VLLM_PYTHON))
+    p.add_argument("--start-timeout", type=float, default=600.0)
+    p.add_argument("--log-dir", type=Path, default=Path("runs/fidelity_from_log"))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rates = [float(r) for r in args.rates.split(",")]
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    os.environ[ANDANTE_HOME_ENV] = tempfile.mkdtemp(prefix="andante-fidelity-log-")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])  # andante for vLLM
+    step_log = args.log_dir / f"{args.engine}-steps.jsonl"
+    load_before, started = [round(x, 2) for x in os.getloadavg()], time.perf_counter()
+    port = free_port()
+    proc = start(server_command(args, port, step_log), port,
+                 args.log_dir / f"{args.engine}.log", args.start_timeout)
+    try:
+        warm_up(port)
+        served(port, workload(args, args.calibration_rate, args.seed + 100,
+                              args.calibration_lengths, args.calibration_requests))
+        upto = len(step_log.read_text(encoding="utf-8").splitlines())
+        fit = calibrate(step_log, upto, args.log_dir / f"{args.engine}-calibration.jsonl")
+        runs = []
+        for index, rate in enumerate(rates):
+            config = workload(args, rate, args.seed + index, args.lengths, args.num_requests)
+            real, sim = served(port, config), simulated(args, config)
+            errors = {f"{m}_error": round(abs(sim[f"{m}_mean_ms"] - real[f"{m}_mean_ms"])
+                                          / real[f"{m}_mean_ms"], 4) for m in ("ttft", "tpot")}
+            runs.append({"rate": rate, "real": real, "sim": sim, **errors,
+                         "loadavg": [round(x, 2) for x in os.getloadavg()]})
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+    finally:
+        stop(proc)
+    worst = max(max(r["ttft_error"], r["tpot_error"]) for r in runs)
+    print(json.dumps({"benchmark": "fidelity_from_log", "engine": args.engine,
+                      "fit": {k: fit[k] for k in ("fit_error", "num_steps", "num_shapes",
+                                                   "by_kind", "engines", "fitted_on")},
+                      "runs": runs, "worst_error": worst, "target": TARGET,
+                      "within_target": worst <= TARGET, "step_log": str(step_log),
+                      "wall_s": round(time.perf_counter() - started, 1),
+                      "loadavg_before": load_before,
+                      "loadavg_after": [round(x, 2) for x in os.getloadavg()]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
