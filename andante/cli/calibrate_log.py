@@ -63,7 +63,7 @@ def resolve_model(name_or_path: str | None, dtype: str) -> ModelSpec:
                          f"({', '.join(model_names())}) nor a directory with config.json")
     data = json.loads(config.read_text(encoding="utf-8"))
     name = Path(name_or_path).resolve().name
-    return config_from_hf(data, name).to_model_spec(DTYPE_BYTES[dtype], name)
+    return config_from_hf(data, name).with_dtype(DTYPE_BYTES[dtype], name)
 
 
 def resolve_base(name: str | None) -> HardwareSpec:
