@@ -224,7 +224,7 @@ def _dtype(args: argparse.Namespace) -> str:
         from andante.exec.torch_dtype import serving_dtype
 
         try:
-            choice = serving_dtype(path, args.threads)
+            choice = serving_dtype(path)
         except (ValueError, RuntimeError, OSError) as exc:  # the load reports it later
             print(f"andante serve: dtype not measured ({exc})", file=sys.stderr)
             return preferred_dtype()

@@ -15,12 +15,14 @@ the model's near-ties. So `--dtype auto` measures both on this machine, once:
    served request sees them).
 
 bfloat16 is chosen when its agreement is at least MIN_AGREEMENT and it is at least
-MIN_SPEEDUP times faster; otherwise float32 (exact). The choice is cached per machine
-under the andante home (`dtype/<digest>.json`, keyed by CPU model, cores, threads,
-torch version and the model file), with the others' CPU share while it ran
-(andante.exec.cpu_share): the speed ratio is measured interleaved, so unlike the thread
-probe's choice it holds beside a neighbour. A CPU without oneDNN bf16 GEMMs gets float32
-without a measurement (bf16 would be emulated in float32, slower).
+MIN_SPEEDUP times faster; otherwise float32 (exact). Both run on one thread: the dtypes'
+speed ratio is the kernels', and two OpenMP threads beside a busy neighbour collapse
+(6-38x slower steps), which would make the start-up measurement take minutes on a shared
+machine. The choice is cached per machine under the andante home (`dtype/<digest>.json`,
+keyed by CPU model, torch version and the model file), with the others' CPU share while
+it ran (andante.exec.cpu_share): the speed ratio is measured interleaved, so unlike the
+thread probe's choice it holds beside a neighbour. A CPU without oneDNN bf16 GEMMs gets
+float32 without a measurement (bf16 would be emulated in float32, slower).
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ def measure_dtype_choice(executors: dict[str, Any], prompts: list[list[int]],
     return DtypeChoice(decide(agreement, ms), round(agreement, 3), ms)
 
 
-def dtype_key(model_path: Path, num_threads: int) -> dict[str, Any]:
+def dtype_key(model_path: Path) -> dict[str, Any]:
     """Everything the choice depends on: the machine, torch, the model file."""
     try:
         stat = model_path.stat()
@@ -169,8 +171,8 @@ def dtype_key(model_path: Path, num_threads: int) -> dict[str, Any]:
                  "mtime": int(stat.st_mtime)}
     except OSError:
         model = {"path": str(model_path)}
-    return {"version": DTYPE_VERSION, "cpu": cpu_model(), "cores": os.cpu_count(),
-            "threads": num_threads, "torch": torch.__version__, "model": model}
+    return {"version": DTYPE_VERSION, "cpu": cpu_model(), "torch": torch.__version__,
+            "model": model}
 
 
 def _cache_path(key: dict[str, Any]) -> Path:
@@ -218,7 +220,7 @@ def cached_dtype_choice(measure: Callable[[], DtypeChoice], key: dict[str, Any],
                        f"measured (others' CPU share {beside}), cached in {path}")
 
 
-def serving_dtype(model_path: str | None, num_threads: int | None) -> DtypeChoice:
+def serving_dtype(model_path: str | None) -> DtypeChoice:
     """`--dtype auto`: float32 where the CPU has no oneDNN bf16 GEMMs (bf16 would be
     emulated, slower than float32), else the measured and cached choice."""
     from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
@@ -227,16 +229,19 @@ def serving_dtype(model_path: str | None, num_threads: int | None) -> DtypeChoic
 
     if not packed_gemm_supported(torch.bfloat16):
         return DtypeChoice("float32", 0.0, {}, "no oneDNN bf16 GEMMs on this CPU")
-    threads = num_threads or torch.get_num_threads()
     block_size = 16
 
     def measure() -> DtypeChoice:
         model = load_model(model_path, "float32")
         prompts = [model.tokenizer.encode(p) for p in QUALITY_PROMPTS]
-        executors = {d: TorchExecutor(model, TorchExecutorOptions(
-            dtype=d, num_threads=threads, kv_cache_gib=0.05, swap_space_gib=0.0,
-            block_size=block_size, parallel_min_tokens=None, warmup_tokens=None))
-            for d in ("float32", "bfloat16")}
-        return measure_dtype_choice(executors, prompts, block_size)
+        before = torch.get_num_threads()
+        try:
+            executors = {d: TorchExecutor(model, TorchExecutorOptions(
+                dtype=d, num_threads=1, kv_cache_gib=0.05, swap_space_gib=0.0,
+                block_size=block_size, parallel_min_tokens=None, warmup_tokens=None))
+                for d in ("float32", "bfloat16")}
+            return measure_dtype_choice(executors, prompts, block_size)
+        finally:
+            torch.set_num_threads(before)
 
-    return cached_dtype_choice(measure, dtype_key(resolve_model_path(model_path), threads))
+    return cached_dtype_choice(measure, dtype_key(resolve_model_path(model_path)))

@@ -90,18 +90,17 @@ def test_the_choice_is_measured_once_per_machine_and_model(tmp_path: Path) -> No
     model = tmp_path / "m.gguf"
     model.write_bytes(b"x")
     measure = CountingMeasure()
-    first = cached_dtype_choice(measure, dtype_key(model, 2), _idle)
-    second = cached_dtype_choice(measure, dtype_key(model, 2), _idle)
+    first = cached_dtype_choice(measure, dtype_key(model), _idle)
+    second = cached_dtype_choice(measure, dtype_key(model), _idle)
     assert measure.calls == 1 and first.source.startswith("measured")
     assert second.source.startswith("cached") and second.dtype == "bfloat16"
-    cached_dtype_choice(measure, dtype_key(model, 1), _idle)  # other threads: again
     model.write_bytes(b"another model")  # another file: again
-    cached_dtype_choice(measure, dtype_key(model, 2), _idle)
-    assert measure.calls == 3
+    cached_dtype_choice(measure, dtype_key(model), _idle)
+    assert measure.calls == 2
 
 
 def test_a_damaged_entry_is_measured_again(tmp_path: Path) -> None:
-    key = dtype_key(tmp_path / "absent", 2)
+    key = dtype_key(tmp_path / "absent")
     path = torch_dtype._cache_path(key)
     path.parent.mkdir(parents=True)
     path.write_text('{"key": 1, "dtype": "float16"}')
