@@ -7,7 +7,8 @@ every one of its ~150 parallel regions for the thread that is not running, and r
 6-10x slower (issue 32), while one thread keeps its pace; when the neighbour leaves, all
 threads win again. Re-running the synthetic probe while serving is not an option (its
 steps write K/V into blocks that live requests now own), so the adapter probes on the
-served steps themselves, per step-size class (the step's bucket):
+served steps themselves, per step-size class (`adaptive_class`: decode sizes one by one,
+prefill sizes by power-of-two class):
 
 - It keeps a window of the last WINDOW step times at the current choice and the
   reference median of the last decision. When the window's median drifts from the
@@ -28,11 +29,28 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+#: Step sizes up to this many rows adapt one by one (decode batches: few sizes, many steps
+#: each); larger ones by power-of-two class (prefills: many sizes, few steps each), their
+#: times scaled to the class's size (a prefill's time grows about linearly with its rows).
+EXACT_CLASSES = 64
 WINDOW = 16
 DRIFT = 1.5
 TRIALS = 3
 REEXPLORE_STEPS = 256
 MAX_REEXPLORE = 8192
+
+
+def adaptive_class(size: int) -> int:
+    """The class a step of `size` rows adapts with: itself up to EXACT_CLASSES, else the
+    next power of two."""
+    return size if size <= EXACT_CLASSES else 1 << (size - 1).bit_length()
+
+
+def class_range(size_class: int) -> str:
+    """`size_class`'s step sizes, for the log."""
+    if size_class <= EXACT_CLASSES:
+        return str(size_class)
+    return f"{max(EXACT_CLASSES, size_class // 2) + 1}-{size_class}"
 
 
 @dataclass(slots=True)

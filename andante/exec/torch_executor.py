@@ -32,7 +32,7 @@ import torch
 
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.malloc_tuning import keep_freed_memory
-from andante.exec.thread_adapter import ThreadAdapter
+from andante.exec.thread_adapter import ThreadAdapter, adaptive_class, class_range
 from andante.exec.torch_cost import CPU_PROFILE, engine_cost_model
 from andante.exec.torch_inputs import InputBuilder
 from andante.exec.torch_kv import KVPools
@@ -250,7 +250,10 @@ class TorchExecutor:
         else:
             size = 1 << max(0, num_tokens - 1).bit_length()
         adapter = self.thread_adapter
-        wanted = adapter.threads_for(size) if adapter is not None else self._rule_threads(size)
+        if adapter is None:
+            wanted = self._rule_threads(size)
+        else:
+            wanted = adapter.threads_for(adaptive_class(size))
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
         return size, wanted
@@ -315,9 +318,10 @@ class TorchExecutor:
     def _observe(self, size: int, threads: int, seconds: float) -> None:
         if self.thread_adapter is None:
             return
-        decision = self.thread_adapter.observe(size, threads, seconds)
+        size_class = adaptive_class(size)  # per-row time scaled to the class's size
+        decision = self.thread_adapter.observe(size_class, threads, seconds * size_class / size)
         if decision is not None:
             medians = ", ".join(f"{c} thread(s) {m * 1e3:.1f} ms"
                                 for c, m in decision.medians.items())
-            log.info("threads: steps of %d rows now run on %d thread(s) (%s re-probe: %s)",
-                     size, decision.threads, decision.reason, medians)
+            log.info("threads: steps of %s rows now run on %d thread(s) (%s re-probe: %s)",
+                     class_range(size_class), decision.threads, decision.reason, medians)

@@ -8,7 +8,13 @@ from collections.abc import Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from andante.exec.thread_adapter import TRIALS, WINDOW, ThreadAdapter
+from andante.exec.thread_adapter import (
+    TRIALS,
+    WINDOW,
+    ThreadAdapter,
+    adaptive_class,
+    class_range,
+)
 
 
 def run(adapter: ThreadAdapter, size: int, cost: Callable[[int], float], steps: int) -> None:
@@ -101,3 +107,10 @@ def test_choices_are_always_one_or_all_threads(steps: list[tuple[int, float]]) -
         threads = adapter.threads_for(size)
         assert threads in (1, 4)
         adapter.observe(size, threads, seconds * threads)
+
+
+def test_small_sizes_adapt_alone_and_large_ones_by_power_of_two() -> None:
+    assert [adaptive_class(n) for n in (1, 8, 64)] == [1, 8, 64]
+    assert [adaptive_class(n) for n in (65, 128, 129, 300)] == [128, 128, 256, 512]
+    assert class_range(8) == "8" and class_range(128) == "65-128"
+    assert class_range(512) == "257-512"

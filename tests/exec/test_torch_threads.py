@@ -215,3 +215,29 @@ def test_the_executor_reuses_its_cached_choice(tiny_llama: Path) -> None:
     assert second.source.startswith("cached")
     assert (second.parallel_min_tokens, second.timings) == (first.parallel_min_tokens,
                                                             first.timings)
+
+
+def test_the_executor_follows_its_thread_adapter(tiny_llama: Path) -> None:
+    """Steps run at the adapter's choice for their size class, and a drift it sees
+    (injected durations, not timings) moves that class to one thread."""
+    from andante.exec.thread_adapter import TRIALS, WINDOW
+
+    model = load_model(tiny_llama, "float32")
+    before = torch.get_num_threads()
+    try:
+        executor = tiny_executor(model, num_threads=2, parallel_min_tokens=1)
+        assert executor.thread_adapter is None  # a set threshold does not adapt
+        executor = tiny_executor(model, num_threads=2, parallel_min_tokens="auto")
+        adapter = executor.thread_adapter
+        assert adapter is not None
+        size, threads = executor._set_threads(100)  # no buckets on float32: 128
+        assert size == 128 and threads == executor._rule_threads(128)
+        for seconds in [0.01] * (2 * WINDOW) + [0.05] * WINDOW:
+            executor._observe(size, threads, seconds)
+        for _ in range(2 * (TRIALS + 1)):  # the re-probe: one thread wins
+            size, trial = executor._set_threads(100)
+            executor._observe(size, trial, 0.01 if trial == 1 else 0.05)
+        assert executor._set_threads(100) == (128, 1) and torch.get_num_threads() == 1
+        assert executor._set_threads(8)[1] == executor._rule_threads(8)
+    finally:
+        torch.set_num_threads(before)
