@@ -103,9 +103,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="host KV GiB for swapping (default 0.25)")
     g.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                    help="weights and KV (default auto: measured once per machine and "
-                   "model: bfloat16 where it is at least 1.1x faster than float32 and its "
-                   "greedy answers to a set of prompts agree with float32's (>= 0.9 of the "
-                   "tokens), else float32; cached under the andante home)")
+                   "model, on a quiet machine: bfloat16 where it is at least 1.1x faster "
+                   "than float32 and its greedy answers to a set of prompts agree with "
+                   "float32's (>= 0.6 of the tokens), else float32; cached under the "
+                   "andante home)")
     g.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
     add_prefix_caching_arg(g)
     g.add_argument("--threads", type=positive_int, help="torch threads (default: all cores)")

@@ -86,16 +86,42 @@ def _idle() -> CpuTimes:
     return CpuTimes(0.0, 0.0, 0.0)
 
 
+class Stat:
+    """/proc/stat readings: each call 1 s of capacity passes, others using `shares[i]`
+    of it in the i-th interval."""
+
+    def __init__(self, *shares: float) -> None:
+        self.shares = list(shares)
+        self.now = CpuTimes(0.0, 0.0, 0.0)
+        self.calls = 0
+
+    def __call__(self) -> CpuTimes:
+        share = self.shares[min(self.calls // 2, len(self.shares) - 1)]
+        if self.calls % 2:  # the end of an interval
+            self.now = CpuTimes(self.now.busy + share, self.now.total + 1.0, self.now.own)
+        self.calls += 1
+        return self.now
+
+
+def _no_sleep(seconds: float) -> None:
+    pass
+
+
+def _choice(measure: CountingMeasure, key: dict[str, object], stat: object = _idle
+            ) -> DtypeChoice:
+    return cached_dtype_choice(measure, key, "bfloat16", stat, _no_sleep)  # type: ignore[arg-type]
+
+
 def test_the_choice_is_measured_once_per_machine_and_model(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"x")
     measure = CountingMeasure()
-    first = cached_dtype_choice(measure, dtype_key(model), _idle)
-    second = cached_dtype_choice(measure, dtype_key(model), _idle)
+    first = _choice(measure, dtype_key(model))
+    second = _choice(measure, dtype_key(model))
     assert measure.calls == 1 and first.source.startswith("measured")
     assert second.source.startswith("cached") and second.dtype == "bfloat16"
     model.write_bytes(b"another model")  # another file: again
-    cached_dtype_choice(measure, dtype_key(model), _idle)
+    _choice(measure, dtype_key(model))
     assert measure.calls == 2
 
 
@@ -105,8 +131,25 @@ def test_a_damaged_entry_is_measured_again(tmp_path: Path) -> None:
     path.parent.mkdir(parents=True)
     path.write_text('{"key": 1, "dtype": "float16"}')
     measure = CountingMeasure("float32")
-    assert cached_dtype_choice(measure, key, _idle).dtype == "float32"
+    assert _choice(measure, key).dtype == "float32"
     assert measure.calls == 1
+
+
+def test_a_busy_machine_gets_the_rule_without_a_measurement(tmp_path: Path) -> None:
+    measure = CountingMeasure("float32")
+    choice = _choice(measure, dtype_key(tmp_path), Stat(0.5))
+    assert measure.calls == 0 and choice.dtype == "bfloat16"
+    assert "not measured" in choice.source and "0.50" in choice.source
+    assert _choice(measure, dtype_key(tmp_path), Stat(0.0)).source.startswith("measured")
+    assert measure.calls == 1
+
+
+def test_a_neighbour_during_the_measurement_keeps_it_out_of_the_cache(tmp_path: Path) -> None:
+    measure = CountingMeasure("float32")
+    choice = _choice(measure, dtype_key(tmp_path), Stat(0.0, 0.6))
+    assert choice.dtype == "float32" and "not cached" in choice.source
+    _choice(measure, dtype_key(tmp_path), Stat(0.0))
+    assert measure.calls == 2
 
 
 def test_greedy_answers_of_the_probe_are_the_reference_model_s(tiny_llama: Path) -> None:
