@@ -29,3 +29,16 @@ def test_engine_vs_peers_takes_neighbours() -> None:
     assert bench.parse_args(["--neighbour", "0", "--neighbour", "20"]).neighbour == [0.0, 20.0]
     with pytest.raises(SystemExit):
         bench.parse_args(["--neighbour", "-2"])
+
+
+def test_compare_runs_each_system_beside_its_neighbours(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_benchmark("engine_vs_peers")
+    record = {"prefill_ms": 100.0, "concurrent": {"out_tok_s": 300.0},
+              "decode": {"b1": {"ms_per_step": 20.0, "ms_per_step_wall": 20.0},
+                         "b8": {"ms_per_step": 30.0, "ms_per_step_wall": 30.0}}}
+    monkeypatch.setattr(bench, "available",
+                        lambda args: {"andante": lambda: time.sleep(0.3) or record})
+    result = bench.compare(bench.parse_args(["--neighbour", "0"]))
+    run = result["runs"]["andante"][0]
+    assert run["record"] == record and len(run["machine"]["neighbours_started_s"]) == 1
+    assert result["neighbours_start_after_s"] == [0.0]
