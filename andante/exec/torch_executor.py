@@ -33,6 +33,7 @@ import torch
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.malloc_tuning import keep_freed_memory
 from andante.exec.thread_adapter import ThreadAdapter, adaptive_class, class_range
+from andante.exec.torch_attention import decode_matmul_choice
 from andante.exec.torch_cost import CPU_PROFILE, engine_cost_model
 from andante.exec.torch_inputs import InputBuilder
 from andante.exec.torch_kv import KVPools
@@ -76,6 +77,8 @@ class TorchExecutorOptions:
     again even when a choice is cached (as does $ANDANTE_REPROBE_THREADS=1);
     adapt_threads: with "auto", keep adapting each step size's thread count to the CPU
     the engine gets while it runs (andante.exec.thread_adapter);
+    decode_attention: decode rows' attention by PyTorch's fused kernel ("sdpa"), by
+    float32 matmuls ("matmul"), or ("auto") whichever is faster here, timed at start-up;
     seed: the generator of unseeded sampling; hardware: cost-model profile name;
     step_buckets: pad each step's GEMM rows to a step-size bucket (bf16 fused path; off
     with $ANDANTE_NO_STEP_BUCKETS=1); warmup_tokens: run every bucket up to this many
@@ -93,6 +96,7 @@ class TorchExecutorOptions:
     parallel_min_tokens: int | Literal["auto"] | None = "auto"
     reprobe_threads: bool = False
     adapt_threads: bool = True
+    decode_attention: Literal["auto", "sdpa", "matmul"] = "auto"
     seed: int = 0
     hardware: str = CPU_PROFILE
     step_buckets: bool = True
@@ -123,6 +127,9 @@ class TorchExecutorOptions:
                                  f"{self.parallel_min_tokens!r}")
         elif self.parallel_min_tokens is not None and self.parallel_min_tokens < 1:
             raise ValueError(f"parallel_min_tokens must be >= 1, got {self.parallel_min_tokens}")
+        if self.decode_attention not in ("auto", "sdpa", "matmul"):
+            raise ValueError("decode_attention must be 'auto', 'sdpa' or 'matmul', got "
+                             f"{self.decode_attention!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
@@ -139,6 +146,7 @@ class TorchExecutor:
         self._init_buckets()
         with primitive_cache_for(self._num_buckets()):
             self._init_runner()
+        self._init_decode_path()
         self._init_thread_choice()
         self._init_warmup()
         self.cost_model = cost_model or engine_cost_model(self.spec, self.options.hardware)
@@ -147,6 +155,19 @@ class TorchExecutor:
         if self.options.num_threads is not None:
             torch.set_num_threads(self.options.num_threads)
         self.num_threads = torch.get_num_threads()
+
+    def _init_decode_path(self) -> None:
+        """Decode attention by the fused kernel or by float32 matmuls: the option, or
+        ("auto") whichever is faster on this CPU at the model's shapes
+        (andante.exec.torch_attention.choose_decode_path)."""
+        c = self.model.config
+        matmul, self.decode_path_us = decode_matmul_choice(
+            self.options.decode_attention, c.num_heads, c.num_kv_heads, c.head_dim,
+            self.dtype, self.options.block_size)
+        self.inputs.decode_matmul = matmul
+        if self.decode_path_us:
+            log.info("decode attention: %s (us per layer call summed over batches 1, 8, "
+                     "16: %s)", "matmul" if matmul else "sdpa", self.decode_path_us)
 
     def _init_thread_choice(self) -> None:
         self.thread_adapter: ThreadAdapter | None = None
