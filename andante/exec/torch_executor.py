@@ -10,7 +10,9 @@ for small decode steps depends on the machine and its load. The measured choice 
 cached per machine and model shape (andante.exec.torch_threads), so only the first
 start-up pays for the probe; it is logged either way. While serving, each step size's
 thread count keeps following the CPU the engine gets (andante.exec.thread_adapter:
-re-probed on the served steps when their times drift, and now and then). The process
+re-probed on the served steps when their times drift, and now and then). Decode rows'
+attention takes the faster of two paths on this CPU, timed at start-up
+(andante.exec.torch_attention.choose_decode_path). The process
 keeps freed heap memory for the next step (andante.exec.malloc_tuning). On the fused
 bf16 path each step's GEMM rows are padded to a step-size bucket and every bucket up to
 the step budget is run once at start-up (andante.perf.step_sizes,
