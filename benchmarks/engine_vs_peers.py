@@ -29,6 +29,10 @@ nearly every step is a size the process has not run (step-size buckets' case,
 andante.perf.step_sizes); `--no-step-buckets` runs andante with
 ANDANTE_NO_STEP_BUCKETS=1 (no padding, no warm-up), for side-by-side runs.
 
+`--neighbour S` (repeatable) starts a CPU-bound process S seconds into each
+system-round (0: one core busy from the start) and stops it when the round ends
+(benchmarks/neighbours.py): the figures beside a neighbour arriving mid-run.
+
 `--profile` instead profiles andante's steps (a 256-token prefill, a batch-8 decode
 step, a 16-request mixed step) with torch.profiler, writing an operator table and a
 Chrome trace per step under `--profile-dir` (default runs/profile/<UTC time>).
@@ -46,6 +50,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +58,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "peers"))
 from andante_half import profile_steps, run_andante  # noqa: E402
+from neighbours import Neighbours  # noqa: E402
 from peer_paths import (  # noqa: E402
     LLAMA_BENCH_SCRIPT,
     LLAMA_BF16_GGUF,
@@ -211,14 +217,18 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     for round_index in range(args.rounds):
         for name, runner in systems.items():
-            record, machine = meter.measure(runner)
+            neighbours = Neighbours(args.neighbour)
+            (record, started), machine = meter.measure(partial(neighbours.around, runner))
+            if args.neighbour:
+                machine["neighbours_started_s"] = started
             machine["busy"] = machine["others_cpu_share"] > args.busy_share
             runs[name].append({"round": round_index, "machine": machine, "record": record})
             print(f"engine_vs_peers: round {round_index + 1}/{args.rounds} {name}: "
                   f"{json.dumps(figures(record)) if record else 'failed'} {machine}",
                   file=sys.stderr, flush=True)
     return {"benchmark": "engine_vs_peers", "date_utc": _now().isoformat(timespec="seconds"),
-            "rounds": args.rounds, "repeats": args.repeats, "cpus": os.cpu_count(),
+            "neighbours_start_after_s": args.neighbour, "rounds": args.rounds,
+            "repeats": args.repeats, "cpus": os.cpu_count(),
             **summarize(runs, args.busy_share), "runs": runs}
 
 
@@ -269,6 +279,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="OMP_WAIT_POLICY for every system (default: the environment's, "
                         "else OpenMP's own spinning; passive is kinder to a shared machine "
                         "but slows 2-thread steps several-fold)")
+    p.add_argument("--neighbour", type=float, action="append", default=[], metavar="S",
+                   help="start a CPU-bound process S seconds after each system-round "
+                   "begins (0: from the start), stopped when it ends; repeat for several")
     p.add_argument("--profile", action="store_true",
                    help="profile andante's steps with torch.profiler instead of comparing")
     p.add_argument("--profile-dir", type=Path, default=None,
@@ -276,6 +289,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.prefill_lengths < 0:
         p.error("--prefill-lengths must be >= 0")
+    if any(s < 0 for s in args.neighbour):
+        p.error("--neighbour must be >= 0 seconds")
     for name in ("rounds", "repeats", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")

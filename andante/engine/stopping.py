@@ -3,7 +3,8 @@
 Design note (vLLM v1's `check_stop`, vllm/v1/core/sched/utils.py): one function decides,
 after each new token, whether the request is done. Stop strings are not here: they need
 the detokenizer, so the front end (the server's output processor, offline `generate`)
-checks them and finishes the request. The simulator's decode runs read the length rule
+checks them and finishes the request. As vLLM's, a request with fewer than `min_tokens`
+output tokens stops only at a length limit. The simulator's decode runs read the length rule
 in its count form, `num_tokens_before_length_stop` (a test checks that both agree).
 """
 
@@ -25,10 +26,11 @@ def num_tokens_before_length_stop(requests: Iterable[Request], max_tokens_total:
 def check_stop(req: Request, token: int, max_tokens_total: int) -> RequestStatus | None:
     """The finished status `req` reaches with its newest token `token`, or None."""
     sampling = req.sampling
-    if token in sampling.stop_token_ids:
-        return RequestStatus.FINISHED_STOPPED
-    if not sampling.ignore_eos and token == sampling.eos_token_id:
-        return RequestStatus.FINISHED_STOPPED
+    if req.num_output_tokens >= sampling.min_tokens:  # min_tokens bars stops until then
+        if token in sampling.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if not sampling.ignore_eos and token == sampling.eos_token_id:
+            return RequestStatus.FINISHED_STOPPED
     if req.num_output_tokens >= sampling.max_tokens or req.num_tokens >= max_tokens_total:
         return RequestStatus.FINISHED_LENGTH  # as num_tokens_before_length_stop([req]) <= 0
     return None

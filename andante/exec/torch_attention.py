@@ -31,6 +31,15 @@ persistent buffer appended one token per step) was tried and dropped: it saved t
 gather's 7 ms per batch-16 step (one thread) but attention then read a larger, colder
 buffer and took 4 ms more; a fresh gather leaves its output in cache for the kernel.
 
+Which kernel is faster for decode rows depends on the CPU: the fused kernel's bf16
+path is brgemm tiles where the CPU has AMX, a generic per-tile loop elsewhere. On an
+AVX-512 BF16 CPU without AMX (issue 32; one thread, process CPU time per layer, context
+144, load 12-15) it took 118 / 920 / 1,835 us at batch 1 / 8 / 16, while the same
+arithmetic as two float32 batched matmuls and a softmax (`decode_attention_matmul`)
+took 35 / 292 / 701 us, within one bf16 rounding of the kernel's output (the kernel also
+computes in float32). So the executor times both at start-up on its own shapes and
+uses the faster (`choose_decode_path`; the step's `decode_matmul`).
+
 The functions here are TorchScript (`torch.jit.script`), so that the fused layer stack
 (andante.exec.torch_layers) runs a whole step's layers in one scripted call; what they
 need of the step is an `AttentionPlan` of plain tensors and ints, built once per step
@@ -39,6 +48,8 @@ and pool shape (`attention_plan`).
 
 # no `from __future__ import annotations`: TorchScript cannot resolve the postponed
 # annotations of NamedTuples used inside lists
+import statistics
+import time
 from typing import NamedTuple, Optional
 
 import torch
@@ -66,6 +77,7 @@ class AttentionPlan(NamedTuple):
     group_cached: list[int]
     group_rows: list[Optional[torch.Tensor]]  # noqa: UP045 (TorchScript needs Optional)
     group_masks: list[Optional[torch.Tensor]]  # noqa: UP045
+    decode_matmul: bool  # decode rows by `decode_attention_matmul`
 
 
 def flat_rows(index: torch.Tensor, heads: int, per_head: int) -> torch.Tensor:
@@ -94,7 +106,7 @@ def attention_plan(inputs: StepInputs, pool: torch.Tensor) -> AttentionPlan:
         [g.start for g in groups], [g.num_seqs for g in groups],
         [g.num_tokens for g in groups], [g.num_cached for g in groups],
         [None if g.blocks is None else flat_rows(g.blocks, heads, blocks) for g in groups],
-        [g.mask for g in groups])
+        [g.mask for g in groups], inputs.decode_matmul)
     return plan
 
 
@@ -142,6 +154,24 @@ def decode_attention(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor,
 
 
 @script
+def decode_attention_matmul(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor,
+                            mask: torch.Tensor, num_kv_heads: int,
+                            scale: float | None) -> torch.Tensor:
+    """`decode_attention` as two float32 batched matmuls and a softmax (each KV head's
+    query group against its keys): the same float32 arithmetic as the fused kernel's,
+    with the output rounded to the model dtype once, in another order."""
+    batch, heads, dim = q.shape[0], q.shape[1], q.shape[2]
+    kv = gather_blocks(pool, rows).view(2, num_kv_heads, batch, -1, dim).float()
+    keys, values = kv[0].transpose(0, 1), kv[1].transpose(0, 1)  # [B, kvh, L, D]
+    queries = q.view(batch, num_kv_heads, heads // num_kv_heads, dim).float()
+    scores = torch.matmul(queries, keys.transpose(2, 3))  # [B, kvh, group, L]
+    if scale is not None:
+        scores = scores * scale
+    probs = (scores + mask.float()).softmax(dim=-1)
+    return torch.matmul(probs, values).to(q.dtype).view(batch, heads * dim)
+
+
+@script
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       pool: torch.Tensor, n: int, c: int, cached: int,
                       rows: torch.Tensor | None, mask: torch.Tensor | None,
@@ -167,7 +197,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Ten
     """All rows of the step: decode rows first, then each prefill group."""
     parts: list[torch.Tensor] = []
     nd = plan.num_decode
-    if nd > 0:
+    if nd > 0 and plan.decode_matmul:
+        parts.append(decode_attention_matmul(q[:nd], pool, plan.decode_rows,
+                                             plan.decode_mask, num_kv_heads, scale))
+    elif nd > 0:
         parts.append(decode_attention(q[:nd], pool, plan.decode_rows, plan.decode_mask,
                                       num_kv_heads, scale))
     for i in range(len(plan.group_start)):
@@ -177,3 +210,48 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Ten
                                        plan.group_cached[i], plan.group_rows[i],
                                        plan.group_masks[i], num_kv_heads, scale))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+#: Decode batches and context the start-up choice times both paths at.
+CHOICE_BATCHES = (1, 8, 16)
+CHOICE_CONTEXT = 128
+
+
+def choose_decode_path(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                       block_size: int, rounds: int = 5, reps: int = 20) -> dict[str, float]:
+    """Time `decode_attention` (the fused kernel) and `decode_attention_matmul` on random
+    data of the model's shapes, at CHOICE_BATCHES x CHOICE_CONTEXT, interleaved rounds
+    at the current thread count; the median microseconds per call of each, summed over
+    the batch sizes: {"sdpa": us, "matmul": us}."""
+    blocks_per_seq = -(-(CHOICE_CONTEXT + 1) // block_size)
+    totals = {"sdpa": 0.0, "matmul": 0.0}
+    for batch in CHOICE_BATCHES:
+        pool = torch.randn(2 * kv_heads, batch * blocks_per_seq, block_size, head_dim,
+                           dtype=dtype)
+        table = torch.arange(batch * blocks_per_seq)
+        rows = flat_rows(table, 2 * kv_heads, batch * blocks_per_seq)
+        mask = torch.zeros(batch, 1, 1, blocks_per_seq * block_size, dtype=dtype)
+        mask[..., CHOICE_CONTEXT + 1:] = float("-inf")
+        q = torch.randn(batch, heads, head_dim, dtype=dtype)
+        runs = {"sdpa": decode_attention, "matmul": decode_attention_matmul}
+        samples: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(rounds + 1):  # the first round warms up
+            for name, fn in runs.items():
+                started = time.perf_counter()
+                for _ in range(reps):
+                    fn(q, pool, rows, mask, kv_heads, None)
+                samples[name].append((time.perf_counter() - started) / reps * 1e6)
+        for name, times in samples.items():
+            totals[name] += statistics.median(times[1:])
+    return {name: round(us, 1) for name, us in totals.items()}
+
+
+def decode_matmul_choice(option: str, heads: int, kv_heads: int, head_dim: int,
+                         dtype: torch.dtype, block_size: int
+                         ) -> tuple[bool, dict[str, float]]:
+    """Whether decode rows use `decode_attention_matmul`: "matmul" / "sdpa" as set, or
+    ("auto") the faster of the two timed now; with the timings (empty when set)."""
+    if option != "auto":
+        return option == "matmul", {}
+    timings = choose_decode_path(heads, kv_heads, head_dim, dtype, block_size)
+    return timings["matmul"] < timings["sdpa"], timings

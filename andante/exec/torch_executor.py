@@ -4,16 +4,20 @@ One `execute` call is one engine step: swaps (timed), then one fused forward pas
 every scheduled token of the batch (andante.exec.torch_inputs / torch_model), then
 sampling of the rows whose request produces a token. KV lives in preallocated pools
 sized from `kv_cache_gib` (device tier) and `swap_space_gib` (host tier). Steps with
-fewer than `parallel_min_tokens` tokens run on one thread; by default that threshold
-is measured at start-up (andante.exec.torch_threads): whether a second OpenMP thread
-pays for small decode steps depends on the machine and its load. The measured choice
-is cached per machine and model shape (andante.exec.torch_threads), so only the first
-start-up pays for the probe; it is logged either way. The process keeps freed heap
-memory for the next step (andante.exec.malloc_tuning). On the fused bf16 path each
-step's GEMM rows are padded to a step-size bucket and every bucket up to the step
-budget is run once at start-up (andante.perf.step_sizes, andante.exec.torch_warmup), so
-no served step pays oneDNN's setup of a new size; `ANDANTE_NO_STEP_BUCKETS=1` turns
-both off.
+fewer than `parallel_min_tokens` tokens run on one thread; by default that threshold is
+measured at start-up (andante.exec.torch_threads): whether a second OpenMP thread pays
+for small decode steps depends on the machine and its load. The measured choice is
+cached per machine and model shape (andante.exec.torch_threads), so only the first
+start-up pays for the probe; it is logged either way. While serving, each step size's
+thread count keeps following the CPU the engine gets (andante.exec.thread_adapter:
+re-probed on the served steps when their times drift, and now and then). Decode rows'
+attention takes the faster of two paths on this CPU, timed at start-up
+(andante.exec.torch_attention.choose_decode_path). The process
+keeps freed heap memory for the next step (andante.exec.malloc_tuning). On the fused
+bf16 path each step's GEMM rows are padded to a step-size bucket and every bucket up to
+the step budget is run once at start-up (andante.perf.step_sizes,
+andante.exec.torch_warmup), so no served step pays oneDNN's setup of a new size;
+`ANDANTE_NO_STEP_BUCKETS=1` turns both off.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import torch
 
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.malloc_tuning import keep_freed_memory
+from andante.exec.thread_adapter import ThreadAdapter, adaptive_class, class_range
+from andante.exec.torch_attention import decode_matmul_choice
 from andante.exec.torch_cost import CPU_PROFILE, engine_cost_model
 from andante.exec.torch_inputs import InputBuilder
 from andante.exec.torch_kv import KVPools
@@ -71,6 +77,10 @@ class TorchExecutorOptions:
     and on all threads, see andante.exec.torch_threads) or reuses the choice cached for
     this machine and model; None: always all threads; reprobe_threads: measure "auto"
     again even when a choice is cached (as does $ANDANTE_REPROBE_THREADS=1);
+    adapt_threads: with "auto", keep adapting each step size's thread count to the CPU
+    the engine gets while it runs (andante.exec.thread_adapter);
+    decode_attention: decode rows' attention by PyTorch's fused kernel ("sdpa"), by
+    float32 matmuls ("matmul"), or ("auto") whichever is faster here, timed at start-up;
     seed: the generator of unseeded sampling; hardware: cost-model profile name;
     step_buckets: pad each step's GEMM rows to a step-size bucket (bf16 fused path; off
     with $ANDANTE_NO_STEP_BUCKETS=1); warmup_tokens: run every bucket up to this many
@@ -87,6 +97,8 @@ class TorchExecutorOptions:
     max_model_len: int | None = None
     parallel_min_tokens: int | Literal["auto"] | None = "auto"
     reprobe_threads: bool = False
+    adapt_threads: bool = True
+    decode_attention: Literal["auto", "sdpa", "matmul"] = "auto"
     seed: int = 0
     hardware: str = CPU_PROFILE
     step_buckets: bool = True
@@ -117,6 +129,9 @@ class TorchExecutorOptions:
                                  f"{self.parallel_min_tokens!r}")
         elif self.parallel_min_tokens is not None and self.parallel_min_tokens < 1:
             raise ValueError(f"parallel_min_tokens must be >= 1, got {self.parallel_min_tokens}")
+        if self.decode_attention not in ("auto", "sdpa", "matmul"):
+            raise ValueError("decode_attention must be 'auto', 'sdpa' or 'matmul', got "
+                             f"{self.decode_attention!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
@@ -133,6 +148,7 @@ class TorchExecutor:
         self._init_buckets()
         with primitive_cache_for(self._num_buckets()):
             self._init_runner()
+        self._init_decode_path()
         self._init_thread_choice()
         self._init_warmup()
         self.cost_model = cost_model or engine_cost_model(self.spec, self.options.hardware)
@@ -142,7 +158,21 @@ class TorchExecutor:
             torch.set_num_threads(self.options.num_threads)
         self.num_threads = torch.get_num_threads()
 
+    def _init_decode_path(self) -> None:
+        """Decode attention by the fused kernel or by float32 matmuls: the option, or
+        ("auto") whichever is faster on this CPU at the model's shapes
+        (andante.exec.torch_attention.choose_decode_path)."""
+        c = self.model.config
+        matmul, self.decode_path_us = decode_matmul_choice(
+            self.options.decode_attention, c.num_heads, c.num_kv_heads, c.head_dim,
+            self.dtype, self.options.block_size)
+        self.inputs.decode_matmul = matmul
+        if self.decode_path_us:
+            log.info("decode attention: %s (us per layer call summed over batches 1, 8, "
+                     "16: %s)", "matmul" if matmul else "sdpa", self.decode_path_us)
+
     def _init_thread_choice(self) -> None:
+        self.thread_adapter: ThreadAdapter | None = None
         wanted = self.options.parallel_min_tokens
         if wanted != "auto":
             self.thread_choice = ThreadChoice(wanted)
@@ -157,6 +187,8 @@ class TorchExecutor:
         key = probe_key(self._model_shape(max_context), self.num_threads)
         self.thread_choice = cached_thread_choice(measure, key, self.options.reprobe_threads)
         log.info("threads: %s", self.thread_choice.describe())
+        if self.options.adapt_threads:
+            self.thread_adapter = ThreadAdapter(self.num_threads, self._rule_threads)
 
     def _model_shape(self, max_context: int) -> dict[str, object]:
         """What of the model and the pool the thread probe's timings depend on."""
@@ -231,15 +263,28 @@ class TorchExecutor:
             self.runner.lm_head(torch.zeros(num_rows, self.model.config.hidden_size,
                                             dtype=self.dtype))
 
-    def _set_threads(self, num_tokens: int) -> None:
-        """One thread or all for a step of `num_tokens` rows, decided on its bucket (so
-        that a step runs at the thread count its bucket was warmed at)."""
+    def _set_threads(self, num_tokens: int) -> tuple[int, int]:
+        """One thread or all for a step of `num_tokens` rows, decided on its size class
+        (its bucket, so that a step runs at the thread count its bucket was warmed at;
+        without buckets, the next power of two): the start-up rule, or the adapter's
+        current choice. Returns (size class, thread count)."""
         if self.runner.buckets is not None:
-            num_tokens = self.runner.buckets.pad(num_tokens)
-        threshold = self.thread_choice.parallel_min_tokens
-        wanted = 1 if threshold is not None and num_tokens < threshold else self.num_threads
+            size = self.runner.buckets.pad(num_tokens)
+        else:
+            size = 1 << max(0, num_tokens - 1).bit_length()
+        adapter = self.thread_adapter
+        if adapter is None:
+            wanted = self._rule_threads(size)
+        else:
+            wanted = adapter.threads_for(adaptive_class(size))
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
+        return size, wanted
+
+    def _rule_threads(self, size: int) -> int:
+        """The start-up choice: one thread below the measured threshold, else all."""
+        threshold = self.thread_choice.parallel_min_tokens
+        return 1 if threshold is not None and size < threshold else self.num_threads
 
     def _init_runner(self) -> None:
         opts, config = self.options, self.model.config
@@ -286,7 +331,20 @@ class TorchExecutor:
         swap_time = self.kv.swap(batch.swap_out, batch.swap_in)
         sampled: list[int | None] = [None] * len(batch.requests)
         if batch.requests:
-            self._set_threads(batch.num_tokens)
+            size, threads = self._set_threads(batch.num_tokens)
+            forward_started = time.perf_counter()
             for i, token in self._forward(batch).items():
                 sampled[i] = token
+            self._observe(size, threads, time.perf_counter() - forward_started)
         return StepResult(sampled, time.perf_counter() - started, swap_time)
+
+    def _observe(self, size: int, threads: int, seconds: float) -> None:
+        if self.thread_adapter is None:
+            return
+        size_class = adaptive_class(size)  # per-row time scaled to the class's size
+        decision = self.thread_adapter.observe(size_class, threads, seconds * size_class / size)
+        if decision is not None:
+            medians = ", ".join(f"{c} thread(s) {m * 1e3:.1f} ms"
+                                for c, m in decision.medians.items())
+            log.info("threads: steps of %s rows now run on %d thread(s) (%s re-probe: %s)",
+                     class_range(size_class), decision.threads, decision.reason, medians)

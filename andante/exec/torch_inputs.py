@@ -58,6 +58,7 @@ class StepInputs:
     # the step's attention plan per pool size (number of blocks): built by the first
     # layer that attends, reused by the others (andante.exec.torch_attention)
     plans: dict[int, AttentionPlan] = field(default_factory=dict)
+    decode_matmul: bool = False  # the executor's decode attention path (torch_attention)
 
 
 def token_slice(req: Request, start: int, end: int) -> list[int]:
@@ -83,6 +84,7 @@ class InputBuilder:
         self.num_kv_heads = num_kv_heads
         self.group_size = group_size
         self.dtype = dtype
+        self.decode_matmul = False  # set by the executor's start-up choice
 
     def build(self, batch: StepBatch) -> StepInputs:
         n_new, n_cached = batch.num_new_tokens, batch.num_cached_tokens
@@ -113,7 +115,7 @@ class InputBuilder:
             num_decode=len(decodes), decode_blocks=decode_blocks, decode_mask=decode_mask,
             prefill_groups=self._prefill_groups(batch, prefills, len(decodes)),
             sample_rows=torch.tensor([rows[i] for i in sampled], dtype=torch.long),
-            sample_index=sampled,
+            sample_index=sampled, decode_matmul=self.decode_matmul,
         )
 
     def _decode_tables(self, batch: StepBatch, decodes: list[int]

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from andante.exec.batch import StepBatch, StepResult
+from andante.exec.torch_attention import decode_matmul_choice
 from andante.exec.torch_executor import TorchExecutorOptions
 from andante.exec.torch_inputs import InputBuilder, StepInputs
 from andante.exec.torch_kv import KVPools
@@ -175,6 +176,9 @@ class PipelineExecutor:
         config = model.config
         self.inputs = InputBuilder(options.block_size, max_model_len, config.num_kv_heads,
                                    config.num_heads // config.num_kv_heads, self.dtype)
+        self.inputs.decode_matmul = decode_matmul_choice(
+            options.decode_attention, config.num_heads, config.num_kv_heads, config.head_dim,
+            self.dtype, options.block_size)[0]
         self.sampler = Sampler(options.seed)
         self.activation_bytes = 0
         self.num_activation_transfers = 0

@@ -1,13 +1,15 @@
 """Token sampling: greedy, temperature, top-k, top-p, per-request seeds.
 
-Design note. Greedy rows take the argmax of the logits. Other rows are divided by
-their temperature, filtered (top-k keeps the k largest logits; top-p keeps the
-smallest prefix of the descending order whose probability mass reaches p, as vLLM
-does), and sampled with the exponential race argmax(p_i / E_i), E_i ~ Exp(1), which
-draws i with probability p_i. A seeded request draws its noise from a generator seeded
-with (seed, output index), so its tokens do not depend on the batch it shares, nor on
-whether it was preempted, swapped or recomputed in between; unseeded rows share the
-executor's generator.
+Design note. Greedy rows take the argmax of the logits. Other rows are divided by their
+temperature, filtered (min_p as `torch_penalties` describes; then top-k keeps the k
+largest logits; top-p keeps the smallest prefix of the descending order whose
+probability mass reaches p, as vLLM does), and sampled with the exponential race
+argmax(p_i / E_i), E_i ~ Exp(1), which draws i with probability p_i. A seeded request
+draws its noise from a generator seeded with (seed, output index), so its tokens do not
+depend on the batch it shares, nor on whether it was preempted, swapped or recomputed in
+between; unseeded rows share the executor's generator. Before either, rows with vLLM's
+repetition / presence / frequency penalties or an unmet min_tokens have their logits
+adjusted as vLLM's sampler does (`torch_penalties`).
 
 Greedy rows are most of a serving step's sampling, and torch's CPU `argmax` over a
 [S, 49,152] row is a scalar loop (about 1.2 ms at S = 16 on this CPU, 2% of a batch-16
@@ -21,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from andante.core.request import Request
+from andante.exec.torch_penalties import adjust_logits, apply_min_p, needs_adjusting
 
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio multiplier: spreads (seed, index) pairs
 _MASK63 = (1 << 63) - 1
@@ -77,7 +80,13 @@ class Sampler:
         """One token per row of `logits` [S, V]; `requests[i]` owns row i. Greedy rows take
         the argmax of the logits as the GEMM rounded them (`first_argmax`: bfloat16 is
         upcast first only because float32 is faster on CPU; the conversion is exact, so
-        the winner and the tie-break, the first index, are the same)."""
+        the winner and the tie-break, the first index, are the same). Rows with vLLM's
+        penalties or an unmet min_tokens are adjusted first (`torch_penalties`), so their
+        greedy choice sees them too."""
+        adjusted = [i for i, r in enumerate(requests) if needs_adjusting(r)]
+        if adjusted:
+            logits = logits.float().clone()
+            logits[adjusted] = adjust_logits(logits[adjusted], [requests[i] for i in adjusted])
         tokens: list[int] = first_argmax(logits).tolist()
         rows = [i for i, r in enumerate(requests) if not r.sampling.is_greedy]
         if not rows:
@@ -85,6 +94,8 @@ class Sampler:
         params = [requests[i].sampling for i in rows]
         sub = logits[rows].float() / torch.tensor([p.temperature for p in params]).unsqueeze(1)
         vocab = sub.shape[-1]
+        if any(p.min_p > 0 for p in params):
+            sub = apply_min_p(sub, torch.tensor([p.min_p for p in params]))
         top_k = top_p = None
         if any(p.top_k is not None for p in params):
             top_k = torch.tensor([min(p.top_k or vocab, vocab) for p in params])

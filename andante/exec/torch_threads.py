@@ -18,10 +18,14 @@ version and the model's shape (layers, widths, dtype, block size, probe context)
 cached choice is reused as it is; `reprobe=True` (the executor's `reprobe_threads`
 option, or `ANDANTE_REPROBE_THREADS=1`) measures again and replaces it, e.g. after the
 machine's load changed for good. An unreadable cache entry is measured again; an
-unwritable home only costs the next start-up another probe. A probe taken while other
-work already loads the machine (1-minute load average at or above half its cores when
-the probe starts) is used for that run only and not cached: a busy machine's choice
-(one thread for small steps) would otherwise stick after the load is gone.
+unwritable home only costs the next start-up another probe. A probe taken beside other
+work is used for that run only and not cached: a busy machine's choice (one thread for
+small steps) would otherwise stick after the load is gone. "Beside other work" is
+measured during the probe itself from /proc/stat (andante.exec.cpu_share: other
+processes' CPU share of the machine while the probe ran, at least IDLE_OTHERS_SHARE),
+not from the 1-minute load average, which lags a neighbour that started seconds ago
+and is the fallback only where /proc/stat is missing. While serving, the thread count
+of each step size keeps adapting to the CPU the engine gets (andante.exec.thread_adapter).
 """
 
 from __future__ import annotations
@@ -44,12 +48,18 @@ import torch
 
 from andante.core import Request, SamplingParams
 from andante.exec.batch import StepBatch
+from andante.exec.cpu_share import (
+    IDLE_OTHERS_SHARE,
+    CpuTimes,
+    measure_others_share,
+    read_cpu_times,
+)
 from andante.perf.paths import andante_home, env_switch
 
 log = logging.getLogger(__name__)
 
 #: Bump when the probe's method changes, so that older cached choices are measured again.
-PROBE_VERSION = 2  # 2: TorchScript layers (less serial work per step)
+PROBE_VERSION = 3  # 2: TorchScript layers; 3: cached only when measured idle (/proc/stat)
 REPROBE_ENV = "ANDANTE_REPROBE_THREADS"
 
 #: Decode batch sizes probed at start-up, and the context length of each probe.
@@ -178,11 +188,13 @@ def _load(path: Path, key: dict[str, Any]) -> ThreadChoice | None:
     return ThreadChoice(threshold, timings, f"cached {path}, probed {entry.get('probed_at')}")
 
 
-def _save(path: Path, key: dict[str, Any], choice: ThreadChoice) -> None:
+def _save(path: Path, key: dict[str, Any], choice: ThreadChoice,
+          others_share: float | None) -> None:
     entry = {"key": key, "parallel_min_tokens": choice.parallel_min_tokens,
              "timings": {str(b): list(t) for b, t in choice.timings.items()},
              "probed_at": datetime.now(UTC).isoformat(timespec="seconds"),
-             "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+             "others_cpu_share": None if others_share is None else round(others_share, 3),
+             "loadavg_1m": round(machine_load(), 2)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -193,20 +205,25 @@ def _save(path: Path, key: dict[str, Any], choice: ThreadChoice) -> None:
 
 
 def machine_load() -> float:
-    """The 1-minute load average (0 where the platform has none)."""
+    """The 1-minute load average (0 where the platform has none): only the fallback
+    where /proc/stat cannot be read (it lags, and counts our own threads)."""
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
 def machine_is_busy(load: float, cores: int | None = None) -> bool:
-    """Whether other work already loads the machine enough to bias a probe."""
+    """Whether a load average says other work loads the machine (the fallback test)."""
     return load >= 0.5 * (cores or os.cpu_count() or 1)
 
 
 def cached_thread_choice(measure: Callable[[], ThreadChoice], key: dict[str, Any],
-                         reprobe: bool = False) -> ThreadChoice:
-    """The cached choice for `key`, else `measure()` (then cached unless the machine
-    was busy when the probe started); `reprobe` measures even when a choice is cached,
-    and replaces it."""
+                         reprobe: bool = False,
+                         cpu_times: Callable[[], CpuTimes | None] | None = None,
+                         ) -> ThreadChoice:
+    """The cached choice for `key`, else `measure()`, cached only when the machine was
+    idle while it ran: other processes used under IDLE_OTHERS_SHARE of the CPU meanwhile,
+    read from /proc/stat by `cpu_times` (default `read_cpu_times`; where it reads
+    nothing, the 1-minute load average at the start decides). `reprobe` measures even
+    when a choice is cached, and replaces it."""
     path = cache_path(key)
     if not reprobe_requested(reprobe):
         cached = _load(path, key)
@@ -214,11 +231,15 @@ def cached_thread_choice(measure: Callable[[], ThreadChoice], key: dict[str, Any
             return cached
     load = machine_load()
     started = time.perf_counter()
-    choice = measure()
+    choice, share = measure_others_share(measure, cpu_times or read_cpu_times)
     took = f"measured in {time.perf_counter() - started:.1f} s"
-    if machine_is_busy(load):
-        choice.source = f"{took} under load {load:.1f}, not cached (a busy machine's choice)"
+    if share is not None:
+        busy, beside = share >= IDLE_OTHERS_SHARE, f"others' CPU share {share:.2f}"
+    else:
+        busy, beside = machine_is_busy(load), f"load average {load:.1f}"
+    if busy:
+        choice.source = f"{took} beside other work ({beside}), not cached"
         return choice
-    choice.source = f"{took}, cached in {path}"
-    _save(path, key, choice)
+    choice.source = f"{took} ({beside}), cached in {path}"
+    _save(path, key, choice, share)
     return choice

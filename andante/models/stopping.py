@@ -55,6 +55,8 @@ class StopStrings:
         for token in outputs[entry.num_seen:]:
             num_new_chars += len(entry.decoder.push(token))
         entry.num_seen = len(outputs)
+        if len(outputs) <= req.sampling.min_tokens:  # vLLM: stop strings only past it
+            return False
         text = entry.decoder.text
         start = len(text) - num_new_chars - max(len(s) for s in stops) + 1
         return num_new_chars > 0 and find_stop(text, stops, max(0, start)) is not None

@@ -123,9 +123,9 @@ class Admission:
 
     @staticmethod
     def _sampling(body: _Sampling, max_tokens: int, tokenizer: Tokenizer) -> SamplingParams:
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(body, name) != 0:
-                raise APIError(400, f"{name}: only 0 is supported", name, "unsupported_value")
+        if body.min_tokens > max_tokens:
+            raise APIError(400, f"min_tokens: {body.min_tokens} is more than max_tokens "
+                           f"({max_tokens})", "min_tokens", "invalid_value")
         stops = body.stop_strings
         if sum(map(len, stops)) > MAX_STOP_CHARS:
             raise APIError(400, f"stop: the stop strings have {sum(map(len, stops))} "
@@ -141,6 +141,10 @@ class Admission:
             temperature=0.0 if body.temperature < GREEDY_BELOW else body.temperature,
             stop_token_ids=stop_ids, ignore_eos=body.ignore_eos,
             eos_token_id=eos[0] if eos else None,
+            repetition_penalty=body.repetition_penalty or 1.0,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            min_p=body.min_p or 0.0, min_tokens=body.min_tokens,
         )
 
 

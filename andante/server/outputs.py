@@ -78,8 +78,8 @@ class OutputProcessor:
         if state is None:
             return False
         self._catch_up(req, state)
-        if not state.stop:
-            return False
+        if not state.stop or req.num_output_tokens <= req.sampling.min_tokens:
+            return False  # vLLM checks stop strings only past min_tokens
         start = max(0, state.num_sent_chars - state.hold - 1)
         state.stop_at = find_stop(state.decoder.text, state.stop, start)
         return state.stop_at is not None

@@ -1,9 +1,11 @@
 """Request bodies of the OpenAI-compatible API (strict: unknown fields and wrong types
 are errors that name the field).
 
-Beyond OpenAI's fields: vLLM's `top_k`, `ignore_eos`, `stop_token_ids` and `priority`
-(lower runs first), and andante's `slo` object: `ttft` (s), `tbt` (s between tokens),
-`tds` (the reader's tokens/s) and `deadline` (s, end to end).
+Beyond OpenAI's fields: vLLM's `top_k`, `ignore_eos`, `stop_token_ids`, `priority`
+(lower runs first), `repetition_penalty`, `min_p` and `min_tokens` (served as vLLM
+serves them, as are OpenAI's `presence_penalty` and `frequency_penalty`), and andante's
+`slo` object: `ttft` (s), `tbt` (s between tokens), `tds` (the reader's tokens/s) and
+`deadline` (s, end to end).
 """
 
 from __future__ import annotations
@@ -47,8 +49,11 @@ class _Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1
-    presence_penalty: float = Field(default=0.0, allow_inf_nan=False)  # only 0 is served
-    frequency_penalty: float = Field(default=0.0, allow_inf_nan=False)  # only 0 is served
+    presence_penalty: float | None = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    min_p: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    min_tokens: int = Field(default=0, ge=0)
     user: str | None = None
     priority: int = Field(default=0, ge=-INT64, lt=INT64)
     slo: SLOBody | None = None

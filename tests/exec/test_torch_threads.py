@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from andante.exec import torch_threads
+from andante.exec.cpu_share import CpuTimes
 from andante.exec.torch_threads import (
     PROBE_BATCHES,
     REPROBE_ENV,
@@ -69,8 +70,23 @@ def _own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test caches its thread choices in a fresh andante home."""
     monkeypatch.setenv("ANDANTE_HOME", str(tmp_path / "home"))
     monkeypatch.delenv(REPROBE_ENV, raising=False)
-    monkeypatch.setattr(torch_threads, "machine_load", lambda: 0.0)  # a quiet machine
+    monkeypatch.setattr(torch_threads, "machine_load", lambda: 0.0)
+    monkeypatch.setattr(torch_threads, "read_cpu_times", StatReader(0.0))  # a quiet machine
     return tmp_path / "home"
+
+
+class StatReader:
+    """/proc/stat readings around a probe: 100 s of capacity pass between two calls,
+    during which the probe uses 1 s and others `others` x 100 s."""
+
+    def __init__(self, others: float) -> None:
+        self.others = others
+        self.calls = 0
+
+    def __call__(self) -> CpuTimes:
+        self.calls += 1
+        n = self.calls
+        return CpuTimes(busy=n * (1.0 + 100 * self.others), total=n * 100.0, own=float(n))
 
 
 class CountingProbe:
@@ -99,17 +115,34 @@ def test_a_choice_is_measured_once_then_read_from_the_cache() -> None:
     assert "steps under 8 tokens run on one thread" in second.describe()
 
 
-def test_a_probe_on_a_busy_machine_is_used_but_not_cached(
+def test_a_probe_beside_other_work_is_used_but_not_cached(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch_threads, "machine_load", lambda: float(os.cpu_count() or 1))
+    """Others' CPU share measured from /proc/stat during the probe decides, even while
+    the lagging load average still says the machine is quiet."""
+    monkeypatch.setattr(torch_threads, "read_cpu_times", StatReader(0.5))
     probe = CountingProbe()
     busy = cached_thread_choice(probe, _key())
     assert busy.parallel_min_tokens == 8 and "not cached" in busy.source
+    assert "others' CPU share 0.50" in busy.source
     assert not cache_path(_key()).exists()
-    monkeypatch.setattr(torch_threads, "machine_load", lambda: 0.0)
+    monkeypatch.setattr(torch_threads, "read_cpu_times", StatReader(0.02))
     assert cached_thread_choice(probe, _key()).source.startswith("measured")
     assert cached_thread_choice(probe, _key()).source.startswith("cached")
     assert probe.calls == 2
+
+
+def test_an_injected_stat_reader_is_used() -> None:
+    reader = StatReader(0.3)
+    choice = cached_thread_choice(CountingProbe(), _key(), cpu_times=reader)
+    assert reader.calls == 2 and "not cached" in choice.source
+
+
+def test_without_proc_stat_the_load_average_decides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch_threads, "read_cpu_times", lambda: None)
+    monkeypatch.setattr(torch_threads, "machine_load", lambda: float(os.cpu_count() or 1))
+    assert "not cached" in cached_thread_choice(CountingProbe(), _key()).source
+    monkeypatch.setattr(torch_threads, "machine_load", lambda: 0.0)
+    assert "cached in" in cached_thread_choice(CountingProbe(), _key()).source
 
 
 def test_busy_means_half_the_cores_loaded() -> None:
@@ -182,3 +215,29 @@ def test_the_executor_reuses_its_cached_choice(tiny_llama: Path) -> None:
     assert second.source.startswith("cached")
     assert (second.parallel_min_tokens, second.timings) == (first.parallel_min_tokens,
                                                             first.timings)
+
+
+def test_the_executor_follows_its_thread_adapter(tiny_llama: Path) -> None:
+    """Steps run at the adapter's choice for their size class, and a drift it sees
+    (injected durations, not timings) moves that class to one thread."""
+    from andante.exec.thread_adapter import TRIALS, WINDOW
+
+    model = load_model(tiny_llama, "float32")
+    before = torch.get_num_threads()
+    try:
+        executor = tiny_executor(model, num_threads=2, parallel_min_tokens=1)
+        assert executor.thread_adapter is None  # a set threshold does not adapt
+        executor = tiny_executor(model, num_threads=2, parallel_min_tokens="auto")
+        adapter = executor.thread_adapter
+        assert adapter is not None
+        size, threads = executor._set_threads(100)  # no buckets on float32: 128
+        assert size == 128 and threads == executor._rule_threads(128)
+        for seconds in [0.01] * (2 * WINDOW) + [0.05] * WINDOW:
+            executor._observe(size, threads, seconds)
+        for _ in range(2 * (TRIALS + 1)):  # the re-probe: one thread wins
+            size, trial = executor._set_threads(100)
+            executor._observe(size, trial, 0.01 if trial == 1 else 0.05)
+        assert executor._set_threads(100) == (128, 1) and torch.get_num_threads() == 1
+        assert executor._set_threads(8)[1] == executor._rule_threads(8)
+    finally:
+        torch.set_num_threads(before)
