@@ -36,8 +36,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--served-model-name", help="name in /v1/models (default: from the model)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 "
-                   "(default: $ANDANTE_API_KEY)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every path "
+                   "but /health (the live page, /metrics, /api/stats too, unless "
+                   "--public-metrics; default: $ANDANTE_API_KEY)")
     p.add_argument("--policy", default="vllm", help=f"one of {', '.join(policy_names())}")
     p.add_argument("--policy-option", action="append", metavar="KEY=VALUE")
     p.add_argument("--max-queued", type=positive_int, default=256,

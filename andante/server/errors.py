@@ -57,9 +57,20 @@ def _param(loc: Sequence[int | str]) -> str | None:
     return ".".join(parts) or None
 
 
+def _most_telling(errors: Sequence[Any]) -> dict[str, Any]:
+    """The first error that is not a union member's type mismatch (`stop`: "at most 4
+    items" rather than "not a string"), else the first."""
+    if not errors:
+        return {"msg": "invalid request"}
+    for error in errors:
+        if not str(error.get("type", "")).endswith("_type"):
+            return dict(error)
+    return dict(errors[0])
+
+
 def validation_error(errors: Sequence[Any]) -> APIError:
-    """A 400 naming the first offending field (pydantic or FastAPI errors)."""
-    first: dict[str, Any] = dict(errors[0]) if errors else {"msg": "invalid request"}
+    """A 400 naming the offending field (pydantic or FastAPI errors)."""
+    first = _most_telling(errors)
     loc = [p for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return APIError(400, f"invalid JSON body: {first['msg']}", None, "invalid_json")
@@ -77,7 +88,8 @@ def validation_error(errors: Sequence[Any]) -> APIError:
 
 
 def from_pydantic(exc: ValidationError) -> APIError:
-    return validation_error(exc.errors(include_url=False))
+    # the schema's lists are bounded and fail fast (protocol.py): few errors to build
+    return validation_error(exc.errors(include_url=False, include_context=False))
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -6,7 +6,8 @@ With an API key every path but `/health` needs it (the live page, `/metrics`,
 `Content-Type: application/json`: a web page can make a visitor's browser send a form or
 `text/plain` to a local server without asking, but not JSON (the CORS preflight). The
 one exception, `POST /v1/files` (Batch API uploads, multipart, up to `max_file_bytes`),
-only stores a file: running it takes a JSON `POST /v1/batches`.
+only stores a file: running it takes a JSON `POST /v1/batches`; and a `POST
+/v1/batches/{id}/cancel` may come without a body (the `openai` client sends none).
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ PUBLIC_PATHS = frozenset({"/", "/metrics", "/api/stats", "/openapi.json"})
 JSON = "application/json"
 MULTIPART = "multipart/form-data"
 UPLOAD_PATH = "/v1/files"
+CANCEL_SUFFIX = "/cancel"
+
+
+def _has_no_body(headers: Headers) -> bool:
+    return ("transfer-encoding" not in headers
+            and headers.get("content-length", "0").strip() in ("", "0"))
 
 
 def too_large(size: int, limit: int, option: str = "--max-body-bytes") -> APIError:
@@ -66,6 +73,8 @@ class EdgeGuard:
                         None, "invalid_api_key")
 
     def _body(self, path: str, headers: Headers) -> APIError | None:
+        if path.endswith(CANCEL_SUFFIX) and _has_no_body(headers):
+            return None
         kind = headers.get("content-type", "").partition(";")[0].strip().lower()
         upload = path == UPLOAD_PATH  # the one multipart route (the Batch API's files)
         expected = MULTIPART if upload else JSON

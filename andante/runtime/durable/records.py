@@ -25,17 +25,23 @@ OPEN_STATUSES = frozenset({VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING})
 DONE_OK, DONE_FAILED, DONE_CANCELLED = "completed", "failed", "cancelled"
 OUTCOME_KINDS = (DONE_OK, DONE_FAILED, DONE_CANCELLED)
 
-_WINDOW = re.compile(r"^(\d+)([smhd])$")
+_WINDOW = re.compile(r"([0-9]{1,9})([smhd])", re.ASCII)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_WINDOW_S = 30 * 86400
 
 
 def window_seconds(window: str) -> int:
-    """`"24h"` -> 86400. OpenAI accepts only "24h"; andante also takes N s/m/h/d."""
-    match = _WINDOW.match(window)
+    """`"24h"` -> 86400. OpenAI accepts only "24h"; andante also takes N s/m/h/d (ASCII
+    digits), up to `MAX_WINDOW_S`."""
+    match = _WINDOW.fullmatch(window)
     if match is None or int(match.group(1)) == 0:
         raise ValueError(f"completion_window must be like '24h' (a positive number of s, m, "
-                         f"h or d), got {window!r}")
-    return int(match.group(1)) * _UNIT_S[match.group(2)]
+                         f"h or d), got {window!r:.40}")
+    seconds = int(match.group(1)) * _UNIT_S[match.group(2)]
+    if seconds > MAX_WINDOW_S:
+        raise ValueError(f"completion_window is at most {MAX_WINDOW_S // 86400}d, got "
+                         f"{window!r}")
+    return seconds
 
 
 @dataclass(slots=True)

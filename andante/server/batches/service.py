@@ -84,7 +84,8 @@ class BatchService:
     def file(self, file_id: str) -> FileRecord:
         record = self.store.get_file(file_id)
         if record is None:
-            raise APIError(404, f"no file with id {file_id!r}", "file_id", "file_not_found")
+            raise APIError(404, f"no file with id {shown_id(file_id)}", "file_id",
+                           "file_not_found")
         return record
 
     def file_content(self, file_id: str) -> bytes:
@@ -103,7 +104,7 @@ class BatchService:
             raise APIError(400, str(exc), "completion_window", "invalid_value") from None
         record = self.file(input_file_id)
         if record.purpose != "batch":
-            raise APIError(400, f"input_file_id: file {input_file_id!r} has purpose "
+            raise APIError(400, f"input_file_id: file {shown_id(input_file_id)} has purpose "
                            f"{record.purpose!r}, not 'batch'", "input_file_id", "invalid_value")
         lines = parse_batch_file(self.store.file_content(input_file_id) or b"")
         now = self.wall()
@@ -128,7 +129,8 @@ class BatchService:
     def get(self, batch_id: str) -> BatchRecord:
         batch = self.store.get_batch(batch_id)
         if batch is None:
-            raise APIError(404, f"no batch with id {batch_id!r}", "batch_id", "batch_not_found")
+            raise APIError(404, f"no batch with id {shown_id(batch_id)}", "batch_id",
+                           "batch_not_found")
         return batch
 
     def page(self, after: str | None, limit: int) -> dict[str, Any]:
@@ -146,9 +148,15 @@ class BatchService:
             self.feeder.forget(batch_id)
             self.feeder.wake()
         elif batch.status not in (CANCELLING, CANCELLED):
-            raise APIError(409, f"batch {batch_id!r} is {batch.status}; only a batch in "
+            raise APIError(409, f"batch {shown_id(batch_id)} is {batch.status}; only a batch in "
                            "progress can be cancelled", "batch_id", "invalid_state")
         return batch
+
+
+def shown_id(value: str, limit: int = 64) -> str:
+    """An id as an error message quotes it: at most `limit` characters (it comes from
+    the client)."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} chars)"
 
 
 def _work_item(batch_id: str, line: InputLine, default_model: str) -> WorkItem:
