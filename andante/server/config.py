@@ -39,20 +39,24 @@ class EngineOptions:
 @dataclass(frozen=True, slots=True)
 class HTTPLimits:
     """The HTTP edge: the largest request body (413 beyond), the seconds a client may
-    take to send its request headers and its body (408 beyond), and whether `/metrics`,
-    `/`, `/api/stats` and `/openapi.json` stay open when an API key is set."""
+    take to send its request headers and then its body (408 beyond; `upload_timeout`
+    for `POST /v1/files`), how many uploads may be received at once (429 beyond), and
+    whether `/metrics`, `/`, `/api/stats` and `/openapi.json` stay open when an API key
+    is set."""
 
     max_body_bytes: int = 4 << 20
     max_file_bytes: int = 200 << 20  # POST /v1/files (OpenAI's limit for a batch file)
     header_timeout: float = 10.0
     body_timeout: float = 30.0
+    upload_timeout: float = 300.0
+    max_uploads: int = 2  # uploads received at once (each goes to a temporary file)
     public_metrics: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_file_bytes"):
+        for name in ("max_body_bytes", "max_file_bytes", "max_uploads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("header_timeout", "body_timeout"):
+        for name in ("header_timeout", "body_timeout", "upload_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
@@ -72,6 +76,9 @@ class BatchOptions:
     max_in_flight: int | None = None
     claim_idle_s: float = 30.0
     consumer: str | None = None
+    # files without their own `expires_after` (uploads, batch outputs) are deleted this
+    # long after their creation (None: kept forever); OpenAI's default for batch files
+    file_retention_s: float | None = 30 * 86400.0
 
     def __post_init__(self) -> None:
         if self.queue != "sqlite" and not self.queue.startswith(("redis://", "rediss://",
@@ -81,6 +88,8 @@ class BatchOptions:
             raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
         if not self.claim_idle_s > 0:
             raise ValueError(f"claim_idle_s must be > 0, got {self.claim_idle_s}")
+        if self.file_retention_s is not None and not self.file_retention_s > 0:
+            raise ValueError(f"file_retention_s must be > 0, got {self.file_retention_s}")
 
 
 @dataclass(frozen=True, slots=True)

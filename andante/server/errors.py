@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from andante.runtime.durable.errors import StoreError, StoreFull
 from andante.server.protocol import FIELD_NAMES
 
 _TYPES = {
@@ -19,6 +20,7 @@ _TYPES = {
     404: "not_found_error",
     429: "rate_limit_error",
     503: "service_unavailable",
+    507: "insufficient_storage",
 }
 
 
@@ -105,6 +107,22 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         return error_response(APIError(exc.status_code, str(exc.detail), None, None))
 
+    async def on_store_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StoreError)
+        if isinstance(exc, StoreFull):
+            error = APIError(507, f"the batch store is full: {exc}", None, "store_full")
+        else:
+            error = APIError(503, f"the batch store is unavailable: {exc}", None,
+                             "store_unavailable", headers={"Retry-After": "5"})
+        return error_response(error)
+
+    async def on_bug(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs the traceback after this answer; the client gets JSON, not text
+        return error_response(APIError(500, f"internal error ({type(exc).__name__})", None,
+                                       "internal_error"))
+
     app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(StoreError, on_store_error)
+    app.add_exception_handler(Exception, on_bug)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)

@@ -33,6 +33,16 @@ def _has_no_body(headers: Headers) -> bool:
             and headers.get("content-length", "0").strip() in ("", "0"))
 
 
+OWNER_KEY = "andante.owner"  # in the ASGI scope: the name of the API key that authenticated
+
+
+def owner_of(scope: Scope) -> str | None:
+    """Who is calling, for the Batch API's files and batches: the name of the caller's
+    key with a keys file, None (everyone is one tenant) otherwise."""
+    owner = scope.get(OWNER_KEY)
+    return owner if isinstance(owner, str) else None
+
+
 def too_large(size: int, limit: int, option: str = "--max-body-bytes") -> APIError:
     """413 for a body of `size` bytes (declared, or read so far) over `limit`."""
     return APIError(413, f"the request body has at least {size} bytes; the limit is {limit} "

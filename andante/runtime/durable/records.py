@@ -46,22 +46,30 @@ def window_seconds(window: str) -> int:
 
 @dataclass(slots=True)
 class FileRecord:
-    """An uploaded file (purpose "batch") or one the server wrote ("batch_output")."""
+    """An uploaded file (purpose "batch") or one the server wrote ("batch_output");
+    `expires_at`: when the store deletes it (None: never); `owner`: the API key's name
+    that uploaded it (or the batch's that wrote it; None: single-tenant)."""
 
     id: str
     filename: str
     purpose: str
     bytes: int
     created_at: int
+    expires_at: int | None = None
+    owner: str | None = None
 
     def doc(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> FileRecord:
+        return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
+
     def to_api(self) -> dict[str, Any]:
         return {"id": self.id, "object": "file", "bytes": self.bytes,
                 "created_at": self.created_at, "filename": self.filename,
-                "purpose": self.purpose, "status": "processed", "expires_at": None,
-                "status_details": None}
+                "purpose": self.purpose, "status": "processed",
+                "expires_at": self.expires_at, "status_details": None}
 
 
 @dataclass(slots=True)
@@ -99,6 +107,7 @@ class BatchRecord:
     error_file_id: str | None = None
     times: dict[str, int] = field(default_factory=dict)  # status -> when it was entered
     counts: RequestCounts = field(default_factory=RequestCounts)
+    owner: str | None = None  # the API key's name that created it (None: single-tenant)
 
     @property
     def is_open(self) -> bool:
@@ -118,7 +127,8 @@ class BatchRecord:
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any], counts: RequestCounts) -> BatchRecord:
-        return cls(**doc, counts=counts)
+        known = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
+        return cls(**known, counts=counts)
 
     def to_api(self) -> dict[str, Any]:
         times = self.times

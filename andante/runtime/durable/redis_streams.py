@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from andante.runtime.durable.records import (
     DONE_CANCELLED,
@@ -104,12 +104,46 @@ class RedisStreamsStore:
 
     # ---- files --------------------------------------------------------------------
     def put_file(self, record: FileRecord, content: bytes) -> None:
-        self._redis.hset(f"{PREFIX}file:{record.id}",
-                         mapping={"doc": json.dumps(record.doc()), "content": content})
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hset(f"{PREFIX}file:{record.id}",
+                  mapping={"doc": json.dumps(record.doc()), "content": content})
+        pipe.zadd(f"{PREFIX}files", {record.id: self._redis.incr(f"{PREFIX}file-seq")})
+        if record.expires_at is not None:
+            pipe.zadd(f"{PREFIX}file-expiry", {record.id: record.expires_at})
+        pipe.execute()
+
+    def put_file_from(self, record: FileRecord, source: BinaryIO) -> None:
+        # Redis holds the content in memory anyway: read it, store it in one command
+        self.put_file(record, source.read(record.bytes))
 
     def get_file(self, file_id: str) -> FileRecord | None:
         doc = self._redis.hget(f"{PREFIX}file:{file_id}", "doc")
-        return None if doc is None else FileRecord(**json.loads(doc))
+        return None if doc is None else FileRecord.from_doc(json.loads(doc))
+
+    def list_files(self, after: str | None, limit: int) -> list[FileRecord]:
+        start = 0
+        if after is not None:
+            rank = self._redis.zrevrank(f"{PREFIX}files", after)
+            if rank is None:
+                return []
+            start = int(rank) + 1
+        ids = self._redis.zrevrange(f"{PREFIX}files", start, start + limit - 1)
+        pipe = self._redis.pipeline(transaction=False)
+        for file_id in ids:
+            pipe.hget(f"{PREFIX}file:{_text(file_id)}", "doc")
+        return [FileRecord.from_doc(json.loads(doc)) for doc in pipe.execute() if doc]
+
+    def delete_file(self, file_id: str) -> bool:
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.delete(f"{PREFIX}file:{file_id}")
+        pipe.zrem(f"{PREFIX}files", file_id)
+        pipe.zrem(f"{PREFIX}file-expiry", file_id)
+        return bool(pipe.execute()[0])
+
+    def expired_files(self, now: float, limit: int) -> list[str]:
+        ids = self._redis.zrangebyscore(f"{PREFIX}file-expiry", "-inf", now, start=0,
+                                        num=limit)
+        return [_text(file_id) for file_id in ids]
 
     def file_content(self, file_id: str) -> bytes | None:
         content = self._redis.hget(f"{PREFIX}file:{file_id}", "content")

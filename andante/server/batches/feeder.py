@@ -20,7 +20,13 @@ acknowledged; the batch is finalized (output and error files written, status
 completed / expired / cancelled) when every item has an outcome. A request whose
 engine failed runs again (`MAX_ATTEMPTS` in all, then its line is a 500); one cut short
 by the server stopping gets no outcome: a restart replays whatever had none (the
-store's claims), and `start` resumes every unfinished batch.
+store's claims), and `start` resumes every unfinished batch. Finalizing (reading every
+outcome, writing the output files) runs on a worker thread, off the event loop.
+
+The store failing is an event, not a crash: while it is unreachable (`StoreUnavailable`:
+Redis down) the feeder logs one line when the outage starts and one when it ends, and
+waits; a full store (`StoreFull`) fails the batch it was writing for, with the reason
+in the batch's `errors`. Expired files are deleted every `EXPIRY_SWEEP_S`.
 """
 
 from __future__ import annotations
@@ -41,13 +47,14 @@ from andante.runtime.durable.records import (
     DONE_FAILED,
     DONE_OK,
     EXPIRED,
+    FAILED,
     FINALIZING,
     BatchRecord,
     FileRecord,
     Outcome,
     WorkItem,
 )
-from andante.runtime.durable.store import DurableStore
+from andante.runtime.durable.store import DurableStore, StoreError, StoreFull
 from andante.server.batches.execute import (
     EngineFailure,
     ItemRunner,
@@ -64,6 +71,8 @@ SWEEP_S = 1.0  # how often open batches are checked (expiry, finalization, cache
 MAX_ATTEMPTS = 3
 RAMP_TICKS = 4  # from idle to max_in_flight batch requests in at least this many ticks
 RATE_WINDOW_S = 60.0
+EXPIRY_SWEEP_S = 60.0
+DOWN_TICK_S = 1.0  # the feeder's period while the store is unreachable
 
 
 @dataclass(slots=True)
@@ -94,14 +103,28 @@ class BatchFeeder:
         self._task: asyncio.Task[None] | None = None
         self._last_sweep = 0.0
         self._last_keep_alive = 0.0
+        self._last_expiry = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[None]] = set()  # finalizing, expiry sweeps
+        self._finalizing: set[str] = set()
+        self.store_error: str | None = None  # why the store is unreachable (None: it is not)
 
     @property
     def models(self) -> list[str]:
         return list(self.state.backend.served)
 
     def wake(self) -> None:
-        """Look at the queue now (new work, a cancel)."""
-        self._wake.set()
+        """Look at the queue now (new work, a cancel); from any thread."""
+        loop = self._loop
+        try:
+            on_loop = loop is None or asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._wake.set()
+        else:
+            assert loop is not None
+            loop.call_soon_threadsafe(self._wake.set)
 
     def forget(self, batch_id: str) -> None:
         """Drop the cached record of the batch (it changed)."""
@@ -109,6 +132,7 @@ class BatchFeeder:
 
     def start(self) -> None:
         """Resume the store's unfinished batches and start feeding (on the loop)."""
+        self._loop = asyncio.get_running_loop()
         self._sweep()
         if self.open:
             log.info("batches: resuming %d unfinished batch(es) from the %s store",
@@ -124,21 +148,56 @@ class BatchFeeder:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._background:  # worker threads finishing a write: let them
+            await asyncio.wait(list(self._background), timeout=30)
 
     async def _feed(self) -> None:
         while True:
             try:
                 self._tick()
-            except Exception:  # a store hiccup must not end the feeder: log, go on
+                self._store_reached()
+            except StoreError as exc:
+                self._store_failed(exc)
+            except Exception:  # a bug must not end the feeder: log, go on
                 log.exception("batches: the feeder's step failed")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
+                await asyncio.wait_for(self._wake.wait(),
+                                       TICK_S if self.store_error is None else DOWN_TICK_S)
             self._wake.clear()
+
+    def _store_failed(self, exc: StoreError) -> None:
+        """One log line when an outage starts (not one per tick)."""
+        if self.store_error is None:
+            log.warning("batches: the %s store failed (%s); batch work waits until it is "
+                        "back", self.store.kind, exc)
+        self.store_error = str(exc)
+
+    def _store_reached(self) -> None:
+        if self.store_error is not None:
+            log.warning("batches: the %s store is back; batch work resumes", self.store.kind)
+            self.store_error = None
+
+    def _in_background(self, fn: Callable[[], object]) -> None:
+        """`fn()` on a worker thread, awaited by `stop`."""
+        async def run() -> None:
+            try:
+                await asyncio.to_thread(fn)
+            except StoreError as exc:
+                self._store_failed(exc)
+            except Exception:
+                log.exception("batches: a background step failed")
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _tick(self) -> None:
         now = self.wall()
         if now - self._last_sweep >= SWEEP_S:
             self._sweep()
+        if now - self._last_expiry >= EXPIRY_SWEEP_S:
+            self._last_expiry = now
+            self._in_background(self.delete_expired_files)
         if now - self._last_keep_alive >= self.options.claim_idle_s / 3:
             self._last_keep_alive = now
             self.store.keep_alive([r.item for r in self.running.values()])
@@ -174,7 +233,7 @@ class BatchFeeder:
         if key in self.running:  # claimed twice (an idle entry of ours): already running
             return False
         batch = self._batch(item.batch_id)
-        if batch is None or batch.status in (CANCELLING, CANCELLED):
+        if batch is None or batch.status in (CANCELLING, CANCELLED) or not batch.is_open:
             self._settle(item, batch_error_outcome(item, "batch_cancelled",
                                                    "the batch was cancelled"))
         elif self.wall() >= batch.expires_at:
@@ -212,11 +271,53 @@ class BatchFeeder:
             self._wake.set()
 
     def _settle(self, item: WorkItem, outcome: Outcome) -> None:
-        counts = self.store.complete(item, outcome)
+        try:
+            counts = self.store.complete(item, outcome)
+        except StoreFull as exc:
+            self._fail_batch(item.batch_id, f"the batch store is full ({exc}): results "
+                             "cannot be recorded")
+            return
+        except StoreError as exc:  # no outcome: the item runs again once the store is back
+            self._store_failed(exc)
+            return
         if outcome.kind in (DONE_OK, DONE_FAILED):
             self.finished_at.append(self.wall())
         if counts.remaining <= 0:
-            self.finalize(item.batch_id)
+            self.finalize_soon(item.batch_id)
+
+    def finalize_soon(self, batch_id: str) -> None:
+        """Finalize the batch on a worker thread (once at a time per batch)."""
+        if batch_id in self._finalizing:
+            return
+        self._finalizing.add(batch_id)
+
+        def work() -> None:
+            try:
+                self.finalize(batch_id)
+            finally:
+                self._finalizing.discard(batch_id)
+
+        self._in_background(work)
+
+    def _fail_batch(self, batch_id: str, reason: str) -> None:
+        """Close the batch as failed, the reason in its errors (a full store)."""
+        log.warning("batches: %s fails: %s", batch_id, reason)
+        batch = self.store.get_batch(batch_id)
+        if batch is None or not batch.is_open:
+            return
+        batch.errors = [{"code": "store_full", "message": reason, "param": None,
+                         "line": None}]
+        batch.enter(FAILED, self.wall())
+        try:
+            self.store.save_batch(batch)
+        except StoreError as exc:
+            self._store_failed(exc)
+        self.cache.pop(batch_id, None)
+
+    def delete_expired_files(self) -> None:
+        """Delete the files whose `expires_at` has passed (on a worker thread)."""
+        for file_id in self.store.expired_files(self.wall(), 1000):
+            self.store.delete_file(file_id)
 
     def _batch(self, batch_id: str) -> BatchRecord | None:
         """The batch, re-read at most every `SWEEP_S` (another controller may cancel it)."""
@@ -236,10 +337,18 @@ class BatchFeeder:
         self.open = self.store.open_batches()
         for batch in self.open:
             if batch.counts.remaining <= 0 or batch.status == FINALIZING:
-                self.finalize(batch.id)
+                self.finalize_soon(batch.id)
 
     def finalize(self, batch_id: str) -> None:
-        """Write the output and error files and close the batch (idempotent)."""
+        """Write the output and error files and close the batch (idempotent; a full
+        store fails it with the reason)."""
+        try:
+            self._finalize(batch_id)
+        except StoreFull as exc:
+            self._fail_batch(batch_id, f"the batch store is full ({exc}): the output files "
+                             "cannot be written")
+
+    def _finalize(self, batch_id: str) -> None:
         batch = self.store.get_batch(batch_id)
         if batch is None or not batch.is_open:
             return
@@ -265,8 +374,12 @@ class BatchFeeder:
             return None
         content = ("\n".join(lines) + "\n").encode("utf-8")
         file_id = f"file-{batch.id.removeprefix('batch_')}-{name}"
+        now = int(self.wall())
+        keep = self.options.file_retention_s
         self.store.put_file(FileRecord(file_id, f"{batch.id}_{name}.jsonl", "batch_output",
-                                       len(content), int(self.wall())), content)
+                                       len(content), now,
+                                       None if keep is None else now + int(keep),
+                                       batch.owner), content)
         return file_id
 
     # ---- figures ------------------------------------------------------------------
