@@ -60,7 +60,12 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--header-timeout", type=positive_float, default=10.0,
                    help="seconds a client may take to send its request headers (408)")
     g.add_argument("--body-timeout", type=positive_float, default=30.0,
-                   help="seconds a client may take to send its request body (408)")
+                   help="seconds a client may take to send its request body after its "
+                   "headers (408; one timer from the request's first byte)")
+    g.add_argument("--upload-timeout", type=positive_float, default=300.0,
+                   help="the same for an upload to /v1/files (default 300)")
+    g.add_argument("--max-uploads", type=positive_int, default=2,
+                   help="uploads to /v1/files received at once; more get 429 (default 2)")
     g.add_argument("--public-metrics", action="store_true",
                    help="with --api-key, leave /, /metrics, /api/stats and /openapi.json "
                    "open (/health always is)")
@@ -157,7 +162,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
         max_restarts=args.max_restarts,
         limits=HTTPLimits(max_body_bytes=args.max_body_bytes, header_timeout=args.header_timeout,
                           body_timeout=args.body_timeout, public_metrics=args.public_metrics,
-                          max_file_bytes=args.max_file_bytes),
+                          max_file_bytes=args.max_file_bytes,
+                          upload_timeout=args.upload_timeout, max_uploads=args.max_uploads),
         batch=batch_options_from_args(args),
         trace_steps=args.trace_steps,
     )

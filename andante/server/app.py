@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from andante.server.backend import Backend, build_backend
-from andante.server.batches import create_batch_service
+from andante.server.batches import create_batch_service, open_batch_store
 from andante.server.batches.routes import install_batch_routes
 from andante.server.config import ServeOptions
 from andante.server.errors import install_error_handlers
@@ -25,8 +25,13 @@ from andante.server.state import ServerState
 def create_app(options: ServeOptions, backend: Backend | None = None) -> FastAPI:
     """A server app; `backend` defaults to `build_backend(options)`. The engine thread
     starts with the app's lifespan and stops with it."""
-    state = ServerState.create(options, backend or build_backend(options))
-    batches = create_batch_service(state)
+    opened = open_batch_store(options.batch)  # a state directory in use fails here, first
+    try:
+        state = ServerState.create(options, backend or build_backend(options))
+    except BaseException:
+        opened.store.close()
+        raise
+    batches = create_batch_service(state, opened)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

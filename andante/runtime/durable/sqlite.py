@@ -18,13 +18,15 @@ came (a crash mid-upload) are dropped when the store opens.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from andante.runtime.durable.errors import StoreFull
 from andante.runtime.durable.records import (
@@ -70,6 +72,7 @@ class SQLiteStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._dir_lock = lock_state_dir(self.path.parent)
         self._init_connection()
         self._init_schema()
         self.num_recovered = self._unclaim_all()
@@ -249,9 +252,35 @@ class SQLiteStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        self._dir_lock.close()  # releases the flock
 
 
 _BATCH_COLUMNS = "doc, total, completed, failed, cancelled"
+LOCK_FILE = "andante.lock"
+
+
+class StateDirInUse(ValueError):
+    """Another process holds the state directory."""
+
+
+def lock_state_dir(directory: Path) -> IO[str]:
+    """An exclusive lock on the directory (its `andante.lock`), held while the returned
+    file is open; `StateDirInUse` naming the holder's PID if another process has it."""
+    handle = open(directory / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise StateDirInUse(f"the state directory {directory} is in use by process {holder} "
+                            "(another andante server or batch run); give each its own "
+                            "--state-dir, or share a Redis queue (--queue redis://...)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 @contextmanager
