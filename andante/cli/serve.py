@@ -39,6 +39,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every path "
                    "but /health (the live page, /metrics, /api/stats too, unless "
                    "--public-metrics; default: $ANDANTE_API_KEY)")
+    p.add_argument("--api-keys-file", metavar="PATH",
+                   help="several tenants: 'NAME KEY' per line; each key sees only the "
+                   "files and batches made with it (--api-key alone: one tenant, every "
+                   "caller sees everything)")
     p.add_argument("--policy", default="vllm", help=f"one of {', '.join(policy_names())}")
     p.add_argument("--policy-option", action="append", metavar="KEY=VALUE")
     p.add_argument("--max-queued", type=positive_int, default=256,
@@ -123,7 +127,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> Any:
-    from andante.server.config import EngineOptions, HTTPLimits, ServeOptions, env_defaults
+    from andante.server.config import (
+        EngineOptions,
+        HTTPLimits,
+        ServeOptions,
+        env_defaults,
+        read_keys_file,
+    )
 
     engine = EngineOptions(
         max_num_seqs=args.max_num_seqs,
@@ -147,7 +157,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,
-        api_key=args.api_key or env_defaults()["api_key"],
+        api_key=None if args.api_keys_file else args.api_key or env_defaults()["api_key"],
+        api_keys=read_keys_file(args.api_keys_file) if args.api_keys_file else (),
         policy=args.policy,
         policy_options=parse_key_values(args.policy_option),
         max_queued=args.max_queued,

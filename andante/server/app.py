@@ -46,7 +46,7 @@ def create_app(options: ServeOptions, backend: Backend | None = None) -> FastAPI
     app = FastAPI(title="andante", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.andante = state
     app.state.batches = batches
-    app.add_middleware(EdgeGuard, api_key=options.api_key, limits=options.limits)
+    app.add_middleware(EdgeGuard, keys=options.keys_by_value, limits=options.limits)
     install_error_handlers(app)
     install_openai_routes(app, state)
     install_batch_routes(app, batches, options.limits)
@@ -76,7 +76,7 @@ def _install_ops_routes(app: FastAPI, state: ServerState) -> None:
         out = state.live.stats(state.hub.num_in_flight)
         out["model"] = state.backend.model_name
         out["policy"] = state.options.policy
-        out["auth"] = state.options.api_key is not None
+        out["auth"] = bool(state.options.keys_by_value)
         out["cluster"] = state.runner.cluster_stats()
         return out
 

@@ -102,6 +102,9 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    # several tenants (a keys file): (name, key) pairs; files and batches belong to the
+    # name of the key that made them and only it sees them (`api_key` alone: one tenant)
+    api_keys: tuple[tuple[str, str], ...] = ()
     policy: str = "vllm"
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     max_queued: int = 256
@@ -127,6 +130,7 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         self._check_models()
+        self._check_keys()
         if self.instances < 1:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
         if self.backend not in BACKENDS:
@@ -139,6 +143,22 @@ class ServeOptions:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
 
+
+    def _check_keys(self) -> None:
+        if self.api_keys and self.api_key is not None:
+            raise ValueError("give either one API key (single-tenant) or a keys file, not both")
+        names = [name for name, _ in self.api_keys]
+        keys = [key for _, key in self.api_keys]
+        if len(set(names)) != len(names) or len(set(keys)) != len(keys):
+            raise ValueError("the keys file has a name or a key twice; each tenant needs "
+                             "its own of both")
+
+    @property
+    def keys_by_value(self) -> dict[bytes, str | None]:
+        """Every accepted key (UTF-8) -> its tenant's name (None: the single key)."""
+        if self.api_key is not None:
+            return {self.api_key.encode("utf-8"): None}
+        return {key.encode("utf-8"): name for name, key in self.api_keys}
 
     def _check_models(self) -> None:
         names = [name for name, _ in self.models]
@@ -153,6 +173,28 @@ class ServeOptions:
             raise ValueError(f"router {self.router!r} is not available with several models")
         if self.host_memory_gib is not None and self.host_memory_gib < 0:
             raise ValueError(f"host_memory_gib must be >= 0, got {self.host_memory_gib}")
+
+
+def read_keys_file(path: str) -> tuple[tuple[str, str], ...]:
+    """`NAME KEY` per line (`#` comments and blank lines skipped) -> (name, key) pairs;
+    a `ValueError` naming the line if one is malformed."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read the keys file {path}: {exc.strerror}") from None
+    pairs: list[tuple[str, str]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if len(fields) != 2:
+            raise ValueError(f"{path}, line {number}: expected 'NAME KEY', got "
+                             f"{len(fields)} fields")
+        pairs.append((fields[0], fields[1]))
+    if not pairs:
+        raise ValueError(f"the keys file {path} has no keys")
+    return tuple(pairs)
 
 
 def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
