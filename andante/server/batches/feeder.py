@@ -73,6 +73,7 @@ RAMP_TICKS = 4  # from idle to max_in_flight batch requests in at least this man
 RATE_WINDOW_S = 60.0
 EXPIRY_SWEEP_S = 60.0
 DOWN_TICK_S = 1.0  # the feeder's period while the store is unreachable
+MAX_CLAIMS_PER_TICK = 256  # items claimed per tick (a cancelled batch's are settled off it)
 
 
 @dataclass(slots=True)
@@ -115,16 +116,17 @@ class BatchFeeder:
 
     def wake(self) -> None:
         """Look at the queue now (new work, a cancel); from any thread."""
-        loop = self._loop
-        try:
-            on_loop = loop is None or asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
+        if self._on_loop():
             self._wake.set()
         else:
-            assert loop is not None
-            loop.call_soon_threadsafe(self._wake.set)
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def _on_loop(self) -> bool:
+        try:
+            return self._loop is None or asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
 
     def forget(self, batch_id: str) -> None:
         """Drop the cached record of the batch (it changed)."""
@@ -201,13 +203,21 @@ class BatchFeeder:
         if now - self._last_keep_alive >= self.options.claim_idle_s / 3:
             self._last_keep_alive = now
             self.store.keep_alive([r.item for r in self.running.values()])
-        starts = self.max_starts_per_tick
-        while (room := min(self.room(), starts)) > 0:
+        starts, claimed = self.max_starts_per_tick, 0
+        to_settle: list[tuple[WorkItem, Outcome]] = []
+        while (room := min(self.room(), starts)) > 0 and claimed < MAX_CLAIMS_PER_TICK:
             items = self.store.claim(self.models, room)
             if not items:
-                return
+                break
+            claimed += len(items)
             for item in items:
-                starts -= self._dispatch(item)
+                starts -= self._dispatch(item, to_settle)
+        if to_settle:  # a cancelled batch's thousands of items: not on the event loop
+            self._in_background(lambda: self._settle_all(to_settle))
+
+    def _settle_all(self, settled: list[tuple[WorkItem, Outcome]]) -> None:
+        for item, outcome in settled:
+            self._settle(item, outcome)
 
     def room(self) -> int:
         """How many more batch requests may start now (the rule in the module note)."""
@@ -227,19 +237,20 @@ class BatchFeeder:
         """Some unfinished batch will miss its window at the recent pace."""
         return any(self.slack(batch) < 0 for batch in self.open)
 
-    def _dispatch(self, item: WorkItem) -> bool:
-        """Run the item, or settle it at once (cancelled, expired); True if it runs."""
+    def _dispatch(self, item: WorkItem, to_settle: list[tuple[WorkItem, Outcome]]) -> bool:
+        """Run the item, or note its outcome in `to_settle` (cancelled, expired); True if
+        it runs."""
         key = (item.batch_id, item.custom_id)
         if key in self.running:  # claimed twice (an idle entry of ours): already running
             return False
         batch = self._batch(item.batch_id)
         if batch is None or batch.status in (CANCELLING, CANCELLED) or not batch.is_open:
-            self._settle(item, batch_error_outcome(item, "batch_cancelled",
-                                                   "the batch was cancelled"))
+            to_settle.append((item, batch_error_outcome(item, "batch_cancelled",
+                                                        "the batch was cancelled")))
         elif self.wall() >= batch.expires_at:
-            self._settle(item, batch_error_outcome(
+            to_settle.append((item, batch_error_outcome(
                 item, "batch_expired", "the request could not run before the batch's "
-                "completion window expired"))
+                "completion window expired")))
         else:
             running = _Running(item)
             self.running[key] = running
@@ -286,7 +297,12 @@ class BatchFeeder:
             self.finalize_soon(item.batch_id)
 
     def finalize_soon(self, batch_id: str) -> None:
-        """Finalize the batch on a worker thread (once at a time per batch)."""
+        """Finalize the batch on a worker thread (once at a time per batch); from any
+        thread."""
+        if not self._on_loop():
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self.finalize_soon, batch_id)
+            return
         if batch_id in self._finalizing:
             return
         self._finalizing.add(batch_id)
