@@ -69,7 +69,9 @@ def _install_ops_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+        # the batch collector reads the store: off the event loop
+        page = await asyncio.to_thread(state.metrics.render)
+        return Response(page, media_type=CONTENT_TYPE)
 
     @app.get("/api/stats")
     async def stats() -> dict[str, Any]:

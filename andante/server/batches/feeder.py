@@ -156,7 +156,7 @@ class BatchFeeder:
     async def _feed(self) -> None:
         while True:
             try:
-                self._tick()
+                await self._tick()
                 self._store_reached()
             except StoreError as exc:
                 self._store_failed(exc)
@@ -193,25 +193,29 @@ class BatchFeeder:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _tick(self) -> None:
+    async def _tick(self) -> None:
+        """One step of the feeder; its store calls run on worker threads (a long write
+        by another thread, such as a batch's creation, never holds the event loop)."""
         now = self.wall()
         if now - self._last_sweep >= SWEEP_S:
-            self._sweep()
+            await asyncio.to_thread(self._sweep)
         if now - self._last_expiry >= EXPIRY_SWEEP_S:
             self._last_expiry = now
             self._in_background(self.delete_expired_files)
         if now - self._last_keep_alive >= self.options.claim_idle_s / 3:
             self._last_keep_alive = now
-            self.store.keep_alive([r.item for r in self.running.values()])
+            await asyncio.to_thread(self.store.keep_alive,
+                                    [r.item for r in self.running.values()])
         starts, claimed = self.max_starts_per_tick, 0
         to_settle: list[tuple[WorkItem, Outcome]] = []
         while (room := min(self.room(), starts)) > 0 and claimed < MAX_CLAIMS_PER_TICK:
-            items = self.store.claim(self.models, room)
+            items = await asyncio.to_thread(self.store.claim, self.models, room)
             if not items:
                 break
             claimed += len(items)
             for item in items:
-                starts -= self._dispatch(item, to_settle)
+                batch = await self._batch(item.batch_id)
+                starts -= self._dispatch(item, batch, to_settle)
         if to_settle:  # a cancelled batch's thousands of items: not on the event loop
             self._in_background(lambda: self._settle_all(to_settle))
 
@@ -237,13 +241,13 @@ class BatchFeeder:
         """Some unfinished batch will miss its window at the recent pace."""
         return any(self.slack(batch) < 0 for batch in self.open)
 
-    def _dispatch(self, item: WorkItem, to_settle: list[tuple[WorkItem, Outcome]]) -> bool:
+    def _dispatch(self, item: WorkItem, batch: BatchRecord | None,
+                  to_settle: list[tuple[WorkItem, Outcome]]) -> bool:
         """Run the item, or note its outcome in `to_settle` (cancelled, expired); True if
         it runs."""
         key = (item.batch_id, item.custom_id)
         if key in self.running:  # claimed twice (an idle entry of ours): already running
             return False
-        batch = self._batch(item.batch_id)
         if batch is None or batch.status in (CANCELLING, CANCELLED) or not batch.is_open:
             to_settle.append((item, batch_error_outcome(item, "batch_cancelled",
                                                         "the batch was cancelled")))
@@ -259,6 +263,7 @@ class BatchFeeder:
         return False
 
     async def _run(self, running: _Running, batch: BatchRecord) -> None:
+        self._loop = self._loop or asyncio.get_running_loop()  # settling calls back to it
         item = running.item
         try:
             while True:
@@ -276,7 +281,7 @@ class BatchFeeder:
                             "this request", None, "engine_error"))
                         break
                     log.info("batches: %s; running it again", exc)
-            self._settle(item, outcome)
+            await asyncio.to_thread(self._settle, item, outcome)
         finally:
             self.running.pop((item.batch_id, item.custom_id), None)
             self._wake.set()
@@ -335,12 +340,12 @@ class BatchFeeder:
         for file_id in self.store.expired_files(self.wall(), 1000):
             self.store.delete_file(file_id)
 
-    def _batch(self, batch_id: str) -> BatchRecord | None:
+    async def _batch(self, batch_id: str) -> BatchRecord | None:
         """The batch, re-read at most every `SWEEP_S` (another controller may cancel it)."""
         now = self.wall()
         cached = self.cache.get(batch_id)
         if cached is None or now - cached[0] > SWEEP_S:
-            batch = self.store.get_batch(batch_id)
+            batch = await asyncio.to_thread(self.store.get_batch, batch_id)
             if batch is None:
                 return None
             self.cache[batch_id] = cached = (now, batch)

@@ -4,8 +4,9 @@
 An upload streams to a temporary file (at most `max_file_bytes`, within
 `upload_timeout`), then a worker thread parses the form, checks the batch input and
 stores it: never whole in memory, never on the event loop; at most `max_uploads` are
-received at once (429 beyond). Everything that parses or writes much (a batch's
-creation) runs on a worker thread too.
+received at once (429 beyond). Every call to the store runs on a worker thread (a
+batch's creation parses and writes the whole file; a short read may wait for another
+thread's long write): none holds the event loop.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def batch_router(service: BatchService, limits: HTTPLimits, slots: UploadSlots) 
 
     @router.get("/files/{file_id}")
     async def get_file(request: Request, file_id: str = file_id_path) -> dict[str, Any]:
-        return service.file(file_id, owner_of(request.scope)).to_api()
+        record = await asyncio.to_thread(service.file, file_id, owner_of(request.scope))
+        return record.to_api()
 
     @router.delete("/files/{file_id}")
     async def delete_file(request: Request, file_id: str = file_id_path) -> dict[str, Any]:
@@ -128,17 +130,19 @@ def batch_router(service: BatchService, limits: HTTPLimits, slots: UploadSlots) 
 
     @router.get("/batches/{batch_id}")
     async def retrieve(request: Request, batch_id: str = batch_id_path) -> dict[str, Any]:
-        return service.get(batch_id, owner_of(request.scope)).to_api()
+        batch = await asyncio.to_thread(service.get, batch_id, owner_of(request.scope))
+        return batch.to_api()
 
     @router.get("/batches")
     async def list_batches(request: Request, after: str | None = Query(default=None,
                                                                         max_length=128),
                            limit: int = Query(default=20, ge=1, le=100)) -> dict[str, Any]:
-        return service.page(after, limit, owner_of(request.scope))
+        return await asyncio.to_thread(service.page, after, limit, owner_of(request.scope))
 
     @router.post("/batches/{batch_id}/cancel")
     async def cancel(request: Request, batch_id: str = batch_id_path) -> dict[str, Any]:
-        return service.cancel(batch_id, owner_of(request.scope)).to_api()
+        batch = await asyncio.to_thread(service.cancel, batch_id, owner_of(request.scope))
+        return batch.to_api()
 
     return router
 
