@@ -106,6 +106,8 @@ def test_a_second_server_on_one_state_dir_refuses_naming_the_holder(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue #26 item 8."""
     import os
+    import subprocess
+    import sys
 
     from andante.runtime.durable.sqlite import SQLiteStore
 
@@ -113,10 +115,11 @@ def test_a_second_server_on_one_state_dir_refuses_naming_the_holder(
     state.mkdir()
     holder = SQLiteStore(state / "andante-queue.sqlite3")
     try:
-        serve = ["serve", "--model", "toy", "--port", "0", "--log-level", "error"]
-        assert main([*serve, "--state-dir", str(state)]) == 2
-        err = capsys.readouterr().err
-        assert "in use by process" in err and str(os.getpid()) in err
+        second = subprocess.run([sys.executable, "-m", "andante.cli.main", "serve", "--model",
+                                 "toy", "--port", "0", "--log-level", "error", "--state-dir",
+                                 str(state)], capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2
+        assert "in use by process" in second.stderr and str(os.getpid()) in second.stderr
     finally:
         holder.close()
     again = SQLiteStore(state / "andante-queue.sqlite3")  # released with the holder
