@@ -66,25 +66,26 @@ class PeakMemory:
 def _server_env(tree: str | None) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if tree:
-        env["PYTHONPATH"] = tree
+        env["PYTHONPATH"] = os.path.abspath(tree)
     return env
 
 
-def _has_option(env: dict[str, str], option: str) -> bool:
+def _has_option(env: dict[str, str], cwd: str | None, option: str) -> bool:
     out = subprocess.run([sys.executable, "-m", "andante.cli.main", "serve", "--help"],
-                         capture_output=True, text=True, env=env, timeout=120).stdout
+                         capture_output=True, text=True, env=env, cwd=cwd, timeout=120).stdout
     return option in out
 
 
 def run(tree: str | None, state_dir: str) -> dict[str, Any]:
+    tree = os.path.abspath(tree) if tree else None
     env = _server_env(tree)
     args = ["--toy-step-ms", "20", "--header-timeout", "1", "--body-timeout", "1",
             "--state-dir", state_dir]
-    if _has_option(env, "--upload-timeout"):
+    if _has_option(env, tree, "--upload-timeout"):
         args += ["--upload-timeout", "5"]
     attacker_env = _server_env(None)  # the attacks are this tree's
     mib = 1 << 20
-    with toy_server_process(*args, env=env) as (url, proc):
+    with toy_server_process(*args, env=env, cwd=tree) as (url, proc):
         watch = Watch(url, num_streams=20).start()
         time.sleep(3.0)
         baseline = rss_bytes(proc.pid)

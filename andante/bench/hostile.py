@@ -243,14 +243,15 @@ def attacks_in_subprocess(url: str, env: dict[str, str] | None = None
 
 
 @contextmanager
-def toy_server_process(*args: str, env: dict[str, str] | None = None
-                       ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+def toy_server_process(*args: str, env: dict[str, str] | None = None,
+                       cwd: str | None = None) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """`andante serve --model toy --port 0 ARGS` in its own process (its memory and its
-    interpreter lock its own): its URL and process, stopped by PID at the end."""
+    interpreter lock its own; `cwd`: the source tree to run, as `python -m` puts the
+    working directory first on the path): its URL and process, stopped by PID."""
     proc = subprocess.Popen([sys.executable, "-m", "andante.cli.main", "serve", "--model",
                              "toy", "--port", "0", "--log-level", "warning", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env)
+                            env=env, cwd=cwd)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
