@@ -55,6 +55,7 @@ from andante.runtime.durable.records import (
     WorkItem,
 )
 from andante.runtime.durable.store import DurableStore, StoreError, StoreFull
+from andante.runtime.free_memory import release_free_memory
 from andante.server.batches.execute import (
     EngineFailure,
     ItemRunner,
@@ -222,6 +223,7 @@ class BatchFeeder:
     def _settle_all(self, settled: list[tuple[WorkItem, Outcome]]) -> None:
         for item, outcome in settled:
             self._settle(item, outcome)
+        release_free_memory()
 
     def room(self) -> int:
         """How many more batch requests may start now (the rule in the module note)."""
@@ -365,6 +367,7 @@ class BatchFeeder:
         store fails it with the reason)."""
         try:
             self._finalize(batch_id)
+            release_free_memory()  # the batch's outcomes and output files
         except StoreFull as exc:
             self._fail_batch(batch_id, f"the batch store is full ({exc}): the output files "
                              "cannot be written")

@@ -31,6 +31,7 @@ from andante.runtime.durable.records import (
     window_seconds,
 )
 from andante.runtime.durable.store import DurableStore
+from andante.runtime.free_memory import release_free_memory
 from andante.server.batches.feeder import BatchFeeder
 from andante.server.batches.input import (
     ENDPOINTS,
@@ -98,6 +99,7 @@ class BatchService:
             _check_batch_input(iter_lines(body, part.start, part.end))
             source.seek(part.start)
             self.store.put_file_from(record, source)
+        release_free_memory()  # what checking and storing it allocated (worker thread)
         return record
 
     def _new_file(self, filename: str, purpose: str, size: int, owner: str | None,
@@ -171,6 +173,8 @@ class BatchService:
         default_model = self.state.backend.model_name
         self.store.create_batch(batch, [_work_item(batch.id, line, default_model)
                                         for line in lines])
+        del lines
+        release_free_memory()
         self.feeder.wake()
         return batch
 
