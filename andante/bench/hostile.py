@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,6 +39,7 @@ import httpx
 HOLD_CAP_S = 8.0  # a trickling connection held this long counts as held forever
 TRICKLE_CONNECTIONS = 25  # per copy of a slowloris attack
 COPIES = (1, 4)  # each attack alone, then four at once
+AFTERMATH_S = 1.0
 JSON = {"Content-Type": "application/json"}
 Figures = dict[str, Any]
 
@@ -217,19 +218,25 @@ def _safely(attack: Callable[[str], Figures], url: str) -> Figures:
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
 
 
-def run_all(url: str, copies: tuple[int, ...] = COPIES) -> Iterator[Figures]:
-    """Every attack, with each number of copies in turn: `{attack, copies, figures}`."""
-    for name in ATTACKS:
+def run_all(url: str, names: Sequence[str] = tuple(ATTACKS),
+            copies: Sequence[int] = COPIES) -> Iterator[Figures]:
+    """Each attack with each number of copies in turn, then `AFTERMATH_S` of nothing (what
+    an attack leaves running counts against it): `{attack, copies, figures}`."""
+    for name in names:
         for n in copies:
-            yield {"attack": name, "copies": n, "figures": run_attack(url, name, n)}
+            figures = run_attack(url, name, n)
+            time.sleep(AFTERMATH_S)
+            yield {"attack": name, "copies": n, "figures": figures}
 
 
-def attacks_in_subprocess(url: str, env: dict[str, str] | None = None
-                          ) -> Iterator[Figures]:
-    """`run_all` in a separate process (its own interpreter lock) at the lowest CPU
-    priority, as if the attackers were elsewhere (a 2-core machine runs both): each
-    attack's `{attack, copies, figures}` as soon as it has ended."""
-    proc = subprocess.Popen([sys.executable, "-m", "andante.bench.hostile", "all", url],
+def attacks_in_subprocess(url: str, env: dict[str, str] | None = None,
+                          only: tuple[str, int] | None = None) -> Iterator[Figures]:
+    """`run_all` (or `only` one attack with that many copies) in a separate process (its
+    own interpreter lock) at the lowest CPU priority, as if the attackers were elsewhere
+    (a 2-core machine runs both): each attack's `{attack, copies, figures}` as soon as it
+    has ended."""
+    which = ["all"] if only is None else ["one", only[0], str(only[1])]
+    proc = subprocess.Popen([sys.executable, "-m", "andante.bench.hostile", *which, url],
                             stdout=subprocess.PIPE, text=True, env=env,
                             preexec_fn=lambda: os.nice(19))  # noqa: PLW1509
     assert proc.stdout is not None
@@ -361,13 +368,11 @@ class Watch:
 
 
 def main(argv: list[str]) -> int:
-    """`all URL`: every attack, one JSON line each; `NAME URL [COPIES]`: one attack."""
-    name, url = argv[0], argv[1]
-    if name == "all":
-        for result in run_all(url):
-            print(json.dumps(result), flush=True)
-        return 0
-    print(json.dumps(run_attack(url, name, int(argv[2]) if len(argv) > 2 else 1)))
+    """`all URL`: every attack, one JSON line each; `one NAME COPIES URL`: one attack."""
+    one = argv[0] == "one"
+    for result in run_all(argv[-1], [argv[1]] if one else tuple(ATTACKS),
+                          [int(argv[2])] if one else COPIES):
+        print(json.dumps(result), flush=True)
     return 0
 
 
