@@ -20,8 +20,10 @@ acknowledged; the batch is finalized (output and error files written, status
 completed / expired / cancelled) when every item has an outcome. A request whose
 engine failed runs again (`MAX_ATTEMPTS` in all, then its line is a 500); one cut short
 by the server stopping gets no outcome: a restart replays whatever had none (the
-store's claims), and `start` resumes every unfinished batch. Finalizing (reading every
-outcome, writing the output files) runs on a worker thread, off the event loop.
+store's claims), and `start` resumes every unfinished batch. Every store call of the
+feeder (claims, outcomes, finalizing: reading every outcome, writing the output files;
+a cancelled batch's thousands of settlements) runs on its one store thread, in order,
+off the event loop.
 
 The store failing is an event, not a crash: while it is unreachable (`StoreUnavailable`:
 Redis down) the feeder logs one line when the outage starts and one when it ends, and
@@ -33,12 +35,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from andante.runtime.durable.records import (
     CANCELLED,
@@ -67,6 +72,7 @@ from andante.server.errors import error_body
 from andante.server.state import ServerState
 
 log = logging.getLogger("andante.server")
+T = TypeVar("T")
 TICK_S = 0.05  # the feeder's period when nothing wakes it
 SWEEP_S = 1.0  # how often open batches are checked (expiry, finalization, cache)
 MAX_ATTEMPTS = 3
@@ -109,6 +115,7 @@ class BatchFeeder:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[None]] = set()  # finalizing, expiry sweeps
         self._finalizing: set[str] = set()
+        self._store_pool = ThreadPoolExecutor(1, thread_name_prefix="andante-batch-store")
         self.store_error: str | None = None  # why the store is unreachable (None: it is not)
 
     @property
@@ -122,6 +129,12 @@ class BatchFeeder:
         else:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def _on_store_thread(self, fn: Callable[[], T]) -> T:
+        """`fn()` on the feeder's one store thread: its store work runs in order, off the
+        event loop, and competes with it for the interpreter lock from one thread only
+        (a cancelled batch's 10,000 settlements on several threads starved it)."""
+        return await asyncio.get_running_loop().run_in_executor(self._store_pool, fn)
 
     def _on_loop(self) -> bool:
         try:
@@ -153,6 +166,7 @@ class BatchFeeder:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._background:  # worker threads finishing a write: let them
             await asyncio.wait(list(self._background), timeout=30)
+        self._store_pool.shutdown(wait=False)
 
     async def _feed(self) -> None:
         while True:
@@ -181,10 +195,10 @@ class BatchFeeder:
             self.store_error = None
 
     def _in_background(self, fn: Callable[[], object]) -> None:
-        """`fn()` on a worker thread, awaited by `stop`."""
+        """`fn()` on the store thread, not awaited here (`stop` waits for it)."""
         async def run() -> None:
             try:
-                await asyncio.to_thread(fn)
+                await self._on_store_thread(fn)
             except StoreError as exc:
                 self._store_failed(exc)
             except Exception:
@@ -195,22 +209,23 @@ class BatchFeeder:
         task.add_done_callback(self._background.discard)
 
     async def _tick(self) -> None:
-        """One step of the feeder; its store calls run on worker threads (a long write
+        """One step of the feeder; its store calls run on the store thread (a long write
         by another thread, such as a batch's creation, never holds the event loop)."""
         now = self.wall()
         if now - self._last_sweep >= SWEEP_S:
-            await asyncio.to_thread(self._sweep)
+            await self._on_store_thread(self._sweep)
         if now - self._last_expiry >= EXPIRY_SWEEP_S:
             self._last_expiry = now
             self._in_background(self.delete_expired_files)
         if now - self._last_keep_alive >= self.options.claim_idle_s / 3:
             self._last_keep_alive = now
-            await asyncio.to_thread(self.store.keep_alive,
-                                    [r.item for r in self.running.values()])
+            items = [r.item for r in self.running.values()]
+            await self._on_store_thread(lambda: self.store.keep_alive(items))
         starts, claimed = self.max_starts_per_tick, 0
         to_settle: list[tuple[WorkItem, Outcome]] = []
         while (room := min(self.room(), starts)) > 0 and claimed < MAX_CLAIMS_PER_TICK:
-            items = await asyncio.to_thread(self.store.claim, self.models, room)
+            items = await self._on_store_thread(
+                functools.partial(self.store.claim, self.models, room))
             if not items:
                 break
             claimed += len(items)
@@ -283,7 +298,7 @@ class BatchFeeder:
                             "this request", None, "engine_error"))
                         break
                     log.info("batches: %s; running it again", exc)
-            await asyncio.to_thread(self._settle, item, outcome)
+            await self._on_store_thread(functools.partial(self._settle, item, outcome))
         finally:
             self.running.pop((item.batch_id, item.custom_id), None)
             self._wake.set()
@@ -347,7 +362,8 @@ class BatchFeeder:
         now = self.wall()
         cached = self.cache.get(batch_id)
         if cached is None or now - cached[0] > SWEEP_S:
-            batch = await asyncio.to_thread(self.store.get_batch, batch_id)
+            batch = await self._on_store_thread(
+                functools.partial(self.store.get_batch, batch_id))
             if batch is None:
                 return None
             self.cache[batch_id] = cached = (now, batch)
