@@ -3,14 +3,18 @@
 The file goes through the server's own path (the Batch API's service, its durable
 store, admission and the engines; no HTTP), with a progress bar on stderr; the output
 file holds one line per request, in input order (`response` for answers, `error` /
-an error `response` for failures). Also here: the durable-queue options `andante serve`
-shares (`add_queue_args`, `batch_options_from_args`).
+an error `response` for failures). With a `--state-dir`, a run that was killed resumes:
+the batch records its input's SHA-256 (`metadata.input_sha256`), and a rerun on the
+same input finds the unfinished batch and waits for it instead of starting over. Also
+here: the durable-queue options `andante serve` shares (`add_queue_args`,
+`batch_options_from_args`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -39,6 +43,9 @@ def add_queue_args(p: argparse.ArgumentParser, state_dir_default: str | None) ->
                    "HOST-PID); a restart under the same name resumes its own requests first")
     g.add_argument("--max-file-bytes", type=positive_int, default=200 << 20,
                    help="largest upload to /v1/files (default 200 MiB)")
+    g.add_argument("--file-retention-days", type=positive_float, default=30.0,
+                   help="files without their own expires_after (uploads, batch outputs) "
+                   "are deleted this many days after their creation (default 30)")
 
 
 def batch_options_from_args(args: argparse.Namespace) -> Any:
@@ -46,7 +53,8 @@ def batch_options_from_args(args: argparse.Namespace) -> Any:
 
     return BatchOptions(queue=args.queue, state_dir=args.state_dir,
                         max_in_flight=args.batch_max_in_flight,
-                        claim_idle_s=args.queue_claim_idle, consumer=args.queue_consumer)
+                        claim_idle_s=args.queue_claim_idle, consumer=args.queue_consumer,
+                        file_retention_s=args.file_retention_days * 86400.0)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -114,18 +122,25 @@ async def _submit_and_wait(service: Any, path: Path, output: Path, window: str,
     from andante.server.batches.input import parse_batch_file
 
     content = path.read_bytes()
-    record = service.upload(path.name, "batch", content)
-    urls = sorted({line.url for line in parse_batch_file(content)})
-    if len(urls) > 1:
-        print(f"andante batch: error: a batch has one endpoint; the file mixes {urls}",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
-    batch = service.create(record.id, urls[0], window)
+    digest = hashlib.sha256(content).hexdigest()
+    batch = _unfinished(service, digest, window)
+    if batch is not None:
+        print(f"andante batch: resuming {batch.id} ({batch.counts.done} of "
+              f"{batch.counts.total} done)", file=sys.stderr)
+    else:
+        record = service.upload(path.name, "batch", content)
+        urls = sorted({line.url for line in parse_batch_file(content)})
+        if len(urls) > 1:
+            print(f"andante batch: error: a batch has one endpoint; the file mixes {urls}",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        batch = service.create(record.id, urls[0], window, {"input_sha256": digest})
     if batch.errors:
         for error in batch.errors:
             print(f"andante batch: line {error['line']}: {error['message']}", file=sys.stderr)
         return EXIT_BAD_INPUT
     bar = Progress(batch.counts.total, "batch", enabled=None if progress else False)
+    bar.advance(batch.counts.done)
     while batch.is_open:
         await asyncio.sleep(0.1)
         batch = service.get(batch.id)
@@ -137,3 +152,12 @@ async def _submit_and_wait(service: Any, path: Path, output: Path, window: str,
     print(json.dumps({"batch": batch.id, "status": batch.status, "completed": counts.completed,
                       "failed": counts.failed, "total": counts.total, "output": str(output)}))
     return 0
+
+
+def _unfinished(service: Any, digest: str, window: str) -> Any:
+    """The store's unfinished batch of this input (same content, same window), if any."""
+    for batch in service.store.open_batches():
+        if (batch.metadata or {}).get("input_sha256") == digest \
+                and batch.completion_window == window:
+            return batch
+    return None

@@ -37,8 +37,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--served-model-name", help="name in /v1/models (default: from the model)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 "
-                   "(default: $ANDANTE_API_KEY)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every path "
+                   "but /health (the live page, /metrics, /api/stats too, unless "
+                   "--public-metrics; default: $ANDANTE_API_KEY)")
+    p.add_argument("--api-keys-file", metavar="PATH",
+                   help="several tenants: 'NAME KEY' per line; each key sees only the "
+                   "files and batches made with it (--api-key alone: one tenant, every "
+                   "caller sees everything)")
     p.add_argument("--policy", default="vllm", help=f"one of {', '.join(policy_names())}")
     p.add_argument("--policy-option", action="append", metavar="KEY=VALUE")
     p.add_argument("--max-queued", type=positive_int, default=256,
@@ -60,7 +65,12 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--header-timeout", type=positive_float, default=10.0,
                    help="seconds a client may take to send its request headers (408)")
     g.add_argument("--body-timeout", type=positive_float, default=30.0,
-                   help="seconds a client may take to send its request body (408)")
+                   help="seconds a client may take to send its request body after its "
+                   "headers (408; one timer from the request's first byte)")
+    g.add_argument("--upload-timeout", type=positive_float, default=300.0,
+                   help="the same for an upload to /v1/files (default 300)")
+    g.add_argument("--max-uploads", type=positive_int, default=2,
+                   help="uploads to /v1/files received at once; more get 429 (default 2)")
     g.add_argument("--public-metrics", action="store_true",
                    help="with --api-key, leave /, /metrics, /api/stats and /openapi.json "
                    "open (/health always is)")
@@ -119,7 +129,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> Any:
-    from andante.server.config import EngineOptions, HTTPLimits, ServeOptions, env_defaults
+    from andante.server.config import (
+        EngineOptions,
+        HTTPLimits,
+        ServeOptions,
+        env_defaults,
+        read_keys_file,
+    )
 
     engine = EngineOptions(
         max_num_seqs=args.max_num_seqs,
@@ -143,7 +159,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,
-        api_key=args.api_key or env_defaults()["api_key"],
+        api_key=None if args.api_keys_file else args.api_key or env_defaults()["api_key"],
+        api_keys=read_keys_file(args.api_keys_file) if args.api_keys_file else (),
         policy=args.policy,
         policy_options=parse_key_values(args.policy_option),
         max_queued=args.max_queued,
@@ -158,7 +175,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
         max_restarts=args.max_restarts,
         limits=HTTPLimits(max_body_bytes=args.max_body_bytes, header_timeout=args.header_timeout,
                           body_timeout=args.body_timeout, public_metrics=args.public_metrics,
-                          max_file_bytes=args.max_file_bytes),
+                          max_file_bytes=args.max_file_bytes,
+                          upload_timeout=args.upload_timeout, max_uploads=args.max_uploads),
         batch=batch_options_from_args(args),
         trace_steps=args.trace_steps,
     )

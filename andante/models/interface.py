@@ -30,6 +30,12 @@ class Tokenizer(Protocol):
     eos_token_ids: tuple[int, ...]  # every id that ends generation (e.g. <|im_end|>)
     bos_token_id: int | None
 
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for: a text longer than the context
+        times this cannot fit (the server refuses it before tokenizing it)."""
+        ...
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...

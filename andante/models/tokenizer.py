@@ -74,9 +74,22 @@ class TextTokenizer:
         self.chat_template = chat_template
         self._template_vars = dict(template_vars or {})
         self._compiled: Any = None
+        self._max_token_chars: int | None = None
+
+    @property
+    def max_token_chars(self) -> int:
+        # a vocabulary entry's characters: its bytes (byte-level BPE) or more (byte
+        # fallback's "<0x41>"), never fewer than the text it decodes to
+        if self._max_token_chars is None:
+            vocab = self.backend.get_vocab(with_added_tokens=True)
+            self._max_token_chars = max((len(token) for token in vocab), default=1)
+        return self._max_token_chars
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        # encode_batch releases the interpreter lock while it works; encode holds it
+        # (a long prompt would stall the event loop and every stream)
+        encoded = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)
+        return list(encoded[0].ids)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens))

@@ -55,8 +55,10 @@ class Admission:
                 raise APIError(400, "prompt: batched prompts are not supported; send one "
                                "prompt per request", "prompt", "invalid_value")
             prompt = prompt[0]
-        tokenizer = self.served(body.model).tokenizer
+        served = self.served(body.model)
+        tokenizer = served.tokenizer
         if isinstance(prompt, str):
+            self._check_text_fits("prompt", len(prompt), served)
             return tokenizer.encode(prompt) if prompt else []
         ids: list[int] = list(prompt)
         vocab = tokenizer.vocab_size
@@ -70,8 +72,20 @@ class Admission:
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
         if not any(m["content"] for m in messages):
             return []
-        tokenizer = self.served(body.model).tokenizer
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        served = self.served(body.model)
+        self._check_text_fits("messages", sum(len(m["content"]) for m in messages), served)
+        return served.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+    @staticmethod
+    def _check_text_fits(field: str, num_chars: int, served: ServedModel) -> None:
+        """Refuse a text that cannot fit the context whatever it tokenizes to, before
+        tokenizing it (which takes seconds for megabytes)."""
+        limit = served.limits.max_model_len * served.tokenizer.max_token_chars
+        if num_chars > limit:
+            raise APIError(400, f"{field}: the text has {num_chars} characters; the model's "
+                           f"context is {served.limits.max_model_len} tokens of at most "
+                           f"{served.tokenizer.max_token_chars} characters each", field,
+                           "context_length_exceeded")
 
     # ---- the request --------------------------------------------------------------
     def admit(

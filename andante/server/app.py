@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from andante.server.backend import Backend, build_backend
-from andante.server.batches import create_batch_service
+from andante.server.batches import create_batch_service, open_batch_store
 from andante.server.batches.routes import install_batch_routes
 from andante.server.config import ServeOptions
 from andante.server.errors import install_error_handlers
@@ -25,8 +25,13 @@ from andante.server.state import ServerState
 def create_app(options: ServeOptions, backend: Backend | None = None) -> FastAPI:
     """A server app; `backend` defaults to `build_backend(options)`. The engine thread
     starts with the app's lifespan and stops with it."""
-    state = ServerState.create(options, backend or build_backend(options))
-    batches = create_batch_service(state)
+    opened = open_batch_store(options.batch)  # a state directory in use fails here, first
+    try:
+        state = ServerState.create(options, backend or build_backend(options))
+    except BaseException:
+        opened.store.close()
+        raise
+    batches = create_batch_service(state, opened)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -41,7 +46,7 @@ def create_app(options: ServeOptions, backend: Backend | None = None) -> FastAPI
     app = FastAPI(title="andante", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.andante = state
     app.state.batches = batches
-    app.add_middleware(EdgeGuard, api_key=options.api_key, limits=options.limits)
+    app.add_middleware(EdgeGuard, keys=options.keys_by_value, limits=options.limits)
     install_error_handlers(app)
     install_openai_routes(app, state)
     install_batch_routes(app, batches, options.limits)
@@ -64,14 +69,16 @@ def _install_ops_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+        # the batch collector reads the store: off the event loop
+        page = await asyncio.to_thread(state.metrics.render)
+        return Response(page, media_type=CONTENT_TYPE)
 
     @app.get("/api/stats")
     async def stats() -> dict[str, Any]:
         out = state.live.stats(state.hub.num_in_flight)
         out["model"] = state.backend.model_name
         out["policy"] = state.options.policy
-        out["auth"] = state.options.api_key is not None
+        out["auth"] = bool(state.options.keys_by_value)
         out["cluster"] = state.runner.cluster_stats()
         return out
 

@@ -39,20 +39,24 @@ class EngineOptions:
 @dataclass(frozen=True, slots=True)
 class HTTPLimits:
     """The HTTP edge: the largest request body (413 beyond), the seconds a client may
-    take to send its request headers and its body (408 beyond), and whether `/metrics`,
-    `/`, `/api/stats` and `/openapi.json` stay open when an API key is set."""
+    take to send its request headers and then its body (408 beyond; `upload_timeout`
+    for `POST /v1/files`), how many uploads may be received at once (429 beyond), and
+    whether `/metrics`, `/`, `/api/stats` and `/openapi.json` stay open when an API key
+    is set."""
 
     max_body_bytes: int = 4 << 20
     max_file_bytes: int = 200 << 20  # POST /v1/files (OpenAI's limit for a batch file)
     header_timeout: float = 10.0
     body_timeout: float = 30.0
+    upload_timeout: float = 300.0
+    max_uploads: int = 2  # uploads received at once (each goes to a temporary file)
     public_metrics: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_file_bytes"):
+        for name in ("max_body_bytes", "max_file_bytes", "max_uploads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("header_timeout", "body_timeout"):
+        for name in ("header_timeout", "body_timeout", "upload_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
@@ -72,6 +76,9 @@ class BatchOptions:
     max_in_flight: int | None = None
     claim_idle_s: float = 30.0
     consumer: str | None = None
+    # files without their own `expires_after` (uploads, batch outputs) are deleted this
+    # long after their creation (None: kept forever); OpenAI's default for batch files
+    file_retention_s: float | None = 30 * 86400.0
 
     def __post_init__(self) -> None:
         if self.queue != "sqlite" and not self.queue.startswith(("redis://", "rediss://",
@@ -81,6 +88,8 @@ class BatchOptions:
             raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
         if not self.claim_idle_s > 0:
             raise ValueError(f"claim_idle_s must be > 0, got {self.claim_idle_s}")
+        if self.file_retention_s is not None and not self.file_retention_s > 0:
+            raise ValueError(f"file_retention_s must be > 0, got {self.file_retention_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +102,9 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    # several tenants (a keys file): (name, key) pairs; files and batches belong to the
+    # name of the key that made them and only it sees them (`api_key` alone: one tenant)
+    api_keys: tuple[tuple[str, str], ...] = ()
     policy: str = "vllm"
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     max_queued: int = 256
@@ -118,6 +130,7 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         self._check_models()
+        self._check_keys()
         if self.instances < 1:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
         if self.backend not in BACKENDS:
@@ -130,6 +143,22 @@ class ServeOptions:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
 
+
+    def _check_keys(self) -> None:
+        if self.api_keys and self.api_key is not None:
+            raise ValueError("give either one API key (single-tenant) or a keys file, not both")
+        names = [name for name, _ in self.api_keys]
+        keys = [key for _, key in self.api_keys]
+        if len(set(names)) != len(names) or len(set(keys)) != len(keys):
+            raise ValueError("the keys file has a name or a key twice; each tenant needs "
+                             "its own of both")
+
+    @property
+    def keys_by_value(self) -> dict[bytes, str | None]:
+        """Every accepted key (UTF-8) -> its tenant's name (None: the single key)."""
+        if self.api_key is not None:
+            return {self.api_key.encode("utf-8"): None}
+        return {key.encode("utf-8"): name for name, key in self.api_keys}
 
     def _check_models(self) -> None:
         names = [name for name, _ in self.models]
@@ -144,6 +173,28 @@ class ServeOptions:
             raise ValueError(f"router {self.router!r} is not available with several models")
         if self.host_memory_gib is not None and self.host_memory_gib < 0:
             raise ValueError(f"host_memory_gib must be >= 0, got {self.host_memory_gib}")
+
+
+def read_keys_file(path: str) -> tuple[tuple[str, str], ...]:
+    """`NAME KEY` per line (`#` comments and blank lines skipped) -> (name, key) pairs;
+    a `ValueError` naming the line if one is malformed."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read the keys file {path}: {exc.strerror}") from None
+    pairs: list[tuple[str, str]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if len(fields) != 2:
+            raise ValueError(f"{path}, line {number}: expected 'NAME KEY', got "
+                             f"{len(fields)} fields")
+        pairs.append((fields[0], fields[1]))
+    if not pairs:
+        raise ValueError(f"the keys file {path} has no keys")
+    return tuple(pairs)
 
 
 def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:

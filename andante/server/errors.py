@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from andante.runtime.durable.errors import StoreError, StoreFull
 from andante.server.protocol import FIELD_NAMES
 
 _TYPES = {
@@ -19,6 +20,7 @@ _TYPES = {
     404: "not_found_error",
     429: "rate_limit_error",
     503: "service_unavailable",
+    507: "insufficient_storage",
 }
 
 
@@ -57,9 +59,20 @@ def _param(loc: Sequence[int | str]) -> str | None:
     return ".".join(parts) or None
 
 
+def _most_telling(errors: Sequence[Any]) -> dict[str, Any]:
+    """The first error that is not a union member's type mismatch (`stop`: "at most 4
+    items" rather than "not a string"), else the first."""
+    if not errors:
+        return {"msg": "invalid request"}
+    for error in errors:
+        if not str(error.get("type", "")).endswith("_type"):
+            return dict(error)
+    return dict(errors[0])
+
+
 def validation_error(errors: Sequence[Any]) -> APIError:
-    """A 400 naming the first offending field (pydantic or FastAPI errors)."""
-    first: dict[str, Any] = dict(errors[0]) if errors else {"msg": "invalid request"}
+    """A 400 naming the offending field (pydantic or FastAPI errors)."""
+    first = _most_telling(errors)
     loc = [p for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return APIError(400, f"invalid JSON body: {first['msg']}", None, "invalid_json")
@@ -77,7 +90,8 @@ def validation_error(errors: Sequence[Any]) -> APIError:
 
 
 def from_pydantic(exc: ValidationError) -> APIError:
-    return validation_error(exc.errors(include_url=False))
+    # the schema's lists are bounded and fail fast (protocol.py): few errors to build
+    return validation_error(exc.errors(include_url=False, include_context=False))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -93,6 +107,22 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         return error_response(APIError(exc.status_code, str(exc.detail), None, None))
 
+    async def on_store_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StoreError)
+        if isinstance(exc, StoreFull):
+            error = APIError(507, f"the batch store is full: {exc}", None, "store_full")
+        else:
+            error = APIError(503, f"the batch store is unavailable: {exc}", None,
+                             "store_unavailable", headers={"Retry-After": "5"})
+        return error_response(error)
+
+    async def on_bug(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs the traceback after this answer; the client gets JSON, not text
+        return error_response(APIError(500, f"internal error ({type(exc).__name__})", None,
+                                       "internal_error"))
+
     app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(StoreError, on_store_error)
+    app.add_exception_handler(Exception, on_bug)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)

@@ -52,7 +52,7 @@ def _uvicorn_server(app: FastAPI, options: ServeOptions) -> uvicorn.Server:
     """The uvicorn server of `app`; it stops when every engine instance is down."""
     config = uvicorn.Config(
         app, log_level=options.log_level, timeout_graceful_shutdown=5, access_log=False,
-        timeout_keep_alive=30, lifespan="on", http=h11_protocol(options.limits.header_timeout),
+        timeout_keep_alive=30, lifespan="on", http=h11_protocol(options.limits),
     )
     server = uvicorn.Server(config)
     state: ServerState = app.state.andante

@@ -36,23 +36,32 @@ async def read_body(request: Request, limits: HTTPLimits) -> bytes:
     """The raw body: at most `limits.max_body_bytes` (413), within `limits.body_timeout`
     seconds (408). A client gone mid-upload is a normal event: one log line, a 499."""
     chunks: list[bytes] = []
+    await receive_body(request, chunks.append, limits.max_body_bytes, limits.body_timeout)
+    return b"".join(chunks)
+
+
+async def receive_body(request: Request, write: Callable[[bytes], object], max_bytes: int,
+                       timeout: float, size_option: str = "--max-body-bytes",
+                       timeout_option: str = "--body-timeout") -> int:
+    """Pass the body's chunks to `write` as they arrive: at most `max_bytes` (413 naming
+    `size_option`), within `timeout` seconds (408 naming `timeout_option`); its size."""
     size = 0
     try:
-        async with asyncio.timeout(limits.body_timeout):
+        async with asyncio.timeout(timeout):
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > limits.max_body_bytes:
-                    raise too_large(size, limits.max_body_bytes)
-                chunks.append(chunk)
+                if size > max_bytes:
+                    raise too_large(size, max_bytes, size_option)
+                write(chunk)
     except TimeoutError:
-        raise APIError(408, f"the request body did not arrive within {limits.body_timeout:g} s "
-                       "(--body-timeout)", None, "request_timeout") from None
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s "
+                       f"({timeout_option})", None, "request_timeout") from None
     except ClientDisconnect:
         client = request.client.host if request.client else "?"
         log.info("client %s went away while sending its request body", client)
         raise APIError(CLIENT_CLOSED_REQUEST, "the client closed the connection", None,
                        "client_closed_request") from None
-    return b"".join(chunks)
+    return size
 
 
 def parse_body(raw: bytes, model: type[Body]) -> Body:

@@ -17,6 +17,23 @@ from pydantic import BaseModel, ConfigDict, Field
 PositiveSeconds = Field(default=None, gt=0, allow_inf_nan=False)
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 INT64 = 1 << 63
+# Every list is bounded and stops at its first bad item (`fail_fast`): a body of a
+# million bad items would otherwise cost a million error objects on the preparation
+# thread, holding the interpreter lock while every stream waits.
+MAX_MESSAGES = 4096
+MAX_CONTENT_PARTS = 256
+MAX_PROMPT_TOKENS = 1 << 18  # token-id prompts (a longer one cannot fit any context)
+MAX_PROMPTS = 64  # list prompts (one is served; admission says so)
+MAX_STOP_TOKEN_IDS = 256
+
+
+def _at_most(max_length: int, min_length: int = 0) -> Any:
+    """The bound of a list: at most `max_length` items, validation stopping at the first
+    bad one."""
+    return Field(min_length=min_length, max_length=max_length, fail_fast=True)
+
+
+TokenIds = Annotated[list[int], _at_most(MAX_PROMPT_TOKENS)]
 
 
 class _Strict(BaseModel):
@@ -43,8 +60,8 @@ class _Sampling(_Strict):
     top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(default=None, ge=-1)
     seed: int | None = Field(default=None, ge=-INT64, lt=INT64)
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: str | Annotated[list[str], _at_most(MAX_STOP)] | None = None
+    stop_token_ids: Annotated[list[int], _at_most(MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -71,7 +88,8 @@ class _Sampling(_Strict):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: (str | TokenIds | Annotated[list[str], _at_most(MAX_PROMPTS)]
+             | Annotated[list[TokenIds], _at_most(MAX_PROMPTS)])
     max_tokens: int | None = Field(default=16, ge=1)
     echo: Literal[False] = False
     logprobs: None = None
@@ -85,7 +103,7 @@ class TextPart(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: str | Annotated[list[TextPart], _at_most(MAX_CONTENT_PARTS)]
     name: str | None = None
 
     @property
@@ -96,7 +114,7 @@ class ChatMessage(_Strict):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Annotated[list[ChatMessage], _at_most(MAX_MESSAGES, min_length=1)]
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: Literal[False] = False

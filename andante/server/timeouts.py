@@ -1,11 +1,17 @@
-"""A header read timeout for uvicorn's HTTP/1.1 protocol (uvicorn has none: a client may
-hold a connection forever by sending its request line a byte at a time).
+"""Request timeouts for uvicorn's HTTP/1.1 protocol (uvicorn has none: a client may hold
+a connection forever by sending its request a byte at a time).
 
-The timer runs while the connection waits for a request's line and headers: armed when
-the connection opens and when part of a request arrives, disarmed once h11 has read the
-whole head. A connection idle between requests is uvicorn's keep-alive timeout's job.
-On expiry the client gets a JSON 408 and the connection closes. The body has its own
-timeout (`openai_api.read_body`).
+One timer per request, from its first byte until its body has arrived: the head must
+be complete within `header_timeout` seconds, the whole request within `header_timeout +
+body_timeout` (`upload_timeout` for `POST /v1/files`). The timer is also armed when a
+connection opens (its first request must begin); a connection idle between requests is
+uvicorn's keep-alive timeout's job. On expiry the client gets a JSON 408 (unless a
+response has begun) and the connection closes.
+
+A response sent while the request's body is still unread (a 413 or 415 from the edge,
+a 404, a `GET` with a `Content-Length`) closes the connection after it: otherwise the
+client could trickle the rest of the body for as long as it likes, each byte resetting
+the keep-alive timer.
 """
 
 from __future__ import annotations
@@ -16,52 +22,98 @@ import json
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from andante.server.config import HTTPLimits
 from andante.server.errors import error_body
 
+UPLOAD_PATH = "/v1/files"
 
-def _timeout_response(seconds: float) -> bytes:
-    message = f"the request headers did not arrive within {seconds:g} s (--header-timeout)"
+
+def _timeout_response(message: str) -> bytes:
     body = json.dumps(error_body(408, message, None, "request_timeout")).encode()
     head = (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
     return head.encode() + body
 
 
-class HeaderTimeoutH11(H11Protocol):
-    header_timeout: float = 10.0
-    _header_timer: asyncio.TimerHandle | None = None
+class TimedH11(H11Protocol):
+    limits: HTTPLimits = HTTPLimits()
+    _timer: asyncio.TimerHandle | None = None
+    _request_start: float | None = None  # loop time of the current request's first byte
+    _timing_body = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm()
+        self._start_request()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self.conn.their_state is h11.IDLE:  # a request's head has begun, not ended
-            self._arm()
-        else:
-            self._disarm()
+        self._follow_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
 
-    def _arm(self) -> None:
-        if self._header_timer is None:
-            self._header_timer = self.loop.call_later(self.header_timeout, self._expire)
+    def on_response_complete(self) -> None:
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self._disarm()  # the body was never read: no keep-alive for a trickle
+            self.conn.send(h11.ConnectionClosed())
+            self.transport.close()
+        super().on_response_complete()
+
+    # ---- the timer ----------------------------------------------------------------
+    def _follow_request(self) -> None:
+        state = self.conn.their_state
+        if state is h11.IDLE:  # a request's head has begun (or a new one after the last)
+            self._start_request()
+        elif state is h11.SEND_BODY and not self._timing_body:
+            self._timing_body = True  # the head is in: the deadline now covers the body
+            self._disarm()
+            start = self._request_start if self._request_start is not None else self.loop.time()
+            deadline = start + self.limits.header_timeout + self._body_seconds()
+            self._timer = self.loop.call_at(deadline, self._expire, "body")
+        elif state is not h11.SEND_BODY:
+            self._disarm()
+            self._request_start = None
+            self._timing_body = False
+
+    def _start_request(self) -> None:
+        if self._timer is None:
+            self._request_start = self.loop.time()
+            self._timing_body = False
+            self._timer = self.loop.call_later(self.limits.header_timeout, self._expire,
+                                               "headers")
+
+    def _body_seconds(self) -> float:
+        upload = self.scope.get("path") == UPLOAD_PATH if self.scope else False
+        return self.limits.upload_timeout if upload else self.limits.body_timeout
 
     def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-    def _expire(self) -> None:
-        self._header_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self.transport.write(_timeout_response(self.header_timeout))
-            self.transport.close()
+    def _expire(self, part: str) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if part == "headers":
+            message = (f"the request headers did not arrive within "
+                       f"{self.limits.header_timeout:g} s (--header-timeout)")
+        else:
+            option = "--upload-timeout" if self._body_seconds() != self.limits.body_timeout \
+                else "--body-timeout"
+            message = (f"the request did not arrive within "
+                       f"{self.limits.header_timeout + self._body_seconds():g} s "
+                       f"(--header-timeout + {option})")
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # no response begun
+            self.transport.write(_timeout_response(message))
+        if part == "body" and cycle is not None:  # the app sees a disconnect, sends no more
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.close()
 
 
-def h11_protocol(header_timeout: float) -> type[H11Protocol]:
-    """uvicorn's `http` protocol class with this header timeout."""
-    return type("HeaderTimeoutH11", (HeaderTimeoutH11,), {"header_timeout": header_timeout})
+def h11_protocol(limits: HTTPLimits) -> type[H11Protocol]:
+    """uvicorn's `http` protocol class with these timeouts."""
+    return type("TimedH11", (TimedH11,), {"limits": limits})

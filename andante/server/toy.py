@@ -52,6 +52,7 @@ class ByteTokenizer:
     vocab_size = 259
     eos_token_ids: tuple[int, ...] = (IM_END, ENDOFTEXT)
     bos_token_id: int | None = None
+    max_token_chars = 1  # a character is one or more byte tokens
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))

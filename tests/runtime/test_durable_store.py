@@ -94,6 +94,8 @@ def test_unacknowledged_work_is_replayed_after_a_crash(make_store) -> None:  # t
     claimed = first.claim(["toy"], 4)
     first.complete(claimed[0], _ok(claimed[0]))
     # "a" dies holding r1..r3; a new process (sqlite) or another consumer (redis) takes them
+    if hasattr(first, "_dir_lock"):
+        first._dir_lock.close()  # a dead process holds no lock on its state directory
     second = make_store("b")
     import time
     time.sleep(0.1)  # past the claim idle time of the redis consumer

@@ -75,8 +75,16 @@ def _encoded(fields: dict[str, str], files: dict[str, tuple[str, bytes]]) -> tup
 def test_multipart_round_trip(content: bytes, purpose: str) -> None:
     body, kind = _encoded({"purpose": purpose}, {"file": ("in.jsonl", content)})
     form = parse_form(body, kind)
-    assert form["file"].content == content and form["file"].filename == "in.jsonl"
-    assert form["purpose"].content.decode() == purpose and form["purpose"].filename is None
+    file = form["file"]
+    assert body[file.start:file.end] == content and file.filename == "in.jsonl"
+    assert form["purpose"].text(body) == purpose and form["purpose"].filename is None
+
+
+def test_a_form_of_many_parts_is_refused_at_the_cap() -> None:
+    part = b'--b\r\nContent-Disposition: form-data; name="x"\r\n\r\ny\r\n'
+    body = part * 400_000 + b"--b--\r\n"
+    with pytest.raises(ValueError, match="at most 16 parts"):
+        parse_form(body, "multipart/form-data; boundary=b")
 
 
 @pytest.mark.parametrize(("body", "kind", "needle"), [

@@ -102,7 +102,12 @@ def test_an_engine_failure_is_retried_then_fails_the_line(tmp_path: Any) -> None
     item = store.claim(["toy"], 1)[0]
     service.runner = _FailingRunner()  # type: ignore[assignment]
     service.running[("batch_x", "a")] = running = _Running(item)
-    asyncio.run(service._run(running, batch))
+
+    async def run_then_finalize() -> None:
+        await service._run(running, batch)
+        await service.stop()  # waits for the finalizing, done on a worker thread
+
+    asyncio.run(run_then_finalize())
     assert service.runner.calls == MAX_ATTEMPTS and not service.running
     [outcome] = store.outcomes("batch_x")
     assert json.loads(outcome.text)["response"]["status_code"] == 500

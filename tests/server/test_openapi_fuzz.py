@@ -4,6 +4,7 @@ context so that no accepted request runs long."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,3 +56,50 @@ def _fuzz(operation: Any, srv: ServerThread) -> None:
 
         check()
         assert srv.state.runner.is_alive
+
+
+# ---- oversized lists and deep nesting (issue 26) -----------------------------------
+from hypothesis import strategies as st  # noqa: E402
+
+BASE_BODIES: dict[str, dict[str, Any]] = {
+    "/v1/completions": {"prompt": "hi", "max_tokens": 1},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    "/v1/batches": {"input_file_id": "file-x", "endpoint": "/v1/completions"},
+}
+FIELDS = ("prompt", "messages", "stop", "stop_token_ids", "metadata", "input_file_id",
+          "slo", "content", "max_tokens")
+ELEMENTS = ("1", '"x"', "{}", "[]", "null", '{"role": "user", "content": "x"}',
+            '{"type": "text", "text": "x"}', "[1, 2]")
+
+
+def _big_list(element: str, size: int) -> str:
+    return "[" + ",".join([element] * size) + "]"
+
+
+def _deep(depth: int, kind: str) -> str:
+    return "[" * depth + "]" * depth if kind == "list" else '{"a":' * depth + "1" + "}" * depth
+
+
+hostile_values = st.one_of(
+    st.builds(_big_list, st.sampled_from(ELEMENTS), st.integers(5, 300_000)),
+    st.builds(_deep, st.integers(50, 5000), st.sampled_from(["list", "dict"])),
+)
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(path=st.sampled_from(sorted(BASE_BODIES)), field=st.sampled_from(FIELDS),
+       value=hostile_values)
+def test_oversized_lists_and_deep_nesting_get_a_json_4xx(
+        fuzzed_server: ServerThread, path: str, field: str, value: str) -> None:
+    import httpx
+
+    body = dict(BASE_BODIES[path])
+    body.pop(field, None)
+    text = json.dumps(body)[:-1] + (", " if body else "") + f'"{field}": {value}}}'
+    reply = httpx.post(fuzzed_server.url + path, content=text.encode(), timeout=30,
+                       headers={"Content-Type": "application/json"})
+    assert reply.status_code < 500, reply.text[:300]
+    if reply.status_code >= 400:
+        assert "error" in reply.json()
+    assert fuzzed_server.state.runner.is_alive

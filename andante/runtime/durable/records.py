@@ -25,37 +25,51 @@ OPEN_STATUSES = frozenset({VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING})
 DONE_OK, DONE_FAILED, DONE_CANCELLED = "completed", "failed", "cancelled"
 OUTCOME_KINDS = (DONE_OK, DONE_FAILED, DONE_CANCELLED)
 
-_WINDOW = re.compile(r"^(\d+)([smhd])$")
+_WINDOW = re.compile(r"([0-9]{1,9})([smhd])", re.ASCII)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_WINDOW_S = 30 * 86400
 
 
 def window_seconds(window: str) -> int:
-    """`"24h"` -> 86400. OpenAI accepts only "24h"; andante also takes N s/m/h/d."""
-    match = _WINDOW.match(window)
+    """`"24h"` -> 86400. OpenAI accepts only "24h"; andante also takes N s/m/h/d (ASCII
+    digits), up to `MAX_WINDOW_S`."""
+    match = _WINDOW.fullmatch(window)
     if match is None or int(match.group(1)) == 0:
         raise ValueError(f"completion_window must be like '24h' (a positive number of s, m, "
-                         f"h or d), got {window!r}")
-    return int(match.group(1)) * _UNIT_S[match.group(2)]
+                         f"h or d), got {window!r:.40}")
+    seconds = int(match.group(1)) * _UNIT_S[match.group(2)]
+    if seconds > MAX_WINDOW_S:
+        raise ValueError(f"completion_window is at most {MAX_WINDOW_S // 86400}d, got "
+                         f"{window!r}")
+    return seconds
 
 
 @dataclass(slots=True)
 class FileRecord:
-    """An uploaded file (purpose "batch") or one the server wrote ("batch_output")."""
+    """An uploaded file (purpose "batch") or one the server wrote ("batch_output");
+    `expires_at`: when the store deletes it (None: never); `owner`: the API key's name
+    that uploaded it (or the batch's that wrote it; None: single-tenant)."""
 
     id: str
     filename: str
     purpose: str
     bytes: int
     created_at: int
+    expires_at: int | None = None
+    owner: str | None = None
 
     def doc(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> FileRecord:
+        return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
+
     def to_api(self) -> dict[str, Any]:
         return {"id": self.id, "object": "file", "bytes": self.bytes,
                 "created_at": self.created_at, "filename": self.filename,
-                "purpose": self.purpose, "status": "processed", "expires_at": None,
-                "status_details": None}
+                "purpose": self.purpose, "status": "processed",
+                "expires_at": self.expires_at, "status_details": None}
 
 
 @dataclass(slots=True)
@@ -93,6 +107,7 @@ class BatchRecord:
     error_file_id: str | None = None
     times: dict[str, int] = field(default_factory=dict)  # status -> when it was entered
     counts: RequestCounts = field(default_factory=RequestCounts)
+    owner: str | None = None  # the API key's name that created it (None: single-tenant)
 
     @property
     def is_open(self) -> bool:
@@ -112,7 +127,8 @@ class BatchRecord:
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any], counts: RequestCounts) -> BatchRecord:
-        return cls(**doc, counts=counts)
+        known = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
+        return cls(**known, counts=counts)
 
     def to_api(self) -> dict[str, Any]:
         times = self.times

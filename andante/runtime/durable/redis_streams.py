@@ -16,14 +16,24 @@ batch's outcome hash (keyed by custom_id: written once), the batch's counter whe
 outcome is new, and only then `XACK` (and `XDEL`) of the entry. Batches and files are
 hashes; `andante:batches` (a sorted set by creation order) lists them and
 `andante:open` holds the unfinished ones.
+
+Redis failing is the store failing, not a bug (`guarded`): a connection error or
+timeout is `StoreUnavailable` (routes answer 503, the feeder waits and logs the outage
+once), an out-of-memory refusal `StoreFull`. A Redis that lost its data (restarted
+without persistence, `FLUSHALL`) has lost the consumer group too: `NOGROUP` forgets
+the group, which the retry then recreates. What survives a Redis restart is what
+Redis persisted: the exactly-once guarantee needs `appendonly yes` (AOF; `appendfsync
+everysec` loses at most the last second on a power loss, `always` nothing).
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, BinaryIO, TypeVar, cast
 
+from andante.runtime.durable.errors import StoreFull, StoreUnavailable
 from andante.runtime.durable.records import (
     DONE_CANCELLED,
     DONE_FAILED,
@@ -36,6 +46,8 @@ from andante.runtime.durable.records import (
     WorkItem,
 )
 
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 PREFIX = "andante:"
 GROUP = "andante"
 _COUNTER = {DONE_OK: "completed", DONE_FAILED: "failed", DONE_CANCELLED: "cancelled"}
@@ -62,6 +74,40 @@ def _outcome_key(batch_id: str) -> str:
     return f"{PREFIX}out:{batch_id}"
 
 
+def guarded(method: F) -> F:
+    """Redis' failures as the store's (module note); `NOGROUP` forgets the cached
+    groups and retries once (their streams are recreated with them)."""
+
+    @functools.wraps(method)
+    def call(self: RedisStreamsStore, *args: Any, **kwargs: Any) -> Any:
+        import redis
+
+        for attempt in (1, 2):
+            try:
+                return method(self, *args, **kwargs)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise StoreUnavailable(f"Redis: {exc}") from exc
+            except redis.ResponseError as exc:
+                if "NOGROUP" in str(exc) and attempt == 1:
+                    self._groups.clear()  # Redis lost its data: recreate them
+                    continue
+                if str(exc).startswith("OOM"):
+                    raise StoreFull(f"Redis: {exc}") from exc
+                raise
+        raise AssertionError("unreachable")
+
+    return cast(F, call)
+
+
+def guard_public_methods(cls: type[T]) -> type[T]:
+    """Class decorator: `guarded` on every public method but `close`."""
+    for name, value in list(vars(cls).items()):
+        if callable(value) and not name.startswith("_") and name != "close":
+            setattr(cls, name, guarded(value))
+    return cls
+
+
+@guard_public_methods
 class RedisStreamsStore:
     kind = "redis"
 
@@ -82,7 +128,9 @@ class RedisStreamsStore:
             raise ValueError("a Redis queue needs the redis package: pip install -e "
                              "'.[redis]'") from None
 
-        self._redis: Any = redis.Redis.from_url(url)  # redis-py's stubs are loose
+        # timeouts: a Redis that hangs must not hang the server's event loop for long
+        self._redis: Any = redis.Redis.from_url(url, socket_connect_timeout=2.0,
+                                                socket_timeout=5.0)
         try:
             self._redis.ping()  # fail at start, with the URL in the message
         except redis.RedisError as exc:
@@ -104,12 +152,46 @@ class RedisStreamsStore:
 
     # ---- files --------------------------------------------------------------------
     def put_file(self, record: FileRecord, content: bytes) -> None:
-        self._redis.hset(f"{PREFIX}file:{record.id}",
-                         mapping={"doc": json.dumps(record.doc()), "content": content})
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hset(f"{PREFIX}file:{record.id}",
+                  mapping={"doc": json.dumps(record.doc()), "content": content})
+        pipe.zadd(f"{PREFIX}files", {record.id: self._redis.incr(f"{PREFIX}file-seq")})
+        if record.expires_at is not None:
+            pipe.zadd(f"{PREFIX}file-expiry", {record.id: record.expires_at})
+        pipe.execute()
+
+    def put_file_from(self, record: FileRecord, source: BinaryIO) -> None:
+        # Redis holds the content in memory anyway: read it, store it in one command
+        self.put_file(record, source.read(record.bytes))
 
     def get_file(self, file_id: str) -> FileRecord | None:
         doc = self._redis.hget(f"{PREFIX}file:{file_id}", "doc")
-        return None if doc is None else FileRecord(**json.loads(doc))
+        return None if doc is None else FileRecord.from_doc(json.loads(doc))
+
+    def list_files(self, after: str | None, limit: int) -> list[FileRecord]:
+        start = 0
+        if after is not None:
+            rank = self._redis.zrevrank(f"{PREFIX}files", after)
+            if rank is None:
+                return []
+            start = int(rank) + 1
+        ids = self._redis.zrevrange(f"{PREFIX}files", start, start + limit - 1)
+        pipe = self._redis.pipeline(transaction=False)
+        for file_id in ids:
+            pipe.hget(f"{PREFIX}file:{_text(file_id)}", "doc")
+        return [FileRecord.from_doc(json.loads(doc)) for doc in pipe.execute() if doc]
+
+    def delete_file(self, file_id: str) -> bool:
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.delete(f"{PREFIX}file:{file_id}")
+        pipe.zrem(f"{PREFIX}files", file_id)
+        pipe.zrem(f"{PREFIX}file-expiry", file_id)
+        return bool(pipe.execute()[0])
+
+    def expired_files(self, now: float, limit: int) -> list[str]:
+        ids = self._redis.zrangebyscore(f"{PREFIX}file-expiry", "-inf", now, start=0,
+                                        num=limit)
+        return [_text(file_id) for file_id in ids]
 
     def file_content(self, file_id: str) -> bytes | None:
         content = self._redis.hget(f"{PREFIX}file:{file_id}", "content")
@@ -263,4 +345,5 @@ def _batch(values: Sequence[Any]) -> BatchRecord | None:
     if doc is None:
         return None
     return BatchRecord.from_doc(json.loads(doc), RequestCounts(*(int(c or 0) for c in counts)))
+
 

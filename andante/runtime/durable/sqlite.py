@@ -8,17 +8,27 @@ claimed by a previous process is unclaimed when the store opens, so a restart re
 exactly the work that had no durable outcome. `complete` is one transaction: the
 outcome row (primary key (batch_id, custom_id), `INSERT OR IGNORE`), the batch's
 counter (only when the row is new) and the deletion of the queue row.
+
+A large upload is stored from its temporary file in chunks of `CHUNK_BYTES`, one short
+transaction each, and its `files` row (what makes it visible) last: never the whole
+file in memory, never the store's lock held for long. Chunks of a file whose row never
+came (a crash mid-upload) are dropped when the store opens.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, BinaryIO
 
+from andante.runtime.durable.errors import StoreFull
 from andante.runtime.durable.records import (
     DONE_CANCELLED,
     DONE_FAILED,
@@ -33,9 +43,13 @@ from andante.runtime.durable.records import (
 )
 
 PENDING, CLAIMED = 0, 1
+CHUNK_BYTES = 1 << 20
 _COUNTER = {DONE_OK: "completed", DONE_FAILED: "failed", DONE_CANCELLED: "cancelled"}
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, doc TEXT NOT NULL, content BLOB);
+CREATE TABLE IF NOT EXISTS file_chunks (
+    file_id TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (file_id, seq));
 CREATE TABLE IF NOT EXISTS batches (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, status TEXT NOT NULL,
     doc TEXT NOT NULL, total INTEGER NOT NULL, completed INTEGER NOT NULL DEFAULT 0,
@@ -58,6 +72,7 @@ class SQLiteStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._dir_lock = lock_state_dir(self.path.parent)
         self._init_connection()
         self._init_schema()
         self.num_recovered = self._unclaim_all()
@@ -70,6 +85,8 @@ class SQLiteStore:
 
     def _init_schema(self) -> None:
         self._db.executescript(SCHEMA)
+        with self._tx() as db:  # chunks of an upload cut short
+            db.execute("DELETE FROM file_chunks WHERE file_id NOT IN (SELECT id FROM files)")
 
     def _unclaim_all(self) -> int:
         """Items a previous process claimed and never acknowledged go back to the queue."""
@@ -79,17 +96,18 @@ class SQLiteStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        with self._lock, _full_is_store_full():
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
 
     def _query(self, sql: str, args: Sequence[object] = ()) -> list[tuple[object, ...]]:
-        with self._lock:
+        with self._lock, _full_is_store_full():
             return self._db.execute(sql, args).fetchall()
 
     # ---- files --------------------------------------------------------------------
@@ -98,13 +116,53 @@ class SQLiteStore:
             db.execute("INSERT OR REPLACE INTO files (id, doc, content) VALUES (?, ?, ?)",
                        (record.id, json.dumps(record.doc()), content))
 
+    def put_file_from(self, record: FileRecord, source: BinaryIO) -> None:
+        left, seq = record.bytes, 0
+        while left > 0:
+            data = source.read(min(CHUNK_BYTES, left))
+            if not data:
+                raise ValueError(f"the content of {record.id} ended {left} bytes early")
+            with self._tx() as db:
+                db.execute("INSERT OR REPLACE INTO file_chunks (file_id, seq, data) "
+                           "VALUES (?, ?, ?)", (record.id, seq, data))
+            left -= len(data)
+            seq += 1
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO files (id, doc, content) VALUES (?, ?, NULL)",
+                       (record.id, json.dumps(record.doc())))
+
     def get_file(self, file_id: str) -> FileRecord | None:
         rows = self._query("SELECT doc FROM files WHERE id=?", (file_id,))
-        return FileRecord(**json.loads(str(rows[0][0]))) if rows else None
+        return FileRecord.from_doc(json.loads(str(rows[0][0]))) if rows else None
 
     def file_content(self, file_id: str) -> bytes | None:
         rows = self._query("SELECT content FROM files WHERE id=?", (file_id,))
-        return bytes(rows[0][0]) if rows else None  # type: ignore[call-overload]
+        if not rows:
+            return None
+        if rows[0][0] is not None:
+            return bytes(rows[0][0])  # type: ignore[call-overload]
+        chunks = self._query("SELECT data FROM file_chunks WHERE file_id=? ORDER BY seq",
+                             (file_id,))
+        return b"".join(bytes(row[0]) for row in chunks)  # type: ignore[call-overload]
+
+    def list_files(self, after: str | None, limit: int) -> list[FileRecord]:
+        if after is None:
+            rows = self._query("SELECT doc FROM files ORDER BY rowid DESC LIMIT ?", (limit,))
+        else:
+            rows = self._query("SELECT doc FROM files WHERE rowid < (SELECT rowid FROM files "
+                               "WHERE id=?) ORDER BY rowid DESC LIMIT ?", (after, limit))
+        return [FileRecord.from_doc(json.loads(str(row[0]))) for row in rows]
+
+    def delete_file(self, file_id: str) -> bool:
+        with self._tx() as db:
+            found = db.execute("DELETE FROM files WHERE id=?", (file_id,)).rowcount
+            db.execute("DELETE FROM file_chunks WHERE file_id=?", (file_id,))
+        return bool(found)
+
+    def expired_files(self, now: float, limit: int) -> list[str]:
+        rows = self._query("SELECT id FROM files WHERE json_extract(doc, '$.expires_at') <= ? "
+                           "LIMIT ?", (now, limit))
+        return [str(row[0]) for row in rows]
 
     # ---- batches ------------------------------------------------------------------
     def create_batch(self, batch: BatchRecord, items: Sequence[WorkItem]) -> None:
@@ -194,9 +252,51 @@ class SQLiteStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        self._dir_lock.close()  # releases the flock
 
 
 _BATCH_COLUMNS = "doc, total, completed, failed, cancelled"
+LOCK_FILE = "andante.lock"
+
+
+class StateDirInUse(ValueError):
+    """Another process holds the state directory."""
+
+
+def lock_state_dir(directory: Path) -> IO[str]:
+    """An exclusive lock on the directory (its `andante.lock`), held while the returned
+    file is open; `StateDirInUse` naming the holder's PID if another process has it."""
+    handle = open(directory / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise StateDirInUse(f"the state directory {directory} is in use by process {holder} "
+                            "(another andante server or batch run); give each its own "
+                            "--state-dir, or share a Redis queue (--queue redis://...)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+@contextmanager
+def _full_is_store_full() -> Iterator[None]:
+    """SQLite's "database or disk is full" (and a full disk under its journal) as
+    `StoreFull`, for the feeder to fail the batch with the reason."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if "full" in str(exc):
+            raise StoreFull(str(exc)) from exc
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise StoreFull(str(exc)) from exc
+        raise
 
 
 def _batch(row: tuple[object, ...]) -> BatchRecord:

@@ -21,8 +21,9 @@ import os
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
+from andante.runtime.durable.errors import StoreError, StoreFull, StoreUnavailable
 from andante.runtime.durable.records import (
     BatchRecord,
     FileRecord,
@@ -32,7 +33,9 @@ from andante.runtime.durable.records import (
     WorkItem,
 )
 
+__all__ = ["DurableStore", "StoreError", "StoreFull", "StoreUnavailable", "open_store"]
 STATE_DIR_ENV_VAR = "ANDANTE_STATE_DIR"
+
 SQLITE_FILE = "andante-queue.sqlite3"
 
 
@@ -41,8 +44,17 @@ class DurableStore(Protocol):
 
     # ---- files --------------------------------------------------------------------
     def put_file(self, record: FileRecord, content: bytes) -> None: ...
+    def put_file_from(self, record: FileRecord, source: BinaryIO) -> None:
+        """Store `record.bytes` bytes read from `source` (a large upload's temporary
+        file) without holding them all in memory where the store allows."""
     def get_file(self, file_id: str) -> FileRecord | None: ...
     def file_content(self, file_id: str) -> bytes | None: ...
+    def list_files(self, after: str | None, limit: int) -> list[FileRecord]:
+        """Newest first; `after`: the id to continue after (older ones)."""
+    def delete_file(self, file_id: str) -> bool:
+        """Delete the file and its content; False if there was none."""
+    def expired_files(self, now: float, limit: int) -> list[str]:
+        """Ids of up to `limit` files whose `expires_at` has passed."""
 
     # ---- batches ------------------------------------------------------------------
     def create_batch(self, batch: BatchRecord, items: Sequence[WorkItem]) -> None:

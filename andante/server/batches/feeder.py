@@ -20,19 +20,30 @@ acknowledged; the batch is finalized (output and error files written, status
 completed / expired / cancelled) when every item has an outcome. A request whose
 engine failed runs again (`MAX_ATTEMPTS` in all, then its line is a 500); one cut short
 by the server stopping gets no outcome: a restart replays whatever had none (the
-store's claims), and `start` resumes every unfinished batch.
+store's claims), and `start` resumes every unfinished batch. Every store call of the
+feeder (claims, outcomes, finalizing: reading every outcome, writing the output files;
+a cancelled batch's thousands of settlements) runs on its one store thread, in order,
+off the event loop.
+
+The store failing is an event, not a crash: while it is unreachable (`StoreUnavailable`:
+Redis down) the feeder logs one line when the outage starts and one when it ends, and
+waits; a full store (`StoreFull`) fails the batch it was writing for, with the reason
+in the batch's `errors`. Expired files are deleted every `EXPIRY_SWEEP_S`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from andante.runtime.durable.records import (
     CANCELLED,
@@ -41,13 +52,15 @@ from andante.runtime.durable.records import (
     DONE_FAILED,
     DONE_OK,
     EXPIRED,
+    FAILED,
     FINALIZING,
     BatchRecord,
     FileRecord,
     Outcome,
     WorkItem,
 )
-from andante.runtime.durable.store import DurableStore
+from andante.runtime.durable.store import DurableStore, StoreError, StoreFull
+from andante.runtime.free_memory import release_free_memory
 from andante.server.batches.execute import (
     EngineFailure,
     ItemRunner,
@@ -59,11 +72,15 @@ from andante.server.errors import error_body
 from andante.server.state import ServerState
 
 log = logging.getLogger("andante.server")
+T = TypeVar("T")
 TICK_S = 0.05  # the feeder's period when nothing wakes it
 SWEEP_S = 1.0  # how often open batches are checked (expiry, finalization, cache)
 MAX_ATTEMPTS = 3
 RAMP_TICKS = 4  # from idle to max_in_flight batch requests in at least this many ticks
 RATE_WINDOW_S = 60.0
+EXPIRY_SWEEP_S = 60.0
+DOWN_TICK_S = 1.0  # the feeder's period while the store is unreachable
+MAX_CLAIMS_PER_TICK = 256  # items claimed per tick (a cancelled batch's are settled off it)
 
 
 @dataclass(slots=True)
@@ -94,14 +111,36 @@ class BatchFeeder:
         self._task: asyncio.Task[None] | None = None
         self._last_sweep = 0.0
         self._last_keep_alive = 0.0
+        self._last_expiry = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[None]] = set()  # finalizing, expiry sweeps
+        self._finalizing: set[str] = set()
+        self._store_pool = ThreadPoolExecutor(1, thread_name_prefix="andante-batch-store")
+        self.store_error: str | None = None  # why the store is unreachable (None: it is not)
 
     @property
     def models(self) -> list[str]:
         return list(self.state.backend.served)
 
     def wake(self) -> None:
-        """Look at the queue now (new work, a cancel)."""
-        self._wake.set()
+        """Look at the queue now (new work, a cancel); from any thread."""
+        if self._on_loop():
+            self._wake.set()
+        else:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def _on_store_thread(self, fn: Callable[[], T]) -> T:
+        """`fn()` on the feeder's one store thread: its store work runs in order, off the
+        event loop, and competes with it for the interpreter lock from one thread only
+        (a cancelled batch's 10,000 settlements on several threads starved it)."""
+        return await asyncio.get_running_loop().run_in_executor(self._store_pool, fn)
+
+    def _on_loop(self) -> bool:
+        try:
+            return self._loop is None or asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
 
     def forget(self, batch_id: str) -> None:
         """Drop the cached record of the batch (it changed)."""
@@ -109,6 +148,7 @@ class BatchFeeder:
 
     def start(self) -> None:
         """Resume the store's unfinished batches and start feeding (on the loop)."""
+        self._loop = asyncio.get_running_loop()
         self._sweep()
         if self.open:
             log.info("batches: resuming %d unfinished batch(es) from the %s store",
@@ -124,31 +164,81 @@ class BatchFeeder:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._background:  # worker threads finishing a write: let them
+            await asyncio.wait(list(self._background), timeout=30)
+        self._store_pool.shutdown(wait=False)
 
     async def _feed(self) -> None:
         while True:
             try:
-                self._tick()
-            except Exception:  # a store hiccup must not end the feeder: log, go on
+                await self._tick()
+                self._store_reached()
+            except StoreError as exc:
+                self._store_failed(exc)
+            except Exception:  # a bug must not end the feeder: log, go on
                 log.exception("batches: the feeder's step failed")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
+                await asyncio.wait_for(self._wake.wait(),
+                                       TICK_S if self.store_error is None else DOWN_TICK_S)
             self._wake.clear()
 
-    def _tick(self) -> None:
+    def _store_failed(self, exc: StoreError) -> None:
+        """One log line when an outage starts (not one per tick)."""
+        if self.store_error is None:
+            log.warning("batches: the %s store failed (%s); batch work waits until it is "
+                        "back", self.store.kind, exc)
+        self.store_error = str(exc)
+
+    def _store_reached(self) -> None:
+        if self.store_error is not None:
+            log.warning("batches: the %s store is back; batch work resumes", self.store.kind)
+            self.store_error = None
+
+    def _in_background(self, fn: Callable[[], object]) -> None:
+        """`fn()` on the store thread, not awaited here (`stop` waits for it)."""
+        async def run() -> None:
+            try:
+                await self._on_store_thread(fn)
+            except StoreError as exc:
+                self._store_failed(exc)
+            except Exception:
+                log.exception("batches: a background step failed")
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _tick(self) -> None:
+        """One step of the feeder; its store calls run on the store thread (a long write
+        by another thread, such as a batch's creation, never holds the event loop)."""
         now = self.wall()
         if now - self._last_sweep >= SWEEP_S:
-            self._sweep()
+            await self._on_store_thread(self._sweep)
+        if now - self._last_expiry >= EXPIRY_SWEEP_S:
+            self._last_expiry = now
+            self._in_background(self.delete_expired_files)
         if now - self._last_keep_alive >= self.options.claim_idle_s / 3:
             self._last_keep_alive = now
-            self.store.keep_alive([r.item for r in self.running.values()])
-        starts = self.max_starts_per_tick
-        while (room := min(self.room(), starts)) > 0:
-            items = self.store.claim(self.models, room)
+            items = [r.item for r in self.running.values()]
+            await self._on_store_thread(lambda: self.store.keep_alive(items))
+        starts, claimed = self.max_starts_per_tick, 0
+        to_settle: list[tuple[WorkItem, Outcome]] = []
+        while (room := min(self.room(), starts)) > 0 and claimed < MAX_CLAIMS_PER_TICK:
+            items = await self._on_store_thread(
+                functools.partial(self.store.claim, self.models, room))
             if not items:
-                return
+                break
+            claimed += len(items)
             for item in items:
-                starts -= self._dispatch(item)
+                batch = await self._batch(item.batch_id)
+                starts -= self._dispatch(item, batch, to_settle)
+        if to_settle:  # a cancelled batch's thousands of items: not on the event loop
+            self._in_background(lambda: self._settle_all(to_settle))
+
+    def _settle_all(self, settled: list[tuple[WorkItem, Outcome]]) -> None:
+        for item, outcome in settled:
+            self._settle(item, outcome)
+        release_free_memory()
 
     def room(self) -> int:
         """How many more batch requests may start now (the rule in the module note)."""
@@ -168,19 +258,20 @@ class BatchFeeder:
         """Some unfinished batch will miss its window at the recent pace."""
         return any(self.slack(batch) < 0 for batch in self.open)
 
-    def _dispatch(self, item: WorkItem) -> bool:
-        """Run the item, or settle it at once (cancelled, expired); True if it runs."""
+    def _dispatch(self, item: WorkItem, batch: BatchRecord | None,
+                  to_settle: list[tuple[WorkItem, Outcome]]) -> bool:
+        """Run the item, or note its outcome in `to_settle` (cancelled, expired); True if
+        it runs."""
         key = (item.batch_id, item.custom_id)
         if key in self.running:  # claimed twice (an idle entry of ours): already running
             return False
-        batch = self._batch(item.batch_id)
-        if batch is None or batch.status in (CANCELLING, CANCELLED):
-            self._settle(item, batch_error_outcome(item, "batch_cancelled",
-                                                   "the batch was cancelled"))
+        if batch is None or batch.status in (CANCELLING, CANCELLED) or not batch.is_open:
+            to_settle.append((item, batch_error_outcome(item, "batch_cancelled",
+                                                        "the batch was cancelled")))
         elif self.wall() >= batch.expires_at:
-            self._settle(item, batch_error_outcome(
+            to_settle.append((item, batch_error_outcome(
                 item, "batch_expired", "the request could not run before the batch's "
-                "completion window expired"))
+                "completion window expired")))
         else:
             running = _Running(item)
             self.running[key] = running
@@ -189,6 +280,7 @@ class BatchFeeder:
         return False
 
     async def _run(self, running: _Running, batch: BatchRecord) -> None:
+        self._loop = self._loop or asyncio.get_running_loop()  # settling calls back to it
         item = running.item
         try:
             while True:
@@ -206,24 +298,72 @@ class BatchFeeder:
                             "this request", None, "engine_error"))
                         break
                     log.info("batches: %s; running it again", exc)
-            self._settle(item, outcome)
+            await self._on_store_thread(functools.partial(self._settle, item, outcome))
         finally:
             self.running.pop((item.batch_id, item.custom_id), None)
             self._wake.set()
 
     def _settle(self, item: WorkItem, outcome: Outcome) -> None:
-        counts = self.store.complete(item, outcome)
+        try:
+            counts = self.store.complete(item, outcome)
+        except StoreFull as exc:
+            self._fail_batch(item.batch_id, f"the batch store is full ({exc}): results "
+                             "cannot be recorded")
+            return
+        except StoreError as exc:  # no outcome: the item runs again once the store is back
+            self._store_failed(exc)
+            return
         if outcome.kind in (DONE_OK, DONE_FAILED):
             self.finished_at.append(self.wall())
         if counts.remaining <= 0:
-            self.finalize(item.batch_id)
+            self.finalize_soon(item.batch_id)
 
-    def _batch(self, batch_id: str) -> BatchRecord | None:
+    def finalize_soon(self, batch_id: str) -> None:
+        """Finalize the batch on a worker thread (once at a time per batch); from any
+        thread."""
+        if not self._on_loop():
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self.finalize_soon, batch_id)
+            return
+        if batch_id in self._finalizing:
+            return
+        self._finalizing.add(batch_id)
+
+        def work() -> None:
+            try:
+                self.finalize(batch_id)
+            finally:
+                self._finalizing.discard(batch_id)
+
+        self._in_background(work)
+
+    def _fail_batch(self, batch_id: str, reason: str) -> None:
+        """Close the batch as failed, the reason in its errors (a full store)."""
+        log.warning("batches: %s fails: %s", batch_id, reason)
+        batch = self.store.get_batch(batch_id)
+        if batch is None or not batch.is_open:
+            return
+        batch.errors = [{"code": "store_full", "message": reason, "param": None,
+                         "line": None}]
+        batch.enter(FAILED, self.wall())
+        try:
+            self.store.save_batch(batch)
+        except StoreError as exc:
+            self._store_failed(exc)
+        self.cache.pop(batch_id, None)
+
+    def delete_expired_files(self) -> None:
+        """Delete the files whose `expires_at` has passed (on a worker thread)."""
+        for file_id in self.store.expired_files(self.wall(), 1000):
+            self.store.delete_file(file_id)
+
+    async def _batch(self, batch_id: str) -> BatchRecord | None:
         """The batch, re-read at most every `SWEEP_S` (another controller may cancel it)."""
         now = self.wall()
         cached = self.cache.get(batch_id)
         if cached is None or now - cached[0] > SWEEP_S:
-            batch = self.store.get_batch(batch_id)
+            batch = await self._on_store_thread(
+                functools.partial(self.store.get_batch, batch_id))
             if batch is None:
                 return None
             self.cache[batch_id] = cached = (now, batch)
@@ -236,10 +376,19 @@ class BatchFeeder:
         self.open = self.store.open_batches()
         for batch in self.open:
             if batch.counts.remaining <= 0 or batch.status == FINALIZING:
-                self.finalize(batch.id)
+                self.finalize_soon(batch.id)
 
     def finalize(self, batch_id: str) -> None:
-        """Write the output and error files and close the batch (idempotent)."""
+        """Write the output and error files and close the batch (idempotent; a full
+        store fails it with the reason)."""
+        try:
+            self._finalize(batch_id)
+            release_free_memory()  # the batch's outcomes and output files
+        except StoreFull as exc:
+            self._fail_batch(batch_id, f"the batch store is full ({exc}): the output files "
+                             "cannot be written")
+
+    def _finalize(self, batch_id: str) -> None:
         batch = self.store.get_batch(batch_id)
         if batch is None or not batch.is_open:
             return
@@ -265,8 +414,12 @@ class BatchFeeder:
             return None
         content = ("\n".join(lines) + "\n").encode("utf-8")
         file_id = f"file-{batch.id.removeprefix('batch_')}-{name}"
+        now = int(self.wall())
+        keep = self.options.file_retention_s
         self.store.put_file(FileRecord(file_id, f"{batch.id}_{name}.jsonl", "batch_output",
-                                       len(content), int(self.wall())), content)
+                                       len(content), now,
+                                       None if keep is None else now + int(keep),
+                                       batch.owner), content)
         return file_id
 
     # ---- figures ------------------------------------------------------------------

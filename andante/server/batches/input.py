@@ -12,9 +12,9 @@ each request runs; a bad one gets a 400 line in the batch's error file.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"
 ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
@@ -58,17 +58,44 @@ class BatchInputError(Exception):
         super().__init__("; ".join(f"line {e.line}: {e.message}" for e in errors) + more)
 
 
+class Buffer(Protocol):
+    def find(self, sub: bytes, start: int = ..., end: int = ...) -> int: ...
+    def __getitem__(self, index: slice) -> bytes: ...
+    def __len__(self) -> int: ...
+
+
+def iter_lines(buf: Buffer, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+    """The lines of `buf[start:end]` (split on LF, a trailing CR dropped), one copy each:
+    a file of hundreds of megabytes is read through an mmap, never whole."""
+    end = len(buf) if end is None else end
+    pos = start
+    while pos < end:
+        newline = buf.find(b"\n", pos, end)
+        stop = end if newline < 0 else newline
+        line = buf[pos:stop]
+        yield line[:-1] if line.endswith(b"\r") else line
+        pos = stop + 1
+
+
 def parse_batch_file(content: bytes) -> list[InputLine]:
     """Every request of the file, or `BatchInputError` naming the bad lines."""
-    try:
-        text = content.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BatchInputError([LineError(1, "invalid_file_format", f"the file is not UTF-8 "
-                                         f"text (byte {exc.start})")], 1) from None
+    return scan_batch_lines(iter_lines(content))
+
+
+def scan_batch_lines(raw_lines: Iterable[bytes], keep: bool = True) -> list[InputLine]:
+    """The requests of these lines (none kept unless `keep`: checking an upload), or
+    `BatchInputError` naming the bad lines."""
     lines: list[InputLine] = []
     errors: list[LineError] = []
     seen: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
+    num_requests = num_unreported = 0
+    for number, data in enumerate(raw_lines, start=1):
+        try:
+            raw = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            errors.append(LineError(number, "invalid_file_format", f"the line is not UTF-8 "
+                                    f"text (byte {exc.start})"))
+            continue
         if not raw.strip():
             continue
         parsed = _parse_line(number, raw)
@@ -81,14 +108,19 @@ def parse_batch_file(content: bytes) -> list[InputLine]:
                                     "needs its own", "custom_id"))
         else:
             seen[parsed.custom_id] = number
-            lines.append(parsed)
-    if not lines and not errors:
+            num_requests += 1
+            if keep:
+                lines.append(parsed)
+        if len(errors) > MAX_REPORTED:  # keep only what is reported; count the rest
+            num_unreported += len(errors) - MAX_REPORTED
+            del errors[MAX_REPORTED:]
+    if not num_requests and not errors:
         errors.append(LineError(1, "empty_file", "the file has no requests"))
-    if len(lines) > MAX_LINES:
+    if num_requests > MAX_LINES:
         errors.append(LineError(MAX_LINES + 1, "too_many_requests", f"a batch holds at most "
-                                f"{MAX_LINES} requests, the file has {len(lines)}"))
+                                f"{MAX_LINES} requests, the file has {num_requests}"))
     if errors:
-        raise BatchInputError(errors[:MAX_REPORTED], len(errors))
+        raise BatchInputError(errors[:MAX_REPORTED], len(errors) + num_unreported)
     return lines
 
 
@@ -98,6 +130,8 @@ def _parse_line(number: int, raw: str) -> InputLine | LineError:
     except json.JSONDecodeError as exc:
         return LineError(number, "invalid_json_line", f"not valid JSON ({exc.msg} at column "
                          f"{exc.colno})")
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit number, 1,000-deep nesting
+        return LineError(number, "invalid_json_line", f"not valid JSON here ({exc})"[:200])
     if not isinstance(obj, dict):
         return LineError(number, "invalid_request", "each line must be a JSON object")
     unknown = sorted(set(obj) - {"custom_id", "method", "url", "body"})

@@ -1,23 +1,46 @@
 """`multipart/form-data` bodies (RFC 7578), as `POST /v1/files` receives them.
 
-The body is already read, within its size limit; parsing it is a split on the boundary
-and a header block per part (no dependency on python-multipart). Anything malformed is
-a `ValueError` with a message the route turns into a 400.
+The body lies in a buffer (an mmap of the temporary file the upload was streamed to):
+parsing finds the boundaries and reads each part's small header block, and returns
+where each part's content lies, never copying it. At most `MAX_FORM_PARTS` parts (a
+body of 400k tiny parts is refused at the 17th), header blocks of at most
+`MAX_PART_HEAD` bytes. Anything malformed is a `ValueError` with a message the route
+turns into a 400. No dependency on python-multipart.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from email.message import Message
+from typing import Protocol
 
 CRLF = b"\r\n"
+MAX_FORM_PARTS = 16  # an upload has two ("file", "purpose") and maybe expires_after's
+MAX_PART_HEAD = 16 << 10
+
+
+class Buffer(Protocol):
+    def find(self, sub: bytes, start: int = ..., end: int = ...) -> int: ...
+    def __getitem__(self, index: slice) -> bytes: ...
+    def __len__(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
 class FormPart:
+    """A part's name and filename, and where its content lies in the body."""
+
     name: str
     filename: str | None
-    content: bytes
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def text(self, body: Buffer, limit: int = 4096) -> str:
+        """A small part's content as text (at most `limit` bytes are read)."""
+        return body[self.start:min(self.end, self.start + limit)].decode("utf-8", "replace")
 
 
 def boundary_of(content_type: str) -> str:
@@ -33,29 +56,39 @@ def boundary_of(content_type: str) -> str:
     return boundary
 
 
-def parse_form(body: bytes, content_type: str) -> dict[str, FormPart]:
+def parse_form(body: Buffer, content_type: str,
+               max_parts: int = MAX_FORM_PARTS) -> dict[str, FormPart]:
     """The form's parts by field name (the first part of each name)."""
     delimiter = b"--" + boundary_of(content_type).encode("latin-1")
-    pieces = body.split(delimiter)
-    if len(pieces) < 3 or not pieces[-1].startswith(b"--"):
-        raise ValueError("the multipart body is truncated or has no closing boundary")
+    pos = body.find(delimiter)
     parts: dict[str, FormPart] = {}
-    for piece in pieces[1:-1]:
-        part = _parse_part(piece)
+    num_parts = 0
+    while pos >= 0:
+        start = pos + len(delimiter)
+        if body[start:start + 2] == b"--":  # the closing delimiter
+            break
+        pos = body.find(delimiter, start)
+        if pos < 0:
+            break
+        num_parts += 1
+        if num_parts > max_parts:
+            raise ValueError(f"a form has at most {max_parts} parts")
+        part = _parse_part(body, start, pos)
         parts.setdefault(part.name, part)
+    if pos < 0 or not parts:
+        raise ValueError("the multipart body is truncated or has no closing boundary")
     return parts
 
 
-def _parse_part(piece: bytes) -> FormPart:
-    if not piece.startswith(CRLF) or not piece.endswith(CRLF):
+def _parse_part(body: Buffer, start: int, end: int) -> FormPart:
+    if body[start:start + 2] != CRLF or body[end - 2:end] != CRLF or end - start < 4:
         raise ValueError("a multipart part is not framed by CRLF")
-    head, sep, content = piece[2:-2].partition(CRLF + CRLF)
-    if not sep:
-        if not piece[2:].startswith(CRLF):  # no blank line after the headers
-            raise ValueError("a multipart part has no blank line after its headers")
-        head, content = b"", piece[4:-2]
+    blank = body.find(CRLF + CRLF, start, min(end, start + 2 + MAX_PART_HEAD))
+    if blank < 0:
+        raise ValueError(f"a multipart part has no blank line within {MAX_PART_HEAD} bytes "
+                         "of its start")
     headers = Message()
-    for line in head.decode("utf-8", errors="replace").split("\r\n"):
+    for line in body[start + 2:blank].decode("utf-8", errors="replace").split("\r\n"):
         key, colon, value = line.partition(":")
         if colon:
             headers[key.strip()] = value.strip()
@@ -63,4 +96,6 @@ def _parse_part(piece: bytes) -> FormPart:
     if not isinstance(name, str) or not name:
         raise ValueError("a multipart part has no Content-Disposition name")
     filename = headers.get_param("filename", header="content-disposition")
-    return FormPart(name, filename if isinstance(filename, str) else None, content)
+    content_start = blank + 4
+    return FormPart(name, filename if isinstance(filename, str) else None,
+                    content_start, max(content_start, end - 2))

@@ -1,20 +1,30 @@
-"""The Batch API routes: /v1/files (upload, object, content) and /v1/batches (create,
-retrieve, list, cancel), with OpenAI's shapes and errors."""
+"""The Batch API routes: /v1/files (upload, list, object, content, delete) and
+/v1/batches (create, retrieve, list, cancel), with OpenAI's shapes and errors.
+
+An upload streams to a temporary file (at most `max_file_bytes`, within
+`upload_timeout`), then a worker thread parses the form, checks the batch input and
+stores it: never whole in memory, never on the event loop; at most `max_uploads` are
+received at once (429 beyond). Every call to the store runs on a worker thread (a
+batch's creation parses and writes the whole file; a short read may wait for another
+thread's long write): none holds the event loop.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
+from pathlib import Path as FilePath
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from andante.server.batches.multipart import parse_form
 from andante.server.batches.service import BatchService
 from andante.server.config import HTTPLimits
 from andante.server.errors import APIError
-from andante.server.openai_api import parse_body, read_body
+from andante.server.guard import owner_of
+from andante.server.openai_api import parse_body, read_body, receive_body
 from andante.server.protocol import request_schema
 
 MAX_METADATA_KEYS = 16  # OpenAI's limits on metadata
@@ -42,66 +52,101 @@ class CreateBatchBody(BaseModel):
                                "invalid_value")
 
 
-def batch_router(service: BatchService, limits: HTTPLimits) -> APIRouter:
-    router = APIRouter(prefix="/v1")
-    file_limits = HTTPLimits(max_body_bytes=limits.max_file_bytes,
-                             header_timeout=limits.header_timeout,
-                             body_timeout=max(limits.body_timeout, 300.0))
+class UploadSlots:
+    """How many uploads are being received; 429 beyond `limit`."""
 
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.num_active = 0
+
+    def take(self) -> None:
+        if self.num_active >= self.limit:
+            raise APIError(429, f"{self.num_active} uploads are being received; the limit is "
+                           f"{self.limit} (--max-uploads); retry shortly", None,
+                           "too_many_uploads", headers={"Retry-After": "5"})
+        self.num_active += 1
+
+    def give_back(self) -> None:
+        self.num_active -= 1
+
+
+async def _receive_upload(request: Request, service: BatchService, limits: HTTPLimits,
+                          slots: UploadSlots) -> dict[str, Any]:
+    slots.take()
+    try:
+        with tempfile.NamedTemporaryFile(prefix="andante-upload-") as spool:
+            await receive_body(request, spool.write, limits.max_file_bytes,
+                               limits.upload_timeout, "--max-file-bytes", "--upload-timeout")
+            spool.flush()
+            record = await asyncio.to_thread(service.receive_upload, FilePath(spool.name),
+                                             request.headers.get("content-type", ""),
+                                             owner_of(request.scope))
+    finally:
+        slots.give_back()
+    return record.to_api()
+
+
+def batch_router(service: BatchService, limits: HTTPLimits, slots: UploadSlots) -> APIRouter:
+    router = APIRouter(prefix="/v1")
     file_id_path = Path(pattern=ID_PATTERN)
     batch_id_path = Path(pattern=ID_PATTERN)
 
     @router.post("/files", status_code=200, openapi_extra=UPLOAD_SCHEMA)
     async def upload(request: Request) -> dict[str, Any]:
-        raw = await read_body(request, file_limits)
-        try:
-            form = parse_form(raw, request.headers.get("content-type", ""))
-        except ValueError as exc:
-            raise APIError(400, f"invalid multipart body: {exc}", None, "invalid_value") from None
-        purpose = form.get("purpose")
-        upload = form.get("file")
-        if upload is None:
-            raise APIError(400, "file: the form has no 'file' part", "file", "missing_field")
-        if purpose is None:
-            raise APIError(400, "purpose: the form has no 'purpose' field", "purpose",
-                           "missing_field")
-        name = upload.filename or "upload.jsonl"
-        # checking a large file line by line takes a while: off the event loop
-        record = await asyncio.to_thread(service.upload, name,
-                                         purpose.content.decode("utf-8", "replace"),
-                                         upload.content)
-        return record.to_api()
+        return await _receive_upload(request, service, limits, slots)
+
+    @router.get("/files")
+    async def list_files(request: Request, after: str | None = Query(default=None,
+                                                                      max_length=128),
+                         limit: int = Query(default=20, ge=1, le=10_000),
+                         purpose: str | None = Query(default=None, max_length=64)
+                         ) -> dict[str, Any]:
+        return await asyncio.to_thread(service.files_page, after, limit, purpose,
+                                       owner_of(request.scope))
 
     @router.get("/files/{file_id}")
-    async def get_file(file_id: str = file_id_path) -> dict[str, Any]:
-        return service.file(file_id).to_api()
+    async def get_file(request: Request, file_id: str = file_id_path) -> dict[str, Any]:
+        record = await asyncio.to_thread(service.file, file_id, owner_of(request.scope))
+        return record.to_api()
+
+    @router.delete("/files/{file_id}")
+    async def delete_file(request: Request, file_id: str = file_id_path) -> dict[str, Any]:
+        return await asyncio.to_thread(service.delete_file, file_id, owner_of(request.scope))
 
     @router.get("/files/{file_id}/content")
-    async def file_content(file_id: str = file_id_path) -> Response:
-        return Response(service.file_content(file_id), media_type="application/octet-stream")
+    async def file_content(request: Request, file_id: str = file_id_path) -> Response:
+        content = await asyncio.to_thread(service.file_content, file_id,
+                                          owner_of(request.scope))
+        return Response(content, media_type="application/octet-stream")
 
     @router.post("/batches", openapi_extra=request_schema(CreateBatchBody))
     async def create(request: Request) -> dict[str, Any]:
         body = parse_body(await read_body(request, limits), CreateBatchBody)  # type: ignore[type-var]
         body.check_metadata()
-        return service.create(body.input_file_id, body.endpoint, body.completion_window,
-                              body.metadata).to_api()
+        batch = await asyncio.to_thread(service.create, body.input_file_id, body.endpoint,
+                                        body.completion_window, body.metadata,
+                                        owner_of(request.scope))
+        return batch.to_api()
 
     @router.get("/batches/{batch_id}")
-    async def retrieve(batch_id: str = batch_id_path) -> dict[str, Any]:
-        return service.get(batch_id).to_api()
+    async def retrieve(request: Request, batch_id: str = batch_id_path) -> dict[str, Any]:
+        batch = await asyncio.to_thread(service.get, batch_id, owner_of(request.scope))
+        return batch.to_api()
 
     @router.get("/batches")
-    async def list_batches(after: str | None = None,
+    async def list_batches(request: Request, after: str | None = Query(default=None,
+                                                                        max_length=128),
                            limit: int = Query(default=20, ge=1, le=100)) -> dict[str, Any]:
-        return service.page(after, limit)
+        return await asyncio.to_thread(service.page, after, limit, owner_of(request.scope))
 
     @router.post("/batches/{batch_id}/cancel")
-    async def cancel(batch_id: str = batch_id_path) -> dict[str, Any]:
-        return service.cancel(batch_id).to_api()
+    async def cancel(request: Request, batch_id: str = batch_id_path) -> dict[str, Any]:
+        batch = await asyncio.to_thread(service.cancel, batch_id, owner_of(request.scope))
+        return batch.to_api()
 
     return router
 
 
 def install_batch_routes(app: FastAPI, service: BatchService, limits: HTTPLimits) -> None:
-    app.include_router(batch_router(service, limits))
+    app.state.uploads = slots = UploadSlots(limits.max_uploads)
+    app.include_router(batch_router(service, limits, slots))
