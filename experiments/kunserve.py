@@ -145,9 +145,10 @@ law on KV memory (the "Load scaling" sections) gives the rate whose mean demand 
 {scale.demand:.0%} of the cluster's KV blocks; the memory plot of each comparison
 shows where ours sits. Baselines: vLLM (DP,
 recompute), vLLM with static two-stage pipelines (PP, same GPUs), an InferCept-like swap
-to host with overlapped copies, and a Llumnix-like rebalancer migrating waiting requests
-and running requests' KV from the most to the least loaded instance (andante.sim.llumnix;
-it charges the whole KV copy as a stall, where Llumnix overlaps most of it).
+to host with overlapped copies, and a Llumnix-like rebalancer migrating running
+requests' KV (and, none fitting, queued requests) from the least to the most free
+instance by Llumnix's freeness (andante.cluster.llumnix; it charges the whole KV copy as
+a stall, where Llumnix overlaps most of it).
 """)
 
 

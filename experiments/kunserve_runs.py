@@ -5,8 +5,8 @@ Systems (KunServe §5.1's baselines on one simulated cluster, the same engine):
 - `vllm-pp`: the same GPUs as static two-stage pipelines (half the instances, `pp=2`);
 - `infercept`: swap to host instead of recompute, copies overlapped with compute
   (InferCept's swap pipelining), 64 GiB of host KV per GPU;
-- `llumnix`: `--router llumnix` (andante.sim.llumnix): least-loaded dispatch, waiting
-  requests and running requests' KV migrated from the most to the least loaded instance;
+- `llumnix`: `--router llumnix` (andante.cluster.llumnix): least-loaded dispatch,
+  running requests' KV migrated from the least to the most free instance (freeness);
 - `kunserve`: `--router kunserve` (drop, coordinated exchange, lookahead, restore).
 """
 
