@@ -68,7 +68,7 @@ def test_a_long_queue_counts_only_within_the_horizon() -> None:
 
 
 def test_a_group_with_idle_dropped_memory_restores_under_sustained_load() -> None:
-    options = MonitorOptions(min_group_seconds=2.0, restore_fit=0.9,
+    options = MonitorOptions(min_group_seconds=2.0, idle_restore_seconds=2.0, restore_fit=0.9,
                              queue_horizon_tokens=1600)
     watches = Watches()
     base = 1000  # one instance's blocks without drop; the group has 2400

@@ -18,8 +18,8 @@ without drop (the leader keeps every request after the restore), is at most
 `restore_threshold` (the paper: 50%) and not rising, with nothing queued, and the group
 has lived `min_group_seconds` (no drop/restore flapping within one burst). Under
 sustained load that never happens, so a group also restores when the memory its drop
-freed has been idle for `min_group_seconds`: its blocks in use plus its (horizon-capped)
-queued demand fit `restore_fit` of its members' pools without drop. Then memory does not
+freed has been idle for `idle_restore_seconds`: its blocks in use fit `restore_fit` of
+its members' pools without drop (a queue may wait: for compute, not memory). Then memory does not
 bind, and the group only pays its pipeline's bubbles and hops; the members, restored,
 serve the same work with their own memory, and join no group for a back-off that
 doubles with each such restore in a row (the coordinator's `_back_off`).
@@ -46,6 +46,7 @@ class MonitorOptions:
     queue_horizon_tokens: int = 16384  # queued tokens counted as demand (0: all)
     restore_fit: float = 0.9  # idle-memory restore: demand / members' undropped blocks
     idle_backoff_seconds: float = 10.0  # no group for a while after an idle restore
+    idle_restore_seconds: float = 10.0  # dropped memory idle this long: restore
 
     def __post_init__(self) -> None:
         if self.drop_threshold <= 0:
@@ -58,8 +59,8 @@ class MonitorOptions:
         if self.min_group_seconds < 0 or self.check_interval < 0:
             raise ValueError("min_group_seconds and check_interval must be >= 0")
         if self.queue_horizon_tokens < 0 or not 0 < self.restore_fit <= 1 \
-                or self.idle_backoff_seconds < 0:
-            raise ValueError("queue_horizon_tokens and idle_backoff_seconds must be >= 0 "
+                or self.idle_backoff_seconds < 0 or self.idle_restore_seconds < 0:
+            raise ValueError("queue_horizon_tokens and idle_*_seconds must be >= 0 "
                              "and restore_fit in (0, 1]")
 
 
@@ -129,7 +130,7 @@ class Watches:
         if usage <= options.restore_threshold and not rising and idle_queue:
             return True
         return num_members > 1 and watch.idle_since is not None \
-            and now - watch.idle_since >= options.min_group_seconds
+            and now - watch.idle_since >= options.idle_restore_seconds
 
     def idle_memory(self, leader: int) -> bool:
         """Was the group's restore due to its dropped memory lying idle?"""
