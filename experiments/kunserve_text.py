@@ -40,7 +40,7 @@ def comparison_text(title: str, results: Mapping[str, RunResult]) -> str:
     kind, on_memory, on_compute = bound_of(vllm)
     lines = [f"- vLLM queued requests for {on_memory:.0f} s with the cluster's KV at least "
              f"{MEMORY_FULL:.0%} in use and {on_compute:.0f} s with KV to spare: "
-             f"{_bound_sentence(kind)}"]
+             f"{_bound_sentence(kind, on_memory)}"]
     lines.append(f"- KunServe: {kun.counters.get('num_drops', 0)} drops, "
                  f"{kun.counters.get('num_restores', 0)} restores, "
                  f"{len(kun.group_lifetimes)} group lives of "
@@ -61,12 +61,13 @@ def comparison_text(title: str, results: Mapping[str, RunResult]) -> str:
     return f"Computed from this run ({title}):\n" + "\n".join(lines)
 
 
-def _bound_sentence(kind: str) -> str:
+def _bound_sentence(kind: str, on_memory: float) -> str:
     if kind == "memory":
-        return "memory bound first, the condition KunServe's drop addresses."
+        return "memory bound longer than compute, the condition KunServe's drop addresses."
     if kind == "compute":
-        return ("prefill compute (or the batch) bound first: freeing memory cannot shorten "
-                "this queue, so KunServe can at best match vLLM here.")
+        return ("prefill compute (or the batch) bound longer than memory; a drop can only "
+                f"shorten the {on_memory:.0f} s of memory-bound queueing (and what queued "
+                "behind it).")
     return "nothing queued: no system has anything to gain."
 
 
