@@ -25,6 +25,15 @@ KV cache of `--burst-kv-blocks` blocks, replay one cyclic burst (Andes' pattern:
 P50/P99 TTFT, P99 TPOT and output throughput per system, and kunserve's groups formed
 and restored.
 
+Then (unless `--skip-pipeline`) the decode throughput of one two-stage group run
+pipelined (each stage on its own thread, microbatches in flight: andante.exec.
+torch_microbatch) against the same group run stage after stage on the same cores,
+rounds interleaved: `pipelined_vs_sequential` is the median throughput ratio, with the
+bubble share of the pipelined runs, with KunServe's lookahead cutting the microbatches
+and with plain row cuts (`bubble_share_lookahead`, `bubble_share_rows`). On this
+machine both stages share 2 cores, so the overlap cannot add compute: the gain to show
+here is in TTFT under pressure (the burst comparison), not in raw speed.
+
 Prints ONE JSON line: per-round figures, their medians, and the load average of each
 round (this machine is shared: figures are noisy).
 """
@@ -43,9 +52,11 @@ from typing import Any
 import numpy as np
 
 from andante.bench.load import BenchConfig, run_bench
+from andante.cluster.kunserve.lookahead import fit_chunk_cost, lookahead_planner
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.core import MonotonicClock, Request, SamplingParams
 from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
+from andante.exec.torch_pipeline import device_kv_bytes, pipeline_executor
 from andante.llm import build_engine
 from andante.models import load_model
 from andante.models.loader import LoadedModel
@@ -236,8 +247,14 @@ def main() -> None:
     parser.add_argument("--cycle", type=float, default=10.0, help="seconds per cycle")
     parser.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-pipeline", action="store_true",
+                        help="skip the pipelined-vs-sequential decode comparison")
+    parser.add_argument("--pipeline-rounds", type=int, default=3)
+    parser.add_argument("--pipeline-requests", type=int, default=16)
     args = parser.parse_args()
     out: dict[str, Any] = {"benchmark": "kunserve_engine", "dtype": args.dtype}
+    if not args.skip_pipeline:
+        out.update(pipelined_vs_sequential(args))
     if not args.skip_form:
         out["form_restore"] = form_restore(args)
     if not args.skip_burst:
@@ -255,6 +272,62 @@ def form_restore(args: argparse.Namespace) -> dict[str, Any]:
     rounds = [one_round(args, model, options, config, reference) for _ in range(args.rounds)]
     return {"model": model.name, "kv_cache_gib": args.kv_cache_gib, "requests": args.requests,
             "median": _medians(rounds), "rounds": rounds}
+
+
+def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argparse.Namespace,
+                  pipelined: bool, lookahead: bool) -> tuple[float, float | None, list[list[int]]]:
+    """Output tokens/s of one two-stage group decoding `--pipeline-requests` requests,
+    its bubble share (pipelined only) and the outputs."""
+    unsplit = TorchExecutor(model, options)
+    half = model.config.num_layers // 2
+    kv = device_kv_bytes(unsplit.kv.num_device_blocks, model, options)
+    planner = lookahead_planner(fit_chunk_cost(unsplit.cost_model)) \
+        if lookahead else None
+    group = pipeline_executor(model, options, [(0, half), (half, model.config.num_layers)],
+                              [kv, kv], unsplit.cost_model, unsplit.max_model_len, 0,
+                              pipelined, planner)
+    del unsplit
+    config = SchedulerConfig(max_model_len=1024, max_num_batched_tokens=1024)
+    engine = build_engine(group, MonotonicClock(), "vllm", config)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    vocab = model.config.vocab_size
+    requests = [Request(f"p{i}", [(11 * i + 5 * j) % (vocab - 200) + 100
+                                  for j in range(args.prompt_len)], params, 0.0)
+                for i in range(args.pipeline_requests)]
+    for req in requests:
+        engine.add_request(req)
+    while any(r.num_output_tokens == 0 for r in requests):  # prefill, not timed
+        engine.step()
+    made = sum(r.num_output_tokens for r in requests)
+    started = time.perf_counter()
+    while engine.has_work:
+        engine.step()
+    seconds = time.perf_counter() - started
+    tokens = sum(r.num_output_tokens for r in requests) - made
+    return tokens / seconds, group.pipeline_times.bubble_share if pipelined else None, \
+        [list(r.output_token_ids) for r in requests]
+
+
+def pipelined_vs_sequential(args: argparse.Namespace) -> dict[str, Any]:
+    model = load_model(args.model, args.dtype)
+    options = TorchExecutorOptions(dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
+                                   swap_space_gib=0.0, num_threads=args.threads)
+    rounds = []
+    for _ in range(args.pipeline_rounds):  # interleaved
+        load = os.getloadavg()[0]
+        seq, _, seq_out = _group_decode(model, options, args, False, False)
+        pipe, bubble, pipe_out = _group_decode(model, options, args, True, True)
+        rows, bubble_rows, rows_out = _group_decode(model, options, args, True, False)
+        rounds.append({"sequential_tok_s": seq, "pipelined_tok_s": pipe,
+                       "pipelined_rows_tok_s": rows, "ratio": pipe / seq,
+                       "bubble_share_lookahead": bubble, "bubble_share_rows": bubble_rows,
+                       "identical": seq_out == pipe_out == rows_out, "load_avg": load})
+    median = _medians(rounds)
+    return {"pipelined_vs_sequential": median["ratio"],
+            "bubble_share": median["bubble_share_lookahead"],
+            "pipeline": {"requests": args.pipeline_requests, "median": median,
+                         "all_identical": all(r["identical"] for r in rounds),
+                         "rounds": rounds}}
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ Systems (KunServe §5.1's baselines on one simulated cluster, the same engine):
 - `vllm-pp`: the same GPUs as static two-stage pipelines (half the instances, `pp=2`);
 - `infercept`: swap to host instead of recompute, copies overlapped with compute
   (InferCept's swap pipelining), 64 GiB of host KV per GPU;
-- `llumnix`: `--router llumnix` (andante.sim.llumnix): least-loaded dispatch, waiting
-  requests and running requests' KV migrated from the most to the least loaded instance;
+- `llumnix`: `--router llumnix` (andante.cluster.llumnix): least-loaded dispatch,
+  running requests' KV migrated from the least to the most free instance (freeness);
 - `kunserve`: `--router kunserve` (drop, coordinated exchange, lookahead, restore).
 """
 
@@ -34,6 +34,7 @@ from andante.workload.spec import RequestSpec, to_requests
 from andante.workload.traces import load_trace
 
 SYSTEMS = ("vllm", "vllm-pp", "infercept", "llumnix", "kunserve")
+MEMORY_FULL = 0.9  # share of the KV blocks in use from which queueing is memory-bound
 AZURE_CODE = Path("azure_llm_2023") / "AzureLLMInferenceTrace_code.csv"
 
 
@@ -77,6 +78,26 @@ def system_spec(spec: ClusterSpec, system: str, **kun_options: Any) -> ClusterSp
 PROMPT_LOGNORMAL = (6.2, 0.6)
 OUTPUT_LOGNORMAL = (6.75, 0.6)
 TARGET_MEAN_DEMAND = 0.45  # mean KV demand / cluster KV capacity (the issue: < 0.6)
+BURSTGPT_CV = 2.0  # gap coefficient of variation of the BurstGPT-shaped arrivals
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """Lognormal (mu, sigma) of prompt and output lengths, and their caps."""
+
+    prompt: tuple[float, float] = PROMPT_LOGNORMAL
+    output: tuple[float, float] = OUTPUT_LOGNORMAL
+    max_output: int = 2000
+
+    def scaled_output(self, factor: float) -> Lengths:
+        """Answers `factor` x longer (KV held longer per prefilled token: memory binds
+        before prefill compute sooner)."""
+        mu, sigma = self.output
+        return Lengths(self.prompt, (mu + math.log(factor), sigma),
+                       int(self.max_output * factor))
+
+
+CHAT = Lengths()
 
 
 def lognormal_mean(params: tuple[float, float]) -> float:
@@ -84,9 +105,10 @@ def lognormal_mean(params: tuple[float, float]) -> float:
     return float(math.exp(mu + sigma * sigma / 2))
 
 
-def _lengths(num: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    prompts = np.clip(rng.lognormal(*PROMPT_LOGNORMAL, num), 32, 8000).astype(int)
-    outputs = np.clip(rng.lognormal(*OUTPUT_LOGNORMAL, num), 8, 2000).astype(int)
+def _lengths(num: int, rng: np.random.Generator, lengths: Lengths = CHAT
+             ) -> tuple[np.ndarray, np.ndarray]:
+    prompts = np.clip(rng.lognormal(*lengths.prompt, num), 32, 8000).astype(int)
+    outputs = np.clip(rng.lognormal(*lengths.output, num), 8, lengths.max_output).astype(int)
     return prompts, outputs
 
 
@@ -111,7 +133,8 @@ class DemandScaling:
                 f"token-s = {self.rate:.2f} req/s")
 
 
-def demand_scaling(spec: ClusterSpec, share: float = TARGET_MEAN_DEMAND) -> DemandScaling:
+def demand_scaling(spec: ClusterSpec, share: float = TARGET_MEAN_DEMAND,
+                   lengths: Lengths = CHAT) -> DemandScaling:
     """The mean arrival rate at which the average KV demand is `share` of the cluster's
     KV capacity: rate x (output x TPOT) x (prompt + output/2) = share x capacity tokens,
     TPOT from the cost model: the decode step at the batch that demand implies, stretched
@@ -119,7 +142,7 @@ def demand_scaling(spec: ClusterSpec, share: float = TARGET_MEAN_DEMAND) -> Dema
     cost = build_cost_model(spec)
     per_instance = build_instance(spec, 0, ManualClock()).engine.scheduler.kv.num_device_blocks
     capacity = per_instance * spec.scheduler.block_size * spec.num_instances
-    prompt, output = lognormal_mean(PROMPT_LOGNORMAL), lognormal_mean(OUTPUT_LOGNORMAL)
+    prompt, output = lognormal_mean(lengths.prompt), lognormal_mean(lengths.output)
     resident = prompt + output / 2
     batch = max(1, int(share * capacity / spec.num_instances / resident))
     decode = cost.decode_time(batch, int(resident))
@@ -134,12 +157,35 @@ def demand_scaling(spec: ClusterSpec, share: float = TARGET_MEAN_DEMAND) -> Dema
 
 
 def cyclic(rate: float, duration: float, seed: int, intensity: float = 4.0,
-           share: float = 0.2, cycle: float = 120.0) -> list[RequestSpec]:
+           share: float = 0.2, cycle: float = 120.0, lengths: Lengths = CHAT,
+           cv: float = 1.0) -> list[RequestSpec]:
     rng = np.random.default_rng(seed)
-    times = cyclic_burst(rate, intensity, share, cycle, None, rng, duration=duration)
-    prompts, outputs = _lengths(len(times), rng)
+    times = cyclic_burst(rate, intensity, share, cycle, None, rng, duration=duration, cv=cv)
+    prompts, outputs = _lengths(len(times), rng, lengths)
     return [RequestSpec(float(t), int(p), int(o)) for t, p, o in zip(times, prompts, outputs,
                                                                      strict=True)]
+
+
+BURSTGPT_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+
+
+def burstgpt_shaped(path: Path, rate: float, duration: float, seed: int,
+                    intensity: float, share: float, cycle: float,
+                    lengths: Lengths = CHAT) -> list[RequestSpec]:
+    """A BurstGPT-shaped trace: cyclic bursts (`intensity` x the mean `rate` over `share`
+    of each `cycle`) whose gaps are Gamma (cv `BURSTGPT_CV`, as BurstGPT measured of
+    ChatGPT's arrivals), written to `path` in BurstGPT's columns and replayed through the
+    simulator's own trace reader (`andante.workload.traces.load_trace`)."""
+    specs = cyclic(rate, duration, seed, intensity, share, cycle, lengths, cv=BURSTGPT_CV)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        out.write(BURSTGPT_HEADER)
+        for s in specs:
+            out.write(f"{s.arrival_time:.6f},ChatGPT,{s.prompt_len},{s.output_len},"
+                      f"{s.prompt_len + s.output_len},Conversation log\n")
+    trace = load_trace(path)
+    return [RequestSpec(float(t), int(p), int(o)) for t, p, o in zip(
+        trace.arrival_times, trace.prompt_lens, trace.output_lens, strict=True)]
 
 
 def azure_bursts(rate: float, duration: float, seed: int) -> list[RequestSpec] | None:
@@ -169,6 +215,7 @@ class MemorySampler:
 
     every: float = 1.0
     samples: list[tuple[float, int, int]] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)  # queued requests at each sample
 
     def after_step(self, controller: Controller) -> None:
         stats = [s.instance.load().stats for s in controller.slots]
@@ -177,6 +224,7 @@ class MemorySampler:
             return
         used = sum(s.num_blocks - s.num_free_blocks for s in stats)
         self.samples.append((now, used, sum(s.num_blocks for s in stats)))
+        self.waiting.append(sum(s.num_waiting for s in stats) + len(controller.queue))
 
 
 @dataclass(slots=True)
@@ -189,10 +237,28 @@ class RunResult:
     counters: dict[str, int]
     end_time: float
     num_unfinished: int
+    waiting: list[int] = field(default_factory=list)  # aligned with `memory`
+    group_lifetimes: list[float] = field(default_factory=list)  # seconds, formed->restored
+    groups_alive_at_end: int = 0
 
     def percentile(self, metric: str, q: float) -> float:
         values = [v for v in getattr(self, metric) if math.isfinite(v)]
         return float(np.percentile(values, q)) if values else math.nan
+
+    def queued_seconds(self, full: float = MEMORY_FULL) -> tuple[float, float]:
+        """Seconds (sampled) during which requests queued with the cluster's KV at least
+        `full` in use (memory binds), and with KV to spare (compute or the batch binds)."""
+        on_memory = on_compute = 0.0
+        for k in range(1, len(self.memory)):
+            t, used, total = self.memory[k]
+            if k >= len(self.waiting) or not self.waiting[k]:
+                continue
+            span = t - self.memory[k - 1][0]
+            if total and used >= full * total:
+                on_memory += span
+            else:
+                on_compute += span
+        return on_memory, on_compute
 
 
 def run_system(spec: ClusterSpec, workload: Sequence[RequestSpec], system: str,
@@ -202,9 +268,32 @@ def run_system(spec: ClusterSpec, workload: Sequence[RequestSpec], system: str,
     sim.controller.operators.append(sampler)
     requests = to_requests(workload)
     report = sim.run(requests, until=until)
+    lifetimes, alive = _group_lifetimes(sim.controller.router, report.end_time)
     return RunResult(system, [_ttft(r) for r in requests], [_tpot(r) for r in requests],
                      [r.arrival_time for r in requests], sampler.samples,
-                     dict(report.router_counters), report.end_time, len(report.unfinished))
+                     dict(report.router_counters), report.end_time, len(report.unfinished),
+                     sampler.waiting, lifetimes, alive)
+
+
+def _group_lifetimes(router: object, end: float) -> tuple[list[float], int]:
+    """Each KunServe group's life (formation to restore or failure; a group merged into
+    a larger one ends there; one alive at the end lives to `end`), and how many were
+    alive at the end."""
+    groups = getattr(getattr(router, "counters", None), "groups", None)
+    events = getattr(groups, "events", None)
+    if not events:
+        return [], 0
+    born: dict[int, float] = {}
+    lives: list[float] = []
+    for event in events:
+        for index in event.members:
+            if index in born:
+                lives.append(event.time - born.pop(index))
+        if event.kind == "form":
+            born[event.members[0]] = event.time
+    alive = len(born)
+    lives += [end - t for t in born.values()]
+    return lives, alive
 
 
 def _ttft(req: Request) -> float:

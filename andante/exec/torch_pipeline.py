@@ -16,14 +16,18 @@ manager: the leader's), so the group's block count is the smallest stage's.
 (andante.exec.torch_inputs), the first stage embeds, each stage runs its layers over
 every row and hands the hidden states to the next stage (their bytes are counted as the
 activation transfer of a real inter-GPU pipeline), the last stage applies the LM head to
-the sampled rows. All stages run on the calling thread, in order: on one CPU process
-there is no second device to overlap with, so the split changes where the memory goes,
-not the arithmetic. The layers are the unsplit engine's (`ExactLayer`/`FusedLayer`,
+the sampled rows. Sequential (the default), all stages run on the calling thread, in
+order; `pipelined`, the step is cut into microbatches (`planner`, andante.exec.
+torch_microbatch) that flow through one worker thread per stage, stage k on one
+microbatch while stage k+1 runs the previous one (on a CPU the stages share its cores:
+the overlap is real, the extra compute is not). Either way the split changes where the
+memory goes, not the arithmetic. The layers are the unsplit engine's (`ExactLayer`/`FusedLayer`,
 `LMHead`, the same RoPE tables), so greedy outputs are token-identical.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +46,14 @@ from andante.exec.torch_layers import (
     LMHead,
     packed_gemm_supported,
     run_layers,
+)
+from andante.exec.torch_microbatch import (
+    MicrobatchPlanner,
+    PipelineTimes,
+    StageWorkers,
+    by_rows,
+    check_plan,
+    sub_batch,
 )
 from andante.exec.torch_sampler import Sampler
 from andante.models.loader import LoadedModel, parse_dtype
@@ -166,8 +178,13 @@ class PipelineExecutor:
 
     def __init__(self, model: LoadedModel, options: TorchExecutorOptions,
                  stages: Sequence[PipelineStage], cost_model: CostModel,
-                 max_model_len: int) -> None:
+                 max_model_len: int, pipelined: bool = False,
+                 planner: MicrobatchPlanner | None = None) -> None:
         self._init_stages(model, stages)
+        self.pipelined = pipelined
+        self.planner: MicrobatchPlanner = planner or by_rows
+        self.workers = StageWorkers(len(self.stages), self._run_stage)
+        self._count_lock = threading.Lock()
         self.options = options
         self.model = model
         self.cost_model = cost_model
@@ -208,11 +225,17 @@ class PipelineExecutor:
         return (min(s.kv.num_device_blocks for s in self.stages),
                 min(s.kv.num_host_blocks for s in self.stages))
 
+    @property
+    def pipeline_times(self) -> PipelineTimes:
+        return self.workers.times
+
     def execute(self, batch: StepBatch) -> StepResult:
         started = time.perf_counter()
         swap_time = sum(s.kv.swap(batch.swap_out, batch.swap_in) for s in self.stages)
         sampled: list[int | None] = [None] * len(batch.requests)
-        if batch.requests:
+        if batch.requests and self.pipelined:
+            self._execute_pipelined(batch, sampled)
+        elif batch.requests:
             with torch.inference_mode():
                 inputs = self.inputs.build(batch)
                 x: torch.Tensor | None = None
@@ -229,18 +252,43 @@ class PipelineExecutor:
                         sampled[i] = token
         return StepResult(sampled, time.perf_counter() - started, swap_time)
 
+    def _execute_pipelined(self, batch: StepBatch, sampled: list[int | None]) -> None:
+        plan = self.planner(batch, len(self.stages))
+        check_plan(batch, plan)
+        parts = [sub_batch(batch, pieces) for pieces in plan]
+        with torch.inference_mode():
+            inputs = [self.inputs.build(sub) for sub, _ in parts]
+            logits = self.workers.run(inputs)
+            for (sub, rows), step_inputs, x in zip(parts, inputs, logits, strict=True):
+                if not step_inputs.sample_index:
+                    continue
+                owners = [sub.requests[i] for i in step_inputs.sample_index]
+                for i, token in zip(step_inputs.sample_index,
+                                    self.sampler.sample(x, owners), strict=True):
+                    sampled[rows[i]] = token
+
+    def _run_stage(self, k: int, hidden: torch.Tensor | None, inputs: StepInputs
+                   ) -> torch.Tensor:
+        if hidden is not None:  # the activation transfer from the previous member
+            with self._count_lock:
+                self.activation_bytes += tensor_bytes(hidden)
+                self.num_activation_transfers += 1
+        return self.stages[k].forward(hidden, inputs)
+
 
 def pipeline_executor(model: LoadedModel, options: TorchExecutorOptions,
                       slices: Sequence[LayerSlice], kv_bytes: Sequence[int],
                       cost_model: CostModel, max_model_len: int,
-                      num_host_blocks: int) -> PipelineExecutor:
+                      num_host_blocks: int, pipelined: bool = False,
+                      planner: MicrobatchPlanner | None = None) -> PipelineExecutor:
     """A pipeline over `slices`, member k bringing `kv_bytes[k]` of KV memory; every
     stage gets the group's block count (the smallest stage's, see the module note)."""
     plans = [stage_memory(model, options, b, s) for s, b in zip(slices, kv_bytes, strict=True)]
     num_blocks = min(p.num_blocks for p in plans)
     stages = [PipelineStage(model, options, s, num_blocks, num_host_blocks, max_model_len)
               for s in slices]
-    return PipelineExecutor(model, options, stages, cost_model, max_model_len)
+    return PipelineExecutor(model, options, stages, cost_model, max_model_len, pipelined,
+                            planner)
 
 
 def device_kv_bytes(num_device_blocks: int, model: LoadedModel,

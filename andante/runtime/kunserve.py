@@ -150,7 +150,8 @@ class LocalPipelineGroups:
         executors: dict[int, TorchExecutor] = {
             m: self._workers[m].engine.executor for m in plan.members}  # type: ignore[misc]
         started = time.perf_counter()
-        pipeline = build_pipeline(plan, executors)
+        pipeline = build_pipeline(plan, executors, self.options.pipelined,
+                                  self.options.lookahead)
         return executors, pipeline, time.perf_counter() - started
 
     def _take_prepared(self, plan: GroupPlan) -> _Prepared | None:

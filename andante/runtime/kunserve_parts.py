@@ -41,13 +41,18 @@ class LocalGroupOptions:
     `dissolve_group` returns once the restore started instead of once it is done, and
     background_prepare: `form_group` returns False while the stages are built on a
     thread, then forms the group when asked again (a server's event loop must wait
-    neither for weights to reload nor to be laid out)."""
+    neither for weights to reload nor to be laid out). pipelined: the group's stages run
+    on their own threads with a step's microbatches in flight (andante.exec.
+    torch_microbatch), else one after another on the leader's thread; lookahead: those
+    microbatches are eq. (1)-balanced by KunServe's lookahead (§4.3), else cut by rows."""
 
     exchange_bytes_per_step: int = 8 << 20
     exchange_chunk_blocks: int = 16
     barrier_timeout_s: float = 30.0
     background_restore: bool = False
     background_prepare: bool = False
+    pipelined: bool = True
+    lookahead: bool = True
 
     def __post_init__(self) -> None:
         if self.exchange_bytes_per_step < 1 or self.exchange_chunk_blocks < 1:

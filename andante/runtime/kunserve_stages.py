@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from andante.cluster.kunserve.adopt import KVMove
 from andante.cluster.kunserve.exchange import Chunk, ExchangeQueue
+from andante.cluster.kunserve.lookahead import fit_chunk_cost, lookahead_planner
 from andante.cluster.kunserve.plan import LayerMemory
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.engine.scheduler import Scheduler
@@ -91,15 +92,21 @@ class KVExchange:
 
 
 # ---- forming ------------------------------------------------------------------------
-def build_pipeline(plan: GroupPlan, executors: Mapping[int, TorchExecutor]
-                   ) -> PipelineExecutor:
+def build_pipeline(plan: GroupPlan, executors: Mapping[int, TorchExecutor],
+                   pipelined: bool = True, lookahead: bool = True) -> PipelineExecutor:
     """The group's executor: each member's stage with the KV pool its memory holds
-    once it drops the other layers (their weights are released at the boundary)."""
+    once it drops the other layers (their weights are released at the boundary);
+    `pipelined`: stages on their own threads, microbatches from KunServe's lookahead
+    (`lookahead`; no floor on a microbatch's tokens: the paper's keeps a GPU busy, while
+    on a CPU a decode batch cut in two is what lets the stages overlap) or cut by rows."""
     lead = executors[plan.leader]
     kv_bytes = [device_kv_bytes(executors[m].kv.num_device_blocks, lead.model, lead.options)
                 for m in plan.members]
+    planner = lookahead_planner(fit_chunk_cost(lead.cost_model)) \
+        if pipelined and lookahead else None
     return pipeline_executor(lead.model, lead.options, plan.layer_slices, kv_bytes,
-                             lead.cost_model, lead.max_model_len, lead.kv.num_host_blocks)
+                             lead.cost_model, lead.max_model_len, lead.kv.num_host_blocks,
+                             pipelined, planner)
 
 
 def switch_to_pipeline(plan: GroupPlan, workers: Mapping[int, InstanceWorker],

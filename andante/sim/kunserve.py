@@ -13,8 +13,10 @@ coordinator drives. What it adds is time:
   requests run meanwhile (with `kv_mode="recompute"` nothing moves);
 - a restore (§4.4) reloads the dropped layers over the link while the group keeps
   serving; then, at a boundary with the pipeline drained and the requests fitting one
-  instance's blocks (else it waits for some to finish), the KV moves back to the
-  leader, which alone keeps every request; the members come back empty;
+  instance's blocks (the newest requests still prefilling are recomputed if that makes
+  them fit; else it waits for some to finish), the KV moves back to the leader, which
+  alone keeps every request; the members come back empty (the coordinator then spreads
+  the leader's queue over them);
 - a failed member (`fail_member`) makes its partners restore from host memory at the
   group's next drained boundary: the group's requests are failed (started) or handed
   back for re-queueing (not started).
@@ -34,7 +36,7 @@ from andante.cluster.controller import Controller
 from andante.cluster.kunserve.adopt import Adoption, KVMove
 from andante.cluster.kunserve.coordinator import EvictionCallback, KunServeCoordinator
 from andante.cluster.kunserve.exchange import cheaper_kv_mode, link_load
-from andante.cluster.kunserve.groups import PipelineGroupBook, evict_group
+from andante.cluster.kunserve.groups import PipelineGroupBook, evict_group, recompute
 from andante.cluster.kunserve.plan import LayerMemory, layer_memory
 from andante.cluster.kunserve.router import KunServeRouter
 from andante.cluster.kunserve.seam import GroupPlan, KVMode
@@ -78,6 +80,7 @@ class SimPipelineGroups:
     _failures: dict[int, tuple[int, EvictionCallback]] = field(default_factory=dict)
     _transfer: tuple[int, float] = (0, 0.0)  # the last exchange: bytes, seconds
     _moving_back: list[KVMove] = field(default_factory=list)  # a restore's, held in `leave`
+    num_shed: int = 0  # prefilling requests recomputed to make room for restores
 
     def __post_init__(self) -> None:
         self.book = PipelineGroupBook(self, self.memory.num_layers)
@@ -137,8 +140,17 @@ class SimPipelineGroups:
                 and inst.engine.clock.now() >= self._reload_done[inst.index]:
             if inst._pipeline:
                 inst.draining = True
-            else:
-                self.book.restore(self.book.groups[inst.index])
+            elif not self.book.restore(self.book.groups[inst.index]):
+                inst.draining = False  # not fitting yet: serve on (admitting none), retry
+
+    def between_steps(self, inst: KunSimInstance) -> None:
+        """A step of `inst` finished with more in its pipeline. A restore whose reload is
+        done waits for no idle moment (under sustained load there is none): once its
+        requests can be made to fit (`make_room`), the pipeline drains for it."""
+        if inst.index in self.book.restoring \
+                and inst.engine.clock.now() >= self._reload_done[inst.index] \
+                and self._prefills_to_shed(inst) is not None:
+            inst.draining = True
 
     def _try_pending(self) -> None:
         for plan in list(self.book.pending):
@@ -227,8 +239,34 @@ class SimPipelineGroups:
         return None  # a formation's exchange is modelled time: nothing left to run
 
     def make_room(self, plan: GroupPlan, failed: int | None) -> bool:
-        """Wait until the requests fit one instance's blocks."""
-        return self._blocks_in_use([plan.leader]) <= self.memory.num_blocks_whole
+        """Make the requests fit one instance's blocks: recompute the newest requests
+        still prefilling (they lose only prompt work, and go back to the queue the
+        members will share) if that is enough; else wait for some to finish."""
+        leader = self.instances[plan.leader]
+        shed = self._prefills_to_shed(leader)
+        if shed is None:
+            return False
+        scheduler, now = leader.engine.scheduler, leader.engine.clock.now()
+        for req in shed:
+            leader.held.pop(req.request_id, None)
+            scheduler.release(req.request_id)
+            recompute(scheduler, req, now)
+        self.num_shed += len(shed)
+        return True
+
+    def _prefills_to_shed(self, leader: KunSimInstance) -> list[Request] | None:
+        """The newest prefilling requests whose blocks, freed, make the rest fit one
+        instance ([]: they fit already); None if freeing every prefill is not enough."""
+        kv = leader.engine.scheduler.kv
+        excess = self._blocks_in_use([leader.index]) - self.memory.num_blocks_whole
+        shed: list[Request] = []
+        for req in reversed(leader.engine.scheduler.running):
+            if excess <= 0:
+                break
+            if req.num_output_tokens == 0:
+                shed.append(req)
+                excess -= kv.num_device_blocks_of(req.request_id)
+        return shed if excess <= 0 else None
 
     def leave(self, plan: GroupPlan, failed: int | None) -> None:
         leader = self.instances[plan.leader]
@@ -273,6 +311,7 @@ class KunServeCounters:
         out["num_recomputed_running"] = sum(e.num_recomputed for e in forms)
         ratio = self.groups.bubble_ratio()
         out["bubble_permille"] = -1 if ratio is None else round(1000 * ratio)
+        out["num_shed_for_restore"] = self.groups.num_shed
         return out
 
 

@@ -48,6 +48,9 @@ class GroupBoundaries(Protocol):
     def at_boundary(self, inst: KunSimInstance) -> None:
         """`inst` has no batch in flight: apply what waited for it."""
 
+    def between_steps(self, inst: KunSimInstance) -> None:
+        """A step of `inst` finished with more in its pipeline."""
+
 
 class KunSimInstance(PipelineSimInstance):
     """A simulated instance that can lead or join a KunServe pipeline group."""
@@ -136,6 +139,8 @@ class KunSimInstance(PipelineSimInstance):
                 self._open_since = None
             if self.groups is not None:
                 self.groups.at_boundary(self)
+        elif self.groups is not None and self.grouped:
+            self.groups.between_steps(self)
         return out
 
     def _hop_done(self, start: float, hop: float) -> float:

@@ -117,13 +117,17 @@ def cyclic_burst(
     rng: np.random.Generator,
     *,
     duration: float | None = None,
+    cv: float = 1.0,
 ) -> np.ndarray:
     """Andes' cyclic bursts (see the module note): mean rate `rate` over each cycle.
 
     Each cycle of `cycle_length` s opens with a burst of `burst_share`·cycle_length s at
     `burst_intensity`·rate, then runs at the lower rate that keeps the cycle's mean at
-    `rate` (`burst_rates` gives both rates).
+    `rate` (`burst_rates` gives both rates). `cv` > 1 draws the unit-rate points as a
+    Gamma renewal of that gap coefficient of variation instead of Poisson (BurstGPT's
+    arrivals fit Gamma gaps, burstier than Poisson, within its bursts).
     """
+    _check_rate("cv", cv)
     _check_rate("cycle_length", cycle_length)
     _check_bounds(num, duration)
     burst_rate, base_rate = burst_rates(rate, burst_intensity, burst_share)
@@ -137,7 +141,11 @@ def cyclic_burst(
         return cycles * cycle_mass + inside
 
     horizon = None if duration is None else cumulative(duration)
-    units = _renewal(lambda n: rng.exponential(1.0, n), 1.0, num, horizon)
+    if cv == 1.0:
+        units = _renewal(lambda n: rng.exponential(1.0, n), 1.0, num, horizon)
+    else:
+        shape = 1.0 / (cv * cv)
+        units = _renewal(lambda n: rng.gamma(shape, 1.0 / shape, n), 1.0, num, horizon)
     cycles, mass = np.divmod(units, cycle_mass)
     in_burst = mass < burst_mass
     safe_base = base_rate if base_rate > 0 else 1.0

@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from andante.core.request import PreemptionMode
-from experiments.kunserve_runs import base_spec, cyclic, demand_scaling, system_spec
+from experiments.kunserve_runs import (
+    CHAT,
+    RunResult,
+    base_spec,
+    burstgpt_shaped,
+    cyclic,
+    demand_scaling,
+    system_spec,
+)
+from experiments.kunserve_text import bound_of
 from experiments.registry import ExperimentContext, experiment_names, run_experiment
 
 
@@ -45,17 +54,45 @@ def test_quick_experiment_writes_report_plots_and_results(tmp_path: Path) -> Non
     assert "kunserve" in experiment_names()
     run_experiment("kunserve", ExperimentContext(tmp_path, quick=True))
     assert (tmp_path / "report.md").read_text().startswith("# KunServe")
-    for name in ("cyclic_14b_timeline", "cyclic_14b_slo", "cyclic_72b_timeline"):
+    for name in ("burstgpt_14b_timeline", "burstgpt_14b_slo", "burstgpt_72b_timeline"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["quick"] is True
-    assert {row["system"] for row in results["cyclic_14b"]} == {
+    assert {row["system"] for row in results["burstgpt_14b"]} == {
         "vllm", "vllm-pp", "infercept", "llumnix", "kunserve"}
-    rows = {row["system"]: row for row in results["cyclic_14b"]}
+    rows = {row["system"]: row for row in results["burstgpt_14b"]}
     assert all(row["unfinished"] == 0 for row in rows.values())  # no request lost
     assert len({row["requests"] for row in rows.values()}) == 1
     kun = rows["kunserve"]
     assert kun["drops"] >= 1 and kun["restores"] >= 1  # the burst formed a group, undone
     assert rows["vllm"]["drops"] == 0 and rows["vllm"]["peak_kv_use"] > 0.95
     assert kun["p99_ttft_s"] < rows["vllm"]["p99_ttft_s"]
+    llumnix = rows["llumnix"]
+    assert llumnix["p99_ttft_s"] != rows["vllm"]["p99_ttft_s"]  # it migrates
+    claims = {row["claim"] for row in results["paper_table"]}
+    assert "P99 TTFT reduction vs llumnix, 72B" in claims
+    report = (tmp_path / "report.md").read_text()
+    assert "Computed from this run" in report and "memory" in report
     assert len(results["ablation"]) == 5 and results["p99_ttft_multiples"]
+
+
+def test_burstgpt_shaped_trace_is_replayed_from_burstgpt_columns(tmp_path: Path) -> None:
+    path = tmp_path / "b.csv"
+    specs = burstgpt_shaped(path, 4.0, 120.0, seed=0, intensity=3.0, share=0.3, cycle=120.0)
+    assert path.read_text().startswith("Timestamp,Model,Request tokens,Response tokens")
+    in_burst = [s for s in specs if s.arrival_time < 36.0]
+    assert len(in_burst) > 0.6 * len(specs)  # 3x the rate over 30% of the cycle
+    gaps = [b.arrival_time - a.arrival_time for a, b in zip(in_burst, in_burst[1:], strict=False)]
+    mean = sum(gaps) / len(gaps)
+    cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+    assert cv > 1.3  # Gamma gaps, burstier than Poisson
+    longer = CHAT.scaled_output(3.0)
+    assert longer.output[0] > CHAT.output[0] and longer.max_output == 3 * CHAT.max_output
+
+
+def test_the_bound_is_measured_from_queueing_and_memory() -> None:
+    memory = [(0.0, 0, 100), (1.0, 95, 100), (2.0, 95, 100), (3.0, 40, 100)]
+    full = RunResult("vllm", [], [], [], memory, {}, 3.0, 0, waiting=[0, 5, 5, 5])
+    assert bound_of(full) == ("memory", 2.0, 1.0)
+    calm = RunResult("vllm", [], [], [], memory, {}, 3.0, 0, waiting=[0, 0, 0, 0])
+    assert bound_of(calm)[0] == "nothing"

@@ -120,7 +120,7 @@ def test_form_group_refuses_plans_it_cannot_carry_out() -> None:
 def test_llumnix_like_baseline_migrates_and_loses_nothing() -> None:
     spec = ClusterSpec(
         model="llama-3.1-8b", hardware="a10-24g", num_instances=2, router="llumnix",
-        router_options={"high": 0.7, "low": 0.6},
+        router_options={},
         scheduler=SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=128,
                                   max_model_len=8192))
     # dispatch alternates at one instant: long requests pile up on one instance

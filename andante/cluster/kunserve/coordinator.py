@@ -10,7 +10,10 @@ After each instance step the controller calls `after_step`; at most every
    given) and asks the `PipelineGroups` to form it; the leader now owns the members'
    requests (`Controller.reassign`); a plan that cannot free enough raises the
    scale-up signal;
-3. restores a group whose usage fell to the restore threshold (`dissolve_group`);
+3. restores a group whose usage fell to the restore threshold, or whose dropped memory
+   lies idle (`monitor.Watches.restore_due`; `dissolve_group`); once it has restored,
+   the leader's queued requests that never ran are spread over the members, back to
+   serving alone (`Controller.migrate`);
 4. raises the scale-up signal when a group's usage keeps rising after its drop.
 A member that fails makes its partners restore (`member_failed`): the group's requests
 that never streamed a token are re-queued, the others failed with a clear error.
@@ -80,6 +83,9 @@ class KunServeCoordinator:
     _last_check: float = float("-inf")
     _watches: Watches = field(default_factory=Watches)
     _throttled_before: bool = False
+    _restoring: dict[int, tuple[int, ...]] = field(default_factory=dict)  # leader -> members
+    _idle_restores: dict[int, int] = field(default_factory=dict)  # instance -> count
+    _cooling_until: dict[int, float] = field(default_factory=dict)  # instance -> time
 
     # ---- the operator -------------------------------------------------------------
     def after_step(self, controller: Controller) -> None:
@@ -89,21 +95,26 @@ class KunServeCoordinator:
             return
         self._last_check = now
         self.counters.num_checks += 1
-        units = self._units(controller)
+        units = self._units(controller, now)
         throttled = any(u.pressure for u in units)
         if throttled:
             self._drop(controller, units, now)
         self._throttled_before = throttled
         self._watch_groups(controller, now)
+        self._spread_restored(controller)
 
-    def _units(self, controller: Controller) -> list[GroupState]:
+    def _units(self, controller: Controller, now: float) -> list[GroupState]:
         grouped = {m for g in self.groups.groups() for m in g.members}
         layouts = [g for g in self.groups.groups()]
         layouts += [GroupPlan((s.index,), ((0, self.memory.num_layers),))
                     for s in controller.slots if s.alive and s.index not in grouped]
+        # a group restoring is no unit to merge: its dropped memory lay idle, and merging
+        # would call its restore off for a longer pipeline (issue 30 item 6)
         return [GroupState(plan, unmet_demand(controller.slots[plan.leader].load.stats,
                                               self.block_size, self.options))
-                for plan in layouts if controller.slots[plan.leader].alive]
+                for plan in layouts if controller.slots[plan.leader].alive
+                and plan.leader not in self._restoring
+                and self._cooling_until.get(plan.leader, -1.0) <= now]
 
     # ---- drop (§4.1) ----------------------------------------------------------------
     def _drop(self, controller: Controller, units: list[GroupState], now: float) -> None:
@@ -138,14 +149,47 @@ class KunServeCoordinator:
         base = self.memory.num_blocks_whole
         for group in self.groups.groups():
             stats = controller.slots[group.leader].load.stats
-            due = self._watches.restore_due(group.leader, stats, base, now, self.options)
+            due = self._watches.restore_due(group.leader, stats, base, now, self.options,
+                                            len(group.members), self.block_size)
             if self._watches.keeps_rising(group.leader, self.options):
                 self._signal_scale_up(now, f"usage of group {group.members} keeps rising "
                                            "after the drop")
             if due and self.restore and self.groups.dissolve_group(group.leader):
                 self.counters.num_restores += 1
+                idle = self._watches.idle_memory(group.leader)
+                self._back_off(group.members, idle, now)
                 self._watches.groups.pop(group.leader, None)
-                self.events.append((now, "restore", f"group {list(group.members)}"))
+                self._restoring[group.leader] = group.members
+                self.events.append((now, "restore", f"group {list(group.members)}" + (
+                    " (dropped memory idle)" if idle else "")))
+
+    def _back_off(self, members: tuple[int, ...], idle: bool, now: float) -> None:
+        """A group restored with its dropped memory idle was formed for pressure that was
+        not on memory: its members join no group for `idle_backoff_seconds` x 2^(k-1)
+        after their k-th such restore in a row (a restore after real use resets k)."""
+        for index in members:
+            count = self._idle_restores.get(index, 0) + 1 if idle else 0
+            self._idle_restores[index] = count
+            if count:
+                wait = self.options.idle_backoff_seconds * 2 ** min(count - 1, 8)
+                self._cooling_until[index] = now + wait
+
+    def _spread_restored(self, controller: Controller) -> None:
+        """Spread a restored group's queue (never-run requests) over its members."""
+        grouped = {m for g in self.groups.groups() for m in g.members}
+        for leader, members in list(self._restoring.items()):
+            if leader in grouped:
+                if not any(g.leader == leader for g in self.groups.groups()):
+                    del self._restoring[leader]  # merged into another group meanwhile
+                continue
+            del self._restoring[leader]
+            targets = [m for m in members if controller.slots[m].alive]
+            queued = [r for r in controller.owned_by(leader)
+                      if not r.num_computed_tokens and not r.num_output_tokens]
+            for k, req in enumerate(queued):
+                target = targets[k % len(targets)] if targets else leader
+                if target != leader:
+                    controller.migrate(req.request_id, target)
 
     def _signal_scale_up(self, now: float, reason: str) -> None:
         self.counters.num_scale_up_signals += 1

@@ -30,13 +30,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from andante.engine.config import SchedulerConfig
 from andante.engine.scheduler import Scheduler
+from andante.exec.batch import StepBatch
+from andante.exec.microbatch import Piece
 from andante.perf.cost_model import CostModel
 from andante.perf.shape import BatchShape
 
@@ -206,3 +208,25 @@ def lookahead_config(scheduler: Scheduler, base: SchedulerConfig, num_stages: in
     return dataclasses.replace(
         base, max_num_batched_tokens=max(1, min(base.max_num_batched_tokens,
                                                 sum(i.tokens for i in first))))
+
+
+def step_microbatches(batch: StepBatch, num_stages: int, model: ChunkCostModel,
+                      min_tokens: int = 1) -> list[list[Piece]]:
+    """Figure 11 on one step of a pipeline group: the step's rows as eq. (1) work items
+    (a prefill chunk splittable, a decode token not), halved by cost into up to
+    `num_stages` microbatches; each microbatch as the executor's `Piece`s (a cut chunk
+    becomes two pieces of its row). The real engine's microbatches (andante.exec.
+    torch_microbatch) and the simulator's step budgets (`lookahead_config`) both come
+    from `form_microbatches`."""
+    items = [WorkItem(str(row), cached, new, new > 1) for row, (cached, new) in enumerate(
+        zip(batch.num_cached_tokens, batch.num_new_tokens, strict=True))]
+    return [[Piece(int(i.request_id), i.prefix, i.tokens) for i in micro]
+            for micro in form_microbatches(items, model, num_stages, min_tokens)]
+
+
+def lookahead_planner(model: ChunkCostModel, min_tokens: int = 1
+                      ) -> Callable[[StepBatch, int], list[list[Piece]]]:
+    """`step_microbatches` as an executor's `MicrobatchPlanner`."""
+    def plan(batch: StepBatch, num_stages: int) -> list[list[Piece]]:
+        return step_microbatches(batch, num_stages, model, min_tokens)
+    return plan

@@ -8,10 +8,21 @@ request waits. The excess is its unmet demand, the R of the paper's Figure 6. Us
 projected demand, not only current use, lets the plan act before the queue builds
 ("has suffered or is about to suffer", §1).
 
+Only the queue's first `queue_horizon_tokens` tokens count as demand: prompts further
+back wait for prefill compute before they wait for memory, and a queue of long prompts
+under sustained load would otherwise read as memory pressure however much memory is
+free, and form groups that only cost compute (issue 30 item 6).
+
 Restore (§4.4): a group restores when its KV usage, measured against one instance
 without drop (the leader keeps every request after the restore), is at most
 `restore_threshold` (the paper: 50%) and not rising, with nothing queued, and the group
-has lived `min_group_seconds` (no drop/restore flapping within one burst).
+has lived `min_group_seconds` (no drop/restore flapping within one burst). Under
+sustained load that never happens, so a group also restores when the memory its drop
+freed has been idle for `idle_restore_seconds`: its blocks in use fit `restore_fit` of
+its members' pools without drop (a queue may wait: for compute, not memory). Then memory does not
+bind, and the group only pays its pipeline's bubbles and hops; the members, restored,
+serve the same work with their own memory, and join no group for a back-off that
+doubles with each such restore in a row (the coordinator's `_back_off`).
 Scale-up (§4.4 "Autoscaling"): after a drop, a unit whose usage keeps rising for
 `scale_up_checks` consecutive checks while throttled, or a throttle that no plan can
 relieve, raises the signal.
@@ -32,6 +43,10 @@ class MonitorOptions:
     min_group_seconds: float = 2.0
     scale_up_checks: int = 20
     check_interval: float = 0.05  # seconds between checks (engine clock)
+    queue_horizon_tokens: int = 16384  # queued tokens counted as demand (0: all)
+    restore_fit: float = 0.9  # idle-memory restore: demand / members' undropped blocks
+    idle_backoff_seconds: float = 10.0  # no group for a while after an idle restore
+    idle_restore_seconds: float = 10.0  # dropped memory idle this long: restore
 
     def __post_init__(self) -> None:
         if self.drop_threshold <= 0:
@@ -43,21 +58,34 @@ class MonitorOptions:
             raise ValueError("decode_tokens must be >= 0 and scale_up_checks >= 1")
         if self.min_group_seconds < 0 or self.check_interval < 0:
             raise ValueError("min_group_seconds and check_interval must be >= 0")
+        if self.queue_horizon_tokens < 0 or not 0 < self.restore_fit <= 1 \
+                or self.idle_backoff_seconds < 0 or self.idle_restore_seconds < 0:
+            raise ValueError("queue_horizon_tokens and idle_*_seconds must be >= 0 "
+                             "and restore_fit in (0, 1]")
 
 
-def projected_demand(stats: SchedulerStats, block_size: int, decode_tokens: int) -> int:
-    """Blocks the unit would hold once its queue is admitted and its running requests
-    grew by `decode_tokens` tokens each."""
+def queued_demand(stats: SchedulerStats, block_size: int, horizon_tokens: int) -> int:
+    """Blocks of the queued work within the horizon (0: no cap)."""
+    if horizon_tokens <= 0:
+        return stats.num_queued_kv_blocks
+    return min(stats.num_queued_kv_blocks, -(-horizon_tokens // block_size))
+
+
+def projected_demand(stats: SchedulerStats, block_size: int, decode_tokens: int,
+                     horizon_tokens: int = 0) -> int:
+    """Blocks the unit would hold once its queue (within `horizon_tokens`) is admitted
+    and its running requests grew by `decode_tokens` tokens each."""
     used = stats.num_blocks - stats.num_free_blocks
     growth = -(-stats.num_running * decode_tokens // block_size)
-    return used + stats.num_queued_kv_blocks + growth
+    return used + queued_demand(stats, block_size, horizon_tokens) + growth
 
 
 def unmet_demand(stats: SchedulerStats, block_size: int, options: MonitorOptions) -> int:
     """Blocks of projected demand beyond the threshold (0: not throttled)."""
     if stats.num_waiting == 0:
         return 0
-    demand = projected_demand(stats, block_size, options.decode_tokens)
+    demand = projected_demand(stats, block_size, options.decode_tokens,
+                              options.queue_horizon_tokens)
     return max(0, demand - int(options.drop_threshold * stats.num_blocks))
 
 
@@ -69,6 +97,7 @@ class GroupWatch:
     last_usage: float = 1.0
     num_rising: int = 0
     signalled: bool = False
+    idle_since: float | None = None  # the dropped memory unused since then
 
     def observe(self, usage: float) -> bool:
         """Record a usage; True if it rose since the previous check."""
@@ -83,16 +112,30 @@ class Watches:
     groups: dict[int, GroupWatch] = field(default_factory=dict)  # by leader
 
     def restore_due(self, leader: int, stats: SchedulerStats, base_blocks: int, now: float,
-                    options: MonitorOptions) -> bool:
-        """Should the group led by `leader` restore now? (Updates its watch.)"""
+                    options: MonitorOptions, num_members: int = 1, block_size: int = 1
+                    ) -> bool:
+        """Should the group of `num_members` led by `leader` restore now (the paper's
+        rule, or its dropped memory idle; module note)? (Updates its watch.)"""
         watch = self.groups.setdefault(leader, GroupWatch(formed_at=now))
         used = stats.num_blocks - stats.num_free_blocks
         usage = used / base_blocks if base_blocks else 1.0
         rising = watch.observe(usage)
+        if used > options.restore_fit * num_members * base_blocks:
+            watch.idle_since = None
+        elif watch.idle_since is None:
+            watch.idle_since = now
         if now - watch.formed_at < options.min_group_seconds:
             return False
         idle_queue = stats.num_waiting == 0 and stats.num_queued_kv_blocks == 0
-        return usage <= options.restore_threshold and not rising and idle_queue
+        if usage <= options.restore_threshold and not rising and idle_queue:
+            return True
+        return num_members > 1 and watch.idle_since is not None \
+            and now - watch.idle_since >= options.idle_restore_seconds
+
+    def idle_memory(self, leader: int) -> bool:
+        """Was the group's restore due to its dropped memory lying idle?"""
+        watch = self.groups.get(leader)
+        return watch is not None and watch.idle_since is not None
 
     def keeps_rising(self, leader: int, options: MonitorOptions) -> bool:
         """Has the group's usage risen for `scale_up_checks` checks (signalled once)?"""

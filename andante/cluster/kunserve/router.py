@@ -57,7 +57,8 @@ def settings_from(options: dict[str, Any]) -> KunServeSettings:
     own: dict[str, Any] = {}
     for key, value in options.items():
         if key in _MONITOR_KEYS:
-            kind = int if key in ("decode_tokens", "scale_up_checks") else float
+            kind = int if key in ("decode_tokens", "scale_up_checks",
+                                  "queue_horizon_tokens") else float
             monitor[key] = kind(value)
         elif key in _BOOL_KEYS:
             own[key] = _as_bool(key, value)

@@ -1,0 +1,129 @@
+"""Pipelined execution of a split model: each stage on its own worker thread, a step's
+microbatches in flight across the stages (KunServe §4.3, §5).
+
+Design note. A pipeline group's step is cut into microbatches (`MicrobatchPlanner`: the
+caller's decision, e.g. KunServe's lookahead, andante.cluster.kunserve.lookahead; the
+default `by_rows` cuts the rows into `num_stages` runs of equal count). A microbatch is
+a list of `Piece`s: rows of the step, or a prefill chunk cut in two (its first piece
+covers positions [prefix, prefix + tokens), the second the rest; only the piece that
+ends the row samples). `StageWorkers` runs one thread per stage, each taking
+microbatches from its inbox in order, running its layers, and handing the hidden states
+to the next stage's inbox: stage k works on microbatch m while stage k+1 works on
+m - 1. Every stage sees the microbatches in the same order, so a chunk's second piece
+reads, at every layer, the KV its first piece wrote there: the arithmetic is the
+unsplit model's and greedy outputs are token-identical. The step returns once the last
+microbatch left the last stage (the pipeline drains at each step: a decode step's
+tokens feed the next step). The bubble share is the idle share of the stages over the
+step's span: 1 - Σ busy / (stages x span).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from andante.exec.microbatch import MicrobatchPlanner, Piece, by_rows, check_plan, sub_batch
+
+__all__ = ["MicrobatchPlanner", "Piece", "PipelineTimes", "StageWorkers", "by_rows",
+           "check_plan", "sub_batch"]
+
+
+StageFn = Callable[[int, Any, Any], Any]  # (stage index, hidden, inputs) -> hidden
+
+
+@dataclass(slots=True)
+class PipelineTimes:
+    """Stage-seconds busy and the pipelined steps' span, summed over steps."""
+
+    busy: float = 0.0
+    span: float = 0.0
+    num_stages: int = 1
+    num_microbatches: int = 0
+    num_steps: int = 0
+    per_stage: list[float] = field(default_factory=list)
+
+    @property
+    def bubble_share(self) -> float | None:
+        capacity = self.span * self.num_stages
+        return None if capacity <= 0 else max(0.0, 1.0 - self.busy / capacity)
+
+
+_STOP = object()
+
+
+class StageWorkers:
+    """One thread per stage, microbatches flowing through in order (module note)."""
+
+    def __init__(self, num_stages: int, run_stage: StageFn) -> None:
+        if num_stages < 1:
+            raise ValueError(f"num_stages must be >= 1, got {num_stages}")
+        self.num_stages = num_stages
+        self._run_stage = run_stage
+        self.times = PipelineTimes(num_stages=num_stages, per_stage=[0.0] * num_stages)
+
+    def run(self, inputs: Sequence[Any]) -> list[Any]:
+        """Each microbatch's last-stage output, in order."""
+        if not inputs:
+            return []
+        inboxes: list[queue.Queue[Any]] = [queue.Queue() for _ in range(self.num_stages + 1)]
+        errors: list[BaseException] = []
+        busy = [0.0] * self.num_stages
+        threads = [threading.Thread(target=self._stage_loop,
+                                    args=(k, inboxes[k], inboxes[k + 1], busy, errors),
+                                    name=f"pipeline-stage-{k}", daemon=True)
+                   for k in range(self.num_stages)]
+        started = time.perf_counter()
+        for t in threads:
+            t.start()
+        for index, item in enumerate(inputs):
+            inboxes[0].put((index, None, item))
+        inboxes[0].put(_STOP)
+        for t in threads:
+            t.join()
+        span = time.perf_counter() - started
+        if errors:
+            raise errors[0]
+        outputs: list[Any] = [None] * len(inputs)
+        while True:
+            got = inboxes[-1].get()
+            if got is _STOP:
+                break
+            index, hidden, _ = got
+            outputs[index] = hidden
+        self._account(busy, span, len(inputs))
+        return outputs
+
+    def _stage_loop(self, k: int, inbox: queue.Queue[Any], outbox: queue.Queue[Any],
+                    busy: list[float], errors: list[BaseException]) -> None:
+        with torch.inference_mode():
+            while True:
+                got = inbox.get()
+                if got is _STOP:
+                    outbox.put(_STOP)
+                    return
+                if errors:
+                    continue
+                index, hidden, item = got
+                began = time.perf_counter()
+                try:
+                    hidden = self._run_stage(k, hidden, item)
+                except BaseException as exc:  # surfaced by `run` on the caller's thread
+                    errors.append(exc)
+                    continue
+                busy[k] += time.perf_counter() - began
+                outbox.put((index, hidden, item))
+
+    def _account(self, busy: list[float], span: float, num_micro: int) -> None:
+        t = self.times
+        t.busy += sum(busy)
+        t.span += span
+        t.num_microbatches += num_micro
+        t.num_steps += 1
+        for k, b in enumerate(busy):
+            t.per_stage[k] += b
