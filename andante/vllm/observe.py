@@ -36,7 +36,7 @@ from andante.vllm.config import AdapterConfig
 if TYPE_CHECKING:
     from andante.vllm.scheduler import Scheduler
 
-logger = logging.getLogger("andante.vllm")
+logger = logging.getLogger("vllm.andante")  # under vLLM's configured logger
 ENGINE = "vllm"  # the step records' source
 QUEUE_HEAD = 5  # waiting requests named in a state line
 

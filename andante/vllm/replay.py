@@ -57,7 +57,11 @@ def read_trace(path: str, num: int, max_prompt: int, max_output: int) -> list[Tr
     return out
 
 
-def build_scheduler(args: argparse.Namespace, qualname: str, policy: str | None) -> Any:
+def build_scheduler(args: argparse.Namespace, qualname: str,
+                    andante: dict[str, Any] | None = None, **scheduler_fields: Any) -> Any:
+    """The scheduler class `qualname` on a vLLM config of `args` (`andante`: its
+    additional_config object; `scheduler_fields`: SchedulerConfig fields set after the
+    config is built, as vLLM's engine would have resolved them)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.utils.import_utils import resolve_obj_by_qualname
@@ -72,9 +76,10 @@ def build_scheduler(args: argparse.Namespace, qualname: str, policy: str | None)
                             async_scheduling=False)
     cache = CacheConfig(block_size=args.block_size, enable_prefix_caching=args.prefix_caching)
     cache.num_gpu_blocks = args.num_blocks
-    extra = {"andante": {"policy": policy, "log_interval": 0}} if policy else {}
     config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
-                        additional_config=extra)
+                        additional_config={"andante": andante} if andante else {})
+    for name, value in scheduler_fields.items():
+        setattr(config.scheduler_config, name, value)
     spec = FullAttentionSpec(block_size=args.block_size, num_kv_heads=1, head_size=1,
                              dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=args.num_blocks, kv_cache_tensors=[],
@@ -123,10 +128,34 @@ def step(sched: Any) -> tuple[dict[str, int], list[str]]:
     return dict(output.num_scheduled_tokens), sorted(output.preempted_req_ids)
 
 
-def replay(args: argparse.Namespace, qualname: str, policy: str | None) -> list[dict[str, Any]]:
-    """Every step's decision for the trace, until all requests finish (or max steps)."""
+def consistency_errors(sched: Any) -> list[str]:
+    """Where andante's view disagrees with vLLM's state (andante's scheduler only): the
+    running list, the waiting set (a policy may keep its own order of it; vLLM's queue
+    keeps arrival order, preempted first), and the blocks (free + held == total)."""
+    errors = []
+    running = [r.request_id for r in sched.mirror_running]
+    if running != [r.request_id for r in sched.running]:
+        errors.append(f"running {running} != vLLM's {[r.request_id for r in sched.running]}")
+    waiting = sorted(r.request_id for r in sched.mirror_waiting)
+    if waiting != sorted(r.request_id for r in sched.waiting):
+        errors.append(f"waiting {waiting} != vLLM's {[r.request_id for r in sched.waiting]}")
+    view = sched.kv_view
+    tables = view.manager.coordinator.single_type_managers[0].req_to_blocks
+    held = len({b.block_id for r in sched.running for b in tables.get(r.request_id, ())})
+    free = view.num_free_device_blocks
+    if held + free != view.num_device_blocks:
+        errors.append(f"blocks: {held} held + {free} free != {view.num_device_blocks}")
+    return errors
+
+
+def replay(args: argparse.Namespace, qualname: str, policy: str | None,
+           check: bool = False) -> tuple[list[dict[str, Any]], Any]:
+    """Every step's decision for the trace, until all requests finish (or max steps),
+    and the scheduler; with `check`, each step's `consistency_errors` too (andante's
+    scheduler)."""
     trace = read_trace(args.trace, args.num_requests, args.max_prompt, args.max_output)
-    sched = build_scheduler(args, qualname, policy)
+    sched = build_scheduler(args, qualname,
+                            {"policy": policy, "log_interval": 0} if policy else None)
     arrivals = [int(r.arrival / args.step_seconds) for r in trace]
     t0 = time.time()
     steps: list[dict[str, Any]] = []
@@ -138,8 +167,11 @@ def replay(args: argparse.Namespace, qualname: str, policy: str | None) -> list[
         if index == len(trace) and not sched.get_num_unfinished_requests():
             break
         tokens, preempted = step(sched)
-        steps.append({"step": number, "tokens": tokens, "preempted": preempted})
-    return steps
+        record: dict[str, Any] = {"step": number, "tokens": tokens, "preempted": preempted}
+        if check:
+            record["errors"] = consistency_errors(sched)
+        steps.append(record)
+    return steps, sched
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -167,7 +199,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     qualname = VLLM_SCHEDULER if args.scheduler == "vllm" else ANDANTE_SCHEDULER
-    steps = replay(args, qualname, args.policy if args.scheduler == "andante" else None)
+    steps, _ = replay(args, qualname, args.policy if args.scheduler == "andante" else None)
     num_preempted = sum(len(s["preempted"]) for s in steps)
     print(json.dumps({"scheduler": args.scheduler, "num_steps": len(steps),
                       "num_preemptions": num_preempted, "steps": steps}))

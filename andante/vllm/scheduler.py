@@ -59,7 +59,7 @@ from andante.vllm.mirror import OffsetClock, SLOError, finished_status, mirror, 
 from andante.vllm.observe import Observer
 from andante.vllm.setup import build_policy, cost_model, scheduler_config
 
-logger = logging.getLogger("andante.vllm")
+logger = logging.getLogger("vllm.andante")  # under vLLM's configured logger
 
 _QUEUED = (VllmStatus.WAITING, VllmStatus.PREEMPTED)
 _NO_KV = (RequestStatus.WAITING, RequestStatus.PREEMPTED)

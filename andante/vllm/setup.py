@@ -21,7 +21,7 @@ from andante.perf.cost_model import CostModel
 from andante.policies.registry import make_policy, policy_class
 from andante.vllm.config import AdapterConfig, ConfigError
 
-logger = logging.getLogger("andante.vllm")
+logger = logging.getLogger("vllm.andante")  # under vLLM's configured logger
 
 
 def scheduler_config(vllm_config: Any, block_size: int, max_num_scheduled_tokens: int,
@@ -72,7 +72,7 @@ def build_policy(adapter: AdapterConfig, config: SchedulerConfig, clock: Clock,
     try:
         policy = make_policy(adapter.policy, PolicyContext(clock, config, costs, options))
     except ValueError as exc:
-        raise ConfigError(f"policy {adapter.policy!r}: {exc}") from None
+        raise ConfigError(str(exc)) from None
     chunks = getattr(policy, "chunks_prefill", False)
     if config.max_num_batched_tokens < config.max_model_len and not chunks:
         raise ConfigError(
