@@ -22,7 +22,13 @@ from argparse import Namespace
 from typing import Any
 
 from andante.vllm.config import POLICIES, ConfigError, check_version
-from andante.vllm.replay import ANDANTE_SCHEDULER, VLLM_SCHEDULER, build_scheduler, parse_args, replay
+from andante.vllm.replay import (
+    ANDANTE_SCHEDULER,
+    VLLM_SCHEDULER,
+    build_scheduler,
+    parse_args,
+    replay,
+)
 
 
 def _args(model: str, trace: str, *extra: str) -> Namespace:
