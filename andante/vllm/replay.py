@@ -174,10 +174,34 @@ def replay(args: argparse.Namespace, qualname: str, policy: str | None,
     return steps, sched
 
 
+def step_cost(args: argparse.Namespace, qualname: str, policy: str | None,
+              num_running: int, num_waiting: int, num_steps: int) -> dict[str, float]:
+    """Milliseconds per step of the scheduler's own work (`schedule` +
+    `update_from_output`) with `num_running` requests decoding and `num_waiting`
+    queued behind them (max_num_seqs = num_running: none of them can be admitted)."""
+    args.max_num_seqs = num_running
+    sched = build_scheduler(args, qualname,
+                            {"policy": policy, "log_interval": 0} if policy else None)
+    spec = TraceRequest(0.0, args.max_prompt, 100_000)
+    for index in range(num_running + num_waiting):
+        sched.add_request(make_request(index, spec, args, time.time()))
+    while len(sched.running) < num_running or any(
+            r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
+        step(sched)  # admit and prefill the running set
+    times = []
+    for _ in range(num_steps):
+        start = time.perf_counter()
+        step(sched)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return {"median_ms": 1e3 * times[len(times) // 2], "mean_ms": 1e3 * sum(times) / len(times),
+            "num_running": len(sched.running), "num_waiting": len(sched.waiting)}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="model directory (its config only)")
-    p.add_argument("--trace", required=True, help="Azure-2023-style CSV")
+    p.add_argument("--trace", help="Azure-2023-style CSV (required unless --cost)")
     p.add_argument("--scheduler", choices=("vllm", "andante"), default="andante")
     p.add_argument("--policy", default="vllm", help="andante's policy (andante scheduler)")
     p.add_argument("--num-requests", type=int, default=60)
@@ -191,6 +215,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-steps", type=int, default=20000)
     p.add_argument("--prefix-caching", action="store_true")
+    p.add_argument("--cost", nargs=3, type=int, metavar=("RUNNING", "WAITING", "STEPS"),
+                   help="time the scheduler's own steps instead of replaying the trace")
     p.add_argument("--shared-prefix", type=int, default=0,
                    help="tokens every prompt shares at its start (prefix-cache hits)")
     return p.parse_args(argv)
@@ -199,7 +225,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     qualname = VLLM_SCHEDULER if args.scheduler == "vllm" else ANDANTE_SCHEDULER
-    steps, _ = replay(args, qualname, args.policy if args.scheduler == "andante" else None)
+    policy = args.policy if args.scheduler == "andante" else None
+    if args.cost:
+        print(json.dumps({"scheduler": args.scheduler, "policy": policy,
+                          **step_cost(args, qualname, policy, *args.cost)}))
+        return 0
+    if not args.trace:
+        print("--trace is required (unless --cost)", file=sys.stderr)
+        return 2
+    steps, _ = replay(args, qualname, policy)
     num_preempted = sum(len(s["preempted"]) for s in steps)
     print(json.dumps({"scheduler": args.scheduler, "num_steps": len(steps),
                       "num_preemptions": num_preempted, "steps": steps}))
