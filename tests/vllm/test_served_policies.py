@@ -1,7 +1,12 @@
 """Every policy andante.vllm runs answers OpenAI requests in a served vLLM CPU build,
 greedy outputs token-identical to vLLM's own scheduler on the same prompts (`andes`
 is tested at length in test_served.py). Servers start four at a time (slow: several
-minutes on a shared 2-core machine)."""
+minutes on a shared 2-core machine).
+
+The prompts go one at a time: a policy that batches differently from vLLM (FastServe's
+MLFQ runs only its top queue's jobs in a step) changes the batch each decode runs in,
+and bf16 GEMMs of another batch size round differently on the CPU, which can flip a
+greedy token (seen: FastServe, 3 concurrent prompts, token 4 of one)."""
 
 from __future__ import annotations
 
@@ -23,8 +28,7 @@ AT_ONCE = 4  # servers started together (memory and the machine's 2 cores)
 
 
 def _answers(url: str) -> list[dict]:
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        return list(pool.map(lambda p: complete(url, p, 16), PROMPTS))
+    return [complete(url, prompt, 16) for prompt in PROMPTS]
 
 
 @pytest.fixture(scope="module")
