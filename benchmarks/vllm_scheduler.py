@@ -147,7 +147,7 @@ def step_costs(args: argparse.Namespace) -> dict[str, Any]:
             "vllm-default": ["--scheduler", "vllm"]}
     for name, which in runs.items():
         cmd = [args.vllm_python, "-m", "andante.vllm.replay", "--model", str(args.model_dir),
-               "--num-blocks", str(args.cost_running * 4 + 64), "--max-prompt", "32",
+               "--num-blocks", str(args.cost_running * 12 + 64), "--max-prompt", "32",
                "--max-num-batched-tokens", "8192", "--max-model-len", "2048",
                "--cost", str(args.cost_running), str(args.cost_waiting),
                str(args.cost_steps), *which]
