@@ -366,18 +366,25 @@ class Scheduler(VllmScheduler):
         now = self.andante_clock.now()
         sampled: list[int | None] = []
         finished: list[tuple[str, VllmStatus]] = []
+        running = RequestStatus.RUNNING
         for req, vreq in zip(step.batch.requests, step.vllm_requests, strict=True):
-            out = vreq.output_token_ids
             token = None
             if not req.is_finished:
-                for token in out[req.num_output_tokens:]:
+                out = vreq.output_token_ids
+                num_new = len(out) - req.num_output_tokens
+                if num_new == 1:  # the common case: one token this step
+                    token = out[-1]
                     req.append_output_token(token, now)
-                if vreq.is_finished():
+                elif num_new > 1:
+                    for token in out[req.num_output_tokens:]:
+                        req.append_output_token(token, now)
+                if vreq.status > VllmStatus.PREEMPTED:  # finished (vLLM's order)
                     finished.append((req.request_id, vreq.status))
-                elif req.status == RequestStatus.RUNNING:
+                elif req.status == running:
                     req.num_computed_tokens = vreq.num_computed_tokens
             sampled.append(token)
-        self._forget(finished)
+        if finished:
+            self._forget(finished)
         result = StepResult(sampled_token_ids=sampled, duration=duration)
         self.andante_policy.on_step_end(step.batch, result)
         self.observer.log_step(step.batch, duration, len(self.mirror_waiting))

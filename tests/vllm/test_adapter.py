@@ -14,6 +14,8 @@ import pytest
 from andante.vllm.config import POLICIES
 from tests.peers import REPO, VllmPeer
 
+pytestmark = pytest.mark.slow  # one subprocess of ~30 s (vLLM's import dominates)
+
 TRACES = REPO.parent / "shared" / "traces"
 
 
