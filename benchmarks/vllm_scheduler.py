@@ -147,7 +147,7 @@ def step_costs(args: argparse.Namespace) -> dict[str, Any]:
             "vllm-default": ["--scheduler", "vllm"]}
     for name, which in runs.items():
         cmd = [args.vllm_python, "-m", "andante.vllm.replay", "--model", str(args.model_dir),
-               "--num-blocks", str(args.cost_running * 12 + 64), "--max-prompt", "32",
+               "--num-blocks", str(args.cost_running * 24 + 64), "--max-prompt", "32",
                "--max-num-batched-tokens", "8192", "--max-model-len", "2048",
                "--cost", str(args.cost_running), str(args.cost_waiting),
                str(args.cost_steps), *which]
@@ -176,7 +176,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--start-timeout", type=float, default=600)
     p.add_argument("--cost-running", type=int, default=256)
     p.add_argument("--cost-waiting", type=int, default=1000)
-    p.add_argument("--cost-steps", type=int, default=50)
+    p.add_argument("--cost-steps", type=int, default=200)
     p.add_argument("--cost-only", action="store_true")
     p.add_argument("--serve-only", action="store_true")
     p.add_argument("--vllm-python", default=str(VLLM_PYTHON))

@@ -177,8 +177,10 @@ def replay(args: argparse.Namespace, qualname: str, policy: str | None,
 def step_cost(args: argparse.Namespace, qualname: str, policy: str | None,
               num_running: int, num_waiting: int, num_steps: int) -> dict[str, float]:
     """Milliseconds per step of the scheduler's own work (`schedule` +
-    `update_from_output`) with `num_running` requests decoding and `num_waiting`
-    queued behind them (max_num_seqs = num_running: none of them can be admitted)."""
+    `update_from_output`, and the harness's synthetic model output, the same for every
+    scheduler) with `num_running` requests decoding and `num_waiting` queued behind them
+    (max_num_seqs = num_running: none of them can be admitted): wall-clock median and
+    mean, and the process's CPU time per step."""
     args.max_num_seqs = num_running
     sched = build_scheduler(args, qualname,
                             {"policy": policy, "log_interval": 0} if policy else None)
@@ -189,12 +191,15 @@ def step_cost(args: argparse.Namespace, qualname: str, policy: str | None,
             r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
         step(sched)  # admit and prefill the running set
     times = []
+    cpu_start = time.process_time()
     for _ in range(num_steps):
         start = time.perf_counter()
         step(sched)
         times.append(time.perf_counter() - start)
+    cpu = time.process_time() - cpu_start
     times.sort()
     return {"median_ms": 1e3 * times[len(times) // 2], "mean_ms": 1e3 * sum(times) / len(times),
+            "cpu_ms": 1e3 * cpu / num_steps,  # the process's CPU time: steadier on a busy host
             "num_running": len(sched.running), "num_waiting": len(sched.waiting)}
 
 
