@@ -63,7 +63,8 @@ def server_command(args: argparse.Namespace, port: int, step_log: Path) -> list[
     return [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model",
             str(args.model_dir), "--served-model-name", "smollm2", "--dtype", "bfloat16",
             "--host", "127.0.0.1", "--port", str(port), "--no-enable-prefix-caching",
-            "--enforce-eager", "--scheduler-cls", "andante.vllm.Scheduler",
+            "--enforce-eager", "--no-async-scheduling",
+            "--scheduler-cls", "andante.vllm.Scheduler",
             "--additional-config", json.dumps(config), *limits]
 
 

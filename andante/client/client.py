@@ -56,6 +56,23 @@ def slo_body(slo: SLO) -> dict[str, float]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
+#: `owned_by` of a vLLM server's models: its SLO fields go in `vllm_xargs` (flat keys,
+#: read by andante's scheduler class in vLLM, andante.vllm) instead of andante's `slo`
+VLLM_OWNER = "vllm"
+
+
+def add_slo(body: dict[str, Any], slo: SLO, server_owner: str | None) -> None:
+    """Put the request's SLO where the server reads it: andante's `slo` object, or a
+    vLLM server's `vllm_xargs` (merged with any the caller set)."""
+    fields = slo_body(slo)
+    if not fields:
+        return
+    if server_owner == VLLM_OWNER:
+        body["vllm_xargs"] = {**body.get("vllm_xargs", {}), **fields}
+    else:
+        body["slo"] = fields
+
+
 @dataclass(slots=True)
 class _Observed:
     times: list[float] = field(default_factory=list)
@@ -78,6 +95,8 @@ class StreamingClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
+        self.server_owner: str | None = None  # the served model's owned_by (/v1/models)
+        self._owner_known = False
         self.clock = clock
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
@@ -101,11 +120,27 @@ class StreamingClient:
     async def resolve_model(self) -> str:
         """The model to ask for: the one given, else the server's first."""
         if self.model is None:
-            response = await self._http.get(self._url("/models"))
-            if response.status_code != 200:
-                raise ClientError(response.status_code, response.text)
-            self.model = str(response.json()["data"][0]["id"])
+            await self._read_models()
+        assert self.model is not None
         return self.model
+
+    async def resolve_server_owner(self) -> str | None:
+        """The server's `owned_by` ("vllm" for vLLM, "andante" for andante); None if
+        /v1/models does not say. Asked once."""
+        if not self._owner_known:
+            await self._read_models()
+        return self.server_owner
+
+    async def _read_models(self) -> None:
+        response = await self._http.get(self._url("/models"))
+        if response.status_code != 200:
+            raise ClientError(response.status_code, response.text)
+        models = response.json()["data"]
+        chosen = next((m for m in models if m["id"] == self.model), models[0])
+        self.model = self.model or str(chosen["id"])
+        owner = chosen.get("owned_by")
+        self.server_owner = str(owner) if owner is not None else None
+        self._owner_known = True
 
     async def body(
         self, prompt: str | Sequence[int] | None, messages: Sequence[dict[str, str]] | None,
@@ -121,11 +156,12 @@ class StreamingClient:
             raise ValueError("give a prompt or messages")
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
-        if slo is not None and slo_body(slo):
-            body["slo"] = slo_body(slo)
         if priority is not None:
             body["priority"] = priority
-        return {**body, **extra}
+        body = {**body, **extra}
+        if slo is not None and slo_body(slo):
+            add_slo(body, slo, await self.resolve_server_owner())
+        return body
 
     async def stream(
         self,

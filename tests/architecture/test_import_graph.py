@@ -16,7 +16,7 @@ RANKS = {
     "exec": 4,
     "engine": 5,
     "policies": 6,
-    "llm": 7,
+    "llm": 7, "vllm": 7,  # vllm: the optional adapter into vLLM (nothing imports it)
     "cluster": 8,
     "runtime": 9,
     "sim": 10,
@@ -150,3 +150,18 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
             elif child in on_stack:
                 low[node] = min(low[node], index[child])
     return result
+
+
+def test_only_the_vllm_adapter_imports_vllm() -> None:
+    """vLLM stays out of andante's core: only andante/vllm/ imports it."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.is_relative_to(PACKAGE / "vllm"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level \
+                else []
+            if any(n == "vllm" or n.startswith("vllm.") for n in names):
+                offenders.append(str(path.relative_to(PACKAGE)))
+    assert offenders == []
