@@ -1,10 +1,11 @@
 """The fleet at start: which upstreams, what each serves, and the bad input refused.
 
 An upstream is given by its base URL (`--upstream URL`, or a `[[instances]]` entry with
-`url` in a fleet file: the TOML format `andante simulate --cluster` reads, whose
-`hardware`, `tp`, `policy` and `warm` keys describe simulated instances and are ignored
-here). At start each upstream's `/v1/models` is read: its models, and its kind from
-their `owned_by` ("vllm", "andante", else "openai": a server that gets no SLO fields).
+`url` in a fleet file: the TOML format `andante simulate --cluster` reads; there an
+instance's catalog `model` and `hardware` name the cost model a queue router (qlm)
+estimates the upstream with, and `tp`, `policy`, `warm` are ignored). At start each
+upstream's `/v1/models` is read: its models, and its kind from their `owned_by`
+("vllm", "andante", else "openai": a server that gets no SLO fields).
 Refused, each with one line naming the upstream: an upstream that does not answer,
 one that serves no model, and a model served under two names (the same `root`, vLLM's
 path of the weights, behind two ids) — requests for one name would never be balanced
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from andante.perf.catalog import get_hardware, get_model
 
 KINDS = ("vllm", "andante", "openai")
 _FILE_TOP_KEYS = frozenset({"model", "hardware", "tp", "policy", "router", "models",
@@ -44,6 +47,8 @@ class UpstreamSpec:
     role: str = ""
     max_num_seqs: int = 64
     kind: str | None = None
+    cost_model: str = "smollm2-135m"  # catalog names (andante.perf.catalog): the cost
+    hardware: str = "a10-24g"  # model a queue router (qlm) estimates this upstream with
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -52,6 +57,11 @@ class UpstreamSpec:
         if self.max_num_seqs < 1:
             raise FleetError(f"upstream {self.url}: max_num_seqs must be >= 1, got "
                              f"{self.max_num_seqs}")
+        try:
+            get_model(self.cost_model)
+            get_hardware(self.hardware)
+        except (KeyError, ValueError) as exc:
+            raise FleetError(f"upstream {self.url}: {exc}") from None
         if self.kind is not None and self.kind not in KINDS:
             raise FleetError(f"upstream {self.url}: kind must be one of {', '.join(KINDS)}, "
                              f"got {self.kind!r}")
@@ -96,9 +106,11 @@ def _file_instance(entry: Any, position: int) -> UpstreamSpec:
     if entry.get("count", 1) != 1:
         raise FleetError(f"fleet file: instances[{position}]: an upstream is one instance "
                          f"(count 1), got count {entry['count']!r}")
+    costs = {k: str(entry[v]) for k, v in (("cost_model", "model"), ("hardware", "hardware"))
+             if v in entry}
     return UpstreamSpec(url=base_url(str(entry["url"])), role=str(entry.get("role", "")),
                         max_num_seqs=int(entry.get("max_num_seqs", 64)),
-                        kind=entry.get("kind"))
+                        kind=entry.get("kind"), **costs)
 
 
 def parse_fleet_file(text: str) -> FleetFile:

@@ -97,7 +97,7 @@ class Fleet:
         models = dict.fromkeys(m for u in self.upstreams for m in u.models)
         for model in models:
             serving = [u for u in self.upstreams if model in u.models]
-            members = [Member(i, u) for i, u in enumerate(serving)]
+            members = [Member(i, u, model) for i, u in enumerate(serving)]
             router = make_router(self.options.router, dict(self.options.router_options))
             groups[model] = ModelGroup(model, Controller(members, router),
                                        {u.index: i for i, u in enumerate(serving)})
@@ -180,13 +180,21 @@ class Fleet:
                 else:
                     async for data in resp.aiter_raw():
                         if not call.started:
-                            call.started = True
-                            upstream.started.add(call.request_id)
+                            self._started(upstream, call)
                         call.push(Chunk(data))
                     self._finish(upstream, call, End())
             upstream.observe_service(self.clock.now() - sent)
         except httpx.TransportError as exc:
             self._broken(upstream, call, req, exc)
+
+    def _started(self, upstream: UpstreamInstance, call: Call) -> None:
+        """The first byte: the request cannot move any more, and its upstream's load
+        changed (a queue-holding router may pull the next one)."""
+        call.started = True
+        upstream.started.add(call.request_id)
+        controller = self.groups[call.model].controller
+        if controller.queue:
+            controller.dispatch_queue()
 
     def _finish(self, upstream: UpstreamInstance, call: Call, event: End | Full) -> None:
         self.calls.pop(call.request_id, None)

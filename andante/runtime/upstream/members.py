@@ -16,20 +16,42 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from andante.cluster.controller import Controller
-from andante.cluster.instance import LaterOperations
+from andante.cluster.instance import LaterOperations, ModelState
 from andante.cluster.load import LoadReport
 from andante.core.request import Request
+from andante.perf.catalog import get_hardware, get_model
+from andante.perf.cost_model import CostModel
 from andante.runtime.upstream.instance import UpstreamInstance
+
+BLOCK_SIZE = 16  # of the notional KV cache an upstream's usage is reported in
 
 
 class Member(LaterOperations):
-    """Upstream `upstream` as instance `index` of one model's controller."""
+    """Upstream `upstream` as instance `index` of model `model`'s controller. It reports
+    its model (`MultiModel`, for QLM's estimates): the one model, always on the device
+    (an upstream neither swaps nor warms models), with the catalog cost model its spec
+    names."""
 
-    def __init__(self, index: int, upstream: UpstreamInstance) -> None:
+    def __init__(self, index: int, upstream: UpstreamInstance, model: str) -> None:
         self.index = index
         self.upstream = upstream
+        self.model = model
         self.role = upstream.role
         self.capabilities = upstream.capabilities
+        spec = upstream.info.spec
+        self._cost = CostModel(get_model(spec.cost_model), get_hardware(spec.hardware))
+
+    def model_state(self) -> ModelState:
+        hardware = self._cost.hardware
+        return ModelState(
+            device=self.model, host=(), loading_s=0.0, costs={self.model: self._cost},
+            weight_bytes={self.model: self._cost.model.weight_bytes},
+            host_link_bandwidth=hardware.host_link_bandwidth,
+            disk_bandwidth=hardware.disk_bandwidth, device_memory_bytes=0,
+            host_memory_bytes=0, block_size=BLOCK_SIZE)
+
+    def warm_model(self, model: str) -> bool:
+        return False
 
     @property
     def alive(self) -> bool:
