@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from andante.runtime.upstream.call import Call, Chunk, End, Failure, slo_from
+from andante.runtime.upstream.call import Call, Chunk, End, Event, Failure, slo_from
 from andante.runtime.upstream.discovery import UpstreamInfo, UpstreamSpec
 from andante.runtime.upstream.fleet import CLIENT_CLOSED, Fleet, FleetOptions
 from andante.server.admission import new_request_id
@@ -207,10 +207,13 @@ async def _relay(fleet: Fleet, call: Call, first: Chunk, watcher: asyncio.Task[N
     try:
         yield first.data
         while True:
-            event = await call.events.get()
+            event: Event | None = await call.events.get()
             if isinstance(event, Chunk):
-                yield event.data
-            elif isinstance(event, Failure):
+                data, event = _coalesce(call, event.data)
+                yield data
+                if event is None:
+                    continue
+            if isinstance(event, Failure):
                 if event.status != CLIENT_CLOSED:
                     error = error_body(event.status, event.message, None, event.code)
                     yield b"data: " + json.dumps(error).encode() + b"\n\n"
@@ -221,6 +224,21 @@ async def _relay(fleet: Fleet, call: Call, first: Chunk, watcher: asyncio.Task[N
         watcher.cancel()
         if not call.finished:
             fleet.abort(call.request_id)
+
+
+def _coalesce(call: Call, data: bytes) -> tuple[bytes, Event | None]:
+    """`data` and the chunks already queued behind it as one write (a client that
+    lags gets them in one send), and the end event met on the way, if any."""
+    events = call.events
+    if events.empty():
+        return data, None
+    parts = [data]
+    while not events.empty():
+        event = events.get_nowait()
+        if not isinstance(event, Chunk):
+            return b"".join(parts), event
+        parts.append(event.data)
+    return b"".join(parts), None
 
 
 def render_metrics(fleet: Fleet) -> bytes:

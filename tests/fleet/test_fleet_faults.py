@@ -83,8 +83,10 @@ def test_an_upstream_that_stops_answering_is_down_then_back() -> None:
             async with httpx.AsyncClient(timeout=30) as client:
                 load = [asyncio.create_task(_one(client, fleet.url, False, 0.0))
                         for _ in range(6)]
-                await asyncio.sleep(0.05)
-                assert fleet.fleet.upstreams[0].num_in_flight
+                started = time.monotonic()
+                while not fleet.fleet.upstreams[0].num_in_flight:
+                    assert time.monotonic() - started < 5.0, "no request reached it"
+                    await asyncio.sleep(0.005)
                 os.kill(frozen.proc.pid, signal.SIGSTOP)
                 started = time.monotonic()
                 while fleet.fleet.upstreams[0].alive:

@@ -299,7 +299,7 @@ class Fleet:
             if refusal_is_down and isinstance(exc, httpx.ConnectError):
                 upstream.num_failed_probes = self.options.down_after - 1
         if ok:
-            upstream.polled = parse_load(resp.text)
+            upstream.observe_poll(parse_load(resp.text))
             upstream.num_failed_probes = 0
             if not upstream.up:
                 self._recovered(upstream)

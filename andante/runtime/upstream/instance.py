@@ -8,8 +8,9 @@ streamed a byte yet and hands them back to the controller.
 Its load report is built on demand from two sources: the upstream's own figures, polled
 from its /metrics (`UpstreamLoad`, possibly a poll interval old and counting other
 clients' requests too), and what andante has in flight there (exact, immediate). The
-requests it holds are the larger of the two counts, split into running and waiting as
-the poll saw them (at least the started ones run); the ones without a first byte yet
+requests it holds are the larger of the two counts (the poll's running ones less those
+of ours that ended since it), split into running and waiting as the poll saw them (at
+least the started ones run); the ones without a first byte yet
 count as prefilling (Ascendra's tickets read it). The predicted drain time is
 `service_s` (the mean seconds per request through this upstream, learned from finished
 requests) times (1 + requests / max_num_seqs): increasing in the load, so the routers'
@@ -62,6 +63,7 @@ class UpstreamInstance(LaterOperations):
         self.num_received = 0
         self.service_s = INITIAL_SERVICE_S
         self.num_failed_probes = 0
+        self.num_finished_since_poll = 0
 
     # ---- the Instance seam ----------------------------------------------------------
     @property
@@ -102,13 +104,19 @@ class UpstreamInstance(LaterOperations):
     def num_in_flight(self) -> int:
         return len(self.tasks)
 
+    def observe_poll(self, load: UpstreamLoad) -> None:
+        self.polled = load
+        self.num_finished_since_poll = 0
+
     def stats(self) -> SchedulerStats:
         polled = self.polled
         own = len(self.tasks)
         started = len(self.started)
-        polled_total = (polled.num_running or 0) + (polled.num_waiting or 0)
+        gone = self.num_finished_since_poll  # of ours, ended since the poll counted them
+        polled_running = max(0, (polled.num_running or 0) - gone)
+        polled_total = max(0, polled_running + (polled.num_waiting or 0))
         total = max(polled_total, own)
-        running = min(total, max(polled.num_running or 0, started))
+        running = min(total, max(polled_running, started))
         kv = polled.kv_usage or 0.0
         return SchedulerStats(
             time=self._clock.now(), num_running=running, num_waiting=total - running,
@@ -129,5 +137,7 @@ class UpstreamInstance(LaterOperations):
     def _forget(self, rid: str, task: asyncio.Task[None]) -> None:
         if self.tasks.get(rid) is task:
             del self.tasks[rid]
+            if rid in self.started:
+                self.num_finished_since_poll += 1
             self.requests.pop(rid, None)
             self.started.discard(rid)
