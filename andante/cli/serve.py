@@ -250,7 +250,9 @@ def fleet_options_from_args(args: argparse.Namespace) -> Any:
         upstreams=tuple(specs), fleet=fleet, host=args.host, port=args.port,
         api_key=args.api_key or env_defaults()["api_key"], log_level=args.log_level,
         limits=HTTPLimits(max_body_bytes=args.max_body_bytes, header_timeout=args.header_timeout,
-                          body_timeout=args.body_timeout, public_metrics=args.public_metrics))
+                          body_timeout=args.body_timeout, public_metrics=args.public_metrics,
+                          max_file_bytes=args.max_file_bytes),
+        batch=batch_options_from_args(args))
 
 
 def _ascendra_roles(specs: list[Any], router: str, num_hp: int) -> list[Any]:

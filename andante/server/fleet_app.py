@@ -26,8 +26,10 @@ from andante.runtime.upstream.call import Call, Chunk, End, Event, Failure, slo_
 from andante.runtime.upstream.discovery import UpstreamInfo, UpstreamSpec
 from andante.runtime.upstream.fleet import CLIENT_CLOSED, Fleet, FleetOptions
 from andante.server.admission import new_request_id
-from andante.server.config import HTTPLimits
+from andante.server.batches.routes import install_batch_routes
+from andante.server.config import BatchOptions, HTTPLimits
 from andante.server.errors import APIError, error_body, from_pydantic, install_error_handlers
+from andante.server.fleet_batches import create_fleet_batch_service
 from andante.server.guard import EdgeGuard
 from andante.server.metrics import CONTENT_TYPE
 from andante.server.openai_api import SSE_HEADERS, _watch_disconnect, read_body
@@ -46,24 +48,30 @@ class FleetServeOptions:
     log_level: str = "info"
     limits: HTTPLimits = field(default_factory=HTTPLimits)
     discovery_timeout: float = 5.0
+    batch: BatchOptions = field(default_factory=BatchOptions)
 
 
 def create_fleet_app(options: FleetServeOptions, infos: list[UpstreamInfo]) -> FastAPI:
     fleet = Fleet(infos, options.fleet)
+    batches = create_fleet_batch_service(fleet, options.batch)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await fleet.start()
+        batches.start()  # resumes the store's unfinished batches
         try:
             yield
         finally:
+            await batches.stop()
             await fleet.stop()
 
     app = FastAPI(title="andante fleet", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.fleet = fleet
+    app.state.batches = batches
     app.add_middleware(EdgeGuard, api_key=options.api_key, limits=options.limits)
     install_error_handlers(app)
     _install_routes(app, fleet, options)
+    install_batch_routes(app, batches, options.limits)
     return app
 
 

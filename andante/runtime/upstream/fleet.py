@@ -155,6 +155,14 @@ class Fleet:
         return any(u.alive for u in self.upstreams)
 
     @property
+    def num_not_started(self) -> int:
+        """Requests known to wait for their first token: queued here, or streaming
+        without a first byte yet (a non-streamed answer's start is not seen)."""
+        queued = {req.request_id for g in self.groups.values() for req in g.controller.queue}
+        return len(queued) + sum(1 for c in self.calls.values()
+                                 if c.stream and not c.started and c.request_id not in queued)
+
+    @property
     def num_queued(self) -> int:
         return sum(len(g.controller.queue) for g in self.groups.values())
 
