@@ -105,10 +105,14 @@ def workload(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
         in_burst = (t % args.cycle_s) < args.burst_s
         t += rng.expovariate(args.burst_rate if in_burst else args.rate)
         interactive = rng.random() < 0.5
-        slo = ({"ttft": args.ttft, "tbt": args.tbt} if interactive
+        max_tokens = rng.randint(20, 100)
+        # an interactive client's TTFT and pace imply its end-to-end deadline (what a
+        # deadline-ordered router such as qlm reads); attainment checks TTFT and TBT
+        slo = ({"ttft": args.ttft, "tbt": args.tbt,
+                "deadline": args.ttft + max_tokens * args.tbt} if interactive
                else {"deadline": args.deadline})
         out.append({"at": t, "model": "alpha" if rng.random() < 0.6 else "beta",
-                    "max_tokens": rng.randint(20, 100), "slo": slo})
+                    "max_tokens": max_tokens, "slo": slo})
     return out
 
 
@@ -132,7 +136,7 @@ def meets(result: dict[str, Any], slo: dict[str, float], max_tokens: int) -> boo
     if result["status"] != 200 or len(times) < max_tokens:
         return False
     ttft = times[0] - result["sent"]
-    if "deadline" in slo:
+    if "ttft" not in slo:
         return times[-1] - result["sent"] <= slo["deadline"]
     tbt = (times[-1] - times[0]) / max(1, len(times) - 1)
     return ttft <= slo["ttft"] and tbt <= slo["tbt"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import ssl
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,10 @@ log = logging.getLogger("andante.fleet")
 HP = "hp"
 CLIENT_CLOSED = 499  # nginx's status for a request whose client went away
 OFFLOAD_CHECK_S = 0.02
+# connection pools the forwarding spreads over: httpx's pool scans all its connections
+# each time one is taken or given back (quadratic in the idle ones), so several small
+# pools cost less CPU than one large one at hundreds of concurrent streams
+CLIENT_SHARDS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +93,8 @@ class Fleet:
         self.num_retries = 0
         self.num_offloads = 0
         self.num_failed = 0
-        self._client: httpx.AsyncClient | None = None
+        self._clients: list[httpx.AsyncClient] = []
+        self._next_client = 0
         self._poller: asyncio.Task[None] | None = None
         self._offloader: asyncio.Task[None] | None = None
 
@@ -113,9 +119,11 @@ class Fleet:
 
     # ---- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
-        self._client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(
-            None, connect=self.options.connect_timeout))
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        timeout = httpx.Timeout(None, connect=self.options.connect_timeout)
+        tls = ssl.create_default_context()  # one for all (loading it costs ~0.1 s)
+        self._clients = [httpx.AsyncClient(limits=limits, timeout=timeout, verify=tls)
+                         for _ in range(CLIENT_SHARDS)]
         await self._poll_once()
         self._poller = asyncio.create_task(self._poll_loop(), name="fleet-poller")
         if self.offloads:
@@ -129,8 +137,8 @@ class Fleet:
             upstream.cancel_all()
         for call in list(self.calls.values()):
             self._fail(call, 503, "the server is shutting down", "shutting_down")
-        if self._client is not None:
-            await self._client.aclose()
+        for client in self._clients:
+            await client.aclose()
 
     # ---- requests in ----------------------------------------------------------------
     def submit(self, call: Call, prompt_tokens: int, max_tokens: int | None,
@@ -172,11 +180,12 @@ class Fleet:
         if call is None or call.finished:
             return
         call.attempts += 1
-        assert self._client is not None
+        self._next_client = (self._next_client + 1) % len(self._clients)
+        client = self._clients[self._next_client]
         sent = self.clock.now()
         url = upstream.url + call.path
         try:
-            async with self._client.stream("POST", url, json=call.body_for(upstream.kind)
+            async with client.stream("POST", url, json=call.body_for(upstream.kind)
                                            ) as resp:
                 status = resp.status_code
                 if status == 429 or status >= 500:
@@ -297,9 +306,8 @@ class Fleet:
             self._offload(self.clock.now())
 
     async def _probe(self, upstream: UpstreamInstance, refusal_is_down: bool = False) -> None:
-        assert self._client is not None
         try:
-            resp = await self._client.get(upstream.url + "/metrics",
+            resp = await self._clients[0].get(upstream.url + "/metrics",
                                           timeout=self.options.probe_timeout)
             ok, reason = resp.status_code == 200, f"/metrics answered {resp.status_code}"
         except httpx.HTTPError as exc:
