@@ -69,7 +69,7 @@ def toy_upstreams(count: int, step_ms: float = 2.0, *args: str) -> Iterator[list
 def fleet_options(urls: list[str], roles: list[str] | None = None, max_num_seqs: int = 64,
                   **fleet: Any) -> FleetServeOptions:
     fleet.setdefault("poll_interval", 0.1)
-    fleet.setdefault("probe_timeout", 0.5)
+    fleet.setdefault("probe_timeout", 2.0)  # a busy test machine answers slowly
     roles = roles or [""] * len(urls)
     specs = tuple(UpstreamSpec(u, role=r, max_num_seqs=max_num_seqs)
                   for u, r in zip(urls, roles, strict=True))

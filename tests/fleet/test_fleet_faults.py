@@ -76,7 +76,7 @@ def test_kill_9_one_of_three_under_load_loses_nothing_accepted() -> None:
 
 def test_an_upstream_that_stops_answering_is_down_then_back() -> None:
     with toy_upstreams(2, 2.0) as ups, \
-            fleet_server([u.url for u in ups], probe_timeout=0.3, down_after=2) as fleet:
+            fleet_server([u.url for u in ups], probe_timeout=1.0, down_after=2) as fleet:
         frozen = ups[0]
 
         async def scenario() -> list[dict[str, Any]]:
@@ -90,7 +90,7 @@ def test_an_upstream_that_stops_answering_is_down_then_back() -> None:
                 os.kill(frozen.proc.pid, signal.SIGSTOP)
                 started = time.monotonic()
                 while fleet.fleet.upstreams[0].alive:
-                    assert time.monotonic() - started < 3.0, "not marked down in time"
+                    assert time.monotonic() - started < 6.0, "not marked down in time"
                     await asyncio.sleep(0.02)
                 return await asyncio.gather(*load)
 
