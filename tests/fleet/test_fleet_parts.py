@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -98,3 +99,34 @@ max_num_seqs = 32
 def test_bad_fleet_files(text: str, message: str) -> None:
     with pytest.raises(FleetError, match=message):
         parse_fleet_file(text)
+
+
+def _upstream() -> Any:
+    from andante.core.clock import ManualClock
+    from andante.runtime.upstream.discovery import UpstreamInfo, UpstreamSpec
+    from andante.runtime.upstream.instance import UpstreamInstance
+
+    async def forward(*_: Any) -> None:
+        return None
+
+    info = UpstreamInfo(UpstreamSpec("http://u:1", max_num_seqs=8), ("m",), "vllm")
+    return UpstreamInstance(0, info, ManualClock(), forward, lambda *_: None)
+
+
+def test_load_is_the_larger_of_the_poll_and_our_own_requests() -> None:
+    from andante.runtime.upstream.metrics import UpstreamLoad
+
+    up = _upstream()
+    up.observe_poll(UpstreamLoad(num_running=5, num_waiting=2, kv_usage=0.5))
+    stats = up.stats()
+    assert (stats.num_running, stats.num_waiting, stats.kv_usage) == (5, 2, 0.5)
+    up.tasks = {f"r{i}": None for i in range(10)}  # ten of ours, three started
+    up.started = {"r0", "r1", "r2"}
+    stats = up.stats()
+    assert (stats.num_running, stats.num_waiting, stats.num_prefilling) == (5, 5, 7)
+    up.tasks, up.started = {}, set()
+    up.num_finished_since_poll = 4  # ours that ended since the poll counted them
+    stats = up.stats()
+    assert (stats.num_running, stats.num_waiting) == (1, 2)
+    load = up.load()
+    assert load.drain_time == up.service_s * (1 + 3 / 8)
