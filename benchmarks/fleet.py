@@ -20,7 +20,8 @@ their own SLO), goodput (such requests per second of the round), TTFT p50/p99.
 Then the proxy itself: 100 concurrent streams straight to one upstream (`--step-ms`
 fast) and through a fleet of that one upstream, interleaved: the added TTFT and added
 time per token (medians of per-request means; target <= 2 ms) and the fleet process's
-CPU seconds per 1,000 tokens streamed. Prints ONE JSON line, with the load average.
+CPU seconds per 1,000 tokens streamed (`--proxy-upstream URL`: in front of a real
+server instead, e.g. vLLM's CPU build). Prints ONE JSON line, with the load average.
 """
 
 from __future__ import annotations
@@ -223,27 +224,29 @@ def _figures(results: list[dict[str, Any]]) -> tuple[float, float, int]:
 
 
 def proxy_part(args: argparse.Namespace) -> dict[str, Any]:
-    up = toy("proxy", args.proxy_step_ms, 128)
-    front = fleet([up.url], "least-loaded", 128)
+    up = toy("proxy", args.proxy_step_ms, 128) if args.proxy_upstream is None else None
+    url = up.url if up is not None else args.proxy_upstream
+    front = fleet([url], "least-loaded", 128)
     rows: dict[str, list[tuple[float, float]]] = {"direct": [], "fleet": []}
     cpu_per_k: list[float] = []
     try:
         for _ in range(args.proxy_rounds):
             for kind in ("direct", "fleet"):
-                url = up.url if kind == "direct" else front.url
+                target = url if kind == "direct" else front.url
                 cpu0 = front.cpu_s()
-                results = asyncio.run(concurrent_streams(url, args.streams, args.tokens))
+                results = asyncio.run(concurrent_streams(target, args.streams, args.tokens))
                 ttft, per_token, tokens = _figures(results)
                 rows[kind].append((ttft, per_token))
                 if kind == "fleet":
                     cpu_per_k.append((front.cpu_s() - cpu0) / tokens * 1000)
     finally:
         front.stop()
-        up.stop()
+        if up is not None:
+            up.stop()
     med = {k: (statistics.median(t for t, _ in v), statistics.median(p for _, p in v))
            for k, v in rows.items()}
     return {"streams": args.streams, "tokens_per_stream": args.tokens,
-            "upstream_step_ms": args.proxy_step_ms,
+            "upstream": args.proxy_upstream or f"toy, {args.proxy_step_ms:g} ms steps",
             "direct_ttft_ms": med["direct"][0] * 1e3, "fleet_ttft_ms": med["fleet"][0] * 1e3,
             "added_ttft_ms": (med["fleet"][0] - med["direct"][0]) * 1e3,
             "direct_per_token_ms": med["direct"][1] * 1e3,
@@ -271,6 +274,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=50)
     p.add_argument("--proxy-step-ms", type=float, default=20.0)
     p.add_argument("--proxy-rounds", type=int, default=2)
+    p.add_argument("--proxy-upstream", metavar="URL",
+                   help="measure the proxy in front of this server (serving a model named "
+                   "'proxy', e.g. vLLM with --served-model-name proxy) instead of a toy one")
     p.add_argument("--skip-routers", action="store_true")
     args = p.parse_args()
     load_before = os.getloadavg()
