@@ -43,6 +43,7 @@ import httpx
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 ROUTERS = ("qlm", "ascendra", "round-robin", "least-loaded")
+POLL_INTERVAL_S = 0.25
 
 
 @dataclass
@@ -95,7 +96,7 @@ def fleet(urls: list[str], router: str, max_num_seqs: int,
             f.write("\n".join(lines) + "\n")
         args = ["--fleet", path]
     return start([*args, "--router", router, "--upstream-max-num-seqs", str(max_num_seqs),
-                  "--poll-interval", "0.25"])
+                  "--poll-interval", str(POLL_INTERVAL_S)])
 
 
 # ---- workload -----------------------------------------------------------------------
