@@ -272,7 +272,7 @@ def _ascendra_roles(specs: list[Any], router: str, num_hp: int) -> list[Any]:
 def run_fleet(args: argparse.Namespace) -> int:
     from andante.runtime.upstream.discovery import FleetError
     from andante.server.fleet_launch import serve_fleet
-    from andante.server.launch import PortUnavailable
+    from andante.server.listen import PortUnavailable
 
     try:
         return serve_fleet(fleet_options_from_args(args))
@@ -282,10 +282,10 @@ def run_fleet(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.upstream or args.fleet:  # the fleet front imports neither engine nor torch
+        return run_fleet(args)
     from andante.server.launch import PortUnavailable, serve  # the web stack is an extra
 
-    if args.upstream or args.fleet:
-        return run_fleet(args)
     try:
         return serve(options_from_args(args))
     except PortUnavailable as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -25,7 +26,6 @@ from pydantic import ValidationError
 from andante.runtime.upstream.call import Call, Chunk, End, Event, Failure, slo_from
 from andante.runtime.upstream.discovery import UpstreamInfo, UpstreamSpec
 from andante.runtime.upstream.fleet import CLIENT_CLOSED, Fleet, FleetOptions
-from andante.server.admission import new_request_id
 from andante.server.batches.routes import install_batch_routes
 from andante.server.config import BatchOptions, HTTPLimits
 from andante.server.errors import APIError, error_body, from_pydantic, install_error_handlers
@@ -174,7 +174,7 @@ def _new_call(fleet: Fleet, options: FleetServeOptions, body: dict[str, Any],
     arrival = fleet.clock.now()
     prefix = "chatcmpl" if path.endswith("chat/completions") else "cmpl"
     window = slo.deadline if slo.deadline is not None else options.fleet.retry_window_s
-    call = Call(new_request_id(prefix), model, path, body, slo, body.get("stream") is True,
+    call = Call(f"{prefix}-{uuid.uuid4().hex}", model, path, body, slo, body.get("stream") is True,
                 arrival, arrival + window)
     return call, _prompt_tokens(body), max_tokens
 

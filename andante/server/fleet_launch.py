@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from andante.runtime.upstream.discovery import FleetError, discover
 from andante.server.fleet_app import FleetServeOptions, create_fleet_app
-from andante.server.launch import _log_to_stderr, bind
+from andante.server.listen import bind, log_to_stderr
 from andante.server.timeouts import h11_protocol
 
 
@@ -35,7 +35,7 @@ def build_fleet_app(options: FleetServeOptions) -> FastAPI:
 
 def serve_fleet(options: FleetServeOptions) -> int:
     """Serve until interrupted; raises FleetError or PortUnavailable before serving."""
-    _log_to_stderr(options.log_level)
+    log_to_stderr(options.log_level)
     sock = bind(options.host, options.port)
     try:
         app = build_fleet_app(options)
