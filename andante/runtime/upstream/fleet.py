@@ -47,7 +47,6 @@ from andante.runtime.upstream.discovery import UpstreamInfo
 from andante.runtime.upstream.instance import UpstreamInstance
 from andante.runtime.upstream.members import Member, ModelGroup
 from andante.runtime.upstream.metrics import parse_load
-from andante.runtime.upstream.netio import forwarding_transport
 
 log = logging.getLogger("andante.fleet")
 HP = "hp"
@@ -123,8 +122,7 @@ class Fleet:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         timeout = httpx.Timeout(None, connect=self.options.connect_timeout)
         tls = ssl.create_default_context()  # one for all (loading it costs ~0.1 s)
-        self._clients = [httpx.AsyncClient(transport=forwarding_transport(limits, tls),
-                                           timeout=timeout, verify=tls)
+        self._clients = [httpx.AsyncClient(limits=limits, timeout=timeout, verify=tls)
                          for _ in range(CLIENT_SHARDS)]
         await self._poll_once()
         self._poller = asyncio.create_task(self._poll_loop(), name="fleet-poller")
