@@ -224,12 +224,24 @@ def _figures(results: list[dict[str, Any]]) -> tuple[float, float, int]:
     return ttft, per_token, sum(len(r["times"]) for r in done)
 
 
+def cpu_split(front: Server, args: argparse.Namespace, cpu_long: float, chunks_long: int
+              ) -> tuple[float, float]:
+    """The fleet's CPU per request and per streamed chunk: a round of short streams
+    (`--short-tokens`) next to the long one, cpu = requests * R + chunks * C solved."""
+    cpu0 = front.cpu_s()
+    results = asyncio.run(concurrent_streams(front.url, args.streams, args.short_tokens))
+    cpu_short, chunks_short = front.cpu_s() - cpu0, _figures(results)[2]
+    per_chunk = (cpu_long - cpu_short) / max(1, chunks_long - chunks_short)
+    return (cpu_short - chunks_short * per_chunk) / args.streams, per_chunk
+
+
 def proxy_part(args: argparse.Namespace) -> dict[str, Any]:
     up = toy("proxy", args.proxy_step_ms, 128) if args.proxy_upstream is None else None
     url = up.url if up is not None else args.proxy_upstream
     front = fleet([url], "least-loaded", 128)
     rows: dict[str, list[tuple[float, float]]] = {"direct": [], "fleet": []}
     cpu_per_k: list[float] = []
+    splits: list[tuple[float, float]] = []
     try:
         for _ in range(args.proxy_rounds):
             for kind in ("direct", "fleet"):
@@ -239,7 +251,9 @@ def proxy_part(args: argparse.Namespace) -> dict[str, Any]:
                 ttft, per_token, tokens = _figures(results)
                 rows[kind].append((ttft, per_token))
                 if kind == "fleet":
-                    cpu_per_k.append((front.cpu_s() - cpu0) / tokens * 1000)
+                    cpu = front.cpu_s() - cpu0
+                    cpu_per_k.append(cpu / tokens * 1000)
+                    splits.append(cpu_split(front, args, cpu, tokens))
     finally:
         front.stop()
         if up is not None:
@@ -254,6 +268,8 @@ def proxy_part(args: argparse.Namespace) -> dict[str, Any]:
             "fleet_per_token_ms": med["fleet"][1] * 1e3,
             "added_per_token_ms": (med["fleet"][1] - med["direct"][1]) * 1e3,
             "fleet_cpu_s_per_1k_tokens": statistics.median(cpu_per_k),
+            "fleet_cpu_ms_per_request": statistics.median(r for r, _ in splits) * 1e3,
+            "fleet_cpu_us_per_chunk": statistics.median(c for _, c in splits) * 1e6,
             "target_added_ms": 2.0}
 
 
@@ -273,6 +289,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--streams", type=int, default=100)
     p.add_argument("--tokens", type=int, default=50)
+    p.add_argument("--short-tokens", type=int, default=5,
+                   help="tokens per stream of the round that splits the fleet's CPU into "
+                   "per request and per chunk")
     p.add_argument("--proxy-step-ms", type=float, default=20.0)
     p.add_argument("--proxy-rounds", type=int, default=2)
     p.add_argument("--proxy-upstream", metavar="URL",
