@@ -86,9 +86,10 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    "off the HTTP server's interpreter lock), as threads of this process, or "
                    "Ray actors (default auto: process for one real model, inprocess for "
                    "--model toy, several models and --router kunserve)")
-    g.add_argument("--router", default="round-robin",
-                   help="round-robin, least-loaded, power-of-two or ascendra (LP and HP "
-                   "pools; --policy-option lp.KEY=V / hp.KEY=V)")
+    g.add_argument("--router",
+                   help="round-robin (the default), least-loaded (the default with "
+                   "--upstream), power-of-two, qlm or ascendra (LP and HP pools; "
+                   "--policy-option lp.KEY=V / hp.KEY=V)")
     g.add_argument("--router-option", action="append", metavar="KEY=VALUE")
     g.add_argument("--hp-instances", type=positive_int, default=1,
                    help="router ascendra: instances in the HP pool (default 1)")
@@ -96,6 +97,32 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="'local' (embedded Ray), 'auto' or ray://HOST:PORT to join a cluster")
     g.add_argument("--max-restarts", type=int, default=3,
                    help="Ray actor restarts per instance (default 3)")
+    _add_fleet_args(p)
+
+
+def _add_fleet_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("fleet (andante in front of OpenAI-compatible servers)")
+    g.add_argument("--upstream", action="append", metavar="URL",
+                   help="an OpenAI-compatible server (vLLM, SGLang, llama.cpp, andante) as "
+                   "an instance of the cluster; repeat for several. Then no model is "
+                   "loaded here: --router places each request on an upstream serving its "
+                   "model (default least-loaded)")
+    g.add_argument("--fleet", metavar="FILE",
+                   help="the upstreams as a TOML file: the format of simulate --cluster, "
+                   "each [[instances]] with a url (and optionally role, max_num_seqs)")
+    g.add_argument("--poll-interval", type=positive_float,
+                   help="seconds between reads of each upstream's /metrics (default 0.5)")
+    g.add_argument("--probe-timeout", type=positive_float, default=2.0,
+                   help="seconds an upstream may take to answer a probe (default 2); two "
+                   "failed probes in a row, or a refused connection, mark it down")
+    g.add_argument("--retry-window", type=positive_float, default=60.0,
+                   help="seconds a request without an SLO deadline may be retried on other "
+                   "upstreams after a 429, 5xx or lost connection (default 60)")
+    g.add_argument("--offload-at", type=positive_float, default=0.5,
+                   help="router ascendra: share of a request's TTFT target after which an "
+                   "LP upstream's request without a token moves to the HP pool (default 0.5)")
+    g.add_argument("--upstream-max-num-seqs", type=positive_int, default=64,
+                   help="each --upstream's batch capacity, as routers read it (default 64)")
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -167,8 +194,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
         engine=engine,
         log_level=args.log_level,
         instances=args.instances,
-        backend=resolve_backend(args.backend, model, models, args.router),
-        router=args.router,
+        backend=resolve_backend(args.backend, model, models, args.router or "round-robin"),
+        router=args.router or "round-robin",
         router_options=parse_key_values(args.router_option),
         hp_instances=args.hp_instances,
         ray_address=args.ray_address,
@@ -217,7 +244,69 @@ def parse_models(items: list[str] | None
     return None, models
 
 
+def fleet_options_from_args(args: argparse.Namespace) -> Any:
+    from andante.runtime.upstream.discovery import UpstreamSpec, base_url, load_fleet_file
+    from andante.runtime.upstream.fleet import FleetOptions
+    from andante.server.config import HTTPLimits, env_defaults
+    from andante.server.fleet_app import FleetServeOptions
+
+    if args.api_keys_file:
+        raise ValueError("--api-keys-file is for an engine server; in front of upstreams "
+                         "give one --api-key (the fleet is single-tenant)")
+    specs = [UpstreamSpec(base_url(url), max_num_seqs=args.upstream_max_num_seqs)
+             for url in args.upstream or ()]
+    router, router_options, poll = None, parse_key_values(args.router_option), None
+    if args.fleet:
+        from pathlib import Path
+
+        file = load_fleet_file(Path(args.fleet))
+        specs += file.upstreams
+        router, poll = file.router, file.poll_interval
+        router_options = {**file.router_options, **router_options}
+    router = args.router or router or "least-loaded"
+    specs = _ascendra_roles(specs, router, args.hp_instances)
+    fleet = FleetOptions(router=router, router_options=router_options,
+                         poll_interval=args.poll_interval or poll or 0.5,
+                         probe_timeout=args.probe_timeout, retry_window_s=args.retry_window,
+                         offload_at=args.offload_at)
+    return FleetServeOptions(
+        upstreams=tuple(specs), fleet=fleet, host=args.host, port=args.port,
+        api_key=args.api_key or env_defaults()["api_key"], log_level=args.log_level,
+        limits=HTTPLimits(max_body_bytes=args.max_body_bytes, header_timeout=args.header_timeout,
+                          body_timeout=args.body_timeout, public_metrics=args.public_metrics,
+                          max_file_bytes=args.max_file_bytes),
+        batch=batch_options_from_args(args))
+
+
+def _ascendra_roles(specs: list[Any], router: str, num_hp: int) -> list[Any]:
+    """A pool router without roles in the fleet: its pool plan names them (ascendra:
+    the last --hp-instances upstreams are HP)."""
+    import dataclasses
+
+    from andante.cluster.registry import router_entry
+
+    pool_plan = router_entry(router).hook("pool_plan")
+    if pool_plan is None or any(s.role for s in specs):
+        return specs
+    plan = pool_plan(len(specs), num_hp)
+    return [dataclasses.replace(s, role=m.role) for s, m in zip(specs, plan, strict=True)]
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    from andante.runtime.upstream.discovery import FleetError
+    from andante.server.fleet_launch import serve_fleet
+    from andante.server.listen import PortUnavailable
+
+    try:
+        return serve_fleet(fleet_options_from_args(args))
+    except (FleetError, PortUnavailable, ValueError) as exc:
+        print(f"andante serve: {exc}", file=sys.stderr)
+        return 2
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.upstream or args.fleet:  # the fleet front imports neither engine nor torch
+        return run_fleet(args)
     from andante.server.launch import PortUnavailable, serve  # the web stack is an extra
 
     try:

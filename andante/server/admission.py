@@ -10,15 +10,17 @@ engines' `EngineLimits`: no engine is asked. The bounded queue
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from andante.core.request import Request
 from andante.core.sampling import SLO, SamplingParams
 from andante.engine.stats import EngineLimits
-from andante.models.interface import Tokenizer
-from andante.server.backend import Backend, ServedModel
 from andante.server.errors import APIError
 from andante.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+
+if TYPE_CHECKING:  # annotations only: the fleet front imports this module without torch
+    from andante.models.interface import Tokenizer
+    from andante.server.backend import Backend, ServedModel
 
 # vLLM's _SAMPLING_EPS: a temperature this small is greedy (dividing the logits by it
 # would overflow them to inf and sample nothing)

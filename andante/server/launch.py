@@ -9,8 +9,6 @@ others serve on; see `runner.ClusterRunner`).
 
 from __future__ import annotations
 
-import logging
-import socket
 import threading
 import time
 
@@ -21,31 +19,13 @@ from andante.runtime.gc_heap import freeze_heap
 from andante.server.app import create_app
 from andante.server.backend import Backend
 from andante.server.config import ServeOptions
+from andante.server.listen import PortUnavailable as PortUnavailable  # re-exported
+from andante.server.listen import bind
+from andante.server.listen import log_to_stderr as _log_to_stderr
 from andante.server.state import ServerState
 from andante.server.timeouts import h11_protocol
 
 EXIT_ENGINE_DOWN = 1
-
-
-class PortUnavailable(Exception):
-    """The server cannot listen on its host and port (the message says why)."""
-
-
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # accepted connections inherit it: without it Nagle's algorithm holds a small
-    # reply on a kept-alive connection until the client's delayed ACK (~40 ms)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise PortUnavailable(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 def _uvicorn_server(app: FastAPI, options: ServeOptions) -> uvicorn.Server:
@@ -67,17 +47,6 @@ def _uvicorn_server(app: FastAPI, options: ServeOptions) -> uvicorn.Server:
 def _exit_status(app: FastAPI) -> int:
     state: ServerState = app.state.andante
     return EXIT_ENGINE_DOWN if state.runner.error is not None else 0
-
-
-def _log_to_stderr(level: str) -> None:
-    """andante's own log lines (KV sizing, clients gone, failures) on stderr, in
-    uvicorn's format and at its level."""
-    logger = logging.getLogger("andante")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(level.upper())
 
 
 def serve(options: ServeOptions, backend: Backend | None = None) -> int:

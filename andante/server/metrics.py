@@ -22,6 +22,10 @@ from andante.metrics import e2el, itls, qoe_of, ttft
 from andante.server.outputs import Delta
 
 PREFIX = "andante:"
+# the load gauges again under vLLM's own names, which a fleet in front of a mix of vLLM
+# and andante servers reads (andante.runtime.upstream.metrics)
+VLLM_PREFIX = "vllm:"
+VLLM_LOAD_GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -51,9 +55,11 @@ class _EngineCollector(Collector):
              snap.num_blocks),
         )
         for name, doc, value in gauges:
-            family = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
-            family.add_metric([self._model], float(value))
-            yield family
+            prefixes = (PREFIX, VLLM_PREFIX) if name in VLLM_LOAD_GAUGES else (PREFIX,)
+            for prefix in prefixes:
+                family = GaugeMetricFamily(prefix + name, doc, labels=["model_name"])
+                family.add_metric([self._model], float(value))
+                yield family
         preempt = CounterMetricFamily(
             PREFIX + "num_preemptions", "Cumulative number of preemptions.", labels=["model_name"]
         )

@@ -8,17 +8,19 @@ import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from andante.core.request import Request
 from andante.server.admission import Admission
-from andante.server.backend import Backend
 from andante.server.config import HTTPLimits, ServeOptions
 from andante.server.errors import APIError
 from andante.server.live import LiveStats
 from andante.server.metrics import ServerMetrics
 from andante.server.runner import ClusterRunner
 from andante.server.streams import RequestStream, StreamHub
+
+if TYPE_CHECKING:  # an annotation only: the fleet front imports this module engine-free
+    from andante.server.backend import Backend
 
 log = logging.getLogger("andante.server")
 T = TypeVar("T")

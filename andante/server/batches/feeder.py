@@ -67,9 +67,9 @@ from andante.server.batches.execute import (
     batch_error_outcome,
     response_outcome,
 )
+from andante.server.batches.host import BatchHost, ItemRunning
 from andante.server.config import BatchOptions
 from andante.server.errors import error_body
-from andante.server.state import ServerState
 
 log = logging.getLogger("andante.server")
 T = TypeVar("T")
@@ -91,9 +91,12 @@ class _Running:
 
 
 class BatchFeeder:
-    def __init__(self, state: ServerState, store: DurableStore, options: BatchOptions,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, state: BatchHost, store: DurableStore, options: BatchOptions,
+                 wall: Callable[[], float] = time.time,
+                 runner: Callable[[], ItemRunning] | None = None) -> None:
         self.state = state
+        self._new_runner: Callable[[], ItemRunning] = runner or (
+            lambda: ItemRunner(state))  # type: ignore[arg-type]
         self.store = store
         self.options = options
         self.wall = wall
@@ -102,7 +105,7 @@ class BatchFeeder:
         self._init_running()
 
     def _init_running(self) -> None:
-        self.runner = ItemRunner(self.state)
+        self.runner = self._new_runner()
         self.running: dict[tuple[str, str], _Running] = {}
         self.cache: dict[str, tuple[float, BatchRecord]] = {}  # id -> (read at, record)
         self.finished_at: deque[float] = deque()  # wall times of recent outcomes
@@ -438,7 +441,7 @@ class BatchFeeder:
         return left - batch.counts.remaining / rate if rate > 0 else left
 
 
-def default_max_in_flight(state: ServerState) -> int:
+def default_max_in_flight(state: BatchHost) -> int:
     options = state.options
     per_instance = max(1, options.engine.max_num_seqs // 4)
     return max(1, min(per_instance * options.instances, options.max_queued // 2))

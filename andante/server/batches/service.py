@@ -33,6 +33,7 @@ from andante.runtime.durable.records import (
 from andante.runtime.durable.store import DurableStore
 from andante.runtime.free_memory import release_free_memory
 from andante.server.batches.feeder import BatchFeeder
+from andante.server.batches.host import BatchHost, ItemRunning
 from andante.server.batches.input import (
     ENDPOINTS,
     MAX_REPORTED,
@@ -46,17 +47,17 @@ from andante.server.batches.input import (
 from andante.server.batches.multipart import FormPart, parse_form
 from andante.server.config import BatchOptions
 from andante.server.errors import APIError
-from andante.server.state import ServerState
 
 
 class BatchService:
-    def __init__(self, state: ServerState, store: DurableStore, options: BatchOptions,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, state: BatchHost, store: DurableStore, options: BatchOptions,
+                 wall: Callable[[], float] = time.time,
+                 runner: Callable[[], ItemRunning] | None = None) -> None:
         self.state = state
         self.store = store
         self.wall = wall
         self.options = options
-        self.feeder = BatchFeeder(state, store, options, wall)
+        self.feeder = BatchFeeder(state, store, options, wall, runner)
         self.on_closed: Callable[[], None] | None = None  # after the store is closed
 
     def start(self) -> None:

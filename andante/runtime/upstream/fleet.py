@@ -1,0 +1,405 @@
+"""The fleet: andante's cluster layer in front of upstream OpenAI-compatible servers.
+
+Design note (DESIGN.md §4; QLM §3 global queue; Ascendra §4-5 pools and offload). Every
+request becomes a `Request` for the same `Controller` and routers that drive in-process
+and Ray instances (one controller per model: `members`), and an upstream is an
+`UpstreamInstance`. Forwarding runs on the event loop, one task per attempt:
+- streamed answers are passed through chunk by chunk as they arrive (usage chunks
+  included: the body goes as the client sent it); a client that goes away aborts the
+  request, which cancels the task and closes the upstream connection (vLLM and andante
+  abort a request whose connection closes);
+- a 429 or 5xx answer, or a connection that fails before a byte reached the client, is
+  retried elsewhere (the router's `place_handoff`: another upstream), then, once every
+  upstream was tried, after a growing back-off, until the request's deadline (its SLO
+  deadline, else `retry_window_s`); then the client gets the last refusal;
+- every upstream's /metrics is polled each `poll_interval` seconds (its load); an
+  upstream whose probe fails `down_after` times in a row (each bounded by
+  `probe_timeout`), or refuses connections, is marked down: the controller re-queues its
+  requests that streamed nothing and the others end with an error event; it is probed on
+  and comes back when it answers;
+- with a pool router (ascendra) an LP upstream's request that has streamed nothing after
+  `offload_at` of its TTFT target is withdrawn and handed back: Ascendra's offload of a
+  request about to miss its TTFT (§5.3), decided here since an upstream cannot hand a
+  request back itself;
+- requests that wait in a controller's queue (every upstream of their model down, or a
+  queue-holding router) past their deadline end with a 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import ssl
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from andante.cluster.controller import Controller
+from andante.cluster.registry import make_router, router_entry
+from andante.core.clock import Clock, MonotonicClock
+from andante.core.request import Request, SyntheticTokens
+from andante.core.sampling import DEFAULT_TTFT_TARGET, SamplingParams
+from andante.runtime.upstream.call import Call, Chunk, End, Failure, Full
+from andante.runtime.upstream.discovery import UpstreamInfo
+from andante.runtime.upstream.instance import UpstreamInstance
+from andante.runtime.upstream.members import Member, ModelGroup
+from andante.runtime.upstream.metrics import parse_load
+
+log = logging.getLogger("andante.fleet")
+HP = "hp"
+CLIENT_CLOSED = 499  # nginx's status for a request whose client went away
+OFFLOAD_CHECK_S = 0.02
+# connection pools the forwarding spreads over: httpx's pool scans all its connections
+# each time one is taken or given back (quadratic in the idle ones), so several small
+# pools cost less CPU than one large one at hundreds of concurrent streams
+CLIENT_SHARDS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class FleetOptions:
+    router: str = "least-loaded"
+    router_options: dict[str, Any] = field(default_factory=dict)
+    poll_interval: float = 0.5
+    probe_timeout: float = 2.0
+    down_after: int = 2
+    connect_timeout: float = 2.0
+    retry_window_s: float = 60.0
+    max_attempts: int = 8
+    offload_at: float = 0.5  # ascendra: share of the TTFT target before an offload
+    default_max_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("poll_interval", "probe_timeout", "connect_timeout", "retry_window_s",
+                     "offload_at"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.down_after < 1 or self.max_attempts < 1:
+            raise ValueError(f"down_after and max_attempts must be >= 1, got "
+                             f"{self.down_after}, {self.max_attempts}")
+
+
+class Fleet:
+    def __init__(self, infos: Sequence[UpstreamInfo], options: FleetOptions,
+                 clock: Clock | None = None) -> None:
+        self.options = options
+        self.clock = clock or MonotonicClock()
+        self.upstreams = [UpstreamInstance(i, info, self.clock, self._forward, self._hand_back)
+                          for i, info in enumerate(infos)]
+        self.groups = self._build_groups()
+        self.calls: dict[str, Call] = {}
+        self.num_retries = 0
+        self.num_offloads = 0
+        self.num_failed = 0
+        self._clients: list[httpx.AsyncClient] = []
+        self._next_client = 0
+        self._poller: asyncio.Task[None] | None = None
+        self._offloader: asyncio.Task[None] | None = None
+
+    def _build_groups(self) -> dict[str, ModelGroup]:
+        groups: dict[str, ModelGroup] = {}
+        models = dict.fromkeys(m for u in self.upstreams for m in u.models)
+        for model in models:
+            serving = [u for u in self.upstreams if model in u.models]
+            members = [Member(i, u, model) for i, u in enumerate(serving)]
+            router = make_router(self.options.router, dict(self.options.router_options))
+            groups[model] = ModelGroup(model, Controller(members, router),
+                                       {u.index: i for i, u in enumerate(serving)})
+        return groups
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.groups)
+
+    @property
+    def offloads(self) -> bool:
+        return router_entry(self.options.router).pool_plan is not None
+
+    # ---- lifecycle ------------------------------------------------------------------
+    async def start(self) -> None:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        timeout = httpx.Timeout(None, connect=self.options.connect_timeout)
+        tls = ssl.create_default_context()  # one for all (loading it costs ~0.1 s)
+        self._clients = [httpx.AsyncClient(limits=limits, timeout=timeout, verify=tls)
+                         for _ in range(CLIENT_SHARDS)]
+        await self._poll_once()
+        self._poller = asyncio.create_task(self._poll_loop(), name="fleet-poller")
+        if self.offloads:
+            self._offloader = asyncio.create_task(self._offload_loop(), name="fleet-offload")
+
+    async def stop(self) -> None:
+        for task in (self._poller, self._offloader):
+            if task is not None:
+                task.cancel()
+        for upstream in self.upstreams:
+            upstream.cancel_all()
+        for call in list(self.calls.values()):
+            self._fail(call, 503, "the server is shutting down", "shutting_down")
+        for client in self._clients:
+            await client.aclose()
+
+    # ---- requests in ----------------------------------------------------------------
+    def submit(self, call: Call, prompt_tokens: int, max_tokens: int | None,
+               priority: int = 0) -> None:
+        """Place `call` (its model is served: the edge checked)."""
+        self.calls[call.request_id] = call
+        sampling = SamplingParams(max_tokens=max_tokens or self.options.default_max_tokens)
+        req = Request(call.request_id, SyntheticTokens(max(1, prompt_tokens)), sampling,
+                      call.arrival, priority=priority, model=call.model, slo=call.slo)
+        self.groups[call.model].controller.submit(req)
+
+    def abort(self, request_id: str) -> None:
+        """The client went away: stop serving it wherever it is."""
+        call = self.calls.pop(request_id, None)
+        if call is None:
+            return
+        call.push(Failure(CLIENT_CLOSED, "the client closed the connection", "aborted"))
+        self.groups[call.model].controller.abort(request_id)
+
+    @property
+    def alive(self) -> bool:
+        return any(u.alive for u in self.upstreams)
+
+    @property
+    def num_not_started(self) -> int:
+        """Requests known to wait for their first token: queued here, or streaming
+        without a first byte yet (a non-streamed answer's start is not seen)."""
+        queued = {req.request_id for g in self.groups.values() for req in g.controller.queue}
+        return len(queued) + sum(1 for c in self.calls.values()
+                                 if c.stream and not c.started and c.request_id not in queued)
+
+    @property
+    def num_queued(self) -> int:
+        return sum(len(g.controller.queue) for g in self.groups.values())
+
+    # ---- one attempt on one upstream ------------------------------------------------------
+    async def _forward(self, upstream: UpstreamInstance, req: Request) -> None:
+        call = self.calls.get(req.request_id)
+        if call is None or call.finished:
+            return
+        call.attempts += 1
+        self._next_client = (self._next_client + 1) % len(self._clients)
+        client = self._clients[self._next_client]
+        sent = self.clock.now()
+        url = upstream.url + call.path
+        try:
+            async with client.stream("POST", url, json=call.body_for(upstream.kind)
+                                           ) as resp:
+                status = resp.status_code
+                if status == 429 or status >= 500:
+                    await resp.aread()
+                    self._refused(upstream, call, req, _full(resp))
+                elif status != 200 or not call.stream:
+                    await resp.aread()
+                    self._finish(upstream, call, _full(resp))
+                else:
+                    async for data in resp.aiter_raw():
+                        if not call.started:
+                            self._started(upstream, call)
+                        call.push(Chunk(data))
+                    self._finish(upstream, call, End())
+            upstream.observe_service(self.clock.now() - sent)
+        except httpx.TransportError as exc:
+            self._broken(upstream, call, req, exc)
+
+    def _started(self, upstream: UpstreamInstance, call: Call) -> None:
+        """The first byte: the request cannot move any more, and its upstream's load
+        changed (a queue-holding router may pull the next one)."""
+        call.started = True
+        upstream.started.add(call.request_id)
+        controller = self.groups[call.model].controller
+        if controller.queue:
+            controller.dispatch_queue()
+
+    def _finish(self, upstream: UpstreamInstance, call: Call, event: End | Full) -> None:
+        self.calls.pop(call.request_id, None)
+        call.push(event)
+        group = self.groups[call.model]
+        group.controller.on_step(group.member_of(upstream), (call.request_id,))
+
+    def _refused(self, upstream: UpstreamInstance, call: Call, req: Request,
+                 answer: Full) -> None:
+        """A 429 or 5xx: elsewhere within the deadline, else the client gets it."""
+        if call.attempts >= self.options.max_attempts or self.clock.now() >= call.deadline:
+            log.warning("request %s: upstream %s answered %d, no retry left", call.request_id,
+                        upstream.url, answer.status)
+            self._finish(upstream, call, answer)
+            return
+        self._retry(upstream, call, req)
+
+    def _broken(self, upstream: UpstreamInstance, call: Call, req: Request,
+                exc: httpx.TransportError) -> None:
+        """The connection failed: re-place the request if it streamed nothing, else end
+        it with an error; probe the upstream now."""
+        log.warning("upstream %s: %s on request %s", upstream.url, type(exc).__name__,
+                    call.request_id)
+        asyncio.get_running_loop().create_task(self._probe(upstream, refusal_is_down=True))
+        if call.started:
+            self._fail_started(upstream, call)
+        elif call.attempts >= self.options.max_attempts or self.clock.now() >= call.deadline:
+            group = self.groups[call.model]
+            group.controller.on_step(group.member_of(upstream), (call.request_id,))
+            self._fail(call, 502, f"no upstream could serve the request (last: "
+                       f"{upstream.url}: {type(exc).__name__})", "upstream_unavailable")
+        else:
+            self._retry(upstream, call, req)
+
+    def _retry(self, upstream: UpstreamInstance, call: Call, req: Request) -> None:
+        self.num_retries += 1
+        group = self.groups[call.model]
+        index = group.member_of(upstream)
+        if call.attempts < len(group.members):  # another upstream, now
+            group.controller.on_step(index, handoffs=(req,))
+            return
+        group.controller.on_finished(call.request_id)  # every one tried: back off
+        delay = min(2.0, 0.05 * 2 ** (call.attempts - len(group.members)))
+        asyncio.get_running_loop().call_later(delay, self._resubmit, call, req)
+
+    def _resubmit(self, call: Call, req: Request) -> None:
+        if not call.finished and self.calls.get(call.request_id) is call:
+            self.groups[call.model].controller.submit(req)
+
+    def _fail_started(self, upstream: UpstreamInstance, call: Call) -> None:
+        group = self.groups[call.model]
+        group.controller.on_step(group.member_of(upstream), (call.request_id,))
+        self._fail(call, 502, f"upstream {upstream.url} failed while streaming this "
+                   "request", "upstream_failed")
+
+    def _fail(self, call: Call, status: int, message: str, code: str) -> None:
+        self.calls.pop(call.request_id, None)
+        if not call.finished:
+            self.num_failed += 1
+            call.push(Failure(status, message, code))
+
+    def _hand_back(self, index: int, reqs: list[Request]) -> None:
+        """Requests an upstream withdrew (offloads): their router places them again."""
+        upstream = self.upstreams[index]
+        for req in reqs:
+            call = self.calls.get(req.request_id)
+            if call is None or call.finished:
+                continue
+            group = self.groups[call.model]
+            group.controller.on_step(group.member_of(upstream), handoffs=(req,))
+
+    # ---- health and load ------------------------------------------------------------------
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.poll_interval)
+            try:
+                await self._poll_once()
+            except Exception:  # never let the poller die silently
+                log.exception("fleet poller")
+
+    async def _poll_once(self) -> None:
+        await asyncio.gather(*(self._probe(u) for u in self.upstreams))
+        now = self.clock.now()
+        for group in self.groups.values():
+            self._expire(group, now)
+            if group.controller.queue:
+                group.controller.dispatch_queue()
+
+    async def _offload_loop(self) -> None:
+        while True:
+            await asyncio.sleep(OFFLOAD_CHECK_S)
+            self._offload(self.clock.now())
+
+    async def _probe(self, upstream: UpstreamInstance, refusal_is_down: bool = False) -> None:
+        try:
+            resp = await self._clients[0].get(upstream.url + "/metrics",
+                                          timeout=self.options.probe_timeout)
+            ok, reason = resp.status_code == 200, f"/metrics answered {resp.status_code}"
+        except httpx.HTTPError as exc:
+            ok, reason = False, f"{type(exc).__name__} {exc}".strip()
+            if refusal_is_down and isinstance(exc, httpx.ConnectError):
+                upstream.num_failed_probes = self.options.down_after - 1
+        if ok:
+            upstream.observe_poll(parse_load(resp.text))
+            upstream.num_failed_probes = 0
+            if not upstream.up:
+                self._recovered(upstream)
+            return
+        upstream.num_failed_probes += 1
+        if upstream.up and upstream.num_failed_probes >= self.options.down_after:
+            self._down(upstream, reason)
+
+    def _down(self, upstream: UpstreamInstance, reason: str) -> None:
+        upstream.up = False
+        started = set(upstream.started)
+        upstream.cancel_all()
+        requeued = failed = 0
+        for group in self._groups_of(upstream):
+            outcome = group.controller.instance_failed(group.member_of(upstream),
+                                                       started.__contains__)
+            requeued += len(outcome.requeued)
+            for rid in outcome.failed:
+                call = self.calls.get(rid)
+                if call is not None:
+                    failed += 1
+                    self._fail(call, 502, f"upstream {upstream.url} went down while "
+                               "streaming this request", "upstream_failed")
+        log.error("upstream %s is down (%s): %d request(s) re-queued, %d failed",
+                  upstream.url, reason, requeued, failed)
+
+    def _recovered(self, upstream: UpstreamInstance) -> None:
+        upstream.up = True
+        log.warning("upstream %s is back", upstream.url)
+        for group in self._groups_of(upstream):
+            group.controller.instance_recovered(group.member_of(upstream))
+
+    def _groups_of(self, upstream: UpstreamInstance) -> Iterator[ModelGroup]:
+        return (g for g in self.groups.values() if upstream.index in g.members)
+
+    def _expire(self, group: ModelGroup, now: float) -> None:
+        """Requests queued past their deadline end with a 503."""
+        for req in list(group.controller.queue):
+            call = self.calls.get(req.request_id)
+            if call is not None and now >= call.deadline:
+                group.controller.abort(req.request_id)
+                self._fail(call, 503, f"no upstream serving {call.model!r} could take the "
+                           "request before its deadline", "upstream_unavailable")
+
+    def _offload(self, now: float) -> None:
+        """Ascendra §5.3 on upstreams: withdraw LP requests about to miss their TTFT."""
+        for upstream in self.upstreams:
+            if upstream.role == HP or not upstream.up:
+                continue
+            late = [rid for rid, req in upstream.requests.items()
+                    if rid not in upstream.started and now - req.arrival_time
+                    >= self.options.offload_at * (req.slo.ttft or DEFAULT_TTFT_TARGET)
+                    and not self._offloaded(rid)]
+            if late:
+                self.num_offloads += len(late)
+                upstream.withdraw(late)
+
+    def _offloaded(self, rid: str) -> bool:
+        """Offload a request once: it stays where the HP pool put it."""
+        call = self.calls.get(rid)
+        return call is None or call.attempts > 1
+
+    # ---- figures ------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        return {
+            "router": self.options.router,
+            "upstreams": [_upstream_stats(u) for u in self.upstreams],
+            "queued": self.num_queued,
+            "in_flight": len(self.calls),
+            "retries": self.num_retries,
+            "offloads": self.num_offloads,
+            "failed": self.num_failed,
+            "requeued": sum(g.controller.num_requeued for g in self.groups.values()),
+        }
+
+
+def _full(resp: httpx.Response) -> Full:
+    return Full(resp.status_code, resp.headers.get("content-type", "application/json"),
+                resp.content)
+
+
+def _upstream_stats(u: UpstreamInstance) -> dict[str, Any]:
+    stats = u.stats()
+    return {"url": u.url, "kind": u.kind, "role": u.role, "models": list(u.models),
+            "alive": u.alive, "in_flight": u.num_in_flight, "running": stats.num_running,
+            "waiting": stats.num_waiting, "kv_usage": stats.kv_usage,
+            "service_s": u.service_s if math.isfinite(u.service_s) else None}

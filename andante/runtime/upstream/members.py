@@ -1,0 +1,82 @@
+"""A model's view of the fleet: one controller per served model, over the upstreams
+that serve it.
+
+Design note (QLM §3's "each model on its own instances" when models cannot swap): the
+routers (round-robin, least-loaded, power-of-two, ascendra, qlm) place a request among
+instances that can all serve it. Upstreams serve fixed models (vLLM's `/sleep` and
+`/wake_up` exist only in its dev mode), so each model gets its own `Controller` over the
+upstreams serving it, each upstream seen there as a `Member` (the controller's indices
+are 0..n-1 per model). An upstream serving two models is a member of both controllers,
+and both read the same load: andante's in-flight count on it covers both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from andante.cluster.controller import Controller
+from andante.cluster.instance import LaterOperations, ModelState
+from andante.cluster.load import LoadReport
+from andante.core.request import Request
+from andante.perf.catalog import get_hardware, get_model
+from andante.perf.cost_model import CostModel
+from andante.runtime.upstream.instance import UpstreamInstance
+
+BLOCK_SIZE = 16  # of the notional KV cache an upstream's usage is reported in
+
+
+class Member(LaterOperations):
+    """Upstream `upstream` as instance `index` of model `model`'s controller. It reports
+    its model (`MultiModel`, for QLM's estimates): the one model, always on the device
+    (an upstream neither swaps nor warms models), with the catalog cost model its spec
+    names."""
+
+    def __init__(self, index: int, upstream: UpstreamInstance, model: str) -> None:
+        self.index = index
+        self.upstream = upstream
+        self.model = model
+        self.role = upstream.role
+        self.capabilities = upstream.capabilities
+        spec = upstream.info.spec
+        self._cost = CostModel(get_model(spec.cost_model), get_hardware(spec.hardware))
+
+    def model_state(self) -> ModelState:
+        hardware = self._cost.hardware
+        return ModelState(
+            device=self.model, host=(), loading_s=0.0, costs={self.model: self._cost},
+            weight_bytes={self.model: self._cost.model.weight_bytes},
+            host_link_bandwidth=hardware.host_link_bandwidth,
+            disk_bandwidth=hardware.disk_bandwidth, device_memory_bytes=0,
+            host_memory_bytes=0, block_size=BLOCK_SIZE)
+
+    def warm_model(self, model: str) -> bool:
+        return False
+
+    @property
+    def alive(self) -> bool:
+        return self.upstream.alive
+
+    def submit(self, req: Request) -> None:
+        self.upstream.submit(req)
+
+    def abort(self, request_id: str) -> None:
+        self.upstream.abort(request_id)
+
+    def withdraw(self, request_ids: Sequence[str]) -> None:
+        self.upstream.withdraw(request_ids)
+
+    def load(self) -> LoadReport:
+        return self.upstream.load()
+
+
+@dataclass(slots=True)
+class ModelGroup:
+    """One model's controller and which member each upstream (by index) is."""
+
+    model: str
+    controller: Controller
+    members: dict[int, int]  # upstream index -> member index
+
+    def member_of(self, upstream: UpstreamInstance) -> int:
+        return self.members[upstream.index]

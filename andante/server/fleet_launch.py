@@ -1,0 +1,92 @@
+"""Run the fleet server (andante.server.fleet_app): check the upstreams, then serve.
+
+The port is bound first (a busy port fails at once), then every upstream is asked for
+its models: an unreachable one, one serving no model, or a model under two names stops
+the start with one line (`FleetError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+
+from andante.runtime.upstream.discovery import FleetError, discover
+from andante.server.fleet_app import FleetServeOptions, create_fleet_app
+from andante.server.listen import bind, log_to_stderr
+from andante.server.timeouts import h11_protocol
+
+
+def _server(app: FastAPI, options: FleetServeOptions) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app, log_level=options.log_level, timeout_graceful_shutdown=5, access_log=False,
+        timeout_keep_alive=30, lifespan="on", http=h11_protocol(options.limits))
+    return uvicorn.Server(config)
+
+
+def build_fleet_app(options: FleetServeOptions) -> FastAPI:
+    """The app over the discovered upstreams (FleetError on bad input)."""
+    infos = asyncio.run(discover(options.upstreams, options.discovery_timeout))
+    return create_fleet_app(options, infos)
+
+
+def serve_fleet(options: FleetServeOptions) -> int:
+    """Serve until interrupted; raises FleetError or PortUnavailable before serving."""
+    log_to_stderr(options.log_level)
+    sock = bind(options.host, options.port)
+    try:
+        app = build_fleet_app(options)
+    except FleetError:
+        sock.close()
+        raise
+    host, port = sock.getsockname()[:2]
+    fleet = app.state.fleet
+    print(f"andante: serving {', '.join(fleet.models)} on http://{host}:{port} from "
+          f"{len(fleet.upstreams)} upstream(s) (router {options.fleet.router}; metrics at "
+          "/metrics, upstreams at /api/stats)", flush=True)
+    _server(app, options).run(sockets=[sock])
+    return 0
+
+
+class FleetServerThread:
+    """A live fleet server on 127.0.0.1 in a background thread (tests, benchmarks)."""
+
+    def __init__(self, options: FleetServeOptions) -> None:
+        self._sock = bind(options.host, options.port)
+        self.host, self.port = self._sock.getsockname()[:2]
+        self.app = build_fleet_app(options)
+        self._server = _server(self.app, options)
+        self._thread = threading.Thread(target=self._server.run,
+                                        kwargs={"sockets": [self._sock]},
+                                        name="andante-fleet", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def fleet(self):  # type: ignore[no-untyped-def]
+        return self.app.state.fleet
+
+    def start(self, timeout: float = 30.0) -> FleetServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the fleet server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        self._sock.close()
+
+    def __enter__(self) -> FleetServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,312 @@
+"""andante as the control plane of a fleet (issue 29): routers on real upstream servers,
+and what the proxy adds.
+
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/fleet.py --rounds 2
+
+Three andante toy servers (`--toy-step-ms 25`, `--max-num-seqs 8`: a step time of a
+real GPU decode and a batch that fills) are the upstreams; each run starts one
+`andante serve --upstream ...` process per router in front of them. The workload is
+bursty (a base rate with bursts: `--rate`, `--burst-rate` for `--burst-s` of every
+`--cycle-s`) and has two models — `alpha` (60%) on upstreams 0 and 1, `beta` on
+upstream 2 (a toy server serves one name; each model has its own controller, so the
+routers choose only among alpha's two) — and two SLO classes: interactive (TTFT
+`--ttft` s, mean time between tokens `--tbt` s) and relaxed (end to end `--deadline` s).
+Ascendra's pools (a fleet file): alpha's 0 is LP and 1 HP; beta's 2 is LP. Routers run in
+interleaved rounds (qlm, ascendra, round-robin, least-loaded, then again in another
+order), each on the same requests (seeded).
+
+Figures per router (medians over rounds): SLO attainment (share of requests meeting
+their own SLO), goodput (such requests per second of the round), TTFT p50/p99.
+Then the proxy itself: 100 concurrent streams straight to one upstream (`--step-ms`
+fast) and through a fleet of that one upstream, interleaved: the added TTFT and added
+time per token (medians of per-request means; target <= 2 ms) and the fleet process's
+CPU seconds per 1,000 tokens streamed (`--proxy-upstream URL`: in front of a real
+server instead, e.g. vLLM's CPU build). Prints ONE JSON line, with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+ROUTERS = ("qlm", "ascendra", "round-robin", "least-loaded")
+POLL_INTERVAL_S = 0.25
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen[str]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def cpu_s(self) -> float:
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start(args: list[str]) -> Server:
+    proc = subprocess.Popen([sys.executable, "-m", "andante.cli.main", "serve", "--port", "0",
+                             "--log-level", "warning", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=ENV)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+    if not match:
+        proc.kill()
+        raise RuntimeError(f"server did not start: {line!r} {proc.stdout.read()[-2000:]}")
+    return Server(f"http://127.0.0.1:{match.group(1)}", proc)
+
+
+def toy(name: str, step_ms: float, max_num_seqs: int) -> Server:
+    return start(["--model", "toy", "--served-model-name", name, "--toy-step-ms",
+                  str(step_ms), "--max-num-seqs", str(max_num_seqs)])
+
+
+def fleet(urls: list[str], router: str, max_num_seqs: int,
+          roles: list[str] | None = None) -> Server:
+    """A fleet server; with `roles`, its upstreams come from a fleet file."""
+    if roles is None:
+        args = [a for u in urls for a in ("--upstream", u)]
+    else:
+        lines = [f'[[instances]]\nurl = "{u}"\nrole = "{r}"\nmax_num_seqs = {max_num_seqs}'
+                 for u, r in zip(urls, roles, strict=True)]
+        path = f"/tmp/andante-fleet-{os.getpid()}.toml"
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        args = ["--fleet", path]
+    return start([*args, "--router", router, "--upstream-max-num-seqs", str(max_num_seqs),
+                  "--poll-interval", str(POLL_INTERVAL_S)])
+
+
+# ---- workload -----------------------------------------------------------------------
+def workload(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    while t < args.duration:
+        in_burst = (t % args.cycle_s) < args.burst_s
+        t += rng.expovariate(args.burst_rate if in_burst else args.rate)
+        interactive = rng.random() < 0.5
+        max_tokens = rng.randint(20, 100)
+        # an interactive client's TTFT and pace imply its end-to-end deadline (what a
+        # deadline-ordered router such as qlm reads); attainment checks TTFT and TBT
+        slo = ({"ttft": args.ttft, "tbt": args.tbt,
+                "deadline": args.ttft + max_tokens * args.tbt} if interactive
+               else {"deadline": args.deadline})
+        out.append({"at": t, "model": "alpha" if rng.random() < 0.6 else "beta",
+                    "max_tokens": max_tokens, "slo": slo})
+    return out
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                     sent: float) -> dict[str, Any]:
+    times: list[float] = []
+    status = 0
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            status = r.status_code
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and '"text"' in line:
+                    times.append(time.perf_counter())
+    except httpx.HTTPError:
+        status = -1
+    return {"status": status, "sent": sent, "times": times}
+
+
+def meets(result: dict[str, Any], slo: dict[str, float], max_tokens: int) -> bool:
+    times = result["times"]
+    if result["status"] != 200 or len(times) < max_tokens:
+        return False
+    ttft = times[0] - result["sent"]
+    if "ttft" not in slo:
+        return times[-1] - result["sent"] <= slo["deadline"]
+    tbt = (times[-1] - times[0]) / max(1, len(times) - 1)
+    return ttft <= slo["ttft"] and tbt <= slo["tbt"]
+
+
+async def run_round(url: str, requests: list[dict[str, Any]], duration: float
+                    ) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        start_t = time.perf_counter()
+
+        async def fire(spec: dict[str, Any]) -> dict[str, Any]:
+            await asyncio.sleep(max(0.0, start_t + spec["at"] - time.perf_counter()))
+            body = {"model": spec["model"], "prompt": "x" * 64, "stream": True,
+                    "max_tokens": spec["max_tokens"], "ignore_eos": True, "slo": spec["slo"]}
+            return await one_stream(client, url, body, time.perf_counter())
+
+        results = await asyncio.gather(*(fire(s) for s in requests))
+    ok = [meets(r, s["slo"], s["max_tokens"]) for r, s in zip(results, requests, strict=True)]
+    ttfts = sorted(r["times"][0] - r["sent"] for r in results if r["times"])
+    return {"attainment": sum(ok) / len(ok), "goodput": sum(ok) / duration,
+            "ttft_p50": _pct(ttfts, 50), "ttft_p99": _pct(ttfts, 99),
+            "errors": sum(r["status"] != 200 for r in results), "requests": len(results)}
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    k = (len(values) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def routers_part(args: argparse.Namespace) -> dict[str, Any]:
+    ups = [toy("alpha", args.step_ms, args.max_num_seqs),
+           toy("alpha", args.step_ms, args.max_num_seqs),
+           toy("beta", args.step_ms, args.max_num_seqs)]
+    per_router: dict[str, list[dict[str, Any]]] = {r: [] for r in ROUTERS}
+    try:
+        for round_no in range(args.rounds):
+            order = ROUTERS if round_no % 2 == 0 else tuple(reversed(ROUTERS))
+            requests = workload(args, args.seed + round_no)
+            for router in order:
+                roles = ["lp", "hp", "lp"] if router == "ascendra" else None
+                front = fleet([u.url for u in ups], router, args.max_num_seqs, roles)
+                try:
+                    result = asyncio.run(run_round(front.url, requests, args.duration))
+                finally:
+                    front.stop()
+                result["load_avg"] = os.getloadavg()[0]
+                per_router[router].append(result)
+                print(f"round {round_no} {router}: {result}", file=sys.stderr, flush=True)
+    finally:
+        for u in ups:
+            u.stop()
+    return {r: _medians(rs) for r, rs in per_router.items()}
+
+
+def _medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("attainment", "goodput", "ttft_p50", "ttft_p99", "errors")
+    out = {k: statistics.median([r[k] for r in rounds if r[k] is not None] or [0])
+           for k in keys}
+    out["rounds"] = rounds
+    return out
+
+
+# ---- proxy overhead -------------------------------------------------------------------
+async def concurrent_streams(url: str, count: int, tokens: int) -> list[dict[str, Any]]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        body = {"model": "proxy", "prompt": "x" * 64, "stream": True, "max_tokens": tokens,
+                "ignore_eos": True}
+        return await asyncio.gather(*(one_stream(client, url, body, time.perf_counter())
+                                      for _ in range(count)))
+
+
+def _figures(results: list[dict[str, Any]]) -> tuple[float, float, int]:
+    done = [r for r in results if r["status"] == 200 and len(r["times"]) > 1]
+    ttft = statistics.median(r["times"][0] - r["sent"] for r in done)
+    per_token = statistics.median((r["times"][-1] - r["times"][0]) / (len(r["times"]) - 1)
+                                  for r in done)
+    return ttft, per_token, sum(len(r["times"]) for r in done)
+
+
+def cpu_split(front: Server, args: argparse.Namespace, cpu_long: float, chunks_long: int
+              ) -> tuple[float, float]:
+    """The fleet's CPU per request and per streamed chunk: a round of short streams
+    (`--short-tokens`) next to the long one, cpu = requests * R + chunks * C solved."""
+    cpu0 = front.cpu_s()
+    results = asyncio.run(concurrent_streams(front.url, args.streams, args.short_tokens))
+    cpu_short, chunks_short = front.cpu_s() - cpu0, _figures(results)[2]
+    per_chunk = (cpu_long - cpu_short) / max(1, chunks_long - chunks_short)
+    return (cpu_short - chunks_short * per_chunk) / args.streams, per_chunk
+
+
+def proxy_part(args: argparse.Namespace) -> dict[str, Any]:
+    up = toy("proxy", args.proxy_step_ms, 128) if args.proxy_upstream is None else None
+    url = up.url if up is not None else args.proxy_upstream
+    front = fleet([url], "least-loaded", 128)
+    rows: dict[str, list[tuple[float, float]]] = {"direct": [], "fleet": []}
+    cpu_per_k: list[float] = []
+    splits: list[tuple[float, float]] = []
+    try:
+        for _ in range(args.proxy_rounds):
+            for kind in ("direct", "fleet"):
+                target = url if kind == "direct" else front.url
+                cpu0 = front.cpu_s()
+                results = asyncio.run(concurrent_streams(target, args.streams, args.tokens))
+                ttft, per_token, tokens = _figures(results)
+                rows[kind].append((ttft, per_token))
+                if kind == "fleet":
+                    cpu = front.cpu_s() - cpu0
+                    cpu_per_k.append(cpu / tokens * 1000)
+                    splits.append(cpu_split(front, args, cpu, tokens))
+    finally:
+        front.stop()
+        if up is not None:
+            up.stop()
+    med = {k: (statistics.median(t for t, _ in v), statistics.median(p for _, p in v))
+           for k, v in rows.items()}
+    return {"streams": args.streams, "tokens_per_stream": args.tokens,
+            "upstream": args.proxy_upstream or f"toy, {args.proxy_step_ms:g} ms steps",
+            "direct_ttft_ms": med["direct"][0] * 1e3, "fleet_ttft_ms": med["fleet"][0] * 1e3,
+            "added_ttft_ms": (med["fleet"][0] - med["direct"][0]) * 1e3,
+            "direct_per_token_ms": med["direct"][1] * 1e3,
+            "fleet_per_token_ms": med["fleet"][1] * 1e3,
+            "added_per_token_ms": (med["fleet"][1] - med["direct"][1]) * 1e3,
+            "fleet_cpu_s_per_1k_tokens": statistics.median(cpu_per_k),
+            "fleet_cpu_ms_per_request": statistics.median(r for r, _ in splits) * 1e3,
+            "fleet_cpu_us_per_chunk": statistics.median(c for _, c in splits) * 1e6,
+            "target_added_ms": 2.0}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--duration", type=float, default=12.0, help="seconds of arrivals")
+    p.add_argument("--rate", type=float, default=4.0)
+    p.add_argument("--burst-rate", type=float, default=30.0)
+    p.add_argument("--burst-s", type=float, default=1.5)
+    p.add_argument("--cycle-s", type=float, default=6.0)
+    p.add_argument("--ttft", type=float, default=1.0)
+    p.add_argument("--tbt", type=float, default=0.1)
+    p.add_argument("--deadline", type=float, default=15.0)
+    p.add_argument("--step-ms", type=float, default=25.0)
+    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--streams", type=int, default=100)
+    p.add_argument("--tokens", type=int, default=50)
+    p.add_argument("--short-tokens", type=int, default=5,
+                   help="tokens per stream of the round that splits the fleet's CPU into "
+                   "per request and per chunk")
+    p.add_argument("--proxy-step-ms", type=float, default=20.0)
+    p.add_argument("--proxy-rounds", type=int, default=2)
+    p.add_argument("--proxy-upstream", metavar="URL",
+                   help="measure the proxy in front of this server (serving a model named "
+                   "'proxy', e.g. vLLM with --served-model-name proxy) instead of a toy one")
+    p.add_argument("--skip-routers", action="store_true")
+    args = p.parse_args()
+    load_before = os.getloadavg()
+    out: dict[str, Any] = {"benchmark": "fleet", "load_avg_before": load_before}
+    if not args.skip_routers:
+        out["routers"] = routers_part(args)
+    out["proxy"] = proxy_part(args)
+    out["load_avg_after"] = os.getloadavg()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
