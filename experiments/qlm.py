@@ -97,7 +97,8 @@ class Scale:
 def _sweep(scale: Scale, xs: Sequence[float], spec: ClusterSpec,
            make: Callable[[float], list[RequestSpec]]) -> dict[str, Any]:
     curves: dict[str, dict[str, list[float]]] = {
-        s: {"slo_attainment": [], "throughput": [], "swaps": []} for s in SYSTEMS}
+        s: {"slo_attainment": [], "throughput": [], "swaps": [], "planner": []}
+        for s in SYSTEMS}
     r2: list[float | None] = []
     for x in xs:
         workload = make(x)
@@ -106,6 +107,7 @@ def _sweep(scale: Scale, xs: Sequence[float], spec: ClusterSpec,
             curves[system]["slo_attainment"].append(point.slo_attainment)
             curves[system]["throughput"].append(point.throughput)
             curves[system]["swaps"].append(point.num_swaps)
+            curves[system]["planner"].append(point.planner)
             if system == "qlm":
                 r2.append(point.estimator_r2)
     return {"xs": list(xs), "curves": curves, "estimator_r2": r2}
@@ -208,7 +210,7 @@ def ablation_section(report: Report, scale: Scale, name: str, spec: ClusterSpec,
     for label, router_options, engine in ABLATION:
         point = run_point(dataclasses.replace(system_spec(spec, "qlm", **router_options),
                                               **engine), workload)
-        rows.append({"variant": label, **point.row()})
+        rows.append({"variant": label, **point.row(), "planner": point.planner})
     report.section(title, "Each serving operation removed in turn (QLM router options "
                    "`pull`, `load_balance`, `warm_start`, `plan`; eviction = the `edf` "
                    "engine policy preempting for urgent pulled requests, replaced by "
@@ -259,7 +261,7 @@ def delta_section(report: Report, scale: Scale) -> None:
     rows = []
     for delta in (1.0, 4.0, 16.0) if len(scale.shares) < 5 else (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
         point = run_point(system_spec(scale.cluster(), "qlm", delta=delta), workload)
-        rows.append({"delta": delta, **point.row(), "plans": point.counters.get("num_plans")})
+        rows.append({"delta": delta, **point.row(), "planner": point.planner})
     report.section("Group size δ (Fig. 18)", "W_A at 3x the sweeps' rate (a longer queue). "
                    "Groups are capped at δ x the average batch (32). Small groups: finer "
                    "ordering, more model switches and a larger program; large groups: "

@@ -70,6 +70,16 @@ class Point:
         return {"SLO attainment": self.slo_attainment, "throughput (req/s)": self.throughput,
                 "model swaps": self.num_swaps}
 
+    @property
+    def planner(self) -> dict[str, int] | None:
+        """QLM's plan generator in this run: invocations, plans made, EDF fallbacks."""
+        c = self.counters
+        if "planner_invocations" not in c:
+            return None
+        return {"invocations": c["planner_invocations"], "plans": c["planner_plans"],
+                "fallbacks": c["planner_fallbacks"],
+                "needs_capacity": c.get("num_needs_capacity", 0)}
+
 
 def base_spec(models: Sequence[str], num_instances: int, hardware: str = "a100-80g"
               ) -> ClusterSpec:

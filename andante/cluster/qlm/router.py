@@ -9,10 +9,13 @@ calls `dispatch`, which plays the global scheduler and the per-instance agents (
    its key already lives on, else (load balancing, LSO 4) the one where the estimator
    expects it to finish first (queued drain + model swap, §6); within a queue groups are
    ordered by deadline (EDF) unless a plan ordered them;
-3. the estimator (§6) checks, at most every `replan_interval` seconds, whether any group
-   is expected to miss its SLO; then the plan generator (§7, MILP with HiGHS) reorders
-   and reassigns every group. A plan that falls back to EDF is logged and counted, and
-   so is one that says more capacity is needed (§A.3). The estimator's execution times
+3. on every arrival or completion (a change of the group table), the estimator (§6)
+   checks whether any group is expected to miss its SLO; if so the plan generator (§7,
+   MILP with HiGHS) reorders and reassigns every group. The planner is rate-limited by
+   its own solve time (the next plan no sooner than the last one took, and at least
+   `replan_interval` seconds later). Invocations, plans and EDF fallbacks (the solver
+   found nothing) are counted, and so are plans that say more capacity is needed
+   (§A.3). The estimator's execution times
    are the instances' cost models scaled by their learned speed (andante.cluster.qlm
    .speed: Θ measured from the load reports' engine steps), and an instance's current
    work holds the queue back only in proportion to its occupied batch slots
@@ -30,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -69,8 +73,10 @@ def preemption_mode_for(cost: CostModel, context_tokens: int = 1024) -> Preempti
 
 @dataclass(slots=True)
 class QLMCounters:
-    """What the router did: plans, EDF fallbacks, "more capacity is needed", swaps."""
+    """What the router did: planner invocations, the plans it made and its EDF fallbacks
+    (the solver found nothing), "more capacity is needed", swaps."""
 
+    num_invocations: int = 0
     num_plans: int = 0
     num_fallbacks: int = 0
     num_needs_capacity: int = 0
@@ -80,7 +86,8 @@ class QLMCounters:
     predicted_start: dict[str, float] = field(default_factory=dict)  # id -> W_q + now
 
     def summary(self) -> dict[str, int]:
-        return {"num_plans": self.num_plans, "num_fallbacks": self.num_fallbacks,
+        return {"planner_invocations": self.num_invocations, "planner_plans": self.num_plans,
+                "planner_fallbacks": self.num_fallbacks,
                 "num_needs_capacity": self.num_needs_capacity, "num_swaps": self.num_swaps,
                 "num_warm_starts": self.num_warm_starts}
 
@@ -98,10 +105,10 @@ class QLMRouter:
 
     name = "qlm"
 
-    def __init__(self, delta: float = 4.0, avg_batch: int = 32, num_samples: int = 8,
+    def __init__(self, delta: float = 4.0, avg_batch: int = 32, num_samples: int = 10,
                  chance_level: float = 0.9, work_limit: int = 20, max_nodes: int = 500,
                  time_limit_ms: float | None = None,
-                 horizon_groups: int = 12, replan_interval: float = 5.0,
+                 horizon_groups: int = 12, replan_interval: float = 0.25,
                  default_deadline: float = 3600.0, pull: bool = True,
                  load_balance: bool = True, warm_start: bool = True, plan: bool = True,
                  pull_reserve: float = 1.0, learn_speed: bool = True,
@@ -141,7 +148,9 @@ class QLMRouter:
         self._table = GroupTable()
         self._keys: dict[str, GroupKey] = {}  # placed request id -> its group key
         self._order: dict[str, tuple[int, int]] = {}  # group id -> (instance, position)
-        self._last_check = -math.inf
+        self._next_plan = -math.inf  # the planner's rate limit (its own solve time)
+        self._revision = 0  # bumped by every arrival and completion
+        self._checked = -1  # the revision the estimator last checked
         self._placed: dict[str, int] = {}  # request id -> instance
         self._deadlines: dict[int, dict[str, float]] = {}  # instance -> its requests'
         self.agents = QLMAgents(self.agent_options, self.outputs)
@@ -154,6 +163,7 @@ class QLMRouter:
         return None
 
     def on_finished(self, req: Request) -> None:
+        self._revision += 1
         key = self._keys.pop(req.request_id, None)
         placed = self._unplace(req.request_id)
         if key is None or not req.num_output_tokens or req.timeline.finish_time is None:
@@ -189,8 +199,8 @@ class QLMRouter:
         estimator = self._estimator(states)
         holds = {i: frozenset(s.costs) for i, s in states.items()}
         queues = self._queues(groups, qviews, estimator, holds)
-        if self.plan and now - self._last_check >= self.replan_interval:
-            self._last_check = now
+        if self.plan and self._checked != self._revision and now >= self._next_plan:
+            self._checked = self._revision
             if self._plan_if_late(groups, queues, qviews, estimator, now):
                 queues = self._queues(groups, qviews, estimator, holds)
         decision = self._act(queues, views, states, qviews, estimator, now)
@@ -233,6 +243,7 @@ class QLMRouter:
             if req.request_id not in self._table:
                 self._unplace(req.request_id)  # back from an instance (a swap's flush)
                 self._table.add(self._queued(req, default_model))
+                self._revision += 1
 
     def _unplace(self, request_id: str) -> int | None:
         """Forget where a request was placed; the instance it was on, if any."""
@@ -339,13 +350,18 @@ class QLMRouter:
         """Plan when the estimator expects a violation; True if the orders changed."""
         if not self._violates(queues, views, estimator, now):
             return False
+        started = time.perf_counter()
         plan = generate_plan(groups, [views[i] for i in views], estimator, now, self.options)
-        self.counters.num_plans += 1
+        self._next_plan = now + max(self.replan_interval, time.perf_counter() - started)
+        self.counters.num_invocations += 1
         if plan.fallback:
             self.counters.num_fallbacks += 1
             log.warning("qlm: %s", plan.reason)
+        else:
+            self.counters.num_plans += 1
         if plan.needs_capacity:
             self.counters.num_needs_capacity += 1
+            log.info("qlm: %s", plan.reason)
         self._order = {gid: (int(vq.instance_id), pos) for vq in plan.queues
                        for pos, gid in enumerate(vq.group_ids)}
         return True
