@@ -50,8 +50,8 @@ ABLATION: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("- load balancing", {"load_balance": False}, {}),
     ("- model warm start", {"warm_start": False}, {"host_memory_gib": 0.0}),
     ("- plan generator (EDF)", {"plan": False}, {}),
-    ("- request eviction", {}, {"policy": "vllm"}),
-    ("- GPU-CPU state swap", {}, {"auto_preemption": False}),
+    ("- request eviction", {"evict": False}, {}),
+    ("- GPU-CPU state swap", {"state_swap": False}, {"auto_preemption": False}),
 )
 PAPER = (
     {"figure": "Fig. 8-9, 11-12", "claim": "SLO attainment over the baselines",

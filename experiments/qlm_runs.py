@@ -1,9 +1,11 @@
 """Runs of the QLM experiment: the systems compared, the workloads (W_A, W_B, W_C) and
 one measured point (SLO attainment, throughput, model swaps).
 
-Systems (QLM §8 "Experiment Setup"): `qlm` (the qlm router over `edf` engines, eviction
-or state swap chosen by cost), `vllm` (FCFS `vllm` engines behind round-robin), `edf`
-(`edf` engines behind round-robin: earliest deadline first over requests) and
+Systems (QLM §8 "Experiment Setup"): `qlm` (the qlm router over `qlm-edf` engines: its
+agents evict or swap out running requests for a new head group, per request by cost,
+state swaps overlapped with compute as QLM's asynchronous copies are), `vllm` (FCFS
+`vllm` engines behind round-robin), `edf` (`edf` engines behind round-robin: earliest
+deadline first over requests) and
 `shepherd` (static model placement, deadline-ordered static batches). A multi-model
 instance without a swap-driving router swaps to the oldest waiting request's model when
 its engine runs dry (andante.sim.simulator), the baselines' behaviour in the paper
@@ -96,9 +98,9 @@ def mixed_hardware(spec: ClusterSpec, num_a10: int) -> ClusterSpec:
 
 def system_spec(spec: ClusterSpec, system: str, **qlm_options: Any) -> ClusterSpec:
     """`spec` as one of SYSTEMS runs it (`qlm_options`: the qlm router's knobs)."""
-    if system == "qlm":
-        qlm = with_router(dataclasses.replace(spec, policy="edf"), "qlm")
-        return dataclasses.replace(qlm, router_options=dict(qlm_options))
+    if system == "qlm":  # its engines' policy and per-request preemption: the router's
+        qlm = with_router(spec, "qlm")
+        return dataclasses.replace(qlm, router_options=dict(qlm_options), overlap_swaps=True)
     router, policy = {"vllm": ("round-robin", "vllm"), "edf": ("round-robin", "edf"),
                       "shepherd": ("shepherd", "static-batch")}[system]
     return dataclasses.replace(with_router(spec, router), policy=policy)

@@ -25,7 +25,8 @@ from experiments.registry import ExperimentContext, experiment_names, run_experi
 def test_systems_are_the_papers_baselines() -> None:
     spec = base_spec(("mistral-7b", "vicuna-13b"), 2)
     qlm = system_spec(spec, "qlm", delta=2.0)
-    assert (qlm.router, qlm.policy, qlm.auto_preemption) == ("qlm", "edf", True)
+    assert (qlm.router, qlm.policy, qlm.auto_preemption) == ("qlm", "qlm-edf", True)
+    assert qlm.overlap_swaps and not system_spec(spec, "edf").overlap_swaps
     assert qlm.router_options == {"delta": 2.0}
     assert (system_spec(spec, "vllm").router, system_spec(spec, "vllm").policy) == (
         "round-robin", "vllm")

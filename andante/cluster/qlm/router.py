@@ -21,10 +21,10 @@ calls `dispatch`, which plays the global scheduler and the per-instance agents (
    work holds the queue back only in proportion to its occupied batch slots
    (continuous batching starts a queued request as soon as a slot frees);
 4. per instance, its QLM agent (andante.cluster.qlm.agents, §5) turns the head of its
-   virtual queue into model swaps and warm starts (LSO 5) and request pulling (LSO 1).
-Eviction and GPU-CPU state swap when a more urgent head group arrives (LSOs 2-3) are
-the instances' own preemption (an `edf` engine policy preempts for it; the mode,
-recompute or swap, is chosen by cost per model and hardware: `preemption_mode_for`).
+   virtual queue into model swaps and warm starts (LSO 5), request pulling (LSO 1) and,
+   when the head group changes and does not fit, eviction or GPU-CPU state swap of
+   running requests due after it (LSOs 2-3, per request by cost:
+   andante.cluster.qlm.eviction), which the instances apply (`Instance.evict`).
 Routers read no clock: "now" is the latest instance report's time.
 """
 
@@ -49,26 +49,18 @@ from andante.cluster.qlm.estimator import (
     OutputLengthModel,
     RCTEstimator,
 )
+from andante.cluster.qlm.eviction import RunningRequest
 from andante.cluster.qlm.groups import GroupKey, GroupTable, RequestGroup
 from andante.cluster.qlm.plan_problem import PlannerOptions
 from andante.cluster.qlm.planner import generate_plan
 from andante.cluster.qlm.speed import LearnedCost, SpeedLearner
 from andante.cluster.qlm.types import InstanceView as QLMView
 from andante.cluster.qlm.types import QueuedRequest
-from andante.cluster.qlm.virtual_queue import choose_preemption
 from andante.cluster.router import QueueDecision
-from andante.core.request import PreemptionMode, Request
+from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.stats import SchedulerStats
-from andante.perf.cost_model import CostModel
 
 log = logging.getLogger(__name__)
-
-
-def preemption_mode_for(cost: CostModel, context_tokens: int = 1024) -> PreemptionMode:
-    """Insight #2 (§2.4): swap a preempted request's KV when copying it back over the
-    host link is cheaper than recomputing it on this model and hardware."""
-    return choose_preemption(context_tokens, cost.model.kv_bytes_per_token / cost.tp,
-                             cost.hardware.host_link_bandwidth, cost.prefill_time).mode
 
 
 @dataclass(slots=True)
@@ -82,6 +74,8 @@ class QLMCounters:
     num_needs_capacity: int = 0
     num_swaps: int = 0
     num_warm_starts: int = 0
+    num_evictions: int = 0  # running requests removed for a new head group (LSO 2)
+    num_state_swaps: int = 0  # of them, swapped to host memory rather than evicted (LSO 3)
     predicted: dict[str, float] = field(default_factory=dict)  # request id -> completion
     predicted_start: dict[str, float] = field(default_factory=dict)  # id -> W_q + now
 
@@ -89,7 +83,8 @@ class QLMCounters:
         return {"planner_invocations": self.num_invocations, "planner_plans": self.num_plans,
                 "planner_fallbacks": self.num_fallbacks,
                 "num_needs_capacity": self.num_needs_capacity, "num_swaps": self.num_swaps,
-                "num_warm_starts": self.num_warm_starts}
+                "num_warm_starts": self.num_warm_starts, "num_evictions": self.num_evictions,
+                "num_state_swaps": self.num_state_swaps}
 
 
 class QLMRouter:
@@ -112,7 +107,8 @@ class QLMRouter:
                  default_deadline: float = 3600.0, pull: bool = True,
                  load_balance: bool = True, warm_start: bool = True, plan: bool = True,
                  pull_reserve: float = 1.0, learn_speed: bool = True,
-                 swap_hysteresis: float = 2.0, seed: int = 0, **unknown: Any) -> None:
+                 swap_hysteresis: float = 2.0, evict: bool = True, state_swap: bool = True,
+                 seed: int = 0, **unknown: Any) -> None:
         if unknown:
             raise ValueError(f"router 'qlm': unknown option(s) {sorted(unknown)}")
         if avg_batch < 1:
@@ -133,7 +129,8 @@ class QLMRouter:
                                       horizon_groups=horizon_groups, seed=seed)
         self.agent_options = AgentOptions(pull=pull, warm_start=warm_start,
                                           pull_reserve=pull_reserve,
-                                          swap_hysteresis=swap_hysteresis)
+                                          swap_hysteresis=swap_hysteresis,
+                                          evict=evict, state_swap=state_swap)
         self.avg_batch, self.replan_interval = avg_batch, replan_interval
         self.default_deadline = default_deadline
         self.load_balance, self.plan = load_balance, plan
@@ -153,6 +150,7 @@ class QLMRouter:
         self._checked = -1  # the revision the estimator last checked
         self._placed: dict[str, int] = {}  # request id -> instance
         self._deadlines: dict[int, dict[str, float]] = {}  # instance -> its requests'
+        self._requests: dict[str, Request] = {}  # placed request id -> the request
         self.agents = QLMAgents(self.agent_options, self.outputs)
 
     # ---- Router -----------------------------------------------------------------------
@@ -203,20 +201,27 @@ class QLMRouter:
             self._checked = self._revision
             if self._plan_if_late(groups, queues, qviews, estimator, now):
                 queues = self._queues(groups, qviews, estimator, holds)
-        decision = self._act(queues, views, states, qviews, estimator, now)
+        decision = self._act(queue, queues, views, states, qviews, estimator, now)
         return dataclasses.replace(decision, placements=decision.placements + refused)
 
-    def _act(self, queues: dict[int, list[RequestGroup]], views: Sequence[ModelView],
+    def _act(self, queue: Sequence[Request], queues: dict[int, list[RequestGroup]],
+             views: Sequence[ModelView],
              states: dict[int, ModelState], qviews: dict[int, QLMView],
              estimator: RCTEstimator, now: float) -> QueueDecision:
         """The agents' operations (§5); the requests they pull leave the group table."""
         instances = [AgentInstance(v, states[v.index], qviews[v.index],
                                    self._drain_s(v, states[v.index]),
-                                   self._deadlines.get(v.index, {})) for v in views]
+                                   self._deadlines.get(v.index, {}), self._running(v.index))
+                     for v in views]
         decision = self.agents.act(queues, instances, estimator, now)
         self.counters.num_swaps += len(decision.swaps)
         self.counters.num_warm_starts += len(decision.warm)
+        self.counters.num_evictions += len(decision.evictions)
+        self.counters.num_state_swaps += sum(
+            1 for _, _, mode in decision.evictions if mode is PreemptionMode.SWAP)
+        by_id = {req.request_id: req for req in queue}
         for rid, index in decision.placements:
+            self._requests[rid] = by_id[rid]
             self._keys[rid] = self._table.key_for(self._table.get(rid))
             self._placed[rid] = index
             self._deadlines.setdefault(index, {})[rid] = self._table.get(rid).deadline
@@ -245,8 +250,17 @@ class QLMRouter:
                 self._table.add(self._queued(req, default_model))
                 self._revision += 1
 
+    def _running(self, index: int) -> tuple[RunningRequest, ...]:
+        """The requests placed on instance `index` that run there now (hold KV)."""
+        deadlines = self._deadlines.get(index, {})
+        return tuple(RunningRequest(rid, deadline, req.num_computed_tokens)
+                     for rid, deadline in deadlines.items()
+                     if (req := self._requests.get(rid)) is not None
+                     and req.status is RequestStatus.RUNNING)
+
     def _unplace(self, request_id: str) -> int | None:
         """Forget where a request was placed; the instance it was on, if any."""
+        self._requests.pop(request_id, None)
         index = self._placed.pop(request_id, None)
         if index is not None:
             self._deadlines.get(index, {}).pop(request_id, None)

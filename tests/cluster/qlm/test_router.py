@@ -11,7 +11,8 @@ import pytest
 
 from andante.cluster.controller import Controller
 from andante.cluster.instance import SWAP_MODEL
-from andante.cluster.qlm.router import QLMRouter, preemption_mode_for
+from andante.cluster.qlm.eviction import preemption_mode
+from andante.cluster.qlm.router import QLMRouter
 from andante.cluster.registry import make_router
 from andante.cluster.router import QueueDecision
 from andante.core.request import PreemptionMode, Request
@@ -87,11 +88,17 @@ def test_qlm_is_registered_with_its_knobs() -> None:
 
 
 def test_preemption_mode_follows_the_cost_of_each() -> None:
-    mistral = CostModel(get_model("mistral-7b"), get_hardware("a100-80g"))
-    assert preemption_mode_for(mistral) is PreemptionMode.SWAP
-    slow_link = dataclasses.replace(get_hardware("a100-80g"), host_link_bandwidth=1e8)
-    slow = CostModel(get_model("mistral-7b"), slow_link)
-    assert preemption_mode_for(slow) is PreemptionMode.RECOMPUTE
+    """Insight #2 per request: on an A100 Mistral-7B's small KV is swapped, Vicuna-13B's
+    evicted (the paper's Fig. 4); a slow host link evicts Mistral too; a full host
+    budget refuses the swap."""
+    a100 = get_hardware("a100-80g")
+    mistral = CostModel(get_model("mistral-7b"), a100)
+    assert preemption_mode(mistral, 1024) is PreemptionMode.SWAP
+    assert preemption_mode(CostModel(get_model("vicuna-13b"), a100), 1024) \
+        is PreemptionMode.RECOMPUTE
+    slow = CostModel(get_model("mistral-7b"), dataclasses.replace(a100, host_link_bandwidth=1e8))
+    assert preemption_mode(slow, 1024) is PreemptionMode.RECOMPUTE
+    assert preemption_mode(mistral, 1024, host_free_tokens=512) is PreemptionMode.RECOMPUTE
 
 
 def _multi_model_workload(n: int = 240) -> list[RequestSpec]:
