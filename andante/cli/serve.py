@@ -38,7 +38,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 "
                    "(default: $ANDANTE_API_KEY)")
-    p.add_argument("--policy", default="vllm", help=f"one of {', '.join(policy_names())}")
+    p.add_argument("--policy", default="", help=f"one of {', '.join(policy_names())} "
+                   "(default vllm; --router qlm runs qlm-edf and refuses another)")
     p.add_argument("--policy-option", action="append", metavar="KEY=VALUE")
     p.add_argument("--max-queued", type=positive_int, default=256,
                    help="requests waiting for their first token beyond which new ones get "

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from andante.cluster.registry import router_entry
+from andante.cluster.registry import engine_policy_for, router_entry
 from andante.core.request import PreemptionMode
 
 TOY_MODEL = "toy"
@@ -93,7 +93,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
-    policy: str = "vllm"
+    policy: str = ""  # "": the router's engine policy (QLM: qlm-edf), else vllm
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     max_queued: int = 256
     engine: EngineOptions = field(default_factory=EngineOptions)
@@ -117,6 +117,8 @@ class ServeOptions:
     trace_steps: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "policy",  # a conflicting --policy: a one-line error
+                           engine_policy_for(self.router, self.policy or None) or "vllm")
         self._check_models()
         if self.instances < 1:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
