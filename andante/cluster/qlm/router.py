@@ -176,6 +176,9 @@ class QLMRouter:
             self.speed.observe_first_token(self._base_cost, (str(placed), key.model),
                                            req.num_prompt_tokens,
                                            timeline.first_scheduled_time, timeline.token_times)
+            self.speed.observe_decode_span(LearnedCost(self._base_cost, self.speed),
+                                           (str(placed), key.model), req.num_prompt_tokens,
+                                           timeline.token_times)
 
     # ---- QueueRouter ------------------------------------------------------------------
     def dispatch(self, queue: Sequence[Request], instances: Sequence[Any]) -> QueueDecision:
@@ -187,7 +190,8 @@ class QLMRouter:
         if self.learn_speed:
             self._observe_speed(views, states)
         self._sync(queue, states[views[0].index].device, now)
-        groups = self._table.snapshot(self.avg_batch, self.options.delta, self.outputs.mean)
+        groups = self._table.snapshot(self._average_batch(), self.options.delta,
+                                      self.outputs.mean)
         servable = {m for state in states.values() for m in state.costs}
         refused = tuple((rid, views[0].index) for g in groups if g.model not in servable
                         for rid in g.request_ids)  # no instance holds the model: refused
@@ -227,6 +231,12 @@ class QLMRouter:
             self._deadlines.setdefault(index, {})[rid] = self._table.get(rid).deadline
         self._table.remove(rid for rid, _ in decision.placements)
         return decision
+
+    def _average_batch(self) -> float:
+        """The average batch δ multiplies (§4): measured on the instances (learned
+        speed), else the `avg_batch` option (also the prior before any measurement)."""
+        measured = self.speed.average_batch() if self.learn_speed else None
+        return self.avg_batch if measured is None else max(1.0, measured)
 
     def _observe_speed(self, views: Sequence[ModelView], states: dict[int, ModelState]
                        ) -> None:
@@ -317,7 +327,9 @@ class QLMRouter:
         self._base_cost = CostModelTable(costs)
         cost: ExecutionCost = LearnedCost(self._base_cost, self.speed) \
             if self.learn_speed else self._base_cost
-        return RCTEstimator(cost, self.outputs, sizes)
+        epsilon = (lambda iid, model: self.speed.epsilon((iid, model))) \
+            if self.learn_speed else None
+        return RCTEstimator(cost, self.outputs, sizes, epsilon=epsilon)
 
     def _queues(self, groups: Sequence[RequestGroup], views: dict[int, QLMView],
                 estimator: RCTEstimator, servable: dict[int, frozenset[str]]
