@@ -67,10 +67,21 @@ class Point:
     estimator_r2: float | None
     mean_queue: float = 0.0  # requests waiting to be scheduled, time-averaged
     queue: tuple[tuple[float, ...], tuple[int, ...]] = ((), ())  # (times, sizes)
+    makespan: float = 0.0  # first arrival to the last finish, seconds
+    load_seconds: float = 0.0  # model swaps' load time, summed over instances
+    average_batch: float | None = None  # QLM's measured average running batch
 
     def row(self) -> dict[str, Any]:
         return {"SLO attainment": self.slo_attainment, "throughput (req/s)": self.throughput,
                 "model swaps": self.num_swaps}
+
+    def measured(self) -> dict[str, Any]:
+        """What the report's explanations are computed from."""
+        c = self.counters
+        return {"evictions": c.get("num_evictions", 0), "state swaps": c.get("num_state_swaps", 0),
+                "load seconds": self.load_seconds, "makespan": self.makespan,
+                "mean queue": self.mean_queue, "average batch": self.average_batch,
+                "max groups": c.get("max_groups", 0), "planner": self.planner}
 
     @property
     def planner(self) -> dict[str, int] | None:
@@ -177,7 +188,9 @@ def _point(run: SimRun, router: QLMRouter | None) -> Point:
                  len(run.report.model_swaps), run.report.router_counters,
                  None if router is None else estimator_r2(run, router),
                  float(waiting.mean()),
-                 (tuple(times.round(3).tolist()), tuple(int(w) for w in waiting)))
+                 (tuple(times.round(3).tolist()), tuple(int(w) for w in waiting)),
+                 span, sum(s.seconds for s in run.report.model_swaps),
+                 None if router is None else router.speed.average_batch())
 
 
 def estimator_r2(run: SimRun, router: QLMRouter) -> float | None:
@@ -217,4 +230,6 @@ def estimator_accuracy(num_requests: int, seed: int) -> dict[str, float | int]:
             and r.timeline.finish_time is not None]
     return {"num_requests": len(rows),
             "r2_waiting": r_squared([r[0] for r in rows], [r[1] for r in rows]),
-            "r2_completion": r_squared([r[2] for r in rows], [r[3] for r in rows])}
+            "r2_completion": r_squared([r[2] for r in rows], [r[3] for r in rows]),
+            "mean_predicted_s": float(np.mean([r[2] - gap for r in rows])) if rows else 0.0,
+            "mean_observed_s": float(np.mean([r[3] - gap for r in rows])) if rows else 0.0}

@@ -76,6 +76,7 @@ class QLMCounters:
     num_warm_starts: int = 0
     num_evictions: int = 0  # running requests removed for a new head group (LSO 2)
     num_state_swaps: int = 0  # of them, swapped to host memory rather than evicted (LSO 3)
+    max_groups: int = 0  # the most request groups at one dispatch
     predicted: dict[str, float] = field(default_factory=dict)  # request id -> completion
     predicted_start: dict[str, float] = field(default_factory=dict)  # id -> W_q + now
 
@@ -84,7 +85,7 @@ class QLMCounters:
                 "planner_fallbacks": self.num_fallbacks,
                 "num_needs_capacity": self.num_needs_capacity, "num_swaps": self.num_swaps,
                 "num_warm_starts": self.num_warm_starts, "num_evictions": self.num_evictions,
-                "num_state_swaps": self.num_state_swaps}
+                "num_state_swaps": self.num_state_swaps, "max_groups": self.max_groups}
 
 
 class QLMRouter:
@@ -192,6 +193,7 @@ class QLMRouter:
         self._sync(queue, states[views[0].index].device, now)
         groups = self._table.snapshot(self._average_batch(), self.options.delta,
                                       self.outputs.mean)
+        self.counters.max_groups = max(self.counters.max_groups, len(groups))
         servable = {m for state in states.values() for m in state.costs}
         refused = tuple((rid, views[0].index) for g in groups if g.model not in servable
                         for rid in g.request_ids)  # no instance holds the model: refused
