@@ -160,3 +160,40 @@ def test_the_planner_budget_is_work_not_wall_clock_by_default() -> None:
     assert default.time_limit_s is None and default.work_limit >= 1
     tuned = QLMRouter(work_limit=3, max_nodes=7, time_limit_ms=250.0).options
     assert (tuned.work_limit, tuned.max_nodes, tuned.time_limit_s) == (3, 7, 0.25)
+
+
+def _fake_perf_counter(step: float) -> Any:
+    """A wall clock that advances `step` seconds at every read (a slow or fast machine)."""
+    reads = [0]
+
+    def perf_counter() -> float:
+        reads[0] += 1
+        return reads[0] * step
+
+    return perf_counter
+
+
+def test_a_simulated_run_is_the_same_whatever_the_wall_clock_solve_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner's rate limit is cluster time, never the solve's wall time: a machine
+    that solves in a microsecond and one that takes two seconds decide alike."""
+    import time
+
+    base = dataclasses.replace(ClusterSpec(model="mistral-7b", num_instances=2,
+                                           models=MODELS), policy="edf")
+    spec = with_router(base, "qlm")
+    workload = [RequestSpec(i * 0.05, 150 + (i * 37) % 600, 60 + (i * 53) % 300)
+                for i in range(80)]
+    workload = assign_models(workload, {"mistral-7b": 0.4, "llama-3.1-8b": 0.3,
+                                        "vicuna-13b": 0.3}, seed=1)
+    workload = assign_deadlines(workload, 0.5, seed=1, latency_deadline=5.0)
+    outcomes = []
+    for step in (1e-6, 2.0):
+        monkeypatch.setattr(time, "perf_counter", _fake_perf_counter(step))
+        run = simulate(spec, workload)
+        monkeypatch.undo()
+        finished = sorted((r.request_id, r.timeline.finish_time, r.num_output_tokens)
+                          for r in run.report.finished)
+        outcomes.append((finished, run.report.router_counters))
+    assert outcomes[0][1]["planner_invocations"] >= 2  # the rate limit is exercised
+    assert outcomes[0] == outcomes[1]
