@@ -156,6 +156,7 @@ class QLMRouter:
         self._placed: dict[str, int] = {}  # request id -> instance
         self._deadlines: dict[int, dict[str, float]] = {}  # instance -> its requests'
         self._requests: dict[str, Request] = {}  # placed request id -> the request
+        self._first_predicted: dict[str, float] = {}  # request id -> when (`_predict_new`)
         self.agents = QLMAgents(self.agent_options, self.outputs)
 
     # ---- Router -----------------------------------------------------------------------
@@ -211,6 +212,7 @@ class QLMRouter:
             self._checked = self._revision
             if self._plan_if_late(groups, queues, qviews, estimator, now):
                 queues = self._queues(groups, qviews, estimator, holds)
+        self._predict_new(queues, qviews, estimator, now)
         decision = self._act(queue, queues, views, states, qviews, estimator, now)
         return dataclasses.replace(decision, placements=decision.placements + refused)
 
@@ -399,18 +401,37 @@ class QLMRouter:
 
     def _violates(self, queues: dict[int, list[RequestGroup]], views: dict[int, QLMView],
                   estimator: RCTEstimator, now: float) -> bool:
-        """Estimate every queue (§6); True if a group's mean completion misses its SLO.
-        The first estimate of each request is kept (estimator accuracy, R²)."""
+        """Estimate every queue (§6); True if a group's mean completion misses its SLO."""
         rng = np.random.default_rng(self.options.seed)
-        late = False
         for index, queue in queues.items():
             if not queue:
                 continue
             est = estimator.queue_times(views[index], queue, self.options.num_samples, rng)
+            if any(now + mean > group.deadline
+                   for group, mean in zip(queue, est.mean, strict=True)):
+                return True
+        return False
+
+    def _predict_new(self, queues: dict[int, list[RequestGroup]], views: dict[int, QLMView],
+                     estimator: RCTEstimator, now: float) -> None:
+        """The estimator's first prediction of each new request's start (W_q, eq. 2) and
+        completion (its group's, eq. 5), kept for its accuracy (R², Fig. 17): made on
+        the queues this dispatch acts on, after any plan reordered them, and on the
+        queue as it stands once every request of the same instant has arrived (a burst
+        reaches the router one request per dispatch at one time; Algorithm 1 clusters
+        the whole of it, so a prediction made before its later members joined their
+        groups, ahead of earlier ones, was a prediction of another queue: measured,
+        the waiting-time R² of the estimator burst was 0.13 instead of 0.8)."""
+        counters, first = self.counters, self._first_predicted
+        rng = np.random.default_rng(self.options.seed)
+        for index, queue in queues.items():
+            if not any(first.get(rid, now) == now for g in queue for rid in g.request_ids):
+                continue
+            est = estimator.queue_times(views[index], queue, self.options.num_samples, rng)
             for group, mean in zip(queue, est.mean, strict=True):
-                late = late or now + mean > group.deadline
                 for rid in group.request_ids:
-                    self.counters.predicted.setdefault(rid, now + mean)
+                    if first.setdefault(rid, now) == now:
+                        counters.predicted[rid] = now + mean
             for rid, wait in est.waits.items():
-                self.counters.predicted_start.setdefault(rid, now + wait)
-        return late
+                if first[rid] == now:
+                    counters.predicted_start[rid] = now + wait

@@ -119,3 +119,26 @@ def test_similar_lengths_share_a_group_across_bucket_edges():
     groups = form_groups(reqs, avg_batch_size=8)
     assert sorted(g.request_ids for g in groups) == [("a", "b"), ("c",)]
     assert len(form_groups(reqs, avg_batch_size=8, cluster=False)) == 3
+
+
+def test_a_request_leaving_keeps_the_others_groups_until_the_next_arrival():
+    """Algorithm 1 groups requests as they arrive: pulling some of them must not move
+    the rest between groups (that reordered queues the estimator had just predicted);
+    a new arrival clusters again."""
+    reqs = [QueuedRequest(f"r{k:02d}", "m", "b", float(k), 100.0, 40 + (k * 97) % 1500,
+                          20 + (k * 61) % 700) for k in range(24)]
+    table = GroupTable()
+    for r in reqs:
+        table.add(r)
+    before = table.snapshot(2.0, 2.0)
+    gone = {g.request_ids[0] for g in before}
+    table.remove(gone)
+    after = table.snapshot(2.0, 2.0)
+    kept = [tuple(r for r in g.request_ids if r not in gone) for g in before]
+    assert [g.request_ids for g in after] == [ids for ids in kept if ids]
+    remaining = [r for r in reqs if r.request_id not in gone]
+    fresh = form_groups(remaining, avg_batch_size=2.0, delta=2.0)
+    assert [g.request_ids for g in fresh] != [g.request_ids for g in after]  # it would move
+    table.add(QueuedRequest("new", "m", "b", 30.0, 130.0, 700, 300))
+    assert table.snapshot(2.0, 2.0) == form_groups([*remaining, table.get("new")],
+                                                   avg_batch_size=2.0, delta=2.0)
