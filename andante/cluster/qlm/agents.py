@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from andante.cluster.instance import ModelState
 from andante.cluster.qlm.estimator import OutputLengthModel, RCTEstimator
 from andante.cluster.qlm.eviction import Evictions, RunningRequest, head_group_evictions
@@ -37,6 +39,7 @@ from andante.cluster.router import InstanceView, QueueDecision
 from andante.core.request import PreemptionMode
 
 log = logging.getLogger(__name__)
+EVICTION_SAMPLES = 10  # S of the head group's expected completion (eq. 5)
 
 
 class ModelView(InstanceView, Protocol):
@@ -120,7 +123,7 @@ class QLMAgents:
                 qview = dataclasses.replace(qview, models_on_device=(actions.swap_to,),
                                             num_running_tokens=0)  # its KV is flushed
             elif self.head_changed(index, queue[0]):
-                evicted = self.evict_for_head(inst, queue[0])
+                evicted = self.evict_for_head(inst, queue[0], estimator, now)
                 if evicted.victims:
                     evictions += [(index, rid, mode) for rid, mode in evicted.victims]
                     placements += [(rid, index) for rid in self.pulled_after(
@@ -136,19 +139,24 @@ class QLMAgents:
         self.last_head[index] = head.group_id
         return changed
 
-    def evict_for_head(self, inst: AgentInstance, head: RequestGroup) -> Evictions:
+    def evict_for_head(self, inst: AgentInstance, head: RequestGroup,
+                       estimator: RCTEstimator, now: float) -> Evictions:
         """LSOs 2-3: the running requests to remove for the head group (none when it
-        fits, or without eviction: the ablation)."""
+        fits or can wait for the room, or without eviction: the ablation). The head's
+        expected completion is the estimator's (eq. 5, its mean over S samples)."""
         if not self.options.evict or not inst.running or inst.state.loading_s > 0:
             return Evictions()
         stats = inst.slot.load.stats
         block = inst.state.block_size
+        samples = estimator.group_times(inst.view, head, EVICTION_SAMPLES,
+                                        np.random.default_rng(0))
         return head_group_evictions(
             head, inst.running, inst.view.spare_tokens,
             max(0, stats.max_num_seqs - stats.num_running),
             int(self.options.pull_reserve * self.outputs.mean(head.key)),
             inst.state.costs[inst.state.device], stats.num_free_host_blocks * block,
-            self.options.state_swap)
+            self.options.state_swap, now=now,
+            head_time_s=float(np.mean(samples.completion)))
 
     def pulled_after(self, inst: AgentInstance, head: RequestGroup,
                      evicted: Evictions) -> tuple[str, ...]:

@@ -4,9 +4,15 @@ Design note. "When the head request group changes, the QLM agent initiates reque
 eviction or GPU-CPU state swap" (§5): running requests are removed from the batch to
 make room for the incoming head group. `head_group_evictions` is that decision for one
 instance: if the head group's requests (prompt plus the output they reserve, one batch
-slot each) do not fit in the instance's spare KV tokens and free slots, it removes
-running requests whose deadlines are later than the head group's, latest first, until
-they do (none at all if even every such request would not make room); each one is
+slot each) do not fit in the instance's spare KV tokens and free slots, and the head
+group cannot wait for the running requests to free that room (each finishes after its
+own expected output, the learned mean of its group's key: the estimate the groups use,
+not an instance-wide prior) and still meet its deadline, it removes running requests
+whose deadlines are later than the head group's and that can afford the wait (each
+still meets its deadline after the head group's expected completion and its own
+remaining work: no churn among near-equal deadlines, where a victim would become the
+next late head), latest first, until the head fits (none at all if even every such
+request would not make room); each one is
 evicted (recompute) or swapped to host memory per request by Insight #2
 (andante.cluster.qlm.virtual_queue.choose_preemption: its transfer and recompute times
 and the host memory it would hold, host memory a budget that swaps use up).
@@ -34,6 +40,7 @@ class RunningRequest:
     request_id: str
     deadline: float
     num_kv_tokens: int  # its KV on the device (prompt and output computed so far)
+    remaining_s: float = 0.0  # expected seconds to finish: its own expected output left
 
 
 def preemption_mode(cost: CostModel, num_kv_tokens: int,
@@ -70,16 +77,34 @@ class Evictions:
         return sum(1 for _, mode in self.victims if mode is PreemptionMode.SWAP)
 
 
+def room_wait_s(running: Sequence[RunningRequest], need_tokens: int, members: int,
+                spare_tokens: int, free_slots: int) -> float:
+    """Seconds until the running requests, finishing in order of their expected
+    remaining time, free `need_tokens` KV tokens and `members` batch slots (the whole
+    drain if even all of them would not)."""
+    freed, slots, wait = 0, 0, 0.0
+    for req in sorted(running, key=lambda r: (r.remaining_s, r.request_id)):
+        if spare_tokens + freed >= need_tokens and free_slots + slots >= members:
+            return wait
+        freed, slots, wait = freed + req.num_kv_tokens, slots + 1, max(wait, req.remaining_s)
+    return wait
+
+
 def head_group_evictions(head: RequestGroup, running: Sequence[RunningRequest],
                          spare_tokens: int, free_slots: int, reserve_tokens: int,
-                         cost: CostModel, host_free_tokens: float, state_swap: bool = True
-                         ) -> Evictions:
-    """The running requests to remove so the head group fits (module note)."""
+                         cost: CostModel, host_free_tokens: float, state_swap: bool = True,
+                         *, now: float, head_time_s: float) -> Evictions:
+    """The running requests to remove so the head group fits (module note); the head
+    group's expected completion once it starts is `head_time_s`."""
     members = len(head.request_ids)
     need = sum(head.prompt_tokens) + reserve_tokens * members
     if need <= spare_tokens and members <= free_slots:
         return Evictions()
-    later = sorted((r for r in running if r.deadline > head.deadline),
+    wait = room_wait_s(running, need, members, spare_tokens, free_slots)
+    if now + wait + head_time_s <= head.deadline:
+        return Evictions()  # it can wait for the room and still meet its deadline
+    later = sorted((r for r in running if r.deadline > head.deadline
+                    and now + head_time_s + r.remaining_s <= r.deadline),
                    key=lambda r: (-r.deadline, r.request_id))
     if not later:
         return Evictions()

@@ -48,6 +48,7 @@ import numpy as np
 from andante.cluster.instance import ModelState
 from andante.cluster.qlm.agents import AgentInstance, AgentOptions, ModelView, QLMAgents
 from andante.cluster.qlm.estimator import (
+    DEFAULT_CONTEXT_TOKENS,
     CostModelTable,
     ExecutionCost,
     OutputLengthModel,
@@ -223,7 +224,9 @@ class QLMRouter:
         """The agents' operations (§5); the requests they pull leave the group table."""
         instances = [AgentInstance(v, states[v.index], qviews[v.index],
                                    self._drain_s(v, states[v.index]),
-                                   self._deadlines.get(v.index, {}), self._running(v.index))
+                                   self._deadlines.get(v.index, {}),
+                                   self._running(v.index,
+                                                 self._step_s(v, states[v.index], estimator)))
                      for v in views]
         decision = self.agents.act(queues, instances, estimator, now)
         self.counters.num_swaps += len(decision.swaps)
@@ -268,13 +271,29 @@ class QLMRouter:
                 self._table.add(self._queued(req, default_model))
                 self._revision += 1
 
-    def _running(self, index: int) -> tuple[RunningRequest, ...]:
-        """The requests placed on instance `index` that run there now (hold KV)."""
+    def _running(self, index: int, step_s: float) -> tuple[RunningRequest, ...]:
+        """The requests placed on instance `index` that run there now (hold KV), each
+        with its expected remaining time: its own expected output (its key's learned
+        mean, capped by its max_tokens) less what it has produced, at `step_s` a step."""
         deadlines = self._deadlines.get(index, {})
-        return tuple(RunningRequest(rid, deadline, req.num_computed_tokens)
+        return tuple(RunningRequest(rid, deadline, req.num_computed_tokens,
+                                    self._remaining_tokens(rid, req) * step_s)
                      for rid, deadline in deadlines.items()
                      if (req := self._requests.get(rid)) is not None
                      and req.status is RequestStatus.RUNNING)
+
+    def _remaining_tokens(self, request_id: str, req: Request) -> float:
+        """Output tokens `req` is expected still to produce (at least one)."""
+        expected = self.outputs.mean(self._keys[request_id])
+        if req.sampling.max_tokens is not None:
+            expected = min(expected, float(req.sampling.max_tokens))
+        return max(1.0, expected - req.num_output_tokens)
+
+    def _step_s(self, view: ModelView, state: ModelState, estimator: RCTEstimator) -> float:
+        """One decode step of the instance's running batch at its learned speed."""
+        stats = view.load.stats
+        return estimator.cost.decode_time(str(view.index), state.device,
+                                          max(1, stats.num_running), DEFAULT_CONTEXT_TOKENS)
 
     def _unplace(self, request_id: str) -> int | None:
         """Forget where a request was placed; the instance it was on, if any."""
