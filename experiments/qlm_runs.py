@@ -81,7 +81,8 @@ class Point:
         return {"evictions": c.get("num_evictions", 0), "state swaps": c.get("num_state_swaps", 0),
                 "load seconds": self.load_seconds, "makespan": self.makespan,
                 "mean queue": self.mean_queue, "average batch": self.average_batch,
-                "max groups": c.get("max_groups", 0), "planner": self.planner}
+                "max groups": c.get("max_groups", 0), "planner": self.planner,
+                "head changes": {k: v for k, v in c.items() if k.startswith("head_")}}
 
     @property
     def planner(self) -> dict[str, int] | None:

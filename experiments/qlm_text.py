@@ -99,9 +99,14 @@ def _ablation_why(variant: str, full: dict[str, Any], row: dict[str, Any],
                   num_instances: int) -> str:
     fm, rm = full["measured"], row["measured"]
     if "eviction" in variant:
+        heads = fm.get("head changes", {})
         if fm["evictions"] == 0:
-            return ("the full run's agents evicted nothing: every new head group fit in "
-                    "the free KV, so there was nothing to remove")
+            return (f"the full run's agents evicted nothing: of {sum(heads.values())} new "
+                    f"head groups, {heads.get('head_fits', 0)} fit in the free KV and "
+                    f"slots, {heads.get('head_waits', 0)} could wait for the running "
+                    f"requests and still meet their deadline, "
+                    f"{heads.get('head_no_victim', 0)} had no running request due later "
+                    "that could afford the wait")
         return (f"the full run's agents evicted {fm['evictions']} running requests "
                 f"({fm['state swaps']} by state swap) for new head groups")
     if "state swap" in variant:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -91,6 +92,7 @@ class QLMAgents:
         self.outputs = outputs  # the router's output-length model (learned as it serves)
         self.last_swap: dict[int, tuple[float, float]] = {}  # instance -> (when, load s)
         self.last_head: dict[int, str] = {}  # instance -> its virtual queue's head group
+        self.head_outcomes: Counter[str] = Counter()  # eviction checks, by outcome
 
     def act(self, queues: Mapping[int, list[RequestGroup]],
             instances: Sequence[AgentInstance], estimator: RCTEstimator,
@@ -124,6 +126,7 @@ class QLMAgents:
                                             num_running_tokens=0)  # its KV is flushed
             elif self.head_changed(index, queue[0]):
                 evicted = self.evict_for_head(inst, queue[0], estimator, now)
+                self.head_outcomes[evicted.outcome] += 1
                 if evicted.victims:
                     evictions += [(index, rid, mode) for rid, mode in evicted.victims]
                     placements += [(rid, index) for rid in self.pulled_after(
@@ -145,7 +148,7 @@ class QLMAgents:
         fits or can wait for the room, or without eviction: the ablation). The head's
         expected completion is the estimator's (eq. 5, its mean over S samples)."""
         if not self.options.evict or not inst.running or inst.state.loading_s > 0:
-            return Evictions()
+            return Evictions(outcome="off" if not self.options.evict else "not_running")
         stats = inst.slot.load.stats
         block = inst.state.block_size
         samples = estimator.group_times(inst.view, head, EVICTION_SAMPLES,

@@ -71,6 +71,7 @@ class Evictions:
 
     victims: tuple[tuple[str, PreemptionMode], ...] = ()
     freed_tokens: int = 0
+    outcome: str = "evicted"  # else why none: fits, waits, no_victim, no_room (module note)
 
     @property
     def num_swaps(self) -> int:
@@ -99,15 +100,15 @@ def head_group_evictions(head: RequestGroup, running: Sequence[RunningRequest],
     members = len(head.request_ids)
     need = sum(head.prompt_tokens) + reserve_tokens * members
     if need <= spare_tokens and members <= free_slots:
-        return Evictions()
+        return Evictions(outcome="fits")
     wait = room_wait_s(running, need, members, spare_tokens, free_slots)
     if now + wait + head_time_s <= head.deadline:
-        return Evictions()  # it can wait for the room and still meet its deadline
+        return Evictions(outcome="waits")  # it can wait for the room, still in time
     later = sorted((r for r in running if r.deadline > head.deadline
                     and now + head_time_s + r.remaining_s <= r.deadline),
                    key=lambda r: (-r.deadline, r.request_id))
     if not later:
-        return Evictions()
+        return Evictions(outcome="no_victim")
     need = min(need, spare_tokens + sum(r.num_kv_tokens for r in later))
     victims: list[tuple[str, PreemptionMode]] = []
     freed, host = 0, host_free_tokens
@@ -121,5 +122,5 @@ def head_group_evictions(head: RequestGroup, running: Sequence[RunningRequest],
         victims.append((req.request_id, mode))
         freed += req.num_kv_tokens
     if spare_tokens + freed < head.prompt_tokens[0] + reserve_tokens:
-        return Evictions()  # not even the head's first request would fit
+        return Evictions(outcome="no_room")  # not even the head's first request fits
     return Evictions(tuple(victims), freed)

@@ -84,9 +84,12 @@ class QLMCounters:
     max_groups: int = 0  # the most request groups at one dispatch
     predicted: dict[str, float] = field(default_factory=dict)  # request id -> completion
     predicted_start: dict[str, float] = field(default_factory=dict)  # id -> W_q + now
+    head_outcomes: dict[str, int] = field(default_factory=dict)  # eviction checks (LSO 2)
 
     def summary(self) -> dict[str, int]:
-        return {"planner_invocations": self.num_invocations, "planner_plans": self.num_plans,
+        outcomes = {f"head_{k}": v for k, v in sorted(self.head_outcomes.items())}
+        return outcomes | {
+                "planner_invocations": self.num_invocations, "planner_plans": self.num_plans,
                 "planner_fallbacks": self.num_fallbacks,
                 "num_needs_capacity": self.num_needs_capacity, "num_swaps": self.num_swaps,
                 "num_warm_starts": self.num_warm_starts, "num_evictions": self.num_evictions,
@@ -232,6 +235,7 @@ class QLMRouter:
         self.counters.num_swaps += len(decision.swaps)
         self.counters.num_warm_starts += len(decision.warm)
         self.counters.num_evictions += len(decision.evictions)
+        self.counters.head_outcomes = dict(self.agents.head_outcomes)
         self.counters.num_state_swaps += sum(
             1 for _, _, mode in decision.evictions if mode is PreemptionMode.SWAP)
         by_id = {req.request_id: req for req in queue}

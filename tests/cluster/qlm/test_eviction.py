@@ -105,6 +105,7 @@ def test_the_agent_evicts_for_an_urgent_head_in_the_simulator() -> None:
                          and r.timeline.finish_time - r.arrival_time <= 8.0)
         if evict:
             assert router.counters.num_evictions >= 1
+            assert run.report.router_counters["head_evicted"] >= 1
             assert run.report.router_counters["num_evictions"] == router.counters.num_evictions
         else:
             assert router.counters.num_evictions == 0
