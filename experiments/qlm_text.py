@@ -106,7 +106,8 @@ def _ablation_why(variant: str, full: dict[str, Any], row: dict[str, Any],
                     f"slots, {heads.get('head_waits', 0)} could wait for the running "
                     f"requests and still meet their deadline, "
                     f"{heads.get('head_no_victim', 0)} had no running request due later "
-                    "that could afford the wait")
+                    "that could afford the wait, "
+                    f"{heads.get('head_not_running', 0)} found nothing running")
         return (f"the full run's agents evicted {fm['evictions']} running requests "
                 f"({fm['state swaps']} by state swap) for new head groups")
     if "state swap" in variant:
