@@ -165,7 +165,8 @@ class GroupTable:
         places in the virtual queues until the next arrival. (Re-clustering the rest at
         every pull moved requests between equal-deadline groups and reordered a queue
         after the estimator had predicted it; with this and `QLMRouter`'s predictions
-        per instant, the estimator burst's waiting-time R² went from 0.13 to 0.82.)"""
+        per instant, the estimator burst's waiting-time R² went from 0.13 to 0.82, 0.76
+        with the eviction guard: andante.cluster.qlm.eviction.)"""
         if self._clustered is not None and self._clustered[0] == self._arrivals:
             present = [[r for r in c if r.request_id in self._key_of]
                        for c in self._clustered[1]]
