@@ -121,7 +121,7 @@ def main() -> None:
                         help="opt-in wall-clock cap in s (plans then depend on load)")
     parser.add_argument("--horizon", type=int, default=DEFAULTS.horizon_groups,
                         help="groups the MILP orders; 0: the whole queue")
-    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     options = PlannerOptions(num_samples=args.samples, time_limit_s=args.time_limit,

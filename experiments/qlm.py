@@ -25,6 +25,7 @@ from andante.bench.report import Report
 from andante.sim import ClusterSpec
 from andante.workload.spec import RequestSpec
 from experiments import qlm_plots as plots
+from experiments import qlm_text as text
 from experiments.qlm_runs import (
     ARRIVALS,
     FULL_MODELS,
@@ -50,8 +51,8 @@ ABLATION: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("- load balancing", {"load_balance": False}, {}),
     ("- model warm start", {"warm_start": False}, {"host_memory_gib": 0.0}),
     ("- plan generator (EDF)", {"plan": False}, {}),
-    ("- request eviction", {}, {"policy": "vllm"}),
-    ("- GPU-CPU state swap", {}, {"auto_preemption": False}),
+    ("- request eviction", {"evict": False}, {}),
+    ("- GPU-CPU state swap", {"state_swap": False}, {"auto_preemption": False}),
 )
 PAPER = (
     {"figure": "Fig. 8-9, 11-12", "claim": "SLO attainment over the baselines",
@@ -97,7 +98,8 @@ class Scale:
 def _sweep(scale: Scale, xs: Sequence[float], spec: ClusterSpec,
            make: Callable[[float], list[RequestSpec]]) -> dict[str, Any]:
     curves: dict[str, dict[str, list[float]]] = {
-        s: {"slo_attainment": [], "throughput": [], "swaps": []} for s in SYSTEMS}
+        s: {"slo_attainment": [], "throughput": [], "swaps": [], "planner": [],
+            "measured": []} for s in SYSTEMS}
     r2: list[float | None] = []
     for x in xs:
         workload = make(x)
@@ -106,6 +108,8 @@ def _sweep(scale: Scale, xs: Sequence[float], spec: ClusterSpec,
             curves[system]["slo_attainment"].append(point.slo_attainment)
             curves[system]["throughput"].append(point.throughput)
             curves[system]["swaps"].append(point.num_swaps)
+            curves[system]["planner"].append(point.planner)
+            curves[system]["measured"].append(point.measured())
             if system == "qlm":
                 r2.append(point.estimator_r2)
     return {"xs": list(xs), "curves": curves, "estimator_r2": r2}
@@ -208,7 +212,8 @@ def ablation_section(report: Report, scale: Scale, name: str, spec: ClusterSpec,
     for label, router_options, engine in ABLATION:
         point = run_point(dataclasses.replace(system_spec(spec, "qlm", **router_options),
                                               **engine), workload)
-        rows.append({"variant": label, **point.row()})
+        rows.append({"variant": label, **point.row(), "planner": point.planner,
+                     "measured": point.measured()})
     report.section(title, "Each serving operation removed in turn (QLM router options "
                    "`pull`, `load_balance`, `warm_start`, `plan`; eviction = the `edf` "
                    "engine policy preempting for urgent pulled requests, replaced by "
@@ -216,7 +221,8 @@ def ablation_section(report: Report, scale: Scale, name: str, spec: ClusterSpec,
                    "warm start = the next model read into host memory ahead of need and "
                    "host memory keeping models warm, replaced by no host memory for weights: every "
                    "swap is a cold start from disk).")
-    report.table(rows)
+    report.table(rows, ["variant", "SLO attainment", "throughput (req/s)", "model swaps",
+                        "planner"])
     _figure(report, name, plots.bars(rows, "variant", (("SLO attainment", "SLO attainment"),
                                                        ("throughput (req/s)", "req/s"))), title)
     report.result(name, rows)
@@ -254,18 +260,21 @@ def mega_section(report: Report, scale: Scale) -> None:
                    "a share of its requests turned into mega prompts.")
 
 
-def delta_section(report: Report, scale: Scale) -> None:
+def delta_section(report: Report, scale: Scale) -> list[dict[str, Any]]:
     workload = w_a(scale.models, 0.6, 0.2, 3 * scale.rate, scale.num_requests, scale.seed)
     rows = []
     for delta in (1.0, 4.0, 16.0) if len(scale.shares) < 5 else (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
         point = run_point(system_spec(scale.cluster(), "qlm", delta=delta), workload)
-        rows.append({"delta": delta, **point.row(), "plans": point.counters.get("num_plans")})
+        rows.append({"delta": delta, **point.row(), "planner": point.planner,
+                     "measured": point.measured()})
     report.section("Group size δ (Fig. 18)", "W_A at 3x the sweeps' rate (a longer queue). "
-                   "Groups are capped at δ x the average batch (32). Small groups: finer "
-                   "ordering, more model switches and a larger program; large groups: "
-                   "coarser ordering (head-of-line blocking inside a group).")
-    report.table(rows)
+                   "Groups are capped at δ x the measured average batch. Small groups: "
+                   "finer ordering, more model switches and a larger program; large "
+                   "groups: coarser ordering (head-of-line blocking inside a group).")
+    report.table(rows, ["delta", "SLO attainment", "throughput (req/s)", "model swaps",
+                        "planner"])
     report.result("fig18_delta", rows)
+    return rows
 
 
 def planner_section(report: Report, quick: bool) -> None:
@@ -285,7 +294,8 @@ def planner_section(report: Report, quick: bool) -> None:
     report.result("fig19_planner", results)
 
 
-def estimator_section(report: Report, panels: dict[str, Any], scale: Scale) -> None:
+def estimator_section(report: Report, panels: dict[str, Any], scale: Scale
+                      ) -> dict[str, Any]:
     burst = estimator_accuracy(150 if len(scale.shares) < 5 else 400, scale.seed)
     in_runs = [v for p in panels.values() for v in p["estimator_r2"] if v is not None]
     report.section("Estimator accuracy (Fig. 17; paper: R² 0.99 for waiting time)", (
@@ -301,47 +311,31 @@ def estimator_section(report: Report, panels: dict[str, Any], scale: Scale) -> N
                    "num_requests": len(in_runs),
                    "r2_completion": min(in_runs) if in_runs else float("nan")}])
     report.result("fig17_estimator", {"bursts": burst, "sweeps": in_runs})
+    return burst
 
 
-def _range(rows: Sequence[dict[str, Any]], key: str, baseline: str) -> str:
-    values = [r[key] for r in rows if r["baseline"] == baseline]
-    return f"{min(values):.2f} to {max(values):.2f}" if values else "-"
-
-
-def headline_section(report: Report, panels: dict[str, Any],
-                     ablation: Sequence[dict[str, Any]]) -> None:
-    """Our multiples beside the paper's, and why they differ."""
-    rows = []
-    for name, label in (("tail", "W_A (tail share)"), ("latency", "W_A (latency share)"),
-                        ("azure", "W_A (tail share, Azure arrivals)"), ("single", "W_B")):
-        multiples = _multiples(panels[name])
-        for baseline in SYSTEMS[1:]:
-            rows.append({"workload": label, "baseline": baseline,
-                         "SLO gain (points)": _range(multiples, "SLO gain (points)", baseline),
-                         "throughput x": _range(multiples, "throughput x", baseline)})
-    full, cold = ablation[0], next(r for r in ablation if "warm start" in r["variant"])
-    warm_x = full["throughput (req/s)"] / max(cold["throughput (req/s)"], 1e-9)
-    report.section("Our multiples beside the paper's", (
-        "Ranges over each sweep (QLM minus baseline SLO attainment, in points of the share "
-        "of requests; QLM's throughput over the baseline's). Paper: +40-90% SLO "
-        "attainment, 20-400% more throughput; warm start about 3x throughput in "
-        f"multi-model serving. Ours, warm start (full QLM over QLM with every swap cold): "
-        f"{warm_x:.2f}x throughput."))
+def headline_section(report: Report, scale: Scale, panels: dict[str, Any],
+                     ablations: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]],
+                     delta: Sequence[dict[str, Any]], burst: dict[str, Any]) -> None:
+    """Every reproduced row beside the paper's value, and why they differ, computed from
+    what the runs measured (experiments.qlm_text)."""
+    n = scale.num_instances
+    wa, wb = ablations
+    rows = [*text.multi_model_rows(panels["tail"], "W_A (tail share)", n),
+            *text.multi_model_rows(panels["latency"], "W_A (latency share)", n),
+            *text.multi_model_rows(panels["azure"], "W_A (Azure arrivals)", n),
+            *text.single_model_rows(panels["single"]),
+            *text.ablation_rows(wa, "W_A", text.PAPER_ABLATION_WA, n),
+            *text.ablation_rows(wb, "W_B", text.PAPER_ABLATION_WB, n),
+            text.warm_row(wa, n), *text.delta_rows(delta), text.estimator_row(burst)]
+    planners = [p for panel in panels.values() for p in panel["curves"]["qlm"]["planner"]]
+    planners += [r["planner"] for r in (*wa, *wb, *delta)]
+    rows.append(text.planner_row(planners))
+    report.section("Our figures beside the paper's", (
+        "Each row: ours (QLM minus the baseline in points of SLO attainment, or a "
+        "throughput ratio, over the sweep), the paper's, and the measurements of this run "
+        "that explain the difference."))
     report.table(rows)
-    report.text(
-        "Why they differ. (1) Multi-model (W_A): our baselines swap per run of same-model "
-        "requests in FCFS order (the instance swaps when its engine runs dry), which is "
-        "where QLM's grouping pays; the paper's exact baseline swap rule is not given. "
-        "(2) Single model (W_B): an A100-80G running Mistral-7B holds hundreds of requests' "
-        "KV, so every system admits the whole queue into its engines and the engines' own "
-        "order (FCFS or EDF) decides; QLM adds nothing there and its pulling costs a few "
-        "percent of throughput. The paper's +20% comes from reordering a real queue. "
-        "(3) Warm start: our outgoing model always stays in host memory, so 'without warm "
-        "start' means no host memory for weights at all (every swap cold, NVMe 7 GB/s); "
-        "the gain is bounded by the share of time spent loading. (4) SHEPHERD is our "
-        "reading (static model placement, deadline-ordered static batches run to "
-        "completion), not its ILP; static batches cost it most of its throughput on "
-        "long ShareGPT outputs.")
     report.result("headline", rows)
 
 
@@ -368,16 +362,16 @@ def run(ctx: ExperimentContext) -> Report:
     ablation = ablation_section(report, scale, "fig10_ablation_wa", scale.cluster(),
                      w_a(scale.models, 0.6, 0.2, scale.rate, scale.num_requests, scale.seed),
                      "Ablation, W_A multi-model (Fig. 10)")
-    ablation_section(report, scale, "fig13_ablation_wb",
+    ablation_wb = ablation_section(report, scale, "fig13_ablation_wb",
                      base_spec(scale.models[:1], scale.num_instances),
                      w_b(scale.models[0], 0.3, scale.rate_b, scale.num_requests, scale.seed),
                      "Ablation, W_B single model (Fig. 13)")
     _log("heterogeneity, mega prompts, delta, planner")
     heterogeneity_section(report, scale)
     mega_section(report, scale)
-    delta_section(report, scale)
-    estimator_section(report, panels, scale)
-    headline_section(report, panels, ablation)
+    delta = delta_section(report, scale)
+    burst = estimator_section(report, panels, scale)
+    headline_section(report, scale, panels, (ablation, ablation_wb), delta, burst)
     planner_section(report, ctx.quick)
     report.result("quick", ctx.quick)
     return report

@@ -1,9 +1,11 @@
 """Runs of the QLM experiment: the systems compared, the workloads (W_A, W_B, W_C) and
 one measured point (SLO attainment, throughput, model swaps).
 
-Systems (QLM §8 "Experiment Setup"): `qlm` (the qlm router over `edf` engines, eviction
-or state swap chosen by cost), `vllm` (FCFS `vllm` engines behind round-robin), `edf`
-(`edf` engines behind round-robin: earliest deadline first over requests) and
+Systems (QLM §8 "Experiment Setup"): `qlm` (the qlm router over `qlm-edf` engines: its
+agents evict or swap out running requests for a new head group, per request by cost,
+state swaps overlapped with compute as QLM's asynchronous copies are), `vllm` (FCFS
+`vllm` engines behind round-robin), `edf` (`edf` engines behind round-robin: earliest
+deadline first over requests) and
 `shepherd` (static model placement, deadline-ordered static batches). A multi-model
 instance without a swap-driving router swaps to the oldest waiting request's model when
 its engine runs dry (andante.sim.simulator), the baselines' behaviour in the paper
@@ -65,10 +67,32 @@ class Point:
     estimator_r2: float | None
     mean_queue: float = 0.0  # requests waiting to be scheduled, time-averaged
     queue: tuple[tuple[float, ...], tuple[int, ...]] = ((), ())  # (times, sizes)
+    makespan: float = 0.0  # first arrival to the last finish, seconds
+    load_seconds: float = 0.0  # model swaps' load time, summed over instances
+    average_batch: float | None = None  # QLM's measured average running batch
 
     def row(self) -> dict[str, Any]:
         return {"SLO attainment": self.slo_attainment, "throughput (req/s)": self.throughput,
                 "model swaps": self.num_swaps}
+
+    def measured(self) -> dict[str, Any]:
+        """What the report's explanations are computed from."""
+        c = self.counters
+        return {"evictions": c.get("num_evictions", 0), "state swaps": c.get("num_state_swaps", 0),
+                "load seconds": self.load_seconds, "makespan": self.makespan,
+                "mean queue": self.mean_queue, "average batch": self.average_batch,
+                "max groups": c.get("max_groups", 0), "planner": self.planner,
+                "head changes": {k: v for k, v in c.items() if k.startswith("head_")}}
+
+    @property
+    def planner(self) -> dict[str, int] | None:
+        """QLM's plan generator in this run: invocations, plans made, EDF fallbacks."""
+        c = self.counters
+        if "planner_invocations" not in c:
+            return None
+        return {"invocations": c["planner_invocations"], "plans": c["planner_plans"],
+                "fallbacks": c["planner_fallbacks"],
+                "needs_capacity": c.get("num_needs_capacity", 0)}
 
 
 def base_spec(models: Sequence[str], num_instances: int, hardware: str = "a100-80g"
@@ -86,9 +110,9 @@ def mixed_hardware(spec: ClusterSpec, num_a10: int) -> ClusterSpec:
 
 def system_spec(spec: ClusterSpec, system: str, **qlm_options: Any) -> ClusterSpec:
     """`spec` as one of SYSTEMS runs it (`qlm_options`: the qlm router's knobs)."""
-    if system == "qlm":
-        qlm = with_router(dataclasses.replace(spec, policy="edf"), "qlm")
-        return dataclasses.replace(qlm, router_options=dict(qlm_options))
+    if system == "qlm":  # its engines' policy and per-request preemption: the router's
+        qlm = with_router(spec, "qlm")
+        return dataclasses.replace(qlm, router_options=dict(qlm_options), overlap_swaps=True)
     router, policy = {"vllm": ("round-robin", "vllm"), "edf": ("round-robin", "edf"),
                       "shepherd": ("shepherd", "static-batch")}[system]
     return dataclasses.replace(with_router(spec, router), policy=policy)
@@ -165,7 +189,9 @@ def _point(run: SimRun, router: QLMRouter | None) -> Point:
                  len(run.report.model_swaps), run.report.router_counters,
                  None if router is None else estimator_r2(run, router),
                  float(waiting.mean()),
-                 (tuple(times.round(3).tolist()), tuple(int(w) for w in waiting)))
+                 (tuple(times.round(3).tolist()), tuple(int(w) for w in waiting)),
+                 span, sum(s.seconds for s in run.report.model_swaps),
+                 None if router is None else router.speed.average_batch())
 
 
 def estimator_r2(run: SimRun, router: QLMRouter) -> float | None:
@@ -205,4 +231,6 @@ def estimator_accuracy(num_requests: int, seed: int) -> dict[str, float | int]:
             and r.timeline.finish_time is not None]
     return {"num_requests": len(rows),
             "r2_waiting": r_squared([r[0] for r in rows], [r[1] for r in rows]),
-            "r2_completion": r_squared([r[2] for r in rows], [r[3] for r in rows])}
+            "r2_completion": r_squared([r[2] for r in rows], [r[3] for r in rows]),
+            "mean_predicted_s": float(np.mean([r[2] - gap for r in rows])) if rows else 0.0,
+            "mean_observed_s": float(np.mean([r[3] - gap for r in rows])) if rows else 0.0}

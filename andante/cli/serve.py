@@ -44,7 +44,8 @@ def add_parser(subparsers: Any) -> None:
                    help="several tenants: 'NAME KEY' per line; each key sees only the "
                    "files and batches made with it (--api-key alone: one tenant, every "
                    "caller sees everything)")
-    p.add_argument("--policy", default="vllm", help=f"one of {', '.join(policy_names())}")
+    p.add_argument("--policy", default="", help=f"one of {', '.join(policy_names())} "
+                   "(default vllm; --router qlm runs qlm-edf and refuses another)")
     p.add_argument("--policy-option", action="append", metavar="KEY=VALUE")
     p.add_argument("--max-queued", type=positive_int, default=256,
                    help="requests waiting for their first token beyond which new ones get "

@@ -19,7 +19,7 @@ from andante.cli.options import (
 from andante.cli.output import record_files, write_summary
 from andante.cli.progress import Progress
 from andante.cli.workload_args import add_workload_args, workload_from_args
-from andante.cluster.registry import PoolMember, router_entry
+from andante.cluster.registry import PoolMember, engine_policy_for, router_entry
 from andante.core.request import PreemptionMode
 from andante.engine.policy import parse_options
 from andante.metrics import Summary, format_table
@@ -132,7 +132,7 @@ def policies_from_args(args: argparse.Namespace) -> list[str]:
         pools_from_args(args)
         return [args.router]
     names = [n.strip() for n in args.compare.split(",")] if args.compare else [
-        args.policy or "vllm"]
+        engine_policy_for(args.router, args.policy) or "vllm"]
     for name in names:
         policy_options_from_args(args, name)
     return names

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from andante.cluster.instance import SWAP_MODEL, Instance, MultiModel, fresh_copy
+from andante.cluster.instance import EVICT, SWAP_MODEL, Instance, MultiModel, fresh_copy
 from andante.cluster.load import LoadReport
 from andante.cluster.router import QueueDecision, QueueRouter, Router
 from andante.core.request import Request
@@ -93,6 +93,7 @@ class Controller:
         self.num_handoffs = 0
         self.num_requeued = 0
         self.num_model_swaps = 0
+        self.num_evictions = 0  # asked of the instances by a queue router (QLM LSO 2)
         self._holder = router if isinstance(router, QueueRouter) else None
         self.operators = list(operators)
 
@@ -234,6 +235,11 @@ class Controller:
 
     # ---- internals ----------------------------------------------------------------
     def _apply(self, decision: QueueDecision) -> None:
+        for index, rid, mode in decision.evictions:
+            instance = self.slots[index].instance
+            if EVICT in instance.capabilities and self._owned.get(rid, (None,))[0] == index:
+                self.num_evictions += 1
+                instance.evict(rid, mode)
         for index, model in decision.swaps:
             instance = self.slots[index].instance
             if SWAP_MODEL in instance.capabilities:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from andante.cluster.load import LoadReport
-from andante.core.request import Request
+from andante.core.request import PreemptionMode, Request
 from andante.perf.cost_model import CostModel
 
 # Operations an instance may support (its `capabilities`); the controller checks before
@@ -22,6 +22,7 @@ from andante.perf.cost_model import CostModel
 # operations are the seams KunServe will use.
 SUBMIT, ABORT, WITHDRAW = "submit", "abort", "withdraw"
 SWAP_MODEL = "swap_model"  # QLM: serve another model (warm from host memory or cold)
+EVICT = "evict"  # QLM: preempt a running request (recompute or state swap), LSOs 2-3
 DROP_LAYERS = "drop_layers"  # KunServe: free replicated layers for KV, join a pipeline
 RESTORE_LAYERS = "restore_layers"  # KunServe: reload them, leave the pipeline group
 EXCHANGE_KV = "exchange_kv"  # KunServe: move running requests' KV between group members
@@ -43,7 +44,9 @@ class Instance(Protocol):
     the next step message in a server); ids that cannot be withdrawn are ignored.
     `load()`: the latest `LoadReport` (the simulator computes it on demand). `alive` is
     False while the instance is down (then restarting, or dead for good).
-    `swap_model`, `drop_layers`, `restore_layers`: later cluster operations, offered
+    `evict(id, mode)`: preempt that running request at the next step boundary (its KV
+    dropped, or swapped to host memory when `mode` is swap and the host tier has room).
+    `swap_model`, `evict`, `drop_layers`, `restore_layers`: later cluster operations, offered
     only when named in `capabilities`; otherwise they raise `UnsupportedOperation`.
     """
 
@@ -64,6 +67,8 @@ class Instance(Protocol):
 
     def swap_model(self, model: str) -> None: ...
 
+    def evict(self, request_id: str, mode: PreemptionMode) -> None: ...
+
     def drop_layers(self, layers: Sequence[int]) -> None: ...
 
     def restore_layers(self) -> None: ...
@@ -74,6 +79,9 @@ class LaterOperations:
 
     def swap_model(self, model: str) -> None:
         raise UnsupportedOperation(f"{type(self).__name__} cannot swap its model yet")
+
+    def evict(self, request_id: str, mode: PreemptionMode) -> None:
+        raise UnsupportedOperation(f"{type(self).__name__} cannot evict requests yet")
 
     def drop_layers(self, layers: Sequence[int]) -> None:
         raise UnsupportedOperation(f"{type(self).__name__} cannot drop layers yet")

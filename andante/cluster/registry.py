@@ -6,8 +6,11 @@ branches on a router's name (DESIGN.md §2 rule 4, as the policies' registry):
 - `pool_plan`: the router splits the instances into pools, each with its own policy
   and role (Ascendra's LP and HP pools); its pools' policies replace `--policy`;
 - `several_models`: whether it may serve several models on one server;
-- `preemption`: each instance's preemption mode chosen from its cost model (QLM's
-  Insight #2, eviction or state swap by cost) when a cluster asks for it;
+- `preemption`: builds, from an instance's cost model, the function choosing each
+  preempted request's mode (QLM's Insight #2, eviction or state swap by cost) when a
+  cluster asks for it;
+- `engine_policy`: the engine policy its instances need (QLM: `qlm-edf`, its agents
+  evict); a cluster behind it runs that policy, and a server refuses another;
 - `in_process`: its cluster operations need in-process instances (KunServe's groups);
 - `simulator`: the function building its own simulated cluster (its instances and
   operators); `serve_operators`: the one building its cluster operators in a server.
@@ -45,6 +48,7 @@ class RouterEntry:
     pool_plan: str | None = None
     several_models: bool = True
     preemption: str | None = None
+    engine_policy: str | None = None
     in_process: bool = False
     simulator: str | None = None
     serve_operators: str | None = None
@@ -63,7 +67,8 @@ ROUTERS = MappingProxyType({
                             pool_plan="andante.cluster.ascendra:pool_plan",
                             several_models=False),
     "qlm": RouterEntry("andante.cluster.qlm.router:QLMRouter",
-                       preemption="andante.cluster.qlm.router:preemption_mode_for"),
+                       preemption="andante.cluster.qlm.eviction:preemption_chooser",
+                       engine_policy="qlm-edf"),
     "shepherd": RouterEntry("andante.cluster.shepherd:ShepherdRouter"),
     "kunserve": RouterEntry(
         "andante.cluster.kunserve.router:KunServeRouter", in_process=True,
@@ -73,6 +78,17 @@ ROUTERS = MappingProxyType({
                            simulator="andante.sim.llumnix:build_llumnix_simulator"),
 })
 PLAIN = RouterEntry("")  # a router given as "module:Class": no hooks
+
+
+def engine_policy_for(router: str, policy: str | None) -> str | None:
+    """The engine policy to run behind `router`: the one it needs (its entry's
+    `engine_policy`), else `policy`; ValueError in one line when `policy` (asked for
+    explicitly) is another."""
+    needed = router_entry(router).engine_policy
+    if needed is None or policy in (None, needed):
+        return needed or policy
+    raise ValueError(f"--router {router} needs --policy {needed} (its agents evict and "
+                     f"swap out running requests themselves); drop --policy {policy}")
 
 
 def router_names() -> list[str]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from andante.cluster.load import LoadReport
-from andante.core.request import Request
+from andante.core.request import PreemptionMode, Request
 
 __all__ = [
     "InstanceView",
@@ -69,11 +69,14 @@ class Router(Protocol):
 @dataclass(frozen=True, slots=True)
 class QueueDecision:
     """What a queue-holding router asks for now: requests to place (id, instance),
-    model swaps (instance, model) and warm starts (instance, model)."""
+    model swaps (instance, model), warm starts (instance, model) and evictions of
+    running requests (instance, id, mode: recompute or state swap; QLM LSOs 2-3),
+    applied before the placements."""
 
     placements: tuple[tuple[str, int], ...] = ()
     swaps: tuple[tuple[int, str], ...] = ()
     warm: tuple[tuple[int, str], ...] = ()
+    evictions: tuple[tuple[int, str, PreemptionMode], ...] = ()
 
 
 @runtime_checkable

@@ -22,7 +22,7 @@ its `num_computed_tokens`): the block manager's figures for it count the shared 
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Callable, Set
 from typing import TYPE_CHECKING, overload
 
 from andante.core.request import PreemptionMode, Request, RequestStatus
@@ -48,8 +48,10 @@ class StepPlan:
         running: list[Request],
         swapped: list[Request],
         in_flight_ids: Set[str] = frozenset(),
+        mode_of: Callable[[Request], PreemptionMode] | None = None,
     ) -> None:
         self.now = now
+        self._mode_of = mode_of  # each request's preemption mode by cost (QLM), if set
         self.in_flight_ids = in_flight_ids  # requests of batches still in the pipeline
         self.config = config
         self.waiting = waiting  # policies may reorder these three lists in place
@@ -215,8 +217,9 @@ class StepPlan:
         return self._kv.can_swap_in(req.request_id, self.blocks_needed(req, num_tokens))
 
     def preemption_mode_for(self, req: Request) -> PreemptionMode:
-        """The configured mode, falling back to recompute when the host tier is full."""
-        mode = self.config.preemption_mode
+        """The configured mode (or the request's own, where the scheduler chooses per
+        request: QLM's Insight #2), falling back to recompute when the host tier is full."""
+        mode = self.config.preemption_mode if self._mode_of is None else self._mode_of(req)
         if mode == PreemptionMode.SWAP and not self._kv.can_swap_out(req.request_id):
             return PreemptionMode.RECOMPUTE
         return mode

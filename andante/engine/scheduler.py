@@ -17,7 +17,7 @@ registered (`KVBlockManager.cache_computed`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -86,6 +86,8 @@ class Scheduler:
         self.kv = kv
         self.policy = policy
         self.clock = clock
+        # each victim's preemption mode by cost (QLM's Insight #2); None: config's mode
+        self.preemption_mode_of: Callable[[Request], PreemptionMode] | None = None
         # a request stops at this length (prompt + output): the model's context, or the
         # whole device KV cache (its next token could never fit)
         self.max_num_tokens = min(config.max_model_len, kv.num_device_blocks * kv.block_size)
@@ -107,6 +109,7 @@ class Scheduler:
         self._prefix_waiting: dict[str, Request] = {}  # tracked by the cache, no KV
         self.num_prefix_query_tokens = 0  # tokens looked up at admissions
         self.num_prefix_hit_tokens = 0  # of them, found in the prefix cache
+        self._evictions: dict[str, PreemptionMode] = {}  # asked for (QLM's agent, LSO 2)
 
     # ---- figures --------------------------------------------------------------------
     @property
@@ -187,6 +190,11 @@ class Scheduler:
     def has_in_flight(self) -> bool:
         return bool(self._in_flight_ids)
 
+    @property
+    def has_evictions(self) -> bool:
+        """Preemptions asked for (`request_preemption`) that the next step applies."""
+        return bool(self._evictions)
+
     def hold(self, request_id: str) -> None:
         """Keep a request out of the coming steps, as if its batch were in flight, until
         `release` (KunServe: its KV is still being exchanged); it is neither scheduled
@@ -261,10 +269,30 @@ class Scheduler:
         if self._prefix_waiting:
             self._refresh_prefix_hits()
         plan = StepPlan(
-            self.kv, self.config, now, self.waiting, running, self.swapped, in_flight
+            self.kv, self.config, now, self.waiting, running, self.swapped, in_flight,
+            self.preemption_mode_of,
         )
+        if self._evictions:
+            self._evict(plan)
         self.policy.schedule(plan)
         return self._apply(plan, now)
+
+    def request_preemption(self, request_id: str, mode: PreemptionMode) -> None:
+        """Preempt this running request (by `mode`; recompute when the host tier is
+        full) at the start of the next step, before the policy decides: an eviction or
+        state swap asked for from outside (QLM's agent, LSOs 2-3). Ignored if it is not
+        running then."""
+        self._evictions[request_id] = mode
+
+    def _evict(self, plan: StepPlan) -> None:
+        for rid, mode in self._evictions.items():
+            req = self.requests.get(rid)
+            if req is None or not plan.can_preempt(req, PreemptionMode.RECOMPUTE):
+                continue
+            if mode == PreemptionMode.SWAP and not plan.can_preempt(req, mode):
+                mode = PreemptionMode.RECOMPUTE
+            plan.preempt(req, mode)
+        self._evictions = {}
 
     def _refresh_prefix_hits(self) -> None:
         """Start each tracked request holding no KV at its prefix hit now (tentative:

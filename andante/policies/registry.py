@@ -19,6 +19,7 @@ POLICIES = MappingProxyType(
         "sarathi": "andante.policies.vllm:SarathiPolicy",
         "priority": "andante.policies.priority:PriorityPolicy",
         "edf": "andante.policies.edf:EDFPolicy",
+        "qlm-edf": "andante.policies.qlm_edf:QLMEDFPolicy",
         "sjf": "andante.policies.sjf:SJFPolicy",
         "static-batch": "andante.policies.static_batch:StaticBatchPolicy",
         "andes": "andante.policies.andes:AndesPolicy",

@@ -13,9 +13,15 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from andante.cluster.instance import BASIC_CAPABILITIES, SWAP_MODEL, LaterOperations, ModelState
+from andante.cluster.instance import (
+    BASIC_CAPABILITIES,
+    EVICT,
+    SWAP_MODEL,
+    LaterOperations,
+    ModelState,
+)
 from andante.cluster.load import LoadReport
-from andante.core.request import Request
+from andante.core.request import PreemptionMode, Request
 from andante.runtime.worker import InstanceWorker, OnChange, Post, StepMessage
 
 log = logging.getLogger("andante.cluster")
@@ -24,7 +30,7 @@ IDLE_WAIT_S = 0.5
 
 
 class LocalInstance(LaterOperations):
-    capabilities = BASIC_CAPABILITIES
+    capabilities = BASIC_CAPABILITIES | {EVICT}
 
     def __init__(self, worker: InstanceWorker, role: str = "") -> None:
         self.index = worker.index
@@ -58,6 +64,9 @@ class LocalInstance(LaterOperations):
 
     def withdraw(self, request_ids: Sequence[str]) -> None:
         self.worker.withdraw(request_ids)
+
+    def evict(self, request_id: str, mode: PreemptionMode) -> None:
+        self.worker.evict(request_id, mode)
 
     def load(self) -> LoadReport:
         return self._report
@@ -103,7 +112,7 @@ class MultiModelInstance(LocalInstance):
     """A local instance whose worker serves several models (a `ModelSwitch`): it swaps
     models (QLM LSO 5), warms them and reports them (`MultiModel`)."""
 
-    capabilities = BASIC_CAPABILITIES | {SWAP_MODEL}
+    capabilities = BASIC_CAPABILITIES | {EVICT, SWAP_MODEL}
 
     def __init__(self, worker: InstanceWorker, role: str = "") -> None:
         if worker.switch is None:

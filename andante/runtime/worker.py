@@ -27,7 +27,7 @@ from andante.cluster.instance import Instance, ModelState
 from andante.cluster.load import LoadReport
 from andante.cluster.qlm.swap import ModelSwitcher
 from andante.cluster.qlm.tiers import DISK, HOST, ModelSwap, ModelTiers
-from andante.core.request import Request, RequestStatus
+from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
 from andante.engine.stats import EngineLimits
 from andante.perf.cost_model import CostModel
@@ -193,6 +193,10 @@ class InstanceWorker:
     def withdraw(self, request_ids: Sequence[str]) -> None:
         self._post("withdraw", list(request_ids))
 
+    def evict(self, request_id: str, mode: PreemptionMode) -> None:
+        """Preempt the running request at the next step (QLM's agent, LSOs 2-3)."""
+        self._post("evict", (request_id, mode))
+
     def swap_model(self, model: str) -> None:
         """Serve `model` from the next step boundary (ValueError: not one of ours)."""
         if self.switch is None:
@@ -288,6 +292,8 @@ class InstanceWorker:
             elif kind == "swap":
                 assert self.switcher is not None
                 self.switcher.ask(item)
+            elif kind == "evict":
+                self.engine.scheduler.request_preemption(*item)
             elif kind == "warm":
                 self._start_warming(item)
             elif kind == "warmed":

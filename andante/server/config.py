@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from andante.cluster.registry import router_entry
+from andante.cluster.registry import engine_policy_for, router_entry
 from andante.core.request import PreemptionMode
 
 TOY_MODEL = "toy"
@@ -105,7 +105,7 @@ class ServeOptions:
     # several tenants (a keys file): (name, key) pairs; files and batches belong to the
     # name of the key that made them and only it sees them (`api_key` alone: one tenant)
     api_keys: tuple[tuple[str, str], ...] = ()
-    policy: str = "vllm"
+    policy: str = ""  # "": the router's engine policy (QLM: qlm-edf), else vllm
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     max_queued: int = 256
     engine: EngineOptions = field(default_factory=EngineOptions)
@@ -129,6 +129,8 @@ class ServeOptions:
     trace_steps: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "policy",  # a conflicting --policy: a one-line error
+                           engine_policy_for(self.router, self.policy or None) or "vllm")
         self._check_models()
         self._check_keys()
         if self.instances < 1:

@@ -10,7 +10,8 @@ one process.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -77,11 +78,32 @@ class _EngineCollector(Collector):
             yield counter
 
 
+class _RouterCollector(Collector):
+    """The router's own counters (QLM: planner invocations, plans, EDF fallbacks, model
+    swaps, evictions), read at scrape time as `andante:router_<name>`."""
+
+    def __init__(self, router: str, counters: Callable[[], Mapping[str, int]]) -> None:
+        self._router = router
+        self._counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        for name, value in sorted(self._counters().items()):
+            counter = CounterMetricFamily(
+                PREFIX + "router_" + name.removeprefix("num_"),
+                f"The {self._router} router's count of {name.removeprefix('num_')}.",
+                labels=["router"])
+            counter.add_metric([self._router], float(value))
+            yield counter
+
+
 class ServerMetrics:
-    def __init__(self, model_name: str, stats: Callable[[], SchedulerStats]) -> None:
+    def __init__(self, model_name: str, stats: Callable[[], SchedulerStats],
+                 router: tuple[str, Callable[[], Mapping[str, int]]] | None = None) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_EngineCollector(model_name, stats))
+        if router is not None:
+            self.registry.register(_RouterCollector(*router))
         self._init_histograms()
         self._init_counters()
 
@@ -156,3 +178,13 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def router_counters(router: Any) -> tuple[str, Callable[[], Mapping[str, int]]] | None:
+    """(name, its counters) of a router that counts what it does (`counters.summary()`,
+    as QLM's), for `ServerMetrics`; None for the others."""
+    counters = getattr(router, "counters", None)
+    if not callable(getattr(counters, "summary", None)):
+        return None
+    return str(getattr(router, "name", type(router).__name__)), \
+        lambda: router.counters.summary()

@@ -24,9 +24,12 @@ from typing import Any
 
 from andante.cluster.qlm.model_router import ModelRouter
 from andante.cluster.qlm.tiers import placed_tiers
+from andante.cluster.registry import router_entry
 from andante.cluster.router import QueueRouter, Router
 from andante.core.clock import Clock, MonotonicClock
+from andante.core.request import PreemptionMode, Request
 from andante.engine import Engine
+from andante.engine.config import SchedulerConfig
 from andante.engine.stats import EngineLimits
 from andante.models.interface import Tokenizer
 from andante.perf.cost_model import CostModel
@@ -155,9 +158,14 @@ def _worker(options: ServeOptions, index: int, clock: Clock, weights: Mapping[st
     paths = dict(options.models)
     cap = None if options.host_memory_gib is None else int(options.host_memory_gib * GIB)
 
+    choose = router_entry(options.router).hook("preemption")
+
     def build(model: str, loaded: Any) -> tuple[Engine, OutputAdapter]:
         engine, adapter, _ = build_engine(options, index, clock, paths[model],
                                           _shared(loaded))
+        if choose is not None:  # each victim evicted or swapped by cost (QLM)
+            engine.scheduler.preemption_mode_of = _by_cost(choose, known[0], model,
+                                                           engine.scheduler.config)
         return engine, adapter
 
     def load(model: str) -> Any:
@@ -171,6 +179,21 @@ def _worker(options: ServeOptions, index: int, clock: Clock, weights: Mapping[st
              ", ".join(tiers.host) or "none")
     return InstanceWorker(index, engine, adapter, model_name=device,
                           switch=ModelSwitch(tiers, build, load, *known))
+
+
+def _by_cost(choose: Callable[[CostModel], Callable[[Request], PreemptionMode]],
+             costs: Mapping[str, CostModel], model: str, config: SchedulerConfig
+             ) -> Callable[[Request], PreemptionMode]:
+    """The router's per-request preemption rule on `model`'s cost model (known once the
+    models are described; until then the configured mode)."""
+    rule: list[Callable[[Request], PreemptionMode]] = []
+
+    def mode_of(req: Request) -> PreemptionMode:
+        if not rule and model in costs:
+            rule.append(choose(costs[model]))
+        return rule[0](req) if rule else config.preemption_mode
+
+    return mode_of
 
 
 def _shared(loaded: Any) -> Any:

@@ -15,7 +15,7 @@ from andante.server.admission import Admission
 from andante.server.config import HTTPLimits, ServeOptions
 from andante.server.errors import APIError
 from andante.server.live import LiveStats
-from andante.server.metrics import ServerMetrics
+from andante.server.metrics import ServerMetrics, router_counters
 from andante.server.runner import ClusterRunner
 from andante.server.streams import RequestStream, StreamHub
 
@@ -46,7 +46,8 @@ class ServerState:
     def create(cls, options: ServeOptions, backend: Backend) -> ServerState:
         runner = backend.runner
         hub = StreamHub()
-        metrics = ServerMetrics(backend.model_name, lambda: runner.stats)
+        metrics = ServerMetrics(backend.model_name, lambda: runner.stats,
+                                router_counters(runner.controller.router))
         live = LiveStats(backend.clock, lambda: runner.stats)
         hub.add_observer(metrics.observe)
         hub.add_observer(live.observe)

@@ -33,7 +33,8 @@ def batch_after_finish(scheduler: Scheduler, fast: SimFastPath) -> StepBatch | N
     budget = fast.decode_budget
     if budget <= 0 or not running:
         return None
-    if scheduler.waiting or scheduler.swapped or scheduler.has_in_flight:
+    if (scheduler.waiting or scheduler.swapped or scheduler.has_in_flight
+            or scheduler.has_evictions):
         return None
     if scheduler.added_since_schedule or scheduler.last_step_preempted:
         return None

@@ -25,12 +25,11 @@ def build_cost_model(spec: ClusterSpec) -> CostModel:
 
 def _engine_of(own: ClusterSpec, clock: ManualClock) -> tuple[Engine, SimExecutor]:
     cost = build_cost_model(own)
-    if own.auto_preemption:  # eviction or state swap by cost (the router's rule)
+    choose = None
+    if own.auto_preemption:  # eviction or state swap by cost, per request (the router's)
         choose = router_entry(own.router).hook("preemption")
         if choose is None:
             raise ValueError(f"router {own.router!r} chooses no preemption mode by cost")
-        own = dataclasses.replace(own, scheduler=dataclasses.replace(
-            own.scheduler, preemption_mode=choose(cost)))
     executor = SimExecutor(
         cost,
         block_size=own.scheduler.block_size,
@@ -39,7 +38,10 @@ def _engine_of(own: ClusterSpec, clock: ManualClock) -> tuple[Engine, SimExecuto
         overlap_swaps=own.overlap_swaps,
         warmup_tokens=own.scheduler.max_model_len,  # as the real engine's warm-up
     )
-    return build_engine(executor, clock, own.policy, own.scheduler, own.policy_options), executor
+    engine = build_engine(executor, clock, own.policy, own.scheduler, own.policy_options)
+    if choose is not None:
+        engine.scheduler.preemption_mode_of = choose(cost)
+    return engine, executor
 
 
 def _fits(own: ClusterSpec, model: str) -> bool:

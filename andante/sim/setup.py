@@ -20,11 +20,14 @@ def with_router(spec: ClusterSpec, router: str, num_hp: int = 1) -> ClusterSpec:
     """`spec` behind `router`, as its registry entry says: a router with a pool plan
     splits the instances into its pools (Ascendra: the last `num_hp` are HP; "lp."/"hp."
     keys of `spec.policy_options` reach that pool's policy); one that chooses the
-    preemption mode by cost turns `auto_preemption` on (QLM Insight #2)."""
+    preemption mode by cost turns `auto_preemption` on (QLM Insight #2); one that needs
+    an engine policy (QLM's agents evict) runs it."""
     entry = router_entry(router)
     spec = dataclasses.replace(spec, router=router)
     if entry.preemption is not None:
         spec = dataclasses.replace(spec, auto_preemption=True)
+    if entry.engine_policy is not None:
+        spec = dataclasses.replace(spec, policy=entry.engine_policy)
     pool_plan = entry.hook("pool_plan")
     if pool_plan is None:
         return spec

@@ -33,6 +33,7 @@ from andante.cluster.controller import Controller
 from andante.cluster.host import EngineHost
 from andante.cluster.instance import (
     BASIC_CAPABILITIES,
+    EVICT,
     SWAP_MODEL,
     HandsOff,
     LaterOperations,
@@ -42,7 +43,7 @@ from andante.cluster.load import LoadReport
 from andante.cluster.qlm.swap import ModelSwitcher
 from andante.cluster.qlm.tiers import ModelSwap, ModelTiers
 from andante.core.clock import ManualClock
-from andante.core.request import Request, RequestStatus
+from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.engine import Engine, StepOutput
 from andante.engine.fast_path import SimFastPath
 from andante.engine.policy import BasePolicy
@@ -91,7 +92,7 @@ class SimInstance(LaterOperations):
     `serve_models` it serves several models, one at a time (`swap_model`): it is then the
     `SwapSite` of its `switcher` (andante.cluster.qlm.swap)."""
 
-    capabilities = BASIC_CAPABILITIES
+    capabilities = BASIC_CAPABILITIES | {EVICT}
 
     def __init__(self, index: int, engine: Engine, runs: DecodeRunExecutor | None = None,
                  role: str = "", drop_late: bool = False) -> None:
@@ -128,7 +129,7 @@ class SimInstance(LaterOperations):
         """Serve every model of `tiers` (the engine built so far serves `tiers.device`)."""
         self.tiers, self.loader = tiers, loader
         self.switcher = ModelSwitcher(tiers, self)
-        self.capabilities = BASIC_CAPABILITIES | {SWAP_MODEL}
+        self.capabilities = BASIC_CAPABILITIES | {EVICT, SWAP_MODEL}
 
     @property
     def parked(self) -> Sequence[Request]:
@@ -186,6 +187,11 @@ class SimInstance(LaterOperations):
             reqs += self.switcher.unpark(request_ids)
         if reqs:
             self.hooks.handoff(self, reqs)
+
+    def evict(self, request_id: str, mode: PreemptionMode) -> None:
+        """Preempt the running request at the next step (QLM's agent, LSOs 2-3)."""
+        self.engine.scheduler.request_preemption(request_id, mode)
+        self.hooks.wake(self)
 
     def load(self) -> LoadReport:
         """Computed on demand (and cached until the instance's state changes)."""

@@ -165,7 +165,7 @@ SIMULATE = ["simulate", "--num-requests", "6", "--no-progress", "--json",
 
 
 @pytest.mark.parametrize("extra", [
-    [], ["--router", "kunserve", "--instances", "2"], ["--router", "qlm", "--policy", "edf"],
+    [], ["--router", "kunserve", "--instances", "2"], ["--router", "qlm"],
     ["--router", "ascendra", "--instances", "3"], ["--pp", "2"],
     ["--router", "llumnix", "--instances", "2"]])
 def test_simulate_imports_no_torch(extra: list[str], tmp_path: Path) -> None:

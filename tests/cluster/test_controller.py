@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from andante.cluster import Controller, UnsupportedOperation
-from andante.cluster.instance import BASIC_CAPABILITIES, Instance
+from andante.cluster.instance import BASIC_CAPABILITIES, EVICT, Instance
 from andante.cluster.load import predicted_drain_time, total_stats
 from andante.cluster.router import RoundRobinRouter
 from andante.core.request import RequestStatus
@@ -93,7 +93,7 @@ def test_real_instances_offer_only_the_basic_operations(make: str) -> None:
     the operations they implement and refuse the later ones clearly."""
     inst: Instance = (build_simulator(ClusterSpec()).instances[0] if make == "sim"
                       else build_backend(toy_options()).runner.instances[0])
-    assert inst.capabilities == BASIC_CAPABILITIES
+    assert inst.capabilities == BASIC_CAPABILITIES | {EVICT}  # QLM's agents evict
     for operation in (lambda: inst.swap_model("other"), lambda: inst.drop_layers([0, 1]),
                       inst.restore_layers):
         with pytest.raises(UnsupportedOperation, match=type(inst).__name__):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from andante.core import PreemptionMode
 from tests.engine.helpers import make_engine, make_request, run_to_completion
 
-BASELINES = ["vllm", "vllm-v0", "sarathi", "priority", "edf", "sjf"]
+BASELINES = ["vllm", "vllm-v0", "sarathi", "priority", "edf", "qlm-edf", "sjf"]
 
 WORKLOAD = st.lists(
     st.tuples(

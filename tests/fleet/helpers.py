@@ -55,8 +55,10 @@ def start_toy(step_ms: float = 2.0, *args: str) -> Upstream:
 
 @contextmanager
 def toy_upstreams(count: int, step_ms: float = 2.0, *args: str) -> Iterator[list[Upstream]]:
-    ups = [start_toy(step_ms, *args) for _ in range(count)]
+    ups: list[Upstream] = []
     try:
+        for _ in range(count):
+            ups.append(start_toy(step_ms, *args))
         yield ups
     finally:
         for up in ups:

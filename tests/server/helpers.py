@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,13 +41,21 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def _own_state_dir(args: tuple[str, ...]) -> list[str]:
+    """A private --state-dir unless ARGS name one: the state directory is locked, so two
+    servers (or one left by a failed test) must never share the user's default."""
+    if "--state-dir" in args or "--queue" in args:
+        return []
+    return ["--state-dir", tempfile.mkdtemp(prefix="andante-test-state-")]
+
+
 @contextmanager
 def toy_serve_process(*args: str) -> Iterator[str]:
     """`andante serve --model toy --port 0 ARGS` as a separate process; yields its URL
     (read from the startup line), then stops it by PID and checks that it exited cleanly."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "andante.cli.main", "serve", "--model", "toy", "--port", "0",
-         "--log-level", "warning", "--toy-step-ms", "1", *args],
+         "--log-level", "warning", "--toy-step-ms", "1", *_own_state_dir(args), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None

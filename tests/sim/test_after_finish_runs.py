@@ -35,7 +35,7 @@ def test_runs_follow_finishes_without_a_step(policy: str) -> None:
     assert any(a[1] and a[0] > 1 and b[0] > 1 for a, b in zip(outputs, outputs[1:], strict=False))
 
 
-@pytest.mark.parametrize("policy", ["priority", "edf"])
+@pytest.mark.parametrize("policy", ["priority", "edf", "qlm-edf"])
 def test_not_for_policies_that_reorder_their_batch(policy: str) -> None:
     """Sorted running lists and job orders (a decode batch not in the running order)
     are left to a step."""

@@ -20,7 +20,8 @@ def _timelines(run) -> dict[str, tuple]:  # type: ignore[no-untyped-def]
     }
 
 
-@pytest.mark.parametrize("policy", ["vllm", "vllm-v0", "sarathi", "priority", "edf", "sjf",
+@pytest.mark.parametrize("policy", ["vllm", "vllm-v0", "sarathi", "priority", "edf", "qlm-edf",
+                                    "sjf",
                                     "static-batch"])
 @pytest.mark.parametrize("mode", [PreemptionMode.RECOMPUTE, PreemptionMode.SWAP])
 def test_decode_runs_give_identical_timelines(policy: str, mode: PreemptionMode) -> None:

@@ -10,9 +10,11 @@ of its virtual queue, the agent asks for:
   hysteresis; while it drains for a swap, it pulls the device model's later requests
   expected to finish within the drain;
 - a warm start of the next cold model in the queue (LSO 5);
-- request pulling (LSO 1) while the instance has spare KV tokens and no backlog of its own.
-Eviction and GPU-CPU state swap when a more urgent head group arrives (LSOs 2-3) are the
-instances' own preemption (an `edf` engine policy preempts for it). The router
+- request pulling (LSO 1) while the instance has spare KV tokens and no backlog of its own;
+- when the head group changes and does not fit, request eviction or GPU-CPU state swap
+  (LSOs 2-3) of running requests due after it, each by cost (andante.cluster.qlm
+  .eviction), and the head group pulled into the room they free (the instance's
+  `qlm-edf` policy never preempts for a waiting request by itself). The router
 (andante.cluster.qlm.router) builds the virtual queues and records what was placed.
 """
 
@@ -21,18 +23,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from andante.cluster.instance import ModelState
 from andante.cluster.qlm.estimator import OutputLengthModel, RCTEstimator
+from andante.cluster.qlm.eviction import Evictions, RunningRequest, head_group_evictions
 from andante.cluster.qlm.groups import RequestGroup
 from andante.cluster.qlm.types import InstanceView as QLMView
 from andante.cluster.qlm.virtual_queue import VirtualQueue, model_actions, pull_requests
 from andante.cluster.router import InstanceView, QueueDecision
+from andante.core.request import PreemptionMode
 
 log = logging.getLogger(__name__)
+EVICTION_SAMPLES = 10  # S of the head group's expected completion (eq. 5)
 
 
 class ModelView(InstanceView, Protocol):
@@ -53,6 +61,8 @@ class AgentOptions:
     warm_start: bool = True
     pull_reserve: float = 1.0
     swap_hysteresis: float = 2.0
+    evict: bool = True  # LSO 2: make room for a new head group
+    state_swap: bool = True  # LSO 3: swap a victim's KV to host memory where it pays
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +74,7 @@ class AgentInstance:
     view: QLMView  # the estimator's view of it
     drain_s: float  # its own drain-time prediction at its learned speed
     deadlines: Mapping[str, float]  # of the requests placed on it, by request id
+    running: tuple[RunningRequest, ...] = ()  # of those, the ones running now
 
 
 def load_time(state: ModelState, model: str) -> float:
@@ -80,6 +91,8 @@ class QLMAgents:
         self.options = options
         self.outputs = outputs  # the router's output-length model (learned as it serves)
         self.last_swap: dict[int, tuple[float, float]] = {}  # instance -> (when, load s)
+        self.last_head: dict[int, str] = {}  # instance -> its virtual queue's head group
+        self.head_outcomes: Counter[str] = Counter()  # eviction checks, by outcome
 
     def act(self, queues: Mapping[int, list[RequestGroup]],
             instances: Sequence[AgentInstance], estimator: RCTEstimator,
@@ -88,6 +101,7 @@ class QLMAgents:
         placements: list[tuple[str, int]] = []
         swaps: list[tuple[int, str]] = []
         warm: list[tuple[int, str]] = []
+        evictions: list[tuple[int, str, PreemptionMode]] = []
         for inst in instances:
             index, queue, state = inst.slot.index, queues[inst.slot.index], inst.state
             if not queue:
@@ -110,8 +124,53 @@ class QLMAgents:
                 self.last_swap[index] = (now, load_time(state, actions.swap_to))
                 qview = dataclasses.replace(qview, models_on_device=(actions.swap_to,),
                                             num_running_tokens=0)  # its KV is flushed
+            elif self.head_changed(index, queue[0]):
+                evicted = self.evict_for_head(inst, queue[0], estimator, now)
+                self.head_outcomes[evicted.outcome] += 1
+                if evicted.victims:
+                    evictions += [(index, rid, mode) for rid, mode in evicted.victims]
+                    placements += [(rid, index) for rid in self.pulled_after(
+                        inst, queue[0], evicted)]
+                    continue
             placements += [(rid, index) for rid in self.pulled(inst, vq, by_id, qview)]
-        return QueueDecision(tuple(placements), tuple(swaps), tuple(warm))
+        return QueueDecision(tuple(placements), tuple(swaps), tuple(warm), tuple(evictions))
+
+    def head_changed(self, index: int, head: RequestGroup) -> bool:
+        """Is `head` a new head of instance `index`'s virtual queue (§5: the trigger
+        of eviction and state swap)?"""
+        changed = self.last_head.get(index) != head.group_id
+        self.last_head[index] = head.group_id
+        return changed
+
+    def evict_for_head(self, inst: AgentInstance, head: RequestGroup,
+                       estimator: RCTEstimator, now: float) -> Evictions:
+        """LSOs 2-3: the running requests to remove for the head group (none when it
+        fits or can wait for the room, or without eviction: the ablation). The head's
+        expected completion is the estimator's (eq. 5, its mean over S samples)."""
+        if not self.options.evict or not inst.running or inst.state.loading_s > 0:
+            return Evictions(outcome="off" if not self.options.evict else "not_running")
+        stats = inst.slot.load.stats
+        block = inst.state.block_size
+        samples = estimator.group_times(inst.view, head, EVICTION_SAMPLES,
+                                        np.random.default_rng(0))
+        return head_group_evictions(
+            head, inst.running, inst.view.spare_tokens,
+            max(0, stats.max_num_seqs - stats.num_running),
+            int(self.options.pull_reserve * self.outputs.mean(head.key)),
+            inst.state.costs[inst.state.device], stats.num_free_host_blocks * block,
+            self.options.state_swap, now=now,
+            head_time_s=float(np.mean(samples.completion)))
+
+    def pulled_after(self, inst: AgentInstance, head: RequestGroup,
+                     evicted: Evictions) -> tuple[str, ...]:
+        """The head group's requests that fit in the room the evictions free."""
+        stats = inst.slot.load.stats
+        qview = dataclasses.replace(inst.view, num_running_tokens=max(
+            0, inst.view.num_running_tokens - evicted.freed_tokens))
+        vq = VirtualQueue(inst.view.instance_id, (head.group_id,))
+        reserve = int(self.options.pull_reserve * self.outputs.mean(head.key))
+        room = max(0, stats.max_num_seqs - stats.num_running) + len(evicted.victims)
+        return pull_requests(vq, {head.group_id: head}, qview, reserve)[:room]
 
     def should_swap(self, inst: AgentInstance, head: RequestGroup, now: float) -> bool:
         """Swap once the instance has drained, or at once when the head group cannot

@@ -20,7 +20,7 @@ memory (warm), plus weights / disk bandwidth from disk (cold).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -146,7 +146,8 @@ class RCTEstimator:
     cost: ExecutionCost
     outputs: OutputLengthModel
     model_bytes: Mapping[str, int]
-    inefficiency: float = 1.0  # ε of eq. 4
+    inefficiency: float = 1.0  # ε of eq. 4 (a constant)
+    epsilon: Callable[[str, str], float] | None = None  # ε per (instance, model): profiled
 
     def __post_init__(self) -> None:
         check_positive("inefficiency", self.inefficiency)
@@ -220,6 +221,8 @@ class RCTEstimator:
             costs = memo[key] = (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
                                  np.array([r[2] for r in rows]).reshape(len(views), -1))
         theta, step, prefill = costs
+        if self.epsilon is not None:
+            step = step * np.array([self.epsilon(v.instance_id, model) for v in views])
         ahead = np.cumsum(outputs, axis=1) - outputs  # eq. 2 inside the group (FCFS)
         completion = (ahead[None] / theta[:, None, None] + prefill[:, where][:, None, :]
                       + outputs[None] * (self.inefficiency * step)[:, None, None])  # eq. 4

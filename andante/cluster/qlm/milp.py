@@ -19,11 +19,14 @@ without big-M terms:
   = its Σ O / Θ, eq. 2; completion = eq. 5);
 - chance constraint P(ct − slo ≤ 0) ≥ Δ (eqs. 11-12) by sample-average approximation
   (Luedtke & Ahmed 2008): per position at most k = ⌊(1 − Δ)·S⌋ of the S samples may
-  violate, with binaries z[g,k,s] and big-M; k = 0 needs no binaries (every sample meets);
+  violate, with binaries z[g,k,s] and big-M (k = 0, Δ = 1, needs no z); a position's
+  whole chance constraint may be relaxed by a binary v[g,k] at the penalty `miss_penalty`
+  (andante.cluster.qlm.plan_problem), so a hopeless group never makes the program
+  infeasible: the program gives up as few groups as it can, then minimises eq. 13;
 - objective (eq. 13): min Σ E[ct − slo] = Σ E[ct] − Σ slo. With tail positions, a group at
   position k delays the k groups behind it and a switch there delays k + 1 groups, so
   Σ E[ct] = Σ x·(k·E[drain] + E[completion] + base) + Σ t·(k + 1)·swap_in, linear; an
-  optional weight per model switch is added.
+  optional weight per model switch and the penalty of each relaxed position are added.
 Per-instance memory enters as the groups' allowed instances (no x where the model's
 weights exceed the instance's device memory). Each queue has L positions,
 L = ⌈slack × fair share⌉ + 1 instead of the paper's L = #groups (`queue_length`).
@@ -45,6 +48,8 @@ from andante.cluster.qlm.plan_problem import (
     PlannerOptions,
     PlanProblem,
     is_model_switch,
+    miss_penalty,
+    time_bounds,
 )
 
 
@@ -59,7 +64,7 @@ def queue_length(problem: PlanProblem, options: PlannerOptions) -> int:
 
 @dataclass(frozen=True, slots=True)
 class MilpLayout:
-    """Column offsets of the MILP's variables (x, t, B, z), blocks per (queue, position).
+    """Column offsets of the MILP's variables (x, t, B, z, v), blocks per (queue, position).
 
     Positions are counted from the tail: k = number of groups served after it on the
     queue, so the head is the highest occupied k and empty positions sit above it.
@@ -92,9 +97,14 @@ class MilpLayout:
     def z(self, g: int, k: int) -> int:
         return self.num_positions * (self.n + self.m + self.s) + (g * self.length + k) * self.s
 
+    def v(self, g: int, k: int) -> int:
+        return (self.num_positions * (self.n + self.m + self.s + (self.s if self.uses_z else 0))
+                + g * self.length + k)
+
     @property
     def num_vars(self) -> int:
-        return self.num_positions * (self.n + self.m + self.s + (self.s if self.uses_z else 0))
+        return self.num_positions * (self.n + self.m + self.s + (self.s if self.uses_z else 0)
+                                     + 1)
 
 
 @dataclass(slots=True)
@@ -142,15 +152,6 @@ class Milp:
     matrix: tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def _big_m(problem: PlanProblem) -> tuple[float, float]:
-    """H bounds every busy time B; big_m relaxes a violated chance row (z = 1)."""
-    n = len(problem.group_ids)
-    busy = (float(problem.base.max()) + float(problem.drain.max(axis=(1, 2)).sum())
-            + n * float(problem.swap_in.max(initial=0.0)) + 1.0)
-    slack = max(0.0, -float(problem.slo.min(initial=0.0)))
-    return busy, busy + float(problem.completion.max(initial=0.0)) + slack + 1.0
-
-
 def _switch_rows(rows: _Rows, p: PlanProblem, lay: MilpLayout, g: int, k: int,
                  ok: np.ndarray) -> None:
     """Eq. 9 per model m: t ≥ a[k,m] − a[k+1,m] − on_device[m]·(1 − occupied[k+1])."""
@@ -168,7 +169,8 @@ def _switch_rows(rows: _Rows, p: PlanProblem, lay: MilpLayout, g: int, k: int,
 def _chance_rows(rows: _Rows, p: PlanProblem, lay: MilpLayout, g: int, k: int,
                  ok: np.ndarray, h: float, big_m: float) -> None:
     """Eq. 10 as the busy-time recursion B[k] = B[k+1] + drain + swap (B[L] = base), and
-    eq. 12 by SAA: B[k] − drain + completion ≤ slo in all but k samples."""
+    eq. 12 by SAA: B[k] − drain + completion ≤ slo in all but k samples, unless the
+    position is relaxed (v = 1)."""
     s = lay.s
     b = lay.b(g, k) + np.arange(s)
     xk = np.broadcast_to(lay.x(g, k) + ok, (s, len(ok)))
@@ -179,7 +181,8 @@ def _chance_rows(rows: _Rows, p: PlanProblem, lay: MilpLayout, g: int, k: int,
                         -p.drain[ok, g, :].T, np.broadcast_to(-p.swap_in[g], (s, lay.m))]),
              0.0 if nxt else p.base[g], 0.0 if nxt else p.base[g])
     own = (p.completion[ok, g, :] - p.drain[ok, g, :] - p.slo[ok, None] + h).T
-    cols, vals = [b[:, None], xk], [np.ones((s, 1)), own]
+    cols = [b[:, None], xk, np.full((s, 1), lay.v(g, k))]
+    vals = [np.ones((s, 1)), own, np.full((s, 1), -big_m)]
     if lay.uses_z:
         cols.append((lay.z(g, k) + np.arange(s))[:, None])
         vals.append(np.full((s, 1), -big_m))
@@ -202,6 +205,7 @@ def _position_rows(rows: _Rows, p: PlanProblem, lay: MilpLayout, g: int, k: int,
 
 
 def _objective(p: PlanProblem, lay: MilpLayout, options: PlannerOptions) -> np.ndarray:
+    penalty = miss_penalty(p, options)
     """Eq. 13 without big-M: with tail positions, Σ E[ct] over a queue is linear, as a
     group at tail-position k delays the k groups behind it and a switch there k + 1."""
     c = np.zeros(lay.num_vars)
@@ -211,13 +215,14 @@ def _objective(p: PlanProblem, lay: MilpLayout, options: PlannerOptions) -> np.n
         for k in range(lay.length):
             c[lay.x(g, k):lay.x(g, k) + lay.n] = w * (k * drain[:, g] + own[:, g] + p.base[g])
             c[lay.t(g, k):lay.t(g, k) + lay.m] = w * (k + 1) * p.swap_in[g] + options.swap_weight
+            c[lay.v(g, k)] = penalty
     return c
 
 
 def build_milp(p: PlanProblem, options: PlannerOptions, length: int) -> Milp:
     n, g_count, m_count, s = p.shape
     lay = MilpLayout(n, g_count, m_count, s, length, min(options.allowed_violations, s))
-    h, big_m = _big_m(p)
+    h, big_m = time_bounds(p)
     rows = _Rows([], [], [], [], [])
     for i in range(n):  # every group placed exactly once (eq. 6)
         gs = np.flatnonzero(p.allowed[i]).tolist()
@@ -236,6 +241,8 @@ def build_milp(p: PlanProblem, options: PlannerOptions, length: int) -> Milp:
             if lay.uses_z:
                 ub[lay.z(g, k):lay.z(g, k) + s] = 1.0
                 integrality[lay.z(g, k):lay.z(g, k) + s] = True
+            ub[lay.v(g, k)] = 1.0 if lay.k < s else 0.0
+            integrality[lay.v(g, k)] = True
     return Milp(lay, _objective(p, lay, options), lb, ub, integrality,
                  np.concatenate(rows.lb), np.concatenate(rows.ub), rows.matrix(lay.num_vars))
 
@@ -256,8 +263,10 @@ def start_values(p: PlanProblem, lay: MilpLayout, queues: Sequence[Sequence[int]
             v[lay.x(g, k) + i] = 1.0
             v[lay.t(g, k) + m] = float(switch)
             v[lay.b(g, k):lay.b(g, k) + lay.s] = busy
-            if lay.uses_z:
-                late = busy - p.drain[i, g] + p.completion[i, g] > p.slo[i] + SLO_TOLERANCE_S
+            late = busy - p.drain[i, g] + p.completion[i, g] > p.slo[i] + SLO_TOLERANCE_S
+            relaxed = lay.k < lay.s and int(late.sum()) > lay.k
+            v[lay.v(g, k)] = float(relaxed)
+            if lay.uses_z and not relaxed:
                 v[lay.z(g, k):lay.z(g, k) + lay.s] = late
             previous = m
     return v

@@ -9,8 +9,14 @@ refinement of the paper's constant S), what is on each device now, the time to d
 the running batch, and which instances a group fits (its model's weights within the
 device memory). `evaluate_queues` scores any ordering of groups onto virtual queues by
 eqs. 10-13 sample by sample: its mean completion times, the eq. 13 objective and whether
-each position meets the chance constraint of eq. 12 (at most ⌊(1 − Δ)·S⌋ of the S
-samples late). The MILP (andante.cluster.qlm.milp), the EDF fallback
+each position meets the chance constraint of eq. 12 (at most k = ⌊(1 − Δ)·S⌋ of the S
+samples late; S is chosen so that k ≥ 1, as the SAA form of a chance constraint needs,
+else one unlucky sample makes a group infeasible). A group that cannot meet its chance
+constraint wherever it is placed (hopeless: more capacity is needed, §A.3) must not make
+the whole program infeasible: its constraint is relaxed at a penalty (`miss_penalty`,
+larger than any lateness a group can have), so the program first keeps as many groups
+as it can within their SLOs and then minimises eq. 13; the evaluator counts the groups
+it relaxed (`Evaluation.missed`). The MILP (andante.cluster.qlm.milp), the EDF fallback
 (andante.cluster.qlm.edf_plan) and the plan generator (andante.cluster.qlm.planner) all
 read this problem and score with this evaluator.
 """
@@ -38,11 +44,14 @@ class PlannerOptions:
     """The paper's knobs (§4 δ, §7 Δ and S), the penalty weights and the solver's limits.
 
     `delta` is for the caller's grouping (`GroupTable.snapshot(avg_batch, options.delta)`);
-    with S = 8 and Δ = 0.9, k = ⌊0.8⌋ = 0: every sample must meet its SLO.
+    The SAA chance constraint allows k = ⌊(1 − Δ)·S⌋ late samples per group: S must be
+    large enough that k ≥ 1 for Δ < 1 (S = 10 with Δ = 0.9), otherwise every sample
+    would have to meet every SLO (a ValueError says so). `miss_weight` scales the penalty
+    of a group relaxed past its chance constraint (module note).
     """
 
     delta: float = 4.0  # group size cap, in average batches (§4, §8.3)
-    num_samples: int = 8  # S, SAA samples of the stochastic terms
+    num_samples: int = 10  # S, SAA samples of the stochastic terms (k = ⌊(1 − Δ)·S⌋ ≥ 1)
     chance_level: float = 0.9  # Δ of eq. 12
     work_limit: int = 20  # HiGHS limit checks (MIP interrupt callbacks) before it stops
     max_nodes: int = 500  # branch-and-bound nodes before it stops
@@ -53,6 +62,7 @@ class PlannerOptions:
     horizon_groups: int | None = 12  # groups the program orders; None: all of them
     completion_weight: float = 1.0  # weight of eq. 13's Σ E[ct − slo]
     swap_weight: float = 0.0  # seconds-equivalent penalty per model switch
+    miss_weight: float = 1.0  # penalty of a relaxed group, in `time_bounds` big-M units
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -70,6 +80,14 @@ class PlannerOptions:
             raise ValueError(f"num_samples must be >= 1, got {self.num_samples!r}")
         if not 0.0 < self.chance_level <= 1.0:
             raise ValueError(f"chance_level must be in (0, 1], got {self.chance_level!r}")
+        if self.chance_level < 1.0 and self.allowed_violations < 1:
+            need = math.ceil(1.0 / (1.0 - self.chance_level) - 1e-9)
+            raise ValueError(
+                f"num_samples={self.num_samples} with chance_level={self.chance_level:g} "
+                f"allows floor((1 - chance_level) * num_samples) = 0 late samples: every "
+                f"sample would have to meet every SLO; use num_samples >= {need} "
+                f"(or chance_level=1.0)")
+        check_positive("miss_weight", self.miss_weight)
         if self.horizon_groups is not None and self.horizon_groups < 1:
             raise ValueError(f"horizon_groups must be >= 1, got {self.horizon_groups!r}")
         if self.max_queue_length is not None and self.max_queue_length < 1:
@@ -125,10 +143,11 @@ class PlanProblem:
 class Evaluation:
     """A plan's eq. 13 objective and whether it meets the SAA chance constraints."""
 
-    objective: float
-    feasible: bool
+    objective: float  # eq. 13 plus the penalty of the relaxed groups
+    feasible: bool  # every group meets its chance constraint (missed == 0)
     expected_completion: tuple[float, ...]  # per group index, seconds from now
     num_switches: int
+    missed: int = 0  # groups past their chance constraint (relaxed at a penalty)
 
 
 def build_problem(groups: Sequence[RequestGroup], views: Sequence[InstanceView],
@@ -165,6 +184,23 @@ def build_problem(groups: Sequence[RequestGroup], views: Sequence[InstanceView],
         base=np.array([v.busy_s for v in views], dtype=float), allowed=allowed)
 
 
+def time_bounds(problem: PlanProblem) -> tuple[float, float]:
+    """(H, big_m): H bounds every busy time of a plan; big_m bounds any lateness
+    (completion − SLO) a group can have, so it relaxes any chance row."""
+    n = len(problem.group_ids)
+    busy = (float(problem.base.max()) + float(problem.drain.max(axis=(1, 2)).sum())
+            + n * float(problem.swap_in.max(initial=0.0)) + 1.0)
+    slack = max(0.0, -float(problem.slo.min(initial=0.0)))
+    return busy, busy + float(problem.completion.max(initial=0.0)) + slack + 1.0
+
+
+def miss_penalty(problem: PlanProblem, options: PlannerOptions) -> float:
+    """The objective's price of relaxing one group's chance constraint: more than any
+    lateness a group can have, so a group is given up only when keeping it within its
+    SLO is impossible or costs another group its SLO."""
+    return options.miss_weight * time_bounds(problem)[1]
+
+
 def is_model_switch(on_device: bool, previous: int | None, model: int) -> bool:
     """Eq. 9: serving `model` next switches the device's model when it differs from the
     previous group's, or, at the head of a queue, when it is not on the device now."""
@@ -178,7 +214,7 @@ def evaluate_queues(problem: PlanProblem, queues: Sequence[Sequence[int]],
     if sorted(i for q in queues for i in q) != list(range(n)):
         raise ValueError(f"queues must place every group exactly once, got {queues!r}")
     mean_ct = np.zeros(n)
-    feasible, switches = True, 0
+    missed, switches = 0, 0
     k = options.allowed_violations
     for g, queue in enumerate(queues):
         busy = np.full(s, problem.base[g])
@@ -194,11 +230,13 @@ def evaluate_queues(problem: PlanProblem, queues: Sequence[Sequence[int]],
             busy = busy + problem.drain[i, g]
             switches += int(switch)
             mean_ct[i] = ct.mean()
-            feasible &= int((ct > problem.slo[i] + SLO_TOLERANCE_S).sum()) <= k
+            missed += int((ct > problem.slo[i] + SLO_TOLERANCE_S).sum()) > k
             previous = m
     objective = (options.completion_weight * float((mean_ct - problem.slo).sum())
                  + options.swap_weight * switches)
-    return Evaluation(objective, bool(feasible), tuple(mean_ct.tolist()), switches)
+    if missed:
+        objective += missed * miss_penalty(problem, options)
+    return Evaluation(objective, missed == 0, tuple(mean_ct.tolist()), switches, missed)
 
 
 def subproblem(problem: PlanProblem, indices: Sequence[int]) -> PlanProblem:

@@ -8,11 +8,14 @@ andante.cluster.qlm.plan_problem samples from the estimator (§6).
 Simplifications for scale, all options: each queue has L positions, L = ⌈slack × fair
 share⌉ + 1 instead of the paper's L = #groups; the program orders only the
 `horizon_groups` most urgent groups (by deadline) and the others follow them by EDF list
-scheduling; HiGHS starts from the EDF plan when that meets the chance constraints, so a
-budget-limited answer is never worse than EDF. If there is no plan meeting the chance
-constraints (infeasible, or no solution within the budget), the plan falls back to EDF
-over groups (list scheduling onto the instance that frees up first) and, when EDF does not
-meet them either, says that more capacity is needed (§A.3).
+scheduling; HiGHS starts from the EDF plan, so a budget-limited answer is never worse
+than EDF. A group that cannot meet its chance constraint is relaxed at a penalty instead
+of making the program infeasible (andante.cluster.qlm.plan_problem), so the program
+always has a plan: the plan generator decides whenever the solver returns one (the
+program's, or EDF's order when that scores better by eq. 13 and the penalties), and says
+that more capacity is needed when its plan still relaxes a group (§A.3). Only when the
+solver returns no solution at all (its budget spent before any incumbent) does the plan
+fall back to EDF over groups (list scheduling onto the instance that frees up first).
 """
 
 from __future__ import annotations
@@ -42,13 +45,14 @@ class Plan:
     """The plan generator's answer: one virtual queue per instance, in instance order."""
 
     queues: tuple[VirtualQueue, ...]
-    objective: float  # eq. 13 of this plan, Σ E[ct − slo] (+ switch weights)
-    feasible: bool  # meets the SAA chance constraints
-    fallback: bool  # the program gave no usable plan: EDF over groups (§A.3)
-    needs_capacity: bool  # not even the fallback meets the chance constraints
+    objective: float  # eq. 13 of this plan, Σ E[ct − slo] (+ switch weights, penalties)
+    feasible: bool  # every group meets its SAA chance constraint
+    fallback: bool  # the solver returned nothing: EDF over groups (§A.3)
+    needs_capacity: bool  # the plan relaxes some group's chance constraint (§A.3)
     status: str  # optimal, work_limit (the budget bound), infeasible, time_limit (opt-in), ...
     reason: str
     source: str = "milp"  # "milp", or "edf" when the EDF plan was kept
+    missed: int = 0  # groups whose chance constraint the plan relaxes
 
 
 def _plan(p: PlanProblem, queues: Sequence[Sequence[int]], ev: Evaluation, *, fallback: bool,
@@ -56,15 +60,14 @@ def _plan(p: PlanProblem, queues: Sequence[Sequence[int]], ev: Evaluation, *, fa
     vqs = tuple(VirtualQueue(p.instance_ids[g], tuple(p.group_ids[i] for i in q))
                 for g, q in enumerate(queues))
     return Plan(vqs, ev.objective, ev.feasible, fallback, needs_capacity, status, reason,
-                source)
+                source, ev.missed)
 
 
 def _solve_milp(p: PlanProblem, options: PlannerOptions) -> tuple[str, list[list[int]] | None]:
-    """HiGHS on the §7 program, seeded with the EDF plan when that meets the constraints."""
+    """HiGHS on the §7 program, seeded with the EDF plan when its queues fit the layout."""
     model = build_milp(p, options, queue_length(p, options))
     edf = edf_queues(p)
-    seed_ok = (evaluate_queues(p, edf, options).feasible
-               and all(len(q) <= model.layout.length for q in edf))
+    seed_ok = all(len(q) <= model.layout.length for q in edf)
     status, x = run_highs(model, options, start_values(p, model.layout, edf) if seed_ok
                           else None)
     return status, None if x is None else extract_queues(x, model.layout)
@@ -87,12 +90,12 @@ def _solve_horizon(p: PlanProblem, options: PlannerOptions, horizon: int,
                   [q + [i for i in order if i in rest_set and where[i] == g]
                    for g, q in enumerate(head)]]
     scored = [(evaluate_queues(p, c, options), c) for c in candidates]
-    ev, queues = min(scored, key=lambda e: (not e[0].feasible, e[0].objective))
+    ev, queues = min(scored, key=lambda e: e[0].objective)
     return status, queues, ev
 
 
 def solve_problem(p: PlanProblem, options: PlannerOptions) -> Plan:
-    """Solve the §7 program with HiGHS; EDF over groups when it has no answer (§A.3).
+    """Solve the §7 program with HiGHS; EDF over groups only when it returns nothing.
 
     With more groups than `options.horizon_groups`, the program covers the most urgent
     ones (by deadline) and the rest follow them by EDF list scheduling.
@@ -111,19 +114,25 @@ def solve_problem(p: PlanProblem, options: PlannerOptions) -> Plan:
     else:
         status, queues, ev = _solve_horizon(p, options, horizon, edf)
         scope = f"the {horizon} most urgent of {n} groups, the rest by EDF"
-    if ev is not None and queues is not None and ev.feasible and (
-            not edf_ev.feasible or ev.objective <= edf_ev.objective + 1e-9):
-        return _plan(p, queues, ev, fallback=False, needs_capacity=False, status=status,
-                     reason=f"plan generator: {status} over {scope}")
-    if ev is not None and ev.feasible:  # a usable plan, but EDF's whole queue scores better
-        return _plan(p, edf, edf_ev, fallback=False, needs_capacity=False, status=status,
-                     reason=f"plan generator: {status} over {scope}; EDF's plan scores "
-                            "better, kept", source="edf")
-    reason = (f"plan generator: {status} over {scope}, no plan meeting the chance "
-              "constraints; fell back to EDF over groups"
-              + ("; more capacity is needed to meet the SLOs" if not edf_ev.feasible else ""))
-    return _plan(p, edf, edf_ev, fallback=True, needs_capacity=not edf_ev.feasible,
-                 status=status, reason=reason, source="edf")
+    if ev is None or queues is None:
+        return _plan(p, edf, edf_ev, fallback=True, needs_capacity=not edf_ev.feasible,
+                     status=status, reason=f"plan generator: {status} over {scope}, no "
+                     "solution; fell back to EDF over groups" + _capacity(edf_ev), source="edf")
+    if ev.objective <= edf_ev.objective + 1e-9:
+        return _plan(p, queues, ev, fallback=False, needs_capacity=not ev.feasible,
+                     status=status, reason=f"plan generator: {status} over {scope}"
+                     + _capacity(ev))
+    return _plan(p, edf, edf_ev, fallback=False, needs_capacity=not edf_ev.feasible,
+                 status=status, reason=f"plan generator: {status} over {scope}; EDF's plan "
+                 "scores better, kept" + _capacity(edf_ev), source="edf")
+
+
+def _capacity(ev: Evaluation) -> str:
+    """§A.3: the plan's word when it gives up some groups' SLOs."""
+    if ev.feasible:
+        return ""
+    return (f"; {ev.missed} group(s) cannot meet their SLO with probability Δ: more "
+            "capacity is needed")
 
 
 def generate_plan(groups: Sequence[RequestGroup], views: Sequence[InstanceView],

@@ -9,19 +9,27 @@ calls `dispatch`, which plays the global scheduler and the per-instance agents (
    its key already lives on, else (load balancing, LSO 4) the one where the estimator
    expects it to finish first (queued drain + model swap, §6); within a queue groups are
    ordered by deadline (EDF) unless a plan ordered them;
-3. the estimator (§6) checks, at most every `replan_interval` seconds, whether any group
-   is expected to miss its SLO; then the plan generator (§7, MILP with HiGHS) reorders
-   and reassigns every group. A plan that falls back to EDF is logged and counted, and
-   so is one that says more capacity is needed (§A.3). The estimator's execution times
+3. on every arrival or completion (a change of the group table), the estimator (§6)
+   checks whether any group is expected to miss its SLO; if so the plan generator (§7,
+   MILP with HiGHS) reorders and reassigns every group. The planner is rate-limited:
+   the next plan no sooner than `replan_interval` seconds of cluster time later. That
+   interval stands for the plan's own solve time, and it is a fixed quantity, not a
+   measured one, so that a simulated run decides the same on any machine and load
+   (HiGHS's budget is deterministic work for the same reason: highs_solver). The
+   solver's budget keeps the real solve below it (benchmarks/qlm_planner.py: under
+   100 ms for 100 groups against the 0.25 s default); on a real server the dispatch
+   loop is busy while it solves, so the next dispatch's "now" lies past the solve.
+   Invocations, plans and EDF fallbacks (the solver found nothing) are counted, and so
+   are plans that say more capacity is needed (§A.3). The estimator's execution times
    are the instances' cost models scaled by their learned speed (andante.cluster.qlm
    .speed: Θ measured from the load reports' engine steps), and an instance's current
    work holds the queue back only in proportion to its occupied batch slots
    (continuous batching starts a queued request as soon as a slot frees);
 4. per instance, its QLM agent (andante.cluster.qlm.agents, §5) turns the head of its
-   virtual queue into model swaps and warm starts (LSO 5) and request pulling (LSO 1).
-Eviction and GPU-CPU state swap when a more urgent head group arrives (LSOs 2-3) are
-the instances' own preemption (an `edf` engine policy preempts for it; the mode,
-recompute or swap, is chosen by cost per model and hardware: `preemption_mode_for`).
+   virtual queue into model swaps and warm starts (LSO 5), request pulling (LSO 1) and,
+   when the head group changes and does not fit, eviction or GPU-CPU state swap of
+   running requests due after it (LSOs 2-3, per request by cost:
+   andante.cluster.qlm.eviction), which the instances apply (`Instance.evict`).
 Routers read no clock: "now" is the latest instance report's time.
 """
 
@@ -40,49 +48,52 @@ import numpy as np
 from andante.cluster.instance import ModelState
 from andante.cluster.qlm.agents import AgentInstance, AgentOptions, ModelView, QLMAgents
 from andante.cluster.qlm.estimator import (
+    DEFAULT_CONTEXT_TOKENS,
     CostModelTable,
     ExecutionCost,
     OutputLengthModel,
     RCTEstimator,
 )
+from andante.cluster.qlm.eviction import RunningRequest
 from andante.cluster.qlm.groups import GroupKey, GroupTable, RequestGroup
 from andante.cluster.qlm.plan_problem import PlannerOptions
 from andante.cluster.qlm.planner import generate_plan
 from andante.cluster.qlm.speed import LearnedCost, SpeedLearner
 from andante.cluster.qlm.types import InstanceView as QLMView
 from andante.cluster.qlm.types import QueuedRequest
-from andante.cluster.qlm.virtual_queue import choose_preemption
 from andante.cluster.router import QueueDecision
-from andante.core.request import PreemptionMode, Request
+from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.stats import SchedulerStats
-from andante.perf.cost_model import CostModel
 
 log = logging.getLogger(__name__)
 
 
-def preemption_mode_for(cost: CostModel, context_tokens: int = 1024) -> PreemptionMode:
-    """Insight #2 (§2.4): swap a preempted request's KV when copying it back over the
-    host link is cheaper than recomputing it on this model and hardware."""
-    return choose_preemption(context_tokens, cost.model.kv_bytes_per_token / cost.tp,
-                             cost.hardware.host_link_bandwidth, cost.prefill_time).mode
-
-
 @dataclass(slots=True)
 class QLMCounters:
-    """What the router did: plans, EDF fallbacks, "more capacity is needed", swaps."""
+    """What the router did: planner invocations, the plans it made and its EDF fallbacks
+    (the solver found nothing), "more capacity is needed", swaps."""
 
+    num_invocations: int = 0
     num_plans: int = 0
     num_fallbacks: int = 0
     num_needs_capacity: int = 0
     num_swaps: int = 0
     num_warm_starts: int = 0
+    num_evictions: int = 0  # running requests removed for a new head group (LSO 2)
+    num_state_swaps: int = 0  # of them, swapped to host memory rather than evicted (LSO 3)
+    max_groups: int = 0  # the most request groups at one dispatch
     predicted: dict[str, float] = field(default_factory=dict)  # request id -> completion
     predicted_start: dict[str, float] = field(default_factory=dict)  # id -> W_q + now
+    head_outcomes: dict[str, int] = field(default_factory=dict)  # eviction checks (LSO 2)
 
     def summary(self) -> dict[str, int]:
-        return {"num_plans": self.num_plans, "num_fallbacks": self.num_fallbacks,
+        outcomes = {f"head_{k}": v for k, v in sorted(self.head_outcomes.items())}
+        return outcomes | {
+                "planner_invocations": self.num_invocations, "planner_plans": self.num_plans,
+                "planner_fallbacks": self.num_fallbacks,
                 "num_needs_capacity": self.num_needs_capacity, "num_swaps": self.num_swaps,
-                "num_warm_starts": self.num_warm_starts}
+                "num_warm_starts": self.num_warm_starts, "num_evictions": self.num_evictions,
+                "num_state_swaps": self.num_state_swaps, "max_groups": self.max_groups}
 
 
 class QLMRouter:
@@ -98,14 +109,15 @@ class QLMRouter:
 
     name = "qlm"
 
-    def __init__(self, delta: float = 4.0, avg_batch: int = 32, num_samples: int = 8,
+    def __init__(self, delta: float = 4.0, avg_batch: int = 32, num_samples: int = 10,
                  chance_level: float = 0.9, work_limit: int = 20, max_nodes: int = 500,
                  time_limit_ms: float | None = None,
-                 horizon_groups: int = 12, replan_interval: float = 5.0,
+                 horizon_groups: int = 12, replan_interval: float = 0.25,
                  default_deadline: float = 3600.0, pull: bool = True,
                  load_balance: bool = True, warm_start: bool = True, plan: bool = True,
                  pull_reserve: float = 1.0, learn_speed: bool = True,
-                 swap_hysteresis: float = 2.0, seed: int = 0, **unknown: Any) -> None:
+                 swap_hysteresis: float = 2.0, evict: bool = True, state_swap: bool = True,
+                 seed: int = 0, **unknown: Any) -> None:
         if unknown:
             raise ValueError(f"router 'qlm': unknown option(s) {sorted(unknown)}")
         if avg_batch < 1:
@@ -126,7 +138,8 @@ class QLMRouter:
                                       horizon_groups=horizon_groups, seed=seed)
         self.agent_options = AgentOptions(pull=pull, warm_start=warm_start,
                                           pull_reserve=pull_reserve,
-                                          swap_hysteresis=swap_hysteresis)
+                                          swap_hysteresis=swap_hysteresis,
+                                          evict=evict, state_swap=state_swap)
         self.avg_batch, self.replan_interval = avg_batch, replan_interval
         self.default_deadline = default_deadline
         self.load_balance, self.plan = load_balance, plan
@@ -141,9 +154,13 @@ class QLMRouter:
         self._table = GroupTable()
         self._keys: dict[str, GroupKey] = {}  # placed request id -> its group key
         self._order: dict[str, tuple[int, int]] = {}  # group id -> (instance, position)
-        self._last_check = -math.inf
+        self._next_plan = -math.inf  # the planner's rate limit (module note, item 3)
+        self._revision = 0  # bumped by every arrival and completion
+        self._checked = -1  # the revision the estimator last checked
         self._placed: dict[str, int] = {}  # request id -> instance
         self._deadlines: dict[int, dict[str, float]] = {}  # instance -> its requests'
+        self._requests: dict[str, Request] = {}  # placed request id -> the request
+        self._first_predicted: dict[str, float] = {}  # request id -> when (`_predict_new`)
         self.agents = QLMAgents(self.agent_options, self.outputs)
 
     # ---- Router -----------------------------------------------------------------------
@@ -154,6 +171,7 @@ class QLMRouter:
         return None
 
     def on_finished(self, req: Request) -> None:
+        self._revision += 1
         key = self._keys.pop(req.request_id, None)
         placed = self._unplace(req.request_id)
         if key is None or not req.num_output_tokens or req.timeline.finish_time is None:
@@ -168,6 +186,9 @@ class QLMRouter:
             self.speed.observe_first_token(self._base_cost, (str(placed), key.model),
                                            req.num_prompt_tokens,
                                            timeline.first_scheduled_time, timeline.token_times)
+            self.speed.observe_decode_span(LearnedCost(self._base_cost, self.speed),
+                                           (str(placed), key.model), req.num_prompt_tokens,
+                                           timeline.token_times)
 
     # ---- QueueRouter ------------------------------------------------------------------
     def dispatch(self, queue: Sequence[Request], instances: Sequence[Any]) -> QueueDecision:
@@ -179,7 +200,9 @@ class QLMRouter:
         if self.learn_speed:
             self._observe_speed(views, states)
         self._sync(queue, states[views[0].index].device, now)
-        groups = self._table.snapshot(self.avg_batch, self.options.delta, self.outputs.mean)
+        groups = self._table.snapshot(self._average_batch(), self.options.delta,
+                                      self.outputs.mean)
+        self.counters.max_groups = max(self.counters.max_groups, len(groups))
         servable = {m for state in states.values() for m in state.costs}
         refused = tuple((rid, views[0].index) for g in groups if g.model not in servable
                         for rid in g.request_ids)  # no instance holds the model: refused
@@ -189,29 +212,46 @@ class QLMRouter:
         estimator = self._estimator(states)
         holds = {i: frozenset(s.costs) for i, s in states.items()}
         queues = self._queues(groups, qviews, estimator, holds)
-        if self.plan and now - self._last_check >= self.replan_interval:
-            self._last_check = now
+        if self.plan and self._checked != self._revision and now >= self._next_plan:
+            self._checked = self._revision
             if self._plan_if_late(groups, queues, qviews, estimator, now):
                 queues = self._queues(groups, qviews, estimator, holds)
-        decision = self._act(queues, views, states, qviews, estimator, now)
+        self._predict_new(queues, qviews, estimator, now)
+        decision = self._act(queue, queues, views, states, qviews, estimator, now)
         return dataclasses.replace(decision, placements=decision.placements + refused)
 
-    def _act(self, queues: dict[int, list[RequestGroup]], views: Sequence[ModelView],
+    def _act(self, queue: Sequence[Request], queues: dict[int, list[RequestGroup]],
+             views: Sequence[ModelView],
              states: dict[int, ModelState], qviews: dict[int, QLMView],
              estimator: RCTEstimator, now: float) -> QueueDecision:
         """The agents' operations (§5); the requests they pull leave the group table."""
         instances = [AgentInstance(v, states[v.index], qviews[v.index],
                                    self._drain_s(v, states[v.index]),
-                                   self._deadlines.get(v.index, {})) for v in views]
+                                   self._deadlines.get(v.index, {}),
+                                   self._running(v.index,
+                                                 self._step_s(v, states[v.index], estimator)))
+                     for v in views]
         decision = self.agents.act(queues, instances, estimator, now)
         self.counters.num_swaps += len(decision.swaps)
         self.counters.num_warm_starts += len(decision.warm)
+        self.counters.num_evictions += len(decision.evictions)
+        self.counters.head_outcomes = dict(self.agents.head_outcomes)
+        self.counters.num_state_swaps += sum(
+            1 for _, _, mode in decision.evictions if mode is PreemptionMode.SWAP)
+        by_id = {req.request_id: req for req in queue}
         for rid, index in decision.placements:
+            self._requests[rid] = by_id[rid]
             self._keys[rid] = self._table.key_for(self._table.get(rid))
             self._placed[rid] = index
             self._deadlines.setdefault(index, {})[rid] = self._table.get(rid).deadline
         self._table.remove(rid for rid, _ in decision.placements)
         return decision
+
+    def _average_batch(self) -> float:
+        """The average batch δ multiplies (§4): measured on the instances (learned
+        speed), else the `avg_batch` option (also the prior before any measurement)."""
+        measured = self.speed.average_batch() if self.learn_speed else None
+        return self.avg_batch if measured is None else max(1.0, measured)
 
     def _observe_speed(self, views: Sequence[ModelView], states: dict[int, ModelState]
                        ) -> None:
@@ -233,9 +273,35 @@ class QLMRouter:
             if req.request_id not in self._table:
                 self._unplace(req.request_id)  # back from an instance (a swap's flush)
                 self._table.add(self._queued(req, default_model))
+                self._revision += 1
+
+    def _running(self, index: int, step_s: float) -> tuple[RunningRequest, ...]:
+        """The requests placed on instance `index` that run there now (hold KV), each
+        with its expected remaining time: its own expected output (its key's learned
+        mean, capped by its max_tokens) less what it has produced, at `step_s` a step."""
+        deadlines = self._deadlines.get(index, {})
+        return tuple(RunningRequest(rid, deadline, req.num_computed_tokens,
+                                    self._remaining_tokens(rid, req) * step_s)
+                     for rid, deadline in deadlines.items()
+                     if (req := self._requests.get(rid)) is not None
+                     and req.status is RequestStatus.RUNNING)
+
+    def _remaining_tokens(self, request_id: str, req: Request) -> float:
+        """Output tokens `req` is expected still to produce (at least one)."""
+        expected = self.outputs.mean(self._keys[request_id])
+        if req.sampling.max_tokens is not None:
+            expected = min(expected, float(req.sampling.max_tokens))
+        return max(1.0, expected - req.num_output_tokens)
+
+    def _step_s(self, view: ModelView, state: ModelState, estimator: RCTEstimator) -> float:
+        """One decode step of the instance's running batch at its learned speed."""
+        stats = view.load.stats
+        return estimator.cost.decode_time(str(view.index), state.device,
+                                          max(1, stats.num_running), DEFAULT_CONTEXT_TOKENS)
 
     def _unplace(self, request_id: str) -> int | None:
         """Forget where a request was placed; the instance it was on, if any."""
+        self._requests.pop(request_id, None)
         index = self._placed.pop(request_id, None)
         if index is not None:
             self._deadlines.get(index, {}).pop(request_id, None)
@@ -292,7 +358,9 @@ class QLMRouter:
         self._base_cost = CostModelTable(costs)
         cost: ExecutionCost = LearnedCost(self._base_cost, self.speed) \
             if self.learn_speed else self._base_cost
-        return RCTEstimator(cost, self.outputs, sizes)
+        epsilon = (lambda iid, model: self.speed.epsilon((iid, model))) \
+            if self.learn_speed else None
+        return RCTEstimator(cost, self.outputs, sizes, epsilon=epsilon)
 
     def _queues(self, groups: Sequence[RequestGroup], views: dict[int, QLMView],
                 estimator: RCTEstimator, servable: dict[int, frozenset[str]]
@@ -340,30 +408,53 @@ class QLMRouter:
         if not self._violates(queues, views, estimator, now):
             return False
         plan = generate_plan(groups, [views[i] for i in views], estimator, now, self.options)
-        self.counters.num_plans += 1
+        self._next_plan = now + self.replan_interval  # deterministic: no wall clock
+        self.counters.num_invocations += 1
         if plan.fallback:
             self.counters.num_fallbacks += 1
             log.warning("qlm: %s", plan.reason)
+        else:
+            self.counters.num_plans += 1
         if plan.needs_capacity:
             self.counters.num_needs_capacity += 1
+            log.info("qlm: %s", plan.reason)
         self._order = {gid: (int(vq.instance_id), pos) for vq in plan.queues
                        for pos, gid in enumerate(vq.group_ids)}
         return True
 
     def _violates(self, queues: dict[int, list[RequestGroup]], views: dict[int, QLMView],
                   estimator: RCTEstimator, now: float) -> bool:
-        """Estimate every queue (§6); True if a group's mean completion misses its SLO.
-        The first estimate of each request is kept (estimator accuracy, R²)."""
+        """Estimate every queue (§6); True if a group's mean completion misses its SLO."""
         rng = np.random.default_rng(self.options.seed)
-        late = False
         for index, queue in queues.items():
             if not queue:
                 continue
             est = estimator.queue_times(views[index], queue, self.options.num_samples, rng)
+            if any(now + mean > group.deadline
+                   for group, mean in zip(queue, est.mean, strict=True)):
+                return True
+        return False
+
+    def _predict_new(self, queues: dict[int, list[RequestGroup]], views: dict[int, QLMView],
+                     estimator: RCTEstimator, now: float) -> None:
+        """The estimator's first prediction of each new request's start (W_q, eq. 2) and
+        completion (its group's, eq. 5), kept for its accuracy (R², Fig. 17): made on
+        the queues this dispatch acts on, after any plan reordered them, and on the
+        queue as it stands once every request of the same instant has arrived (a burst
+        reaches the router one request per dispatch at one time; Algorithm 1 clusters
+        the whole of it, so a prediction made before its later members joined their
+        groups, ahead of earlier ones, was a prediction of another queue: measured,
+        the waiting-time R² of the estimator burst was 0.13 instead of 0.8)."""
+        counters, first = self.counters, self._first_predicted
+        rng = np.random.default_rng(self.options.seed)
+        for index, queue in queues.items():
+            if not any(first.get(rid, now) == now for g in queue for rid in g.request_ids):
+                continue
+            est = estimator.queue_times(views[index], queue, self.options.num_samples, rng)
             for group, mean in zip(queue, est.mean, strict=True):
-                late = late or now + mean > group.deadline
                 for rid in group.request_ids:
-                    self.counters.predicted.setdefault(rid, now + mean)
+                    if first.setdefault(rid, now) == now:
+                        counters.predicted[rid] = now + mean
             for rid, wait in est.waits.items():
-                self.counters.predicted_start.setdefault(rid, now + wait)
-        return late
+                if first[rid] == now:
+                    counters.predicted_start[rid] = now + wait

@@ -18,6 +18,12 @@ from what the controller already sees:
   actor;
 - prefill: each finished request that ran unpreempted gives the time from its first
   scheduling to its first token, against the cost model's prefill of its prompt.
+- ε (eq. 4, the inefficiency of continuous batching: a running request does not advance
+  in every step, as prefills and preemptions interleave): each finished request's
+  decode span (first to last token) against its tokens' decode steps at the learned
+  step time and the measured average batch;
+- the average batch: the running requests of busy instances, time-weighted between
+  reports (δ × this caps a request group, §4).
 Each factor is a ratio of sums, observed over modelled seconds, with the cost model as
 the prior worth `prior_s` seconds: factor = (Σ o_i + prior_s) / (Σ m_i + prior_s).
 Observations fade with a half-life of `half_life_s` observed seconds, so the factor
@@ -75,6 +81,8 @@ class SpeedLearner:
     half_life_s: float = 60.0
     _prefill: dict[SpeedKey, FadingRatio] = field(default_factory=dict)
     _decode: dict[SpeedKey, FadingRatio] = field(default_factory=dict)
+    _epsilon: dict[SpeedKey, FadingRatio] = field(default_factory=dict)
+    _batch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σ batch·s, Σ s
     _last: dict[str, ReportPoint] = field(default_factory=dict)  # instance -> point
 
     def __post_init__(self) -> None:
@@ -132,6 +140,11 @@ class SpeedLearner:
         if (last is None or last.model != model or loading
                 or not (last.num_running and point.num_running)):
             return
+        seconds = point.time - last.time
+        decay = 0.5 ** (seconds / self.half_life_s)
+        batch = (last.num_running + point.num_running) / 2
+        self._batch = [self._batch[0] * decay + batch * seconds,
+                       self._batch[1] * decay + seconds]
         self.observe_window(cost, key, point.time - last.time,
                             point.num_steps - last.num_steps,
                             (last.num_running + point.num_running) / 2, point.context)
@@ -144,10 +157,33 @@ class SpeedLearner:
             self.observe_prefill(key, max(0.0, token_times[0] - scheduled),
                                  cost.prefill_time(iid, model, num_prompt_tokens))
 
+    def observe_decode_span(self, cost: ExecutionCost, key: SpeedKey, num_prompt_tokens: int,
+                            token_times: Sequence[float]) -> None:
+        """ε: a finished request's first-to-last-token span against its decode steps at
+        `cost`'s (learned) step time and the measured average batch."""
+        if len(token_times) < 2:
+            return
+        iid, model = key
+        context = num_prompt_tokens + len(token_times) // 2
+        step = cost.decode_time(iid, model, max(1, round(self.average_batch() or 1)), context)
+        self._observe(self._epsilon, key, token_times[-1] - token_times[0],
+                      (len(token_times) - 1) * step)
+
+    def epsilon(self, key: SpeedKey) -> float:
+        """ε of eq. 4 on `key` (1 before any measurement)."""
+        ratio = self._epsilon.get(key)
+        return 1.0 if ratio is None else ratio.factor(self.prior_s)
+
+    def average_batch(self) -> float | None:
+        """The measured mean running batch of busy instances (None: not measured yet)."""
+        weighted, seconds = self._batch
+        return None if seconds <= 0 else weighted / seconds
+
     def summary(self) -> dict[str, float]:
         """Each key's factors, for logs and experiment reports."""
         out: dict[str, float] = {}
-        for name, table in (("decode", self._decode), ("prefill", self._prefill)):
+        for name, table in (("decode", self._decode), ("prefill", self._prefill),
+                            ("epsilon", self._epsilon)):
             for (iid, model), ratio in table.items():
                 out[f"{name}[{iid},{model}]"] = ratio.factor(self.prior_s)
         return out

@@ -11,10 +11,17 @@ is a pure decision function:
   the first later group whose model is neither on the device nor in host memory names the
   model to load into host memory ahead of need;
 - request eviction vs GPU-CPU state swap (LSOs 2-3) when the head group changes,
-  decided by cost as in Insight #2 (§2.4): swapping costs the KV bytes over the host link
-  (the device->host copy is asynchronous and hidden, §5, so the cost on the critical path
-  is the copy back), eviction costs re-prefilling prompt + generated tokens on this model
-  and hardware; a swap also needs room in host memory.
+  decided per request by cost as in Insight #2 (§2.4): swapping costs the KV bytes over
+  the host link (the device->host copy is asynchronous and hidden, §5, so the cost on
+  the critical path is the copy back), eviction costs re-prefilling prompt + generated
+  tokens on this model and hardware. Insight #2 weighs the host memory a swap holds
+  per KV token against the recompute time per token: a swap's full price per KV byte is
+  its two copies over the host link (out, overlapped, and back) plus what the byte is
+  worth in host memory, which is a real budget (it needs room there) whose bytes could
+  otherwise keep model weights warm, each saving 1 / disk bandwidth seconds at a model
+  swap (LSO 5). A request is swapped when recomputing it costs more than that: on an
+  A100, Mistral-7B's small (GQA) KV is swapped and Vicuna-13B's 6x larger KV evicted, as
+  the paper finds (Fig. 4).
 Load balancing (LSO 4) is the planner's assignment of groups to queues (§5).
 """
 
@@ -118,12 +125,18 @@ class PreemptionChoice:
 
 def choose_preemption(num_context_tokens: int, kv_bytes_per_token: float,
                       host_link_bandwidth: float, prefill_time: Callable[[int], float],
-                      host_free_bytes: float | None = None) -> PreemptionChoice:
-    """Insight #2: swap when moving the KV back is cheaper than recomputing it.
+                      host_free_bytes: float | None = None,
+                      host_byte_value_s: float = 0.0) -> PreemptionChoice:
+    """Insight #2: swap when recomputing costs more than the swap's two copies and the
+    host memory it holds (see the module note); `swap_cost_s` is the copy back, the one
+    on the critical path.
 
     `prefill_time(n)` is the time to prefill n tokens on this model and hardware (e.g.
-    `CostModel.prefill_time`); `host_free_bytes` (None: unlimited) bounds the swap.
+    `CostModel.prefill_time`); `host_free_bytes` (None: unlimited) bounds the swap;
+    `host_byte_value_s`: seconds a byte of host memory saves used otherwise (1 / disk
+    bandwidth: warm weights; 0: host memory is free).
     """
+    check_non_negative("host_byte_value_s", host_byte_value_s)
     if num_context_tokens < 0:
         raise ValueError(f"num_context_tokens must be >= 0, got {num_context_tokens!r}")
     check_positive("kv_bytes_per_token", kv_bytes_per_token)
@@ -133,7 +146,9 @@ def choose_preemption(num_context_tokens: int, kv_bytes_per_token: float,
     recompute_cost = prefill_time(num_context_tokens) if num_context_tokens else 0.0
     check_non_negative("prefill_time", recompute_cost)
     fits = host_free_bytes is None or kv_bytes <= host_free_bytes
-    mode = PreemptionMode.SWAP if fits and swap_cost < recompute_cost else PreemptionMode.RECOMPUTE
+    price = kv_bytes * (2.0 / host_link_bandwidth + host_byte_value_s)
+    worth = recompute_cost > price
+    mode = PreemptionMode.SWAP if fits and worth else PreemptionMode.RECOMPUTE
     return PreemptionChoice(mode, swap_cost, recompute_cost)
 
 

@@ -85,7 +85,7 @@ def test_group_completion_is_the_max_over_members_and_drain_the_sum():
 def test_sampled_outputs_respect_each_requests_max_tokens():
     est = estimator(OutputLengthModel(prior_mean=500.0, prior_std=100.0))
     capped = QueuedRequest("c", "m1", "interactive", 0.0, 30.0, 100, max_output_tokens=50)
-    group = form_groups([request("a"), capped], 8)[0]
+    group = form_groups([request("a"), capped], 8, cluster=False)[0]  # one group
     outs = est.sample_outputs(group, 200, np.random.default_rng(3))
     assert outs[:, 1].max() <= 50 and outs[:, 0].max() > 50
 

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from andante.cluster.qlm.groups import GroupKey, GroupTable, form_groups, length_bucket
+from andante.cluster.qlm.types import QueuedRequest
 from tests.cluster.qlm.helpers import request
 
 
@@ -82,8 +83,62 @@ def test_every_request_in_exactly_one_group_within_the_cap(specs, batch, delta):
         assert {(r.model, r.slo_class) for r in members} == {(g.model, g.slo_class)}
         assert g.deadline == min(r.deadline for r in members)
         assert [r.arrival for r in members] == sorted(r.arrival for r in members)
+    bucketed = form_groups(reqs, avg_batch_size=batch, delta=delta, cluster=False)
     sizes: dict[GroupKey, int] = {}
-    for g in groups:
+    for g in bucketed:
         sizes[g.key] = sizes.get(g.key, 0) + g.num_requests
     for key, n in sizes.items():
-        assert sum(1 for g in groups if g.key == key) == math.ceil(n / cap)
+        assert sum(1 for g in bucketed if g.key == key) == math.ceil(n / cap)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40_000), st.integers(1, 4000)), min_size=1,
+                max_size=60))
+def test_clusters_span_at_most_a_factor_of_four_in_input_and_output(lengths):
+    """Algorithm 1's k-means: each group's members lie within a factor of 4 of each other
+    in prompt and in max_tokens (the expected output with no learned mean)."""
+    reqs = [QueuedRequest(f"r{k}", "m", "b", float(k), 1e6, p, o)
+            for k, (p, o) in enumerate(lengths)]
+    groups = form_groups(reqs, avg_batch_size=1000)
+    by_id = {r.request_id: r for r in reqs}
+    assert sorted(rid for g in groups for rid in g.request_ids) == sorted(by_id)
+    if len(groups) < 64:  # k reached its limit otherwise
+        for g in groups:
+            members = [by_id[rid] for rid in g.request_ids]
+            for attr in ("num_prompt_tokens", "max_output_tokens"):
+                values = [getattr(r, attr) for r in members]
+                assert max(values) <= 4 * min(values) + 1e-9
+
+
+def test_similar_lengths_share_a_group_across_bucket_edges():
+    """Buckets would split 250- and 260-token prompts at the 256 edge; clusters do not,
+    and keep a 2,000-token prompt apart."""
+    reqs = [QueuedRequest("a", "m", "b", 0.0, 100.0, 250, 100),
+            QueuedRequest("b", "m", "b", 1.0, 100.0, 260, 110),
+            QueuedRequest("c", "m", "b", 2.0, 100.0, 2000, 100)]
+    groups = form_groups(reqs, avg_batch_size=8)
+    assert sorted(g.request_ids for g in groups) == [("a", "b"), ("c",)]
+    assert len(form_groups(reqs, avg_batch_size=8, cluster=False)) == 3
+
+
+def test_a_request_leaving_keeps_the_others_groups_until_the_next_arrival():
+    """Algorithm 1 groups requests as they arrive: pulling some of them must not move
+    the rest between groups (that reordered queues the estimator had just predicted);
+    a new arrival clusters again."""
+    reqs = [QueuedRequest(f"r{k:02d}", "m", "b", float(k), 100.0, 40 + (k * 97) % 1500,
+                          20 + (k * 61) % 700) for k in range(24)]
+    table = GroupTable()
+    for r in reqs:
+        table.add(r)
+    before = table.snapshot(2.0, 2.0)
+    gone = {g.request_ids[0] for g in before}
+    table.remove(gone)
+    after = table.snapshot(2.0, 2.0)
+    kept = [tuple(r for r in g.request_ids if r not in gone) for g in before]
+    assert [g.request_ids for g in after] == [ids for ids in kept if ids]
+    remaining = [r for r in reqs if r.request_id not in gone]
+    fresh = form_groups(remaining, avg_batch_size=2.0, delta=2.0)
+    assert [g.request_ids for g in fresh] != [g.request_ids for g in after]  # it would move
+    table.add(QueuedRequest("new", "m", "b", 30.0, 130.0, 700, 300))
+    assert table.snapshot(2.0, 2.0) == form_groups([*remaining, table.get("new")],
+                                                   avg_batch_size=2.0, delta=2.0)
