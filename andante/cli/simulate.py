@@ -89,6 +89,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "per request; fastserve: proactive swap)")
     g.add_argument("--swap-space", type=float, default=4.0, help="host KV GiB per GPU")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--num-kv-blocks", type=positive_int,
+                   help="device KV blocks per instance, whatever the memory leaves "
+                   "(vLLM's --num-gpu-blocks-override)")
     add_prefix_caching_arg(g)
 
 
@@ -181,6 +184,7 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
         scheduler=scheduler,
         swap_space_gib=args.swap_space,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        num_kv_blocks=args.num_kv_blocks,
     )
     spec = with_router(spec, args.router, args.hp_instances)
     spec = dataclasses.replace(spec, router_options=parse_key_values(args.router_option))
