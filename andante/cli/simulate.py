@@ -240,6 +240,7 @@ def _meta(sim_run: SimRun, label: str) -> dict[str, Any]:
         "instances": spec.num_instances, "policy": label,
         "simulated_seconds": sim_run.report.end_time, "wall_seconds": sim_run.wall_seconds,
         "num_unfinished": len(sim_run.report.unfinished),
+        "num_stalls": sim_run.report.num_stalls,
         "router": spec.router, "num_model_swaps": len(sim_run.report.model_swaps),
         "profile_fit_error": get_hardware(spec.hardware).fit_error,
         **sim_run.report.router_counters,
@@ -265,7 +266,19 @@ def _print(outcomes: dict[str, _Outcome], args: argparse.Namespace, workload: st
     print(format_table({p: o.summary for p, o in outcomes.items()}))
     for policy, outcome in outcomes.items():
         summary = outcome.summary
+        _print_stalls(policy, outcome.meta, args.until)
         if summary.num_rejected:
             print(f"{policy}: {summary.num_rejected} rejected; the first:")
             for line in summary.first_rejections:
                 print(f"  {line}")
+
+
+def _print_stalls(policy: str, meta: dict[str, Any], until: float | None) -> None:
+    """Say when an instance stalled (work it could never schedule: requests refused,
+    andante.engine.stall) and when requests are left unfinished without --until."""
+    if meta["num_stalls"]:
+        print(f"{policy}: an instance stalled (work it could not schedule); "
+              f"{meta['num_stalls']} request(s) refused to resolve it (reasons below)")
+    if meta["num_unfinished"] and until is None:
+        print(f"{policy}: {meta['num_unfinished']} request(s) unfinished although no "
+              "--until was given")

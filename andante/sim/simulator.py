@@ -287,6 +287,9 @@ class SimInstance(LaterOperations):
         """Schedule and start a step; returns when it completes (None if nothing ran)."""
         batch, result = self.engine.begin_step()
         if batch.is_empty:
+            ended = self.engine.take_ended()  # refused at a stall (andante.engine.stall)
+            if ended:
+                self.hooks.finished(self, ended)
             return None
         self.in_flight = (batch, result)
         self.stats.busy_time += result.duration
@@ -372,6 +375,7 @@ class Counted(Protocol):
 class SimReport:
     finished: list[Request] = field(default_factory=list)
     unfinished: list[Request] = field(default_factory=list)
+    num_stalls: int = 0  # requests refused because an instance stalled (engine.stall)
     end_time: float = 0.0
     instance_stats: list[InstanceStats] = field(default_factory=list)
     model_swaps: list[ModelSwap] = field(default_factory=list)
@@ -636,6 +640,7 @@ class Simulator(SimHooks):
             report.unfinished.extend(inst.parked)
             report.model_swaps.extend(inst.swaps)
             report.instance_stats.append(inst.stats)
+            report.num_stalls += inst.engine.num_stalls
         report.unfinished.extend(self.controller.queue)
         counters = getattr(self.controller.router, "counters", None)
         if isinstance(counters, Counted):
