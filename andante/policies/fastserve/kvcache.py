@@ -77,6 +77,7 @@ class KVPlanner:
         self.cost_model = cost_model
         self.swap_budget = swap_budget
         self.swap_in_after_swap_out = swap_in_after_swap_out
+        self.protected: Collection[Request] = ()  # this step's jobs never evicted
 
     @property
     def runs_swapped(self) -> bool:
@@ -129,7 +130,7 @@ class KVPlanner:
 
     def _evict(self, plan: StepPlan, victim: Request, swap_only: bool = False) -> int:
         """Preempt `victim`; returns the device blocks it frees (0 if it was kept)."""
-        if not plan.can_preempt(victim, PreemptionMode.RECOMPUTE):
+        if victim in self.protected or not plan.can_preempt(victim, PreemptionMode.RECOMPUTE):
             return 0
         blocks = plan.num_blocks_of(victim)
         swap = self.mode != "recompute" and plan.can_preempt(victim, _SWAP)
