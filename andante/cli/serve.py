@@ -9,6 +9,7 @@ from typing import Any
 from andante.cli.batch import add_queue_args, batch_options_from_args
 from andante.cli.options import (
     add_prefix_caching_arg,
+    block_size,
     parse_key_values,
     positive_float,
     positive_int,
@@ -92,7 +93,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=positive_int, default=64)
     g.add_argument("--max-num-batched-tokens", type=positive_int)
     g.add_argument("--max-model-len", type=positive_int, help="default: the model's context")
-    g.add_argument("--block-size", type=positive_int, default=16)
+    g.add_argument("--block-size", type=block_size, default=16,
+                   help="KV block tokens: 1, 8, 16, 32, 64, 128 or 256 (vLLM's sizes)")
     g.add_argument("--num-kv-blocks", type=positive_int, help="KV-cache size in blocks "
                    "(overrides --kv-cache-gib)")
     g.add_argument("--kv-cache-gib", type=positive_float,
