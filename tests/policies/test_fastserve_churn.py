@@ -59,3 +59,14 @@ def test_max_evictions_is_validated() -> None:
     with pytest.raises(ValueError, match="max_evictions"):
         FastServeOptions(max_evictions=0)
     assert FastServeOptions(max_evictions=None).max_evictions is None
+
+
+@pytest.mark.parametrize("policy", ["fastserve", "fastserve-fcfs"])
+def test_the_bounds_never_leave_a_step_without_progress(policy: str) -> None:
+    """A full device of jobs that must grow: protection yields rather than stall (an
+    earlier form of the bound left 20 of these 600 requests to the stall guard)."""
+    from andante.workload import WorkloadConfig, build_workload
+    workload = build_workload(WorkloadConfig(kind="poisson", rate=1.5, num_requests=600,
+                                             lengths="sharegpt", max_context=8192, seed=0))
+    run = simulate(ClusterSpec(policy=policy, num_kv_blocks=1500), workload)
+    assert run.report.num_stalls == 0 and run.summary.num_finished == len(workload)

@@ -10,16 +10,14 @@ be evicted only once it has held the device for as long as its eviction costs it
 the work that brought it there: the prefill of its computed tokens when its KV is
 dropped (so twice that from its admission, whose step recomputes them), the copy out
 and back when it is swapped. Until then it keeps its place like a pinned job
-(`choice.choose`) and is no
-victim (`KVPlanner.protected`). Wall time alone does not bound the churn where steps are
-long (a batch with a long prefill lasts seconds, so a job can "pay" for its eviction
-with one token): a job whose KV was dropped `max_evictions` times keeps its place to
-its end (a swap throws no work away; swapped jobs have the hold time alone).
-Protected jobs are taken in job order while they fit the device together, so the bound
-never leaves a step unable to grow its jobs. The work thrown away is then at most the work done, and
-a job preempts at most once per eviction cost of service; the wait of the job that
-would take its place is bounded by that cost, after which promotion (α) applies as
-before.
+(`choice.choose`) and is no victim (`KVPlanner.protected`): the work thrown away is at
+most the work done. Wall time alone does not bound the churn where steps are long (a
+batch with a long prefill lasts seconds, so a job can "pay" for its eviction with one
+token): a job whose KV was dropped `max_evictions` times keeps its place to its end (a
+swap throws no work away; swapped jobs have the hold time alone). Protected jobs are
+taken in job order while they fit the device together (beside the reserve for
+arrivals), and a step that still finds no room for the jobs it runs evicts protected
+ones last (`KVPlanner.apply`): the bound never leaves a step without progress.
 """
 
 from __future__ import annotations
@@ -63,7 +61,8 @@ class ChurnBound:
         cost = self.eviction_cost(req, num_blocks, block_size)
         return cost if self.swaps else 2.0 * cost
 
-    def protected(self, plan: StepPlan, order: Sequence[Request]) -> dict[Request, int]:
+    def protected(self, plan: StepPlan, order: Sequence[Request],
+                  reserve: int = 0) -> dict[Request, int]:
         """Running jobs on the device that have not yet held it for their eviction
         cost, or were evicted `max_evictions` times already, with the blocks of all
         their tokens: in job order, while they fit the device together."""
@@ -71,7 +70,7 @@ class ChurnBound:
         if not since:
             return {}
         out: dict[Request, int] = {}
-        bs, room = plan.block_size, plan.num_blocks_above_watermark
+        bs, room = plan.block_size, plan.num_blocks_above_watermark - reserve
         evictions, cap = self._evictions, self.max_evictions
         for req in order:
             start = since.get(req)
@@ -80,7 +79,7 @@ class ChurnBound:
             held = plan.num_blocks_of(req)
             if (cap is not None and evictions.get(req, 0) >= cap) or \
                     now - start < self.hold_time(req, held, bs):
-                blocks = plan.num_blocks_for(req.num_tokens)
+                blocks = plan.num_blocks_for(req.num_tokens + 1)  # room to grow
                 if blocks > room:
                     break
                 room -= blocks

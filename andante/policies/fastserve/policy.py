@@ -213,7 +213,7 @@ class FastServePolicy(BasePolicy, FastPathDefaults):
                 self._starved.add(req)
         order = self.order.ordered()
         reserve = self.reserve_blocks(plan)
-        protected = self.churn.protected(plan, order)
+        protected = self.churn.protected(plan, order, reserve)
         choice = choose(plan, order, reserve, self.kv.runs_swapped,
                         bound_by_host=self.kv.mode != "recompute", protected=protected,
                         starved=self._starved)
