@@ -7,7 +7,7 @@ req/s, the original figure); `long` (arXiv-like long prompts: 4k-12k prompt toke
 100-400 output tokens, at 0.5 req/s, 16k context); `conversation` (ShareGPT lengths as
 the turns of 64 conversations: each prompt repeats its conversation so far, so prefix
 caching hashes and hits long prompts); `pressure` (ShareGPT lengths at 1.5 req/s on a KV
-cache of 1,500 blocks, 24k tokens: memory pressure, preemptions).
+cache of 2,500 blocks, 40k tokens: memory pressure, preemptions, a queue).
 
 Runs the real scheduler over `SimExecutor`, each policy on the same workload, and prints
 ONE JSON line: per policy the simulated requests per wall-second of the simulation loop
@@ -57,7 +57,7 @@ def workloads(args: argparse.Namespace) -> dict[str, Workload]:
                                         max_context=16384, seed=seed), max_model_len=16384),
         "conversation": Workload(dataclasses.replace(
             sharegpt, prefix_sharing="conversation:64")),
-        "pressure": Workload(sharegpt, num_kv_blocks=1500),
+        "pressure": Workload(sharegpt, num_kv_blocks=2500),
     }
 
 

@@ -268,9 +268,9 @@ class KVBlockManager:
         hashes = hasher.upto(stop)
         table = self._device_tables[rid]
         stop = min(stop, len(hashes), len(table))
-        for j in range(start, stop):
-            if self.cache.register(table[j], hashes[j]):
-                self._pending.registered(hashes[j])
+        new = self.cache.register_run(table, hashes, start, stop)
+        if new:
+            self._pending.registered_all(new)
         if shareable is not None and stop >= shareable:
             del self._next_to_cache[rid]  # its shareable content ends here
         else:
@@ -292,10 +292,7 @@ class KVBlockManager:
         stop = min(len(table), hasher.num_computed_blocks())
         if stop <= start:
             return
-        hashes = hasher.upto(stop)
-        register = self.cache.register
-        for j in range(start, stop):
-            register(table[j], hashes[j])
+        self.cache.register_run(table, hasher.upto(stop), start, stop)
         if stop > hasher.num_own_cached:
             hasher.num_own_cached = stop
 

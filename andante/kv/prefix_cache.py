@@ -112,13 +112,21 @@ class RequestHashes:
             hashes.append(parent)
 
     def _extend_from_ids(self, ids: PrefixIds, target: int) -> None:
-        size, span, hashes = self._block_size, ids.span_tokens, self.hashes
+        size, span, hashes, content = self._block_size, ids.span_tokens, self.hashes, ids.ids
         parent = hashes[-1] if hashes else root_hash(self._req.model)
+        append = hashes.append
+        if span % size == 0:  # every block within one id's span (the default, span = size)
+            for j in range(len(hashes), target):
+                start = j * size
+                first = start // span
+                parent = hash((parent, start - first * span, content[first]))
+                append(parent)
+            return
         for j in range(len(hashes), target):
             start = j * size
             first, last = start // span, (start + size - 1) // span
-            parent = hash((parent, start - first * span, ids.ids[first:last + 1]))
-            hashes.append(parent)
+            parent = hash((parent, start - first * span, content[first:last + 1]))
+            append(parent)
 
     def _extend_own(self, target: int) -> None:
         """Blocks of the request's own content: chained from its shared prefix and
@@ -178,6 +186,23 @@ class PrefixCache:
         self.refs[block] = 1
         return True
 
+    def register_run(self, table: list[int], hashes: list[int], start: int,
+                     stop: int) -> list[int]:
+        """`register` of table[j] under hashes[j] for j in [start, stop) (the hot loop of
+        caching a step's computed blocks); returns the hashes newly registered."""
+        block_of, hash_of, refs = self.block_of, self.hash_of, self.refs
+        new: list[int] = []
+        for j in range(start, stop):
+            h = hashes[j]
+            if h in block_of:
+                continue
+            b = table[j]
+            block_of[h] = b
+            hash_of[b] = h
+            refs[b] = 1
+            new.append(h)
+        return new
+
     def release(self, blocks: list[int], keep_cached: bool = True) -> list[int]:
         """One table lets go of `blocks` (in table order); returns those now free and
         unregistered (the caller frees them). Registered ones whose count drops to 0
@@ -204,10 +229,11 @@ class PrefixCache:
 
     def evict_lru(self, num: int) -> list[int]:
         """Unregister the `num` least recently released evictable blocks; returns them."""
-        evictable = self.evictable
-        taken = [evictable.popitem(last=False)[0] for _ in range(num)]
+        popitem, hash_of, block_of = self.evictable.popitem, self.hash_of, self.block_of
+        taken = [popitem(last=False)[0] for _ in range(num)]
         for b in taken:
-            self._unregister(b)
+            del block_of[hash_of.pop(b)]
+        self.evicted.extend(taken)
         return taken
 
     def evict(self, block: int) -> None:
