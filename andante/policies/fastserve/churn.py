@@ -43,22 +43,22 @@ class ChurnBound:
         self._since: dict[Request, float] = {}
         self._evictions: dict[Request, int] = {}
 
-    def eviction_cost(self, req: Request, num_blocks: int, block_size: int) -> float:
-        """Seconds the job loses if evicted now."""
+    def eviction_cost(self, req: Request, num_slots: int) -> float:
+        """Seconds the job loses if evicted now (`num_slots`: the tokens its blocks hold)."""
         cost = self.cost_model
         if self.swaps:
             if cost is None:
                 return 0.0
-            return 2.0 * cost.swap_time(num_blocks * block_size)
+            return 2.0 * cost.swap_time(num_slots)
         computed = req.num_computed_tokens  # recomputed on its return
         if cost is None:
             return computed / self.prefill_rate
         return cost.prefill_time(computed, 0) if computed > 1 else 0.0
 
-    def hold_time(self, req: Request, num_blocks: int, block_size: int) -> float:
+    def hold_time(self, req: Request, num_slots: int) -> float:
         """How long the job keeps the device once on it: its eviction cost after the
         work that brought it back (a recompute's prefill is that cost itself)."""
-        cost = self.eviction_cost(req, num_blocks, block_size)
+        cost = self.eviction_cost(req, num_slots)
         return cost if self.swaps else 2.0 * cost
 
     def protected(self, plan: StepPlan, order: Sequence[Request],
@@ -70,15 +70,14 @@ class ChurnBound:
         if not since:
             return {}
         out: dict[Request, int] = {}
-        bs, room = plan.block_size, plan.num_blocks_above_watermark - reserve
+        room = plan.num_blocks_above_watermark - reserve
         evictions, cap = self._evictions, self.max_evictions
         for req in order:
             start = since.get(req)
             if start is None or req.status != _RUNNING:
                 continue
-            held = plan.num_blocks_of(req)
             if (cap is not None and evictions.get(req, 0) >= cap) or \
-                    now - start < self.hold_time(req, held, bs):
+                    now - start < self.hold_time(req, plan.num_slots_in(plan.num_blocks_of(req))):
                 blocks = plan.num_blocks_for(req.num_tokens + 1)  # room to grow
                 if blocks > room:
                     break
