@@ -51,6 +51,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vLLM's --block-size choices
+
+
+def block_size(text: str) -> int:
+    """A KV block size vLLM accepts (its paged-attention kernels' sizes)."""
+    value = int(text)
+    if value not in BLOCK_SIZES:
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(map(str, BLOCK_SIZES))} (vLLM's block sizes), got {text}")
+    return value
+
+
 def add_prefix_caching_arg(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
     """`--no-prefix-caching` (the one definition that serve, simulate and generate share);
     read it as `args.enable_prefix_caching`."""

@@ -10,6 +10,7 @@ from typing import Any
 from andante.cli.batch import add_queue_args, batch_options_from_args
 from andante.cli.options import (
     add_prefix_caching_arg,
+    block_size,
     parse_key_values,
     positive_float,
     positive_int,
@@ -131,7 +132,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=positive_int, default=64)
     g.add_argument("--max-num-batched-tokens", type=positive_int)
     g.add_argument("--max-model-len", type=positive_int, help="default: the model's context")
-    g.add_argument("--block-size", type=positive_int, default=16)
+    g.add_argument("--block-size", type=block_size, default=16,
+                   help="KV block tokens: 1, 8, 16, 32, 64, 128 or 256 (vLLM's sizes)")
     g.add_argument("--num-kv-blocks", type=positive_int, help="KV-cache size in blocks "
                    "(overrides --kv-cache-gib)")
     g.add_argument("--kv-cache-gib", type=positive_float,
@@ -265,6 +267,10 @@ def fleet_options_from_args(args: argparse.Namespace) -> Any:
         router, poll = file.router, file.poll_interval
         router_options = {**file.router_options, **router_options}
     router = args.router or router or "least-loaded"
+    if router == "cache-aware":
+        raise ValueError("--router cache-aware matches prompt token blocks, which a fleet "
+                         "in front of upstreams (text in, text out) does not have; use "
+                         "least-loaded, power-of-two, round-robin, ascendra or qlm")
     specs = _ascendra_roles(specs, router, args.hp_instances)
     fleet = FleetOptions(router=router, router_options=router_options,
                          poll_interval=args.poll_interval or poll or 0.5,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 from andante.cli.options import (
     add_prefix_caching_arg,
+    block_size,
     parse_goodput,
     parse_key_values,
     positive_int,
@@ -83,12 +85,16 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "prefill whole prompts (as vLLM v0 without chunked prefill)")
     g.add_argument("--max-model-len", type=positive_int,
                    help="prompt + output limit (default and maximum: the model's context)")
-    g.add_argument("--block-size", type=positive_int, default=16)
+    g.add_argument("--block-size", type=block_size, default=16,
+                   help="KV block tokens: 1, 8, 16, 32, 64, 128 or 256 (vLLM's sizes)")
     g.add_argument("--preemption-mode", choices=["recompute", "swap"],
                    help="default: recompute, or the policy's own choice (andes: the cheaper "
                    "per request; fastserve: proactive swap)")
     g.add_argument("--swap-space", type=float, default=4.0, help="host KV GiB per GPU")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--num-kv-blocks", type=positive_int,
+                   help="device KV blocks per instance, whatever the memory leaves "
+                   "(vLLM's --num-gpu-blocks-override)")
     add_prefix_caching_arg(g)
 
 
@@ -169,6 +175,8 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
         max_model_len=max_model_len,
         preemption_mode=PreemptionMode[(args.preemption_mode or "recompute").upper()],
         enable_prefix_caching=args.enable_prefix_caching,
+        max_model_len_set_by=None if args.max_model_len is None
+        else f"--max-model-len {args.max_model_len}",
     )
     spec = ClusterSpec(
         model=args.model,
@@ -181,6 +189,7 @@ def cluster_from_args(args: argparse.Namespace, policy: str) -> ClusterSpec:
         scheduler=scheduler,
         swap_space_gib=args.swap_space,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        num_kv_blocks=args.num_kv_blocks,
     )
     spec = with_router(spec, args.router, args.hp_instances)
     spec = dataclasses.replace(spec, router_options=parse_key_values(args.router_option))
@@ -201,13 +210,26 @@ class _Outcome:
 
 
 def run(args: argparse.Namespace) -> int:
-    policies = policies_from_args(args)
+    policies = _once_each(policies_from_args(args))
     config = workload_from_args(args)
     workload, trace = build_workload_traced(config)
     goodput = parse_goodput(args.goodput)
     outcomes = {policy: _run_one(args, policy, workload, goodput) for policy in policies}
+    if trace is not None:
+        for outcome in outcomes.values():
+            outcome.meta["num_zero_token_rows"] = trace.num_zero_token_rows
     _print(outcomes, args, _workload_line(args, trace, len(workload)))
     return 0
+
+
+def _once_each(policies: list[str]) -> list[str]:
+    """The policies in order, each once; says which were listed more than once."""
+    unique = list(dict.fromkeys(policies))
+    repeated = [p for p in unique if policies.count(p) > 1]
+    if repeated:
+        print(f"--compare lists {', '.join(repeated)} more than once: each runs once "
+              "(the simulation is deterministic)", file=sys.stderr)
+    return unique
 
 
 def _run_one(args: argparse.Namespace, policy: str, workload: list[RequestSpec],
@@ -236,6 +258,7 @@ def _meta(sim_run: SimRun, label: str) -> dict[str, Any]:
         "instances": spec.num_instances, "policy": label,
         "simulated_seconds": sim_run.report.end_time, "wall_seconds": sim_run.wall_seconds,
         "num_unfinished": len(sim_run.report.unfinished),
+        "num_stalls": sim_run.report.num_stalls,
         "router": spec.router, "num_model_swaps": len(sim_run.report.model_swaps),
         "profile_fit_error": get_hardware(spec.hardware).fit_error,
         **sim_run.report.router_counters,
@@ -246,8 +269,10 @@ def _workload_line(args: argparse.Namespace, trace: Trace | None, num: int) -> s
     """The workload part of the header: a synthetic rate, or a trace's rows and format."""
     if trace is None:
         return f"workload {args.workload} rate {args.rate}/s x{args.rate_scale}, seed {args.seed}"
+    zero = (f" ({trace.num_zero_token_rows} rows with 0 tokens run as 1 token)"
+            if trace.num_zero_token_rows else "")
     return (f"trace {trace.source} ({trace.format} columns): {trace.num_rows} rows read, "
-            f"{num} replayed x{args.rate_scale} speed, seed {args.seed}")
+            f"{num} replayed{zero} x{args.rate_scale} speed, seed {args.seed}")
 
 
 def _print(outcomes: dict[str, _Outcome], args: argparse.Namespace, workload: str) -> None:
@@ -261,7 +286,19 @@ def _print(outcomes: dict[str, _Outcome], args: argparse.Namespace, workload: st
     print(format_table({p: o.summary for p, o in outcomes.items()}))
     for policy, outcome in outcomes.items():
         summary = outcome.summary
+        _print_stalls(policy, outcome.meta, args.until)
         if summary.num_rejected:
             print(f"{policy}: {summary.num_rejected} rejected; the first:")
             for line in summary.first_rejections:
                 print(f"  {line}")
+
+
+def _print_stalls(policy: str, meta: dict[str, Any], until: float | None) -> None:
+    """Say when an instance stalled (work it could never schedule: requests refused,
+    andante.engine.stall) and when requests are left unfinished without --until."""
+    if meta["num_stalls"]:
+        print(f"{policy}: an instance stalled (work it could not schedule); "
+              f"{meta['num_stalls']} request(s) refused to resolve it (reasons below)")
+    if meta["num_unfinished"] and until is None:
+        print(f"{policy}: {meta['num_unfinished']} request(s) unfinished although no "
+              "--until was given")

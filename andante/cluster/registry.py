@@ -63,6 +63,7 @@ ROUTERS = MappingProxyType({
     "round-robin": RouterEntry("andante.cluster.router:RoundRobinRouter"),
     "least-loaded": RouterEntry("andante.cluster.router:LeastLoadedRouter"),
     "power-of-two": RouterEntry("andante.cluster.router:PowerOfTwoRouter"),
+    "cache-aware": RouterEntry("andante.cluster.cache_aware:CacheAwareRouter"),
     "ascendra": RouterEntry("andante.cluster.ascendra:AscendraRouter",
                             pool_plan="andante.cluster.ascendra:pool_plan",
                             several_models=False),

@@ -15,7 +15,9 @@ class SchedulerConfig:
     budget below max_model_len needs a policy that chunks prefills (the Scheduler checks);
     max_model_len bounds a request's prompt + output; watermark is the share of device
     blocks kept free when admitting; preemption_mode is the default mechanism;
-    enable_prefix_caching shares cached full blocks of equal prefixes (vLLM's APC).
+    enable_prefix_caching shares cached full blocks of equal prefixes (vLLM's APC);
+    max_model_len_set_by names the option that set max_model_len below the model's
+    context (refusals then name it), None where it is the model's own.
     """
 
     block_size: int = 16
@@ -25,6 +27,7 @@ class SchedulerConfig:
     watermark: float = 0.01
     preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
     enable_prefix_caching: bool = True
+    max_model_len_set_by: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):

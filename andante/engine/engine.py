@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from andante.core.clock import Clock
 from andante.core.request import Request, RequestStatus
 from andante.engine.scheduler import RequestRejected, Scheduler
+from andante.engine.stall import is_stalled, refuse_one
 from andante.engine.stats import EngineLimits, SchedulerStats, StepObserver
 from andante.exec.base import Executor
 from andante.exec.batch import StepBatch, StepResult
@@ -40,6 +41,7 @@ class Engine:
         self._ended: list[Request] = []  # aborted/rejected since the last step output
         self._observers: list[StepObserver] = []
         self.num_steps = 0
+        self.num_stalls = 0  # requests refused because the engine stalled (engine.stall)
 
     # ---- observing ------------------------------------------------------------------
     @property
@@ -139,9 +141,25 @@ class Engine:
     def begin_step(self) -> tuple[StepBatch, StepResult]:
         """Schedule and execute; the result's duration is modeled or measured."""
         batch = self.scheduler.schedule()
+        if batch.is_empty and is_stalled(self.scheduler):
+            batch = self._resolve_stall()
         if batch.is_empty:
             return batch, StepResult(sampled_token_ids=[], duration=0.0)
         return batch, self.executor.execute(batch)
+
+    def _resolve_stall(self) -> StepBatch:
+        """Work, none in flight, an empty step: schedule once more, then refuse one
+        request at a time until a step is not empty (andante.engine.stall)."""
+        scheduler = self.scheduler
+        batch = scheduler.schedule()
+        while batch.is_empty and is_stalled(scheduler):
+            victim = refuse_one(scheduler)
+            if victim is None:
+                break
+            self.num_stalls += 1
+            self._ended.append(victim)
+            batch = scheduler.schedule()
+        return batch
 
     def finish_step(self, batch: StepBatch, result: StepResult) -> StepOutput:
         """Apply the step's result at the current clock time."""

@@ -326,7 +326,7 @@ class StepPlan:
         if mode == PreemptionMode.SWAP:
             self.swap_out_blocks.extend(self._kv.swap_out(req.request_id))
         else:
-            self._kv.free(req.request_id)
+            self._kv.free(req.request_id, resumes=True)
         self.num_active_seqs -= 1
         self._preempted_ids.add(req.request_id)
         self.preemptions.append((req, mode))

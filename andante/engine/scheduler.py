@@ -141,10 +141,12 @@ class Scheduler:
     def check_fits(self, num_prompt_tokens: int) -> None:
         """Raise RequestRejected if a prompt of this length could never be served."""
         if num_prompt_tokens >= self.config.max_model_len:
-            raise RequestRejected(
-                f"prompt has {num_prompt_tokens} tokens; the model's context is "
-                f"{self.config.max_model_len} tokens (prompt + at least 1 output token)"
-            )
+            limit = self.config.max_model_len
+            context = (f"the model's context is {limit} tokens"
+                       if self.config.max_model_len_set_by is None else
+                       f"the context is {limit} tokens ({self.config.max_model_len_set_by})")
+            raise RequestRejected(f"prompt has {num_prompt_tokens} tokens; {context} "
+                                  "(prompt + at least 1 output token)")
         need = self.kv.num_blocks_for(num_prompt_tokens + 1)
         if need > self.kv.num_device_blocks:
             capacity = self.kv.num_device_blocks * self.kv.block_size

@@ -45,6 +45,7 @@ class SimExecutor:
         token_id: int = 0,
         step_buckets: StepBuckets | Literal["auto"] | None = "auto",
         warmup_tokens: int | None = None,
+        num_device_blocks: int | None = None,
     ) -> None:
         self.cost_model = cost_model
         self.block_size = block_size
@@ -52,6 +53,9 @@ class SimExecutor:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.overlap_swaps = overlap_swaps
         self.token_id = token_id
+        if num_device_blocks is not None and num_device_blocks < 1:
+            raise ValueError(f"num_device_blocks must be >= 1, got {num_device_blocks}")
+        self.num_device_blocks = num_device_blocks  # None: what the memory leaves
         self._init_step_sizes(step_buckets, warmup_tokens)
 
     def _init_step_sizes(self, step_buckets: StepBuckets | Literal["auto"] | None,
@@ -75,8 +79,10 @@ class SimExecutor:
     def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
         if block_size != self.block_size:
             raise ValueError(f"executor block size {self.block_size} != scheduler {block_size}")
-        device_tokens = self.cost_model.kv_capacity_tokens(self.gpu_memory_utilization)
         host_tokens = self.host_kv_bytes // self.cost_model.model.kv_bytes_per_token
+        if self.num_device_blocks is not None:  # vLLM's --num-gpu-blocks-override
+            return self.num_device_blocks, host_tokens // block_size
+        device_tokens = self.cost_model.kv_capacity_tokens(self.gpu_memory_utilization)
         return device_tokens // block_size, host_tokens // block_size
 
     def execute(self, batch: StepBatch) -> StepResult:

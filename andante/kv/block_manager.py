@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, overload
 from andante.core.request import Request
 from andante.kv.block_pool import BlockPool, OutOfBlocksError
 from andante.kv.pending_hits import PendingHits
-from andante.kv.prefix_cache import PrefixCache, RequestHashes, is_hashable
+from andante.kv.prefix_cache import PrefixCache, RequestHashes
 
 if TYPE_CHECKING:
     from numpy import float64
@@ -202,9 +202,9 @@ class KVBlockManager:
 
     # ---- prefix caching ---------------------------------------------------------------
     def track(self, req: Request) -> bool:
-        """Follow `req`'s content for prefix caching (False: caching is off, or the
-        request's prompt has no identity); it is due for a lookup."""
-        if not self.enable_prefix_caching or not is_hashable(req):
+        """Follow `req`'s content for prefix caching (False: caching is off); it is due
+        for a lookup."""
+        if not self.enable_prefix_caching:
             return False
         if req.request_id not in self._hashes:
             self._hashes[req.request_id] = RequestHashes(req, self.block_size)
@@ -233,7 +233,10 @@ class KVBlockManager:
         hasher = self._hashes.get(rid)
         if hasher is None or self.holds_kv(rid):
             return 0
-        max_blocks = (req.num_tokens - 1) // self.block_size
+        max_blocks = min((req.num_tokens - 1) // self.block_size, hasher.num_cacheable())
+        if max_blocks <= 0:
+            self._pending.pop(rid)  # nothing of it can be cached (yet)
+            return 0
         hashes = hasher.upto(max_blocks)
         blocks = self.cache.longest_prefix(hashes, max_blocks)
         more = len(blocks) < min(max_blocks, len(hashes))
@@ -259,16 +262,39 @@ class KVBlockManager:
     def _register(self, req: Request, start: int, stop: int) -> None:
         rid = req.request_id
         hasher = self._hashes[rid]
+        shareable = hasher.num_shareable
+        if shareable is not None and stop > shareable:
+            stop = shareable
         hashes = hasher.upto(stop)
         table = self._device_tables[rid]
         stop = min(stop, len(hashes), len(table))
-        for j in range(start, stop):
-            if self.cache.register(table[j], hashes[j]):
-                self._pending.registered(hashes[j])
-        if stop >= hasher.max_blocks() and req.prefix_ids is not None:
-            del self._next_to_cache[rid]  # its content ids end here: nothing more to cache
+        new = self.cache.register_run(table, hashes, start, stop)
+        if new:
+            self._pending.registered_all(new)
+        if shareable is not None and stop >= shareable:
+            del self._next_to_cache[rid]  # its shareable content ends here
         else:
             self._next_to_cache[rid] = stop
+
+    def _start_caching(self, request_id: str, start: int) -> None:
+        """Register the request's shareable blocks from `start` on as they are computed."""
+        hasher = self._hashes.get(request_id)
+        if hasher is not None and (hasher.num_shareable is None or start < hasher.num_shareable):
+            self._next_to_cache[request_id] = start
+
+    def _register_own(self, request_id: str, table: list[int]) -> None:
+        """Register the computed full blocks of a simulated request's own content before
+        it lets go of them to run again (a recompute preemption): only it can hit them."""
+        hasher = self._hashes[request_id]
+        start = hasher.num_shareable
+        if start is None:
+            return  # real tokens: registered as computed
+        stop = min(len(table), hasher.num_computed_blocks())
+        if stop <= start:
+            return
+        self.cache.register_run(table, hasher.upto(stop), start, stop)
+        if stop > hasher.num_own_cached:
+            hasher.num_own_cached = stop
 
     # ---- allocation -----------------------------------------------------------------
     def num_new_blocks_needed(self, request_id: str, num_total_tokens: int) -> int:
@@ -344,8 +370,7 @@ class KVBlockManager:
         self.cache.share(shared)
         table = shared + self._take(self.num_blocks_for(num_tokens) - len(shared))
         self._device_tables[request_id] = table
-        if request_id in self._hashes:
-            self._next_to_cache[request_id] = len(shared)
+        self._start_caching(request_id, len(shared))
         return table
 
     def append_slots(self, request_id: str, num_total_tokens: int) -> list[int]:
@@ -374,24 +399,37 @@ class KVBlockManager:
         self._pending.drain()
         return fresh
 
-    def _release_device(self, request_id: str, table: list[int], keep_cached: bool) -> list[int]:
+    def _release_device(self, request_id: str, table: list[int], keep_cached: bool,
+                        resumes: bool = False) -> list[int]:
         """Let go of a device table; returns its blocks that became free and unregistered
-        (the caller frees them). Untracked tables hold no registered block."""
+        (the caller frees them). Untracked tables hold no registered block. Blocks of a
+        simulated request's own content stay cached only if it `resumes` here."""
         self._next_to_cache.pop(request_id, None)
-        if request_id not in self._hashes:
+        hasher = self._hashes.get(request_id)
+        if hasher is None:
             return table
         self._pending.dirty.add(request_id)  # holds no device KV now: due for a lookup
-        plain = self.cache.release(table, keep_cached)
+        shareable = hasher.num_shareable
+        if not keep_cached or shareable is None:
+            plain = self.cache.release(table, keep_cached)
+        elif resumes:
+            self._register_own(request_id, table)
+            plain = self.cache.release(table, True)
+        else:  # its own blocks can never be hit again: freed uncached
+            own = self.cache.release(table[shareable:], False) if len(table) > shareable else []
+            plain = self.cache.release(table[:shareable], True) + own
         self._pending.drain()
         return plain
 
-    def free(self, request_id: str) -> int:
+    def free(self, request_id: str, *, resumes: bool = False) -> int:
         """Release every block the request holds on either tier; returns how many (a
-        shared block stays with its other holders, a cached one stays cached)."""
+        shared block stays with its other holders, a cached one stays cached). A request
+        that `resumes` here (preempted by recompute) keeps its computed blocks cached for
+        its return, as vLLM v1's APC does."""
         freed = 0
         table = self._device_tables.pop(request_id, None)
         if table is not None:
-            self.device.free(self._release_device(request_id, table, keep_cached=True))
+            self.device.free(self._release_device(request_id, table, True, resumes))
             freed += len(table)
         host_table = self._host_tables.pop(request_id, None)
         if host_table is not None:
@@ -430,8 +468,7 @@ class KVBlockManager:
         table = self._take(len(host_table))
         self._host_released_at_end.extend(host_table)  # read by this step's copies
         self._device_tables[request_id] = table
-        if request_id in self._hashes:
-            self._next_to_cache[request_id] = 0  # registered unless cached elsewhere
+        self._start_caching(request_id, 0)  # registered unless cached elsewhere
         return list(zip(host_table, table, strict=True))
 
     def end_step(self) -> None:

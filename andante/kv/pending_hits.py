@@ -71,6 +71,17 @@ class PendingHits:
         if waiting:
             self.dirty |= waiting
 
+    def registered_all(self, block_hashes: list[int]) -> None:
+        """`registered` of each of `block_hashes`."""
+        waiting_on = self._waiting_on
+        if not waiting_on:
+            return
+        pop = waiting_on.pop
+        for block_hash in block_hashes:
+            waiting = pop(block_hash, None)
+            if waiting:
+                self.dirty |= waiting
+
     def drain(self) -> None:
         """Invalidate the hits holding a block evicted since the last call."""
         evicted = self._cache.evicted

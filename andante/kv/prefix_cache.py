@@ -12,8 +12,14 @@ released first, only when no never-cached free block is left (SGLang's rule: evi
 only under memory pressure; vLLM's single free queue would evict it earlier).
 
 `RequestHashes` computes a request's block hashes lazily, from its real token ids
-(prompt + output), or from `PrefixIds` (a simulated prompt's content ids); a prompt of
-`SyntheticTokens` without ids has no identity and is never cached. `PrefixCache` is the
+(prompt + output), or, for a simulated prompt (`SyntheticTokens`), from its `PrefixIds`
+(content that other requests may share) followed by content of its own: every other
+block of a simulated request (the rest of its prompt, its output) is unique to it, as a
+real prompt's would be, so vLLM v1's APC is modelled as vLLM runs it (a request
+preempted by recompute finds its own freed blocks again). Blocks of its own are hashed
+and registered only when the request lets go of its KV to run again (`own_blocks`):
+no other request can ever hit them, so a request that is never preempted costs nothing
+more than before, and on finishing they are freed uncached. `PrefixCache` is the
 device tier's registry: hash <-> block maps, counts of registered blocks in use, and the
 evictable blocks in LRU order. The block manager owns the free list and the tables.
 """
@@ -32,37 +38,62 @@ def root_hash(model: str) -> int:
     return hash(("andante-prefix", zlib.crc32(model.encode())))
 
 
-def is_hashable(req: Request) -> bool:
-    """Does the request's content have an identity (real tokens, or content ids)?"""
-    return req.prefix_ids is not None or not isinstance(req.prompt_token_ids, SyntheticTokens)
+def num_shareable_blocks(req: Request, block_size: int) -> int | None:
+    """Full blocks of `req` that another request may hold too: None (all of them) for
+    real tokens; for a simulated prompt, those its content ids describe (0 without)."""
+    if not isinstance(req.prompt_token_ids, SyntheticTokens):
+        return None
+    ids = req.prefix_ids
+    return 0 if ids is None else ids.num_tokens // block_size
 
 
 class RequestHashes:
-    """The chained hashes of one request's full blocks, computed as they are needed."""
+    """The chained hashes of one request's full blocks, computed as they are needed.
 
-    __slots__ = ("_block_size", "_req", "hashes")
+    `num_shareable` full blocks (None: all) may be held by other requests too and are
+    registered as they are computed; the blocks after them are the request's own, and
+    `num_own_cached` is the high-water mark of those it registered (`own_blocks`)."""
+
+    __slots__ = ("_block_size", "_req", "hashes", "num_own_cached", "num_shareable")
 
     def __init__(self, req: Request, block_size: int) -> None:
         self._req = req
         self._block_size = block_size
         self.hashes: list[int] = []
+        self.num_shareable = num_shareable_blocks(req, block_size)
+        self.num_own_cached = 0
 
     def max_blocks(self) -> int:
         """Full blocks the request's known content covers now."""
         ids = self._req.prefix_ids
-        known = ids.num_tokens if ids is not None else self._req.num_tokens
+        known = self._req.num_tokens
+        if ids is not None and ids.num_tokens > known:
+            known = ids.num_tokens
         return known // self._block_size
+
+    def num_computed_blocks(self) -> int:
+        return self._req.num_computed_tokens // self._block_size
+
+    def num_cacheable(self) -> int:
+        """The most leading blocks that can be cached anywhere now (a lookup's limit)."""
+        if self.num_shareable is None:
+            return self.max_blocks()
+        return max(self.num_shareable, self.num_own_cached)
 
     def upto(self, num_blocks: int) -> list[int]:
         """The hashes of the first `num_blocks` blocks (fewer if the content is shorter)."""
         hashes = self.hashes
         target = min(num_blocks, self.max_blocks())
         if len(hashes) < target:
-            ids = self._req.prefix_ids
-            if ids is None:
+            shareable = self.num_shareable
+            if shareable is None:
                 self._extend_from_tokens(target)
-            else:
-                self._extend_from_ids(ids, target)
+                return hashes
+            ids = self._req.prefix_ids
+            if ids is not None and len(hashes) < shareable:
+                self._extend_from_ids(ids, min(target, shareable))
+            if len(hashes) < target:
+                self._extend_own(target)
         return hashes
 
     def _extend_from_tokens(self, target: int) -> None:
@@ -81,12 +112,29 @@ class RequestHashes:
             hashes.append(parent)
 
     def _extend_from_ids(self, ids: PrefixIds, target: int) -> None:
-        size, span, hashes = self._block_size, ids.span_tokens, self.hashes
+        size, span, hashes, content = self._block_size, ids.span_tokens, self.hashes, ids.ids
         parent = hashes[-1] if hashes else root_hash(self._req.model)
+        append = hashes.append
+        if span % size == 0:  # every block within one id's span (the default, span = size)
+            for j in range(len(hashes), target):
+                start = j * size
+                first = start // span
+                parent = hash((parent, start - first * span, content[first]))
+                append(parent)
+            return
         for j in range(len(hashes), target):
             start = j * size
             first, last = start // span, (start + size - 1) // span
-            parent = hash((parent, start - first * span, ids.ids[first:last + 1]))
+            parent = hash((parent, start - first * span, content[first:last + 1]))
+            append(parent)
+
+    def _extend_own(self, target: int) -> None:
+        """Blocks of the request's own content: chained from its shared prefix and
+        keyed by its id, so no other request's block has their hash."""
+        hashes, key = self.hashes, self._req.request_id
+        parent = hashes[-1] if hashes else root_hash(self._req.model)
+        for j in range(len(hashes), target):
+            parent = hash((parent, key, j))
             hashes.append(parent)
 
 
@@ -138,6 +186,23 @@ class PrefixCache:
         self.refs[block] = 1
         return True
 
+    def register_run(self, table: list[int], hashes: list[int], start: int,
+                     stop: int) -> list[int]:
+        """`register` of table[j] under hashes[j] for j in [start, stop) (the hot loop of
+        caching a step's computed blocks); returns the hashes newly registered."""
+        block_of, hash_of, refs = self.block_of, self.hash_of, self.refs
+        new: list[int] = []
+        for j in range(start, stop):
+            h = hashes[j]
+            if h in block_of:
+                continue
+            b = table[j]
+            block_of[h] = b
+            hash_of[b] = h
+            refs[b] = 1
+            new.append(h)
+        return new
+
     def release(self, blocks: list[int], keep_cached: bool = True) -> list[int]:
         """One table lets go of `blocks` (in table order); returns those now free and
         unregistered (the caller frees them). Registered ones whose count drops to 0
@@ -164,10 +229,11 @@ class PrefixCache:
 
     def evict_lru(self, num: int) -> list[int]:
         """Unregister the `num` least recently released evictable blocks; returns them."""
-        evictable = self.evictable
-        taken = [evictable.popitem(last=False)[0] for _ in range(num)]
+        popitem, hash_of, block_of = self.evictable.popitem, self.hash_of, self.block_of
+        taken = [popitem(last=False)[0] for _ in range(num)]
         for b in taken:
-            self._unregister(b)
+            del block_of[hash_of.pop(b)]
+        self.evicted.extend(taken)
         return taken
 
     def evict(self, block: int) -> None:

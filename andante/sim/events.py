@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -35,6 +36,10 @@ class EventQueue:
 
     def pop(self) -> Event:
         return heapq.heappop(self._heap)
+
+    def next_time(self) -> float:
+        """The time of the earliest event (inf if none)."""
+        return self._heap[0].time if self._heap else math.inf
 
     def __bool__(self) -> bool:
         return bool(self._heap)

@@ -37,6 +37,7 @@ def _engine_of(own: ClusterSpec, clock: ManualClock) -> tuple[Engine, SimExecuto
         gpu_memory_utilization=own.gpu_memory_utilization,
         overlap_swaps=own.overlap_swaps,
         warmup_tokens=own.scheduler.max_model_len,  # as the real engine's warm-up
+        num_device_blocks=own.num_kv_blocks,
     )
     engine = build_engine(executor, clock, own.policy, own.scheduler, own.policy_options)
     if choose is not None:

@@ -114,6 +114,7 @@ def build_pipeline_instance(spec: ClusterSpec, index: int, clock: ManualClock) -
         gpu_memory_utilization=spec.gpu_memory_utilization,
         overlap_swaps=spec.overlap_swaps,
         step_buckets=None,  # the real pipeline stages run unpadded steps
+        num_device_blocks=spec.num_kv_blocks,
     )
     engine = build_engine(executor, clock, spec.policy, spec.scheduler, spec.policy_options)
     # Hidden states cross to the next stage: every tp rank sends its replica's share.

@@ -293,6 +293,9 @@ class SimInstance(LaterOperations):
         """Schedule and start a step; returns when it completes (None if nothing ran)."""
         batch, result = self.engine.begin_step()
         if batch.is_empty:
+            ended = self.engine.take_ended()  # refused at a stall (andante.engine.stall)
+            if ended:
+                self.hooks.finished(self, ended)
             return None
         self.in_flight = (batch, result)
         self.stats.busy_time += result.duration
@@ -378,6 +381,7 @@ class Counted(Protocol):
 class SimReport:
     finished: list[Request] = field(default_factory=list)
     unfinished: list[Request] = field(default_factory=list)
+    num_stalls: int = 0  # requests refused because an instance stalled (engine.stall)
     end_time: float = 0.0
     instance_stats: list[InstanceStats] = field(default_factory=list)
     model_swaps: list[ModelSwap] = field(default_factory=list)
@@ -548,9 +552,7 @@ class Simulator(SimHooks):
         if max_steps == 0:
             return False
         now = self.clock.now()
-        stop_at = self._next_arrival
-        if inst.host.dropper is not None:
-            stop_at = min(stop_at, inst.host.drop_horizon())
+        stop_at = self._run_horizon(inst)
         self._stop_at = stop_at
         durations = executor.decode_run_durations(batch, max_steps,
                                                   min(stop_at, self._until) - now)
@@ -561,6 +563,17 @@ class Simulator(SimHooks):
         inst.begin_decode_run(executor, batch, times, durations[:len(times)])
         self._events.push(times[-1], EventKind.STEP_DONE, inst)
         return True
+
+    def _run_horizon(self, inst: SimInstance) -> float:
+        """Where a run of `inst` must stop: the next arrival, its late drop, and where an
+        instance hands requests back (Ascendra's offload) the next event of any other
+        instance, whose step start may hand this one a request amid the run."""
+        stop_at = self._next_arrival
+        if inst.host.dropper is not None:
+            stop_at = min(stop_at, inst.host.drop_horizon())
+        if self._hands_off:
+            stop_at = min(stop_at, self._events.next_time())
+        return stop_at
 
     def _only_arrivals_add(self) -> bool:
         """Can requests reach an instance only at arrivals (which end runs)? Not where
@@ -617,9 +630,7 @@ class Simulator(SimHooks):
         chunks = prefill_run_chunks(scheduler, fast, batch)
         if not chunks:
             return False
-        self._stop_at = self._next_arrival
-        if inst.host.dropper is not None:
-            self._stop_at = min(self._stop_at, inst.host.drop_horizon())
+        self._stop_at = self._run_horizon(inst)
         budget = min(self._stop_at, self._until) - self.clock.now()
         shapes = prefill_run_shapes(scheduler.running, chunks)
         durations = executor.prefill_run_durations(shapes, budget)
@@ -642,6 +653,7 @@ class Simulator(SimHooks):
             report.unfinished.extend(inst.parked)
             report.model_swaps.extend(inst.swaps)
             report.instance_stats.append(inst.stats)
+            report.num_stalls += inst.engine.num_stalls
         report.unfinished.extend(self.controller.queue)
         counters = getattr(self.controller.router, "counters", None)
         if isinstance(counters, Counted):

@@ -52,6 +52,7 @@ class ClusterSpec:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     swap_space_gib: float = 4.0  # host KV per GPU (vLLM's --swap-space default)
     gpu_memory_utilization: float = 0.9
+    num_kv_blocks: int | None = None  # device KV blocks per instance (None: from memory)
     overlap_swaps: bool = False
     pp: int = 1  # pipeline stages per instance, `tp` GPUs each (andante.sim.pipeline)
     router: str = "round-robin"
@@ -74,6 +75,8 @@ class ClusterSpec:
             raise ValueError(f"tp must be >= 1, got {self.tp}")
         if self.pp < 1:
             raise ValueError(f"pp must be >= 1, got {self.pp}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.host_memory_gib < 0:
             raise ValueError(f"host_memory_gib must be >= 0, got {self.host_memory_gib}")
 

@@ -17,7 +17,9 @@ are recognised by name (the first of `KNOWN_FORMATS` whose columns are all prese
 
 Any other table is read through an explicit mapping, "time=COL,prompt=COL,output=COL"
 plus optionally "unit=s|ms|us|ns" (the unit of a numeric time column; date-time text
-needs none).
+needs none) and "ids=COL[,span=N]" (a JSONL column of block content ids of N tokens
+each; by default a mapped file's "hash_ids" is read as Mooncake's, 512 tokens per id,
+and "ids=none" leaves it out).
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ KNOWN_FORMATS: tuple[TraceColumns, ...] = (
     TraceColumns("sharegpt", None, "num_prefill_tokens", "num_decode_tokens",
                  about="ShareGPT lengths, no arrival times"),
 )
-MAPPING_FORM = "time=COL,prompt=COL,output=COL[,unit=s|ms|us|ns]"
+MAPPING_FORM = "time=COL,prompt=COL,output=COL[,unit=s|ms|us|ns][,ids=COL|none[,span=N]]"
+_MAPPING_KEYS = ("time", "prompt", "output", "unit", "ids", "span")
 
 
 def parse_trace_columns(text: str) -> TraceColumns:
@@ -84,15 +87,23 @@ def parse_trace_columns(text: str) -> TraceColumns:
     for item in text.split(","):
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
-        if not sep or key not in ("time", "prompt", "output", "unit") or not value:
+        if not sep or key not in _MAPPING_KEYS or not value:
             raise ValueError(f"trace columns {text!r}: bad item {item!r}; expected {MAPPING_FORM}")
         fields[key] = value
     missing = [key for key in ("time", "prompt", "output") if key not in fields]
     if missing:
         raise ValueError(f"trace columns {text!r}: missing {', '.join(missing)}; "
                          f"expected {MAPPING_FORM}")
+    ids = fields.get("ids", "hash_ids")
+    try:
+        span = int(fields.get("span", MOONCAKE_BLOCK_TOKENS))
+    except ValueError:
+        span = 0
+    if span < 1:
+        raise ValueError(f"trace columns {text!r}: span must be a positive integer")
     return TraceColumns("custom", fields["time"], fields["prompt"], fields["output"],
-                        fields.get("unit", "s"))
+                        fields.get("unit", "s"), prefix_ids=None if ids == "none" else ids,
+                        prefix_span=span)
 
 
 def is_jsonl(path: Path) -> bool:

@@ -36,7 +36,9 @@ class Trace:
     num_rows: rows read from the file (before any cut to a count or duration);
     format: the name of the columns' format ("azure", "mooncake", ..., "custom");
     prefix_ids: each request's block content ids (Mooncake's hash_ids), of
-    `prefix_span` tokens each; None if the trace has none."""
+    `prefix_span` tokens each; None if the trace has none;
+    num_zero_token_rows: replayed rows with 0 prompt or output tokens, run as 1 token
+    (a request needs a prompt token and produces at least one)."""
 
     arrival_times: np.ndarray
     prompt_lens: np.ndarray
@@ -46,6 +48,7 @@ class Trace:
     format: str = ""
     prefix_ids: tuple[tuple[int, ...], ...] | None = None
     prefix_span: int = 0
+    num_zero_token_rows: int = 0
 
     def __len__(self) -> int:
         return len(self.arrival_times)
@@ -124,7 +127,8 @@ def load_trace(
 
     max_duration: keep arrivals at or before this many seconds of the *scaled* timeline;
     max_requests: then keep the first this many. Token counts below 1 are raised to 1
-    (a request needs a prompt token and produces at least one token).
+    (a request needs a prompt token and produces at least one token) and the rows so
+    raised are counted (`Trace.num_zero_token_rows`).
     """
     file = Path(path)
     _check_cuts(rate_scale, max_requests, max_duration)
@@ -142,6 +146,7 @@ def load_trace(
     if max_requests is not None:
         keep = min(keep, max_requests)
     ids = read_prefix_ids(file, used)
+    zero = int(np.count_nonzero((prompts[:keep] < 1) | (outputs[:keep] < 1)))
     return Trace(
         arrival_times=times[:keep],
         prompt_lens=np.maximum(prompts[:keep], 1),
@@ -151,4 +156,5 @@ def load_trace(
         format=used.name,
         prefix_ids=None if ids is None else tuple(ids[i] for i in order[:keep]),
         prefix_span=used.prefix_span,
+        num_zero_token_rows=zero,
     )

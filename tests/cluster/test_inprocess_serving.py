@@ -14,7 +14,8 @@ from andante.server.runner import ClusterRunner
 from tests.cluster.serving import cluster_options, stream_many
 
 
-@pytest.mark.parametrize("router", ["round-robin", "least-loaded", "power-of-two", "ascendra"])
+@pytest.mark.parametrize("router", ["round-robin", "least-loaded", "power-of-two", "ascendra",
+                                    "cache-aware"])
 def test_every_request_completes_across_instances(router: str) -> None:
     with ServerThread(cluster_options(router=router)) as srv:
         outcomes = asyncio.run(stream_many(srv.url, 12, 20, asyncio.Event()))

@@ -154,7 +154,7 @@ def test_a_refused_schedule_allocates_nothing() -> None:
         assert plan.num_free_blocks == 1 and not plan.scheduled
 
     engine.scheduler.policy = ScriptedPolicy(try_big)
-    engine.step()
+    engine.scheduler.schedule()  # the plan alone (an empty step is the engine's stall)
 
 
 # ---- admission and aborts (any policy) ----------------------------------------------

@@ -31,6 +31,15 @@ def test_ascendra_names_the_last_upstreams_hp() -> None:
     assert [u.role for u in options.upstreams] == ["lp", "lp", "hp"]
 
 
+def test_options_a_fleet_cannot_honour_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cache-aware matches prompt token blocks"):
+        _options("--upstream", "http://a:1", "--router", "cache-aware")
+    keys = tmp_path / "keys"
+    keys.write_text("alice k1\n")
+    with pytest.raises(ValueError, match="single-tenant"):
+        _options("--upstream", "http://a:1", "--api-keys-file", str(keys))
+
+
 def test_fleet_file_router_and_command_line_override(tmp_path: Path) -> None:
     path = tmp_path / "fleet.toml"
     path.write_text('router = "qlm"\npoll_interval = 0.2\n'

@@ -8,7 +8,7 @@ import pytest
 from andante.core import Request, SamplingParams, SyntheticTokens
 from andante.core.request import PrefixIds
 from andante.kv import KVBlockManager
-from andante.kv.prefix_cache import RequestHashes, is_hashable
+from andante.kv.prefix_cache import RequestHashes
 
 B = 4  # block size
 
@@ -56,12 +56,13 @@ def test_hashes_cover_output_tokens_and_content_ids() -> None:
     req.append_output_token(8, 0.2)
     assert hashes.upto(5) == RequestHashes(_req("b", [1, 2, 3, 4, 5, 6, 7, 8]), B).upto(5)
     synthetic = Request("s", SyntheticTokens(8), SamplingParams(max_tokens=1), 0.0)
-    assert not is_hashable(synthetic)
+    twin = Request("s2", SyntheticTokens(8), SamplingParams(max_tokens=1), 0.0)
+    own = RequestHashes(synthetic, B).upto(2)
+    assert len(own) == 2 and not set(own) & set(RequestHashes(twin, B).upto(2))
     with_ids = Request("t", SyntheticTokens(8), SamplingParams(max_tokens=1), 0.0,
                        prefix_ids=PrefixIds((5, 6, 7), 4, 10))
     same_start = Request("u", SyntheticTokens(8), SamplingParams(max_tokens=1), 0.0,
                          prefix_ids=PrefixIds((5, 9), 4, 8))
-    assert is_hashable(with_ids)
     ids_a, ids_b = RequestHashes(with_ids, 2).upto(9), RequestHashes(same_start, 2).upto(9)
     assert len(ids_a) == 5 and len(ids_b) == 4  # 10 and 8 tokens of 2-token blocks
     assert ids_a[:2] == ids_b[:2] and ids_a[2] != ids_b[2]
@@ -242,3 +243,39 @@ def test_prefix_ids_are_checked(bad: int) -> None:
         PrefixIds((1, 2), bad, 2)
     with pytest.raises(ValueError):
         PrefixIds((1, 2), 4, 9)
+
+
+def _synthetic(rid: str, num_tokens: int, ids: PrefixIds | None = None) -> Request:
+    return Request(rid, SyntheticTokens(num_tokens), SamplingParams(max_tokens=4), 0.0,
+                   prefix_ids=ids)
+
+
+def test_a_simulated_prompt_preempted_by_recompute_finds_its_own_blocks_again() -> None:
+    kv = KVBlockManager(B, 16, watermark=0.0)
+    a = _synthetic("a", 10)
+    assert _admit(kv, a) == 0
+    _compute(kv, a)
+    assert kv.cache.num_evictable == 0 and not kv.cache.block_of  # nothing registered yet
+    kv.free("a", resumes=True)  # preempted by recompute: vLLM v1 keeps the blocks cached
+    a.num_computed_tokens = 0
+    assert kv.num_cached_free_blocks == 2
+    assert _admit(kv, a) == 8
+    other = _synthetic("b", 10)  # same length, other content: no hit
+    assert _admit(kv, other) == 0
+    kv.check_invariants()
+
+
+def test_a_finished_simulated_prompt_leaves_only_its_shareable_blocks_cached() -> None:
+    kv = KVBlockManager(B, 16, watermark=0.0)
+    a = _synthetic("a", 13, PrefixIds((1, 2), 4, 8))  # 8 shared tokens, 5 of its own
+    _admit(kv, a)
+    _compute(kv, a)
+    kv.free("a", resumes=True)
+    a.num_computed_tokens = 0
+    assert _admit(kv, a) == 12  # all its full blocks
+    _compute(kv, a)
+    _finish(kv, a)
+    assert kv.num_cached_free_blocks == 2  # the two blocks its ids describe
+    b = _synthetic("b", 13, PrefixIds((1, 2), 4, 8))
+    assert _admit(kv, b) == 8
+    kv.check_invariants()

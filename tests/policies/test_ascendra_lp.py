@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from andante.core.request import PrefixIds, Request
 from andante.policies.ascendra import AscendraLPPolicy, value_function
 from andante.policies.ascendra.options import LPOptions
 from tests.policies.ascendra_helpers import engine, request, step
@@ -52,6 +53,30 @@ def test_unscheduled_at_risk_requests_are_handed_off_once() -> None:
     eng.add_request(taken[0])  # came back (nowhere else to go): never offloaded again
     eng.begin_step()
     assert taken[0].request_id not in policy.take_handoffs()
+
+
+def test_offload_does_not_depend_on_computed_tokens_from_the_prefix_cache() -> None:
+    eng, clock = engine("ascendra-lp", {"token_budget": 2048, "chunk": False})
+    system = PrefixIds(tuple(range(64)), 16, 1024)  # a shared 1,024-token system prompt
+
+    def with_system(rid: str, arrival: float) -> Request:
+        req = request(rid, 2000, arrival=arrival)
+        req.prefix_ids = system
+        return req
+
+    eng.add_request(with_system("seed", 0.0))
+    while eng.has_work:  # its blocks are cached when it finishes
+        step(eng, clock)
+    start = clock.now()
+    for i in range(6):
+        eng.add_request(with_system(f"r{i}", start))
+    clock.advance_to(start + 0.7)
+    batch, _ = eng.begin_step()
+    waiting = [r for r in eng.scheduler.waiting if r.request_id.startswith("r")]
+    assert waiting and all(r.num_computed_tokens == 1024 for r in waiting)  # prefix hits
+    handed = eng.scheduler.policy.take_handoffs()
+    scheduled = {r.request_id for r in batch.requests}
+    assert set(handed) == {f"r{i}" for i in range(6)} - scheduled  # before: none
 
 
 def test_edf_packs_the_most_urgent_prefill_first() -> None:

@@ -91,6 +91,16 @@ def test_starvation_promotes_jobs_idle_for_alpha_to_q1() -> None:
     assert mlfq.state_of(fresh).level == 3
 
 
+def test_a_starved_job_already_in_q1_keeps_its_place_there() -> None:
+    mlfq = SkipJoinMLFQ(QUANTA, starve_limit=3.0)
+    old, later = make_request("old", 4, 4), make_request("later", 4, 4)
+    mlfq.add(old, 0.5, now=0.0)  # Q1
+    mlfq.add(later, 0.5, now=2.0)  # Q1, behind it
+    assert mlfq.promote_starved(3.0) == [old]
+    assert mlfq.ordered() == [old, later]  # before: old went to Q1's tail, behind later
+    assert mlfq.state_of(old).last_run == 3.0
+
+
 def test_no_starvation_prevention_when_alpha_is_none() -> None:
     mlfq = SkipJoinMLFQ(QUANTA, starve_limit=None)
     req = make_request("a", 4, 4)

@@ -9,6 +9,7 @@ from andante.core import PreemptionMode, Request, RequestStatus, SamplingParams
 from andante.engine.stopping import check_stop, num_tokens_before_length_stop
 from andante.policies import SchedulerConfig
 from andante.sim import ClusterSpec, build_simulator, simulate
+from andante.sim.setup import with_router
 from andante.workload import WorkloadConfig, build_workload, to_requests
 
 
@@ -159,3 +160,17 @@ def test_stop_tokens_come_before_length() -> None:
     long.append_output_token(4, 0.0)
     assert check_stop(long, 4, 3) is None
     assert check_stop(long, 4, 2) == RequestStatus.FINISHED_LENGTH  # context or KV cache
+
+
+def test_runs_match_stepping_on_an_ascendra_cluster_that_offloads() -> None:
+    """Issue 30 item 8: an LP instance's step start may hand the HP instance a request
+    amid the HP's run, so runs stop at the other instances' next events there (before:
+    475 of 500 requests' token times differed, TTFT by 0.07%)."""
+    workload = build_workload(WorkloadConfig(kind="poisson", rate=3.0, num_requests=300,
+                                             lengths="sharegpt", max_context=8192, seed=0))
+    spec = with_router(ClusterSpec(num_instances=2, scheduler=SchedulerConfig(
+        enable_prefix_caching=False)), "ascendra", 1)
+    runs = simulate(spec, workload, decode_runs=True)
+    stepped = simulate(spec, workload, decode_runs=False)
+    times = {r.request_id: r.timeline.token_times for r in stepped.requests}
+    assert all(r.timeline.token_times == times[r.request_id] for r in runs.requests)

@@ -249,7 +249,9 @@ class AscendraLPPolicy(PrefillRuns, AscendraBase):
         now = plan.now
         for req in fresh:
             rid = req.request_id
-            if plan.is_scheduled(req) or rid in self._handed or req.num_computed_tokens:
+            # never run (a prefix hit's computed tokens are no start: issue 30 item 5)
+            if plan.is_scheduled(req) or rid in self._handed or \
+                    req.status != RequestStatus.WAITING:
                 continue
             if self.at_risk(req, now):
                 self._handed.add(rid)

@@ -21,13 +21,21 @@ jobs likely to run next). Walking the job order, highest priority first:
   place, since evicting it would discard its KV. The paper swaps and never recomputes
   (§4.2); where the host is too small to swap, keeping the KV is the nearest behaviour.
   Without this, MLFQ demotion and starvation promotion (Alg. 1, line 19) hand the device
-  back and forth between long jobs whose KV is recomputed on every turn (issue 14.5).
+  back and forth between long jobs whose KV is recomputed on every turn (issue 14.5);
+- a starved job (promoted by Alg. 1 line 19) without KV that cannot start this step
+  stops every new job after it in the order from starting (head-of-line for starved
+  jobs only): otherwise smaller jobs behind it take the room as it frees and a long job
+  waits without bound however often it is promoted;
+- a job that came onto the device (admitted or swapped in) more recently than its
+  eviction would cost (`protected`, the policy's churn bound) is pinned the same way, in
+  every KV mode: §4.2's "kill and re-compute" deadlock, where a promoted job kills the
+  job that just killed it, cannot recur faster than the work it throws away.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from andante.core.request import Request, RequestStatus
@@ -57,8 +65,12 @@ def device_capacity(plan: StepPlan, order: Sequence[Request]) -> int:
 
 
 def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: bool,
-           bound_by_host: bool = True) -> StepChoice:
-    """Places and the batch of placed jobs, from the top of `order`."""
+           bound_by_host: bool = True,
+           protected: dict[Request, int] | None = None,
+           starved: Collection[Request] = ()) -> StepChoice:
+    """Places and the batch of placed jobs, from the top of `order`; `protected`: jobs
+    on the device that keep their place (with their blocks), as pinned ones; `starved`:
+    jobs promoted for starvation that no new job after them may overtake."""
     choice = StepChoice()
     bs = plan.block_size
     capacity = device_capacity(plan, order)
@@ -71,19 +83,26 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
     room = plan.num_free_blocks + plan.num_free_host_blocks - started if bound_by_host \
         else math.inf
     pinned = _pinned(plan, order) if bound_by_host else {}
+    if protected:
+        pinned = {**pinned, **protected}
     pinned_left = sum(pinned.values())  # blocks of pinned jobs not walked yet
+    blocked = False  # a starved job could not start: no new job after it may
     for req in order:
         status = req.status
         new = status in _NO_KV
         if new:  # a new job gets a place only with one in the batch: cheap exits first
+            if blocked:
+                continue
             if plan.seq_budget < 1 or plan.token_budget < 1 or used >= capacity:
+                blocked = bool(starved) and req in starved
                 continue
             n = req.num_uncomputed_tokens
             if n > plan.token_budget or num_blocks_for(n, bs) > room:
+                blocked = bool(starved) and req in starved
                 continue
         elif status == _RUNNING and in_flight and req.request_id in in_flight:
             continue
-        elif used >= held_capacity:
+        elif used >= held_capacity and not (pinned and req in pinned):
             if status == _RUNNING:
                 choice.unplaced.append(req)
             capacity = held_capacity  # the reserve is for jobs ahead of every denied one
@@ -98,10 +117,13 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
                 choice.unplaced.append(req)
             if not new:
                 capacity = held_capacity
+            elif starved and req in starved:
+                blocked = True
             continue
         ready = new or status == _RUNNING or run_swapped
         if ready and not plan.can_claim(n):
             if new:
+                blocked = bool(starved) and req in starved
                 continue  # no KV yet and no room in this step: no place either
             ready = False
         used += blocks

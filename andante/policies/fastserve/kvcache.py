@@ -77,6 +77,7 @@ class KVPlanner:
         self.cost_model = cost_model
         self.swap_budget = swap_budget
         self.swap_in_after_swap_out = swap_in_after_swap_out
+        self.protected: Collection[Request] = ()  # this step's jobs never evicted
 
     @property
     def runs_swapped(self) -> bool:
@@ -103,7 +104,16 @@ class KVPlanner:
         while deficit > 0 and spare:
             deficit -= self._evict(plan, spare.pop())
         if deficit > 0:  # last resort: placed jobs that do not run this step
-            self._evict_placed(plan, deficit, enst)
+            deficit = self._evict_placed(plan, deficit, enst)
+        if deficit > 0 and self.protected:  # the churn bound yields to progress
+            self.protected = ()
+            deficit = need - _free_blocks(plan, choice.any_new)
+            kept = [r for r in choice.unplaced if not plan.is_preempted(r)]
+            kept.sort(key=get_ranks().__getitem__)
+            while deficit > 0 and kept:
+                deficit -= self._evict(plan, kept.pop())
+            if deficit > 0:
+                self._evict_placed(plan, deficit, enst)
         fetch: list[Request] = []
         budget = math.inf
         if self.mode == "proactive" and (spare or choice.to_fetch):
@@ -129,7 +139,7 @@ class KVPlanner:
 
     def _evict(self, plan: StepPlan, victim: Request, swap_only: bool = False) -> int:
         """Preempt `victim`; returns the device blocks it frees (0 if it was kept)."""
-        if not plan.can_preempt(victim, PreemptionMode.RECOMPUTE):
+        if victim in self.protected or not plan.can_preempt(victim, PreemptionMode.RECOMPUTE):
             return 0
         blocks = plan.num_blocks_of(victim)
         swap = self.mode != "recompute" and plan.can_preempt(victim, _SWAP)
@@ -138,15 +148,17 @@ class KVPlanner:
         plan.preempt(victim, _SWAP if swap else PreemptionMode.RECOMPUTE)
         return blocks
 
-    def _evict_placed(self, plan: StepPlan, deficit: int, enst: Enst) -> None:
+    def _evict_placed(self, plan: StepPlan, deficit: int, enst: Enst) -> int:
+        """Evict paused placed jobs, largest ENST first; returns the deficit left."""
         paused = [r for r in plan.running
                   if not plan.is_claimed(r) and not plan.is_preempted(r)]
         ranks = enst(paused)
         paused.sort(key=ranks.__getitem__, reverse=True)
         for victim in paused:
             if deficit <= 0:
-                return
+                break
             deficit -= self._evict(plan, victim)
+        return deficit
 
     def _transfer_budget(self, plan: StepPlan) -> float:
         """Blocks that can move while this step's forward pass runs."""

@@ -8,7 +8,9 @@ order, FIFO within a queue.
 - Demotion (lines 16-17): a job whose attained service in its queue reaches the quantum
   moves to the first lower queue whose quantum covers its next iteration, joining its
   tail; the last queue keeps it (round robin there).
-- Starvation prevention (lines 19-21): a job not scheduled for α seconds returns to Q1.
+- Starvation prevention (lines 19-21): a job not scheduled for α seconds returns to Q1;
+  one already in Q1 keeps its place there (its clock restarts): moving it to Q1's tail
+  again every α would put every later arrival ahead of it, a starvation of its own.
 - ENST (§4.2): the estimated next scheduled time of job i is
   min(T_promote(i), T_execute(i)), T_promote = the time left until its promotion and
   T_execute = (1/B)·Σ_{j ahead of i} (the quanta j spends before it falls behind i),
@@ -175,7 +177,8 @@ class SkipJoinMLFQ:
             starved.append(req)
         for req in starved:
             state = self._jobs[req]
-            self._move(req, state, 0)
+            if state.level:
+                self._move(req, state, 0)
             self.mark_run(req, now)  # starveTime <- 0
         return starved
 

@@ -30,16 +30,18 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from andante.core.request import PreemptionMode, Request
+from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.fast_path import FastPathDefaults
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, PolicyContext
 from andante.exec.batch import StepBatch, StepResult
 from andante.kv.block_manager import num_blocks_for
 from andante.policies.fastserve.choice import choose
+from andante.policies.fastserve.churn import ChurnBound
 from andante.policies.fastserve.kvcache import KV_MODES, ArrivalRate, KVPlanner
 from andante.policies.fastserve.mlfq import FCFSOrder, SkipJoinMLFQ, geometric_quanta
 
+_NO_KV = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 DEFAULT_BASE_QUANTUM = 0.01  # s: FastServe's public code, used without a cost model
 DEFAULT_PREFILL_RATE = 20_000.0  # tokens/s: prefill-time guess without a cost model
 
@@ -59,6 +61,8 @@ class FastServeOptions:
     swap_budget: proactive copies per step, in units of the step's forward time.
     swap_in_after_swap_out: allow proactive swap-ins in a step that swaps out (other
     requests); False follows FastServe's code.
+    max_evictions: a job whose KV was dropped (recompute) this many times keeps its
+    place on the device to its end (`churn.ChurnBound`); None: no cap.
     """
 
     base_quantum: float | None = None
@@ -71,6 +75,7 @@ class FastServeOptions:
     rate_window: float = 10.0
     swap_budget: float = 1.0
     swap_in_after_swap_out: bool = False
+    max_evictions: int | None = 1
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:
@@ -85,6 +90,11 @@ class FastServeOptions:
         if isinstance(self.num_queues, bool) or not isinstance(self.num_queues, int) \
                 or self.num_queues < 1:
             raise ValueError(f"num_queues must be a positive integer, got {self.num_queues!r}")
+        if self.max_evictions is not None and (isinstance(self.max_evictions, bool) or not
+                                               isinstance(self.max_evictions, int)
+                                               or self.max_evictions < 1):
+            raise ValueError(f"max_evictions must be a positive integer or None, "
+                             f"got {self.max_evictions!r}")
         if self.base_quantum is not None and not self.base_quantum > 0:
             raise ValueError(f"base_quantum must be > 0 or None, got {self.base_quantum!r}")
         for name in ("reserve_horizon", "rate_window", "swap_budget"):
@@ -140,8 +150,11 @@ class FastServePolicy(BasePolicy, FastPathDefaults):
         self.kv = KVPlanner(opts.kv_mode, ctx.cost_model, opts.swap_budget,
                             opts.swap_in_after_swap_out)
         self.arrivals = ArrivalRate(opts.rate_window)
+        self.churn = ChurnBound(ctx.cost_model, opts.kv_mode != "recompute",
+                                DEFAULT_PREFILL_RATE, opts.max_evictions)
         self.stationary = False  # see the design note: decode runs
         self._room = 0  # device blocks the last step left jobs beside the reserve
+        self._starved: set[Request] = set()  # promoted for starvation, not run since
 
     def _make_order(self, opts: FastServeOptions) -> JobOrder:
         base = opts.base_quantum
@@ -183,6 +196,8 @@ class FastServePolicy(BasePolicy, FastPathDefaults):
 
     def on_finish(self, req: Request) -> None:
         self.order.remove(req)
+        self.churn.forget(req)
+        self._starved.discard(req)
 
     def on_step_end(self, batch: StepBatch, result: StepResult) -> None:
         if not batch.requests:
@@ -193,16 +208,23 @@ class FastServePolicy(BasePolicy, FastPathDefaults):
 
     def schedule(self, plan: StepPlan) -> None:
         now = plan.now
-        self.order.promote_starved(now)
+        for req in self.order.promote_starved(now):
+            if req.status in _NO_KV:
+                self._starved.add(req)
         order = self.order.ordered()
         reserve = self.reserve_blocks(plan)
+        protected = self.churn.protected(plan, order, reserve)
         choice = choose(plan, order, reserve, self.kv.runs_swapped,
-                        bound_by_host=self.kv.mode != "recompute")
+                        bound_by_host=self.kv.mode != "recompute", protected=protected,
+                        starved=self._starved)
         size = max(1, len(plan.claimed))
+        self.kv.protected = protected
         self.kv.apply(plan, choice, order, reserve,
                       lambda jobs: self.order.enst(size, now, jobs))
+        self.churn.after_step(plan)
         for req in plan.scheduled:
             self.order.mark_run(req, now)
+            self._starved.discard(req)
         self._room = plan.num_blocks_above_watermark - reserve
         self.stationary = self._batch_repeats(plan)
 
