@@ -248,6 +248,7 @@ def parse_models(items: list[str] | None
 
 
 def fleet_options_from_args(args: argparse.Namespace) -> Any:
+    from andante.cluster.registry import router_entry
     from andante.runtime.upstream.discovery import UpstreamSpec, base_url, load_fleet_file
     from andante.runtime.upstream.fleet import FleetOptions
     from andante.server.config import HTTPLimits, env_defaults
@@ -267,8 +268,8 @@ def fleet_options_from_args(args: argparse.Namespace) -> Any:
         router, poll = file.router, file.poll_interval
         router_options = {**file.router_options, **router_options}
     router = args.router or router or "least-loaded"
-    if router == "cache-aware":
-        raise ValueError("--router cache-aware matches prompt token blocks, which a fleet "
+    if router_entry(router).reads_prompt_tokens:
+        raise ValueError(f"--router {router} matches prompt token blocks, which a fleet "
                          "in front of upstreams (text in, text out) does not have; use "
                          "least-loaded, power-of-two, round-robin, ascendra or qlm")
     specs = _ascendra_roles(specs, router, args.hp_instances)

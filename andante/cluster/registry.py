@@ -52,6 +52,7 @@ class RouterEntry:
     in_process: bool = False
     simulator: str | None = None
     serve_operators: str | None = None
+    reads_prompt_tokens: bool = False  # places by prompt token blocks (not on upstreams)
 
     def hook(self, name: str) -> Any:
         """The function the hook `name` names (None: the router has no such hook)."""
@@ -63,7 +64,8 @@ ROUTERS = MappingProxyType({
     "round-robin": RouterEntry("andante.cluster.router:RoundRobinRouter"),
     "least-loaded": RouterEntry("andante.cluster.router:LeastLoadedRouter"),
     "power-of-two": RouterEntry("andante.cluster.router:PowerOfTwoRouter"),
-    "cache-aware": RouterEntry("andante.cluster.cache_aware:CacheAwareRouter"),
+    "cache-aware": RouterEntry("andante.cluster.cache_aware:CacheAwareRouter",
+                               reads_prompt_tokens=True),
     "ascendra": RouterEntry("andante.cluster.ascendra:AscendraRouter",
                             pool_plan="andante.cluster.ascendra:pool_plan",
                             several_models=False),

@@ -2,7 +2,8 @@
 
 The scheduler, block manager, policies and cluster policies never read the wall clock:
 they call `Clock.now()`. The server passes `MonotonicClock`; the simulator passes its
-event loop's clock.
+event loop's clock; processes that share a time line (Ray actors, vLLM's engine core)
+use `WallClock`, wall time since an agreed origin (andante.runtime.clock says why).
 """
 
 from __future__ import annotations
@@ -25,6 +26,18 @@ class MonotonicClock:
 
     def now(self) -> float:
         return time.monotonic() - self._origin
+
+
+class WallClock:
+    """Seconds since `origin` (a `time.time()` value); never goes back within a process."""
+
+    def __init__(self, origin: float | None = None) -> None:
+        self.origin = time.time() if origin is None else origin
+        self._last = 0.0
+
+    def now(self) -> float:
+        self._last = max(self._last, time.time() - self.origin)
+        return self._last
 
 
 class ManualClock:

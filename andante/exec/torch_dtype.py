@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +46,7 @@ from andante.core import Request, SamplingParams
 from andante.exec.batch import StepBatch
 from andante.exec.cpu_share import IDLE_OTHERS_SHARE, CpuTimes, measure_others_share
 from andante.exec.torch_threads import cpu_model
-from andante.perf.paths import andante_home
+from andante.perf.paths import andante_home, write_json_atomically
 
 log = logging.getLogger(__name__)
 
@@ -225,10 +224,7 @@ def cached_dtype_choice(measure: Callable[[], DtypeChoice], key: dict[str, Any],
                            f"work (others' CPU share {share}), not cached")
     entry = {"key": key, **asdict(choice), "others_cpu_share": round(share, 3)}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entry, indent=1), encoding="utf-8")
-        tmp.replace(path)
+        write_json_atomically(path, entry)
     except OSError as exc:
         log.warning("dtype: cannot cache the choice in %s (%s)", path, exc)
     return DtypeChoice(choice.dtype, choice.agreement, choice.ms,

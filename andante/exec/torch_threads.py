@@ -54,7 +54,7 @@ from andante.exec.cpu_share import (
     measure_others_share,
     read_cpu_times,
 )
-from andante.perf.paths import andante_home, env_switch
+from andante.perf.paths import andante_home, env_switch, write_json_atomically
 
 log = logging.getLogger(__name__)
 
@@ -196,10 +196,7 @@ def _save(path: Path, key: dict[str, Any], choice: ThreadChoice,
              "others_cpu_share": None if others_share is None else round(others_share, 3),
              "loadavg_1m": round(machine_load(), 2)}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entry, indent=1), encoding="utf-8")
-        tmp.replace(path)
+        write_json_atomically(path, entry)
     except OSError as exc:
         log.warning("threads: cannot cache the probe's choice in %s (%s)", path, exc)
 

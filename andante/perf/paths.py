@@ -7,8 +7,10 @@ switches one way: set to anything but "" or "0" means on.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 ANDANTE_HOME_ENV = "ANDANTE_HOME"
 
@@ -29,3 +31,13 @@ def andante_home() -> Path:
 def hardware_profiles_dir() -> Path:
     """Directory of saved hardware profiles (`<name>.json`), e.g. from calibration."""
     return andante_home() / "hardware"
+
+
+def write_json_atomically(path: Path, entry: dict[str, Any]) -> None:
+    """Write `entry` as JSON to `path` through a temporary file in its folder, so a
+    concurrent reader sees the old file or the new one, never half of one (OSError on
+    failure)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entry, indent=1), encoding="utf-8")
+    tmp.replace(path)

@@ -9,16 +9,4 @@ NTP-synchronized, as usual for a cluster).
 
 from __future__ import annotations
 
-import time
-
-
-class WallClock:
-    """Seconds since `origin` (a `time.time()` value); never goes back within a process."""
-
-    def __init__(self, origin: float | None = None) -> None:
-        self.origin = time.time() if origin is None else origin
-        self._last = 0.0
-
-    def now(self) -> float:
-        self._last = max(self._last, time.time() - self.origin)
-        return self._last
+from andante.core.clock import WallClock as WallClock  # re-exported: its home is core

@@ -8,15 +8,13 @@ the start with one line (`FleetError`).
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 import uvicorn
 from fastapi import FastAPI
 
 from andante.runtime.upstream.discovery import FleetError, discover
 from andante.server.fleet_app import FleetServeOptions, create_fleet_app
-from andante.server.listen import bind, log_to_stderr
+from andante.server.listen import ThreadedServer, bind, log_to_stderr
 from andante.server.timeouts import h11_protocol
 
 
@@ -51,42 +49,14 @@ def serve_fleet(options: FleetServeOptions) -> int:
     return 0
 
 
-class FleetServerThread:
+class FleetServerThread(ThreadedServer):
     """A live fleet server on 127.0.0.1 in a background thread (tests, benchmarks)."""
 
     def __init__(self, options: FleetServeOptions) -> None:
-        self._sock = bind(options.host, options.port)
-        self.host, self.port = self._sock.getsockname()[:2]
+        sock = bind(options.host, options.port)
         self.app = build_fleet_app(options)
-        self._server = _server(self.app, options)
-        self._thread = threading.Thread(target=self._server.run,
-                                        kwargs={"sockets": [self._sock]},
-                                        name="andante-fleet", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        super().__init__(sock, _server(self.app, options), "andante-fleet")
 
     @property
     def fleet(self):  # type: ignore[no-untyped-def]
         return self.app.state.fleet
-
-    def start(self, timeout: float = 30.0) -> FleetServerThread:
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the fleet server did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout)
-        self._sock.close()
-
-    def __enter__(self) -> FleetServerThread:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -9,9 +9,6 @@ others serve on; see `runner.ClusterRunner`).
 
 from __future__ import annotations
 
-import threading
-import time
-
 import uvicorn
 from fastapi import FastAPI
 
@@ -20,7 +17,7 @@ from andante.server.app import create_app
 from andante.server.backend import Backend
 from andante.server.config import ServeOptions
 from andante.server.listen import PortUnavailable as PortUnavailable  # re-exported
-from andante.server.listen import bind
+from andante.server.listen import ThreadedServer, bind
 from andante.server.listen import log_to_stderr as _log_to_stderr
 from andante.server.state import ServerState
 from andante.server.timeouts import h11_protocol
@@ -64,7 +61,7 @@ def serve(options: ServeOptions, backend: Backend | None = None) -> int:
     return _exit_status(app)
 
 
-class ServerThread:
+class ServerThread(ThreadedServer):
     """A live server on 127.0.0.1 in a background thread; a context manager.
 
     `url` is its base URL; `state` the server's `ServerState` (engine, hub, metrics);
@@ -72,42 +69,11 @@ class ServerThread:
     """
 
     def __init__(self, options: ServeOptions, backend: Backend | None = None) -> None:
-        self._sock = bind(options.host, options.port)
-        self.host, self.port = self._sock.getsockname()[:2]
+        sock = bind(options.host, options.port)
         self._app = create_app(options, backend)
         self.state: ServerState = self._app.state.andante
-        self._server = _uvicorn_server(self._app, options)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name="andante-uvicorn", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def is_running(self) -> bool:
-        return self._thread.is_alive()
+        super().__init__(sock, _uvicorn_server(self._app, options), "andante-uvicorn")
 
     @property
     def exit_status(self) -> int:
         return _exit_status(self._app)
-
-    def start(self, timeout: float = 30.0) -> ServerThread:
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout)
-        self._sock.close()
-
-    def __enter__(self) -> ServerThread:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -16,7 +16,6 @@ server defaults (none set: the policies use a TTFT target of 1 s and a reading s
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from andante.core.request import Request, RequestStatus
@@ -30,18 +29,6 @@ SLO_KEYS = ("ttft", "tbt", "tds", "deadline")
 
 class SLOError(ValueError):
     """A request's vllm_xargs SLO field that is not a positive number."""
-
-
-class OffsetClock:
-    """Wall time (`time.time()`) less an origin: the clock of vLLM's arrival stamps."""
-
-    def __init__(self, origin: float | None = None) -> None:
-        self.origin = time.time() if origin is None else origin
-        self._last = 0.0
-
-    def now(self) -> float:
-        self._last = max(self._last, time.time() - self.origin)
-        return self._last
 
 
 def slo_from_extra_args(extra_args: dict[str, Any] | None) -> SLO:

@@ -44,6 +44,7 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request as VllmRequest
 from vllm.v1.request import RequestStatus as VllmStatus
 
+from andante.core.clock import WallClock
 from andante.core.request import Request, RequestStatus
 from andante.engine.plan import StepPlan
 from andante.exec.batch import StepBatch, StepResult
@@ -55,7 +56,7 @@ from andante.vllm.config import (
     parse_config,
 )
 from andante.vllm.kv_view import PrefixHit, VllmKVView
-from andante.vllm.mirror import OffsetClock, SLOError, finished_status, mirror, slo_from_extra_args
+from andante.vllm.mirror import SLOError, finished_status, mirror, slo_from_extra_args
 from andante.vllm.observe import Observer
 from andante.vllm.setup import build_policy, cost_model, scheduler_config
 
@@ -101,7 +102,7 @@ class Scheduler(VllmScheduler):
         check_version(vllm.__version__)
         self.andante_config = parse_config(self.vllm_config.additional_config)
         check_vllm_config(self.vllm_config, self.kv_cache_config)
-        self.andante_clock = OffsetClock()
+        self.andante_clock = WallClock()  # vLLM's arrival stamps are time.time()
         self.andante_sched_config = scheduler_config(
             self.vllm_config, self.block_size, self.max_num_scheduled_tokens)
         from vllm.platforms import current_platform
