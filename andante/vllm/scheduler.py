@@ -19,7 +19,9 @@ of each step; requests blocked in vLLM (a grammar compiling, a streaming session
 left out of the plan until vLLM unblocks them. After each step the policy hears of
 the tokens (`on_step_end`, with the step's measured duration: from the end of
 `schedule` to the start of `update_from_output`, the executor's time) and of finished
-or aborted requests (`on_finish`).
+or aborted requests (`on_finish`). The step log records the whole cycle instead (from
+the call of `schedule` to the end of `update_from_output`: scheduling and output
+processing included), since that is what a served request's TPOT pays.
 
 Observable (andante.vllm.observe): a startup line, the policy's state every
 `log_interval` seconds (QoE estimates, preemptions by cause, the queue's head), the
@@ -74,6 +76,7 @@ class _Step:
     batch: StepBatch
     vllm_requests: list[VllmRequest]
     started: float = 0.0  # perf_counter when `schedule` returned it
+    cycle_started: float = 0.0  # perf_counter when `schedule` was called
 
 
 @dataclass(slots=True)
@@ -122,6 +125,7 @@ class Scheduler(VllmScheduler):
         self.mirror_running: list[Request] = []
         self._blocked_ids: set[str] = set()  # queued in vLLM, not schedulable yet
         self._steps: deque[_Step] = deque()
+        self._cycle_started = 0.0  # perf_counter when the current `schedule` was called
         self.kv_view = VllmKVView(self.kv_cache_manager, self.requests, self,
                                   self.scheduler_reserve_full_isl)
 
@@ -175,6 +179,7 @@ class Scheduler(VllmScheduler):
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         self.current_step += 1
         self._step_timestamp = time.monotonic()
+        self._cycle_started = time.perf_counter()
         self.kv_cache_manager.new_step_starts()
         now = self.andante_clock.now()
         waiting, running = self._plannable()
@@ -348,7 +353,8 @@ class Scheduler(VllmScheduler):
         batch.add_all(list(plan.scheduled), list(plan.num_scheduled_tokens), cached,
                       samples, [[] for _ in plan.scheduled])
         vreqs = [self.requests[r.request_id] for r in plan.scheduled]
-        self._steps.append(_Step(output, batch, vreqs, time.perf_counter()))
+        self._steps.append(_Step(output, batch, vreqs, time.perf_counter(),
+                                 self._cycle_started))
 
     # ---- the step's output ----------------------------------------------------------
     def update_from_output(self, scheduler_output: SchedulerOutput,
@@ -358,12 +364,15 @@ class Scheduler(VllmScheduler):
             self._steps[0].output is scheduler_output else None
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if step is not None:
-            self._record(step, ended - step.started)
+            self._record(step, ended - step.started, time.perf_counter() - step.cycle_started)
         self.observer.maybe_log_state(self)
         return outputs
 
-    def _record(self, step: _Step, duration: float) -> None:
-        """Give the mirrors their tokens; the policy hears of the step; log it."""
+    def _record(self, step: _Step, duration: float, cycle: float) -> None:
+        """Give the mirrors their tokens; the policy hears of the step (`duration`, the
+        executor's time); log it (`cycle`: from the call of `schedule` to the end of
+        `update_from_output`, the engine core's whole step, which a served request's
+        TPOT pays and a simulated step must cost)."""
         now = self.andante_clock.now()
         sampled: list[int | None] = []
         finished: list[tuple[str, VllmStatus]] = []
@@ -388,4 +397,4 @@ class Scheduler(VllmScheduler):
             self._forget(finished)
         result = StepResult(sampled_token_ids=sampled, duration=duration)
         self.andante_policy.on_step_end(step.batch, result)
-        self.observer.log_step(step.batch, duration, len(self.mirror_waiting))
+        self.observer.log_step(step.batch, cycle, len(self.mirror_waiting))
