@@ -169,8 +169,10 @@ class VllmKVView:
         self.new_blocks[request_id] = new_blocks
         return list(new_blocks.get_block_ids()[0])
 
-    def free(self, request_id: str) -> int:
-        """Preempt the running request by recompute, as vLLM does (its blocks freed)."""
+    def free(self, request_id: str, *, resumes: bool = False) -> int:
+        """Preempt the running request by recompute, as vLLM does (its blocks freed;
+        vLLM's own prefix cache keeps their content for its return, so `resumes` asks
+        nothing more of it)."""
         held = self.num_device_blocks_of(request_id)
         self.preempter.preempt(request_id)
         return held
