@@ -1,6 +1,7 @@
 """Issue #26's closing test: every attack (alone, then four at once) against a toy
 server while 20 streams run. No stream pauses more than 0.5 s, `/health` answers within
-0.2 s, the server's memory comes back within 20% of its baseline, and it stays up.
+0.2 s, the server's memory comes back within 20% of its baseline (at least 32 MiB), and it
+stays up.
 
 The machine's own noise is allowed for: both bounds grow by the longest pause and the
 slowest `/health` of a quiet period before the attacks (a few tens of ms on a quiet
@@ -19,6 +20,9 @@ import pytest
 from andante.bench.hostile import Watch, attacks_in_subprocess, rss_bytes, toy_server_process
 
 MAX_PAUSE_S, MAX_HEALTH_S, MEMORY_SLACK = 0.5, 0.2, 1.2
+# the toy server imports no torch (about 85 MB): 20% of it is less than what the
+# allocator's arenas keep after four concurrent uploads, so the bound has a 32 MiB floor
+MEMORY_FLOOR_BYTES = 32 << 20
 QUIET_S = 5.0
 
 
@@ -55,8 +59,9 @@ def test_no_attack_stalls_the_streams_or_keeps_the_memory(tmp_path: Path) -> Non
                     failures.append(why)
         watch.stop()
         deadline = time.monotonic() + 20
-        while rss_bytes(proc.pid) > MEMORY_SLACK * baseline and time.monotonic() < deadline:
+        bound = max(MEMORY_SLACK * baseline, baseline + MEMORY_FLOOR_BYTES)
+        while rss_bytes(proc.pid) > bound and time.monotonic() < deadline:
             time.sleep(0.5)
         after = rss_bytes(proc.pid)
     assert not failures, "\n".join(failures)
-    assert after <= MEMORY_SLACK * baseline, (after, baseline)
+    assert after <= bound, (after, baseline)
