@@ -20,10 +20,10 @@ entry describes `count` identical instances (default 1) by `hardware`, `model`, 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from andante.core.toml_doc import read_toml_table
 from andante.perf.catalog import get_hardware, get_model
 from andante.sim.spec import ClusterSpec, InstanceSpec
 
@@ -62,13 +62,7 @@ def _instances(entry: Any, position: int) -> list[InstanceSpec]:
 
 def cluster_from_toml(text: str, base: ClusterSpec) -> ClusterSpec:
     """`base` (the command line's cluster) with what the TOML document `text` sets."""
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"cluster file is not valid TOML: {exc}") from exc
-    unknown = sorted(set(doc) - _TOP_KEYS)
-    if unknown:
-        raise ValueError(f"cluster file: unknown key(s) {unknown}")
+    doc = read_toml_table(text, _TOP_KEYS, "cluster file")
     changes: dict[str, Any] = {k: doc[k] for k in ("model", "hardware", "tp", "policy",
                                                    "router", "host_memory_gib") if k in doc}
     if "models" in doc:

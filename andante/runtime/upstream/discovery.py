@@ -15,7 +15,6 @@ with the other's.
 from __future__ import annotations
 
 import asyncio
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from andante.core.toml_doc import read_toml_table
 from andante.perf.catalog import get_hardware, get_model
 
 KINDS = ("vllm", "andante", "openai")
@@ -115,13 +115,7 @@ def _file_instance(entry: Any, position: int) -> UpstreamSpec:
 
 def parse_fleet_file(text: str) -> FleetFile:
     """The upstreams (and router) of a fleet file's TOML `text`."""
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise FleetError(f"fleet file is not valid TOML: {exc}") from exc
-    unknown = sorted(set(doc) - _FILE_TOP_KEYS)
-    if unknown:
-        raise FleetError(f"fleet file: unknown key(s) {unknown}")
+    doc = read_toml_table(text, _FILE_TOP_KEYS, "fleet file", FleetError)
     entries = doc.get("instances", [])
     if not isinstance(entries, list) or not entries:
         raise FleetError("fleet file: needs [[instances]] entries, each with a url")
