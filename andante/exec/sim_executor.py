@@ -105,6 +105,11 @@ class SimExecutor:
         sampled: list[int | None] = [token if s else None for s in batch.samples]
         return StepResult(sampled_token_ids=sampled, duration=duration, swap_time=swap)
 
+    def forward_time(self, batch: StepBatch) -> float:
+        """The cost model's forward pass of `batch` as this executor runs it (padded to
+        its buckets, where it has them; no swaps, no new-size setup)."""
+        return self.cost_model.step_time(self._shape(batch.shape())) if batch.requests else 0.0
+
     def _new_size(self, num_tokens: int) -> float:
         """The setup a step of `num_tokens` pays now (0 where that size is warm)."""
         if not self.step_sizes.miss(num_tokens):

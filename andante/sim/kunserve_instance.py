@@ -7,9 +7,15 @@ pipeline instance of one stage while ungrouped. When its cluster's pipeline grou
 (`become_stage_leader`), it runs `len(members)` pipeline stages (andante.sim.pipeline):
 each stage costs the step of its slice of layers (the largest slice, from the cost
 model), and hidden states cross an inter-instance link (`andante.perf.links`) between
-stages; unbalanced microbatches leave bubbles, which the groups' `bubble_ratio` reports
-from this instance's stage-seconds. With lookahead (§4.3) each step's budgets are
-andante.cluster.kunserve.lookahead's `lookahead_config`. While a KV exchange (§4.2)
+stages. A grouped step holds a cycle's worth of work (`group_config`) and is cut into
+microbatches by the real engine's decision code: with lookahead (§4.3) andante.cluster.
+kunserve.lookahead's `step_microbatches` (balanced by eq. (1)), without it andante.exec.
+microbatch's `by_rows`; each microbatch costs, on every stage, the stage cost model's time
+for its sub-batch, and the microbatches flow through the stages one after another (the
+pipeline fills and drains; the next step's first microbatch enters stage 0 once it is
+free, without the requests still in flight). Fill, drain and unbalanced microbatches
+leave bubbles, which the groups' `bubble_ratio` reports from this instance's
+stage-seconds. While a KV exchange (§4.2)
 occupies the link, the requests whose KV is on its way are held (`hold`); coordinated
 (the paper's design), an activation waits at most for the chunk on the wire (a chunk
 lasts about one stage step), uncoordinated it queues behind the whole exchange. A member
@@ -22,19 +28,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
-from andante.cluster.kunserve.lookahead import (
-    ChunkCostModel,
-    fit_chunk_cost,
-    group_config,
-    lookahead_config,
-)
+from andante.cluster.kunserve.lookahead import fit_chunk_cost, group_config, lookahead_planner
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.engine.config import SchedulerConfig
 from andante.engine.engine import Engine, StepOutput
 from andante.exec.base import DecodeRunExecutor
-from andante.exec.batch import StepBatch
+from andante.exec.batch import StepBatch, StepResult
+from andante.exec.microbatch import MicrobatchPlanner, by_rows, sub_batch
+from andante.exec.sim_executor import SimExecutor
 from andante.perf.cost_model import CostModel
 from andante.perf.links import LinkSpec
 from andante.sim.pipeline import PipelineSimInstance
@@ -77,7 +80,7 @@ class KunSimInstance(PipelineSimInstance):
         self.coordinated = True
         self.groups: GroupBoundaries | None = None
         self.use_lookahead = False  # balance microbatches (§4.3) while grouped
-        self.lookahead: ChunkCostModel | None = None
+        self.planner: MicrobatchPlanner = by_rows  # cuts a grouped step
         self.base_config = self.engine.scheduler.config
         self.stage_busy = 0.0  # stage-seconds computed while grouped
         self.stage_capacity = 0.0  # stage-seconds while the grouped pipeline held work
@@ -115,17 +118,30 @@ class KunSimInstance(PipelineSimInstance):
         if self.draining or self.down or self.is_member:
             return None
         self._release_ready(now)
-        if self.grouped and self.lookahead is not None:
-            self.engine.scheduler.config = lookahead_config(
-                self.engine.scheduler, self.group_config(), self.num_stages, self.lookahead)
         was_empty = not self._pipeline
+        busy_before = self.stats.busy_time
         done = super().begin_step(now)
         if done is not None and self.grouped:
-            per_stage = self._pipeline[-1][1].duration
-            self.stage_busy += per_stage * self.num_stages
+            self.stage_busy += (self.stats.busy_time - busy_before) * self.num_stages
             if was_empty:
                 self._open_since = now
         return done
+
+    def stage_times(self, batch: StepBatch, result: StepResult) -> list[tuple[float, int]]:
+        """A grouped step's microbatches (`planner`, the real engine's decision code),
+        each timed on one stage by the stage cost model; the step's swaps go before
+        the first."""
+        if not self.grouped:
+            return super().stage_times(batch, result)
+        executor = cast(SimExecutor, self.engine.executor)
+        times = []
+        for pieces in self.planner(batch, self.num_stages):
+            sub, _ = sub_batch(batch, pieces)
+            times.append((executor.forward_time(sub), sub.num_tokens))
+        if times:
+            extra = max(0.0, result.duration - executor.forward_time(batch))
+            times[0] = (times[0][0] + extra, times[0][1])
+        return times
 
     def finish_step(self) -> tuple[StepBatch, StepOutput]:
         if self.decode_run is not None:
@@ -208,7 +224,8 @@ class KunSimInstance(PipelineSimInstance):
         self._hop_latency = self.link.latency
         self.leader = self.index
         self.runs = None
-        self.lookahead = fit_chunk_cost(stage_cost) if self.use_lookahead else None
+        self.planner = lookahead_planner(fit_chunk_cost(stage_cost), self.base_config.block_size) \
+            if self.use_lookahead else by_rows
 
     def become_solo(self, num_blocks: int) -> None:
         """Hold every layer again, with `num_blocks` KV blocks (empty pipeline)."""

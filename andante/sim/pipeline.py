@@ -73,16 +73,29 @@ class PipelineSimInstance(SimInstance):
         batch, result = self.engine.begin_step()
         if batch.is_empty:
             return None
-        per_stage = result.duration
-        hop = self._hop_latency + self._hop_per_token * batch.num_tokens
+        micro = self.stage_times(batch, result)
+        done = now
+        for per_stage, num_tokens in micro:
+            done = self._through_stages(now, per_stage, num_tokens)
+        self._pipeline.append((batch, result))
+        self.stats.busy_time += sum(t for t, _ in micro)
+        return done
+
+    def stage_times(self, batch: StepBatch, result: StepResult) -> list[tuple[float, int]]:
+        """The step's microbatches in the order they enter stage 0: each one's time on
+        a stage and its token count (here the whole step is one microbatch)."""
+        return [(result.duration, batch.num_tokens)]
+
+    def _through_stages(self, now: float, per_stage: float, num_tokens: int) -> float:
+        """Send a microbatch through the stages (each takes it when free, after the
+        previous one); returns when it leaves the last stage."""
+        hop = self._hop_latency + self._hop_per_token * num_tokens
         t = now
         for stage in range(self.num_stages):
             if stage:
                 t = self._hop_done(t, hop)
             t = max(t, self._stage_free[stage]) + per_stage
             self._stage_free[stage] = t
-        self._pipeline.append((batch, result))
-        self.stats.busy_time += per_stage
         return t
 
     def _hop_done(self, start: float, hop: float) -> float:

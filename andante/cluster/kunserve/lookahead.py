@@ -17,13 +17,13 @@ use the GPU well). O(log L) levels of linear passes.
 starts only after its previous round left the last stage, as autoregressive decoding
 requires) and returns the idle share of the stages, the figure §5.3 reports.
 
-A grouped leader's budgets (`group_config`, `lookahead_config`): a step (one
-microbatch) keeps one instance's token budget, capped at the first of the balanced
-microbatches formed from a cycle's worth of work, while the running set may hold
-`num_stages` x max_num_seqs (the members' requests were adopted; as in vLLM's pipeline
-parallelism, each microbatch in flight has its own sequence budget). Eq. (1)'s
-coefficients are fitted to the cost model (`fit_chunk_cost`): the paper profiles them
-offline.
+A grouped leader's budgets (`group_config`): a step holds a cycle's worth of work,
+`num_stages` x one instance's token budget and `num_stages` x max_num_seqs (the members'
+requests were adopted); `step_microbatches` cuts it into up to `num_stages` balanced
+microbatches. The real engine's pipelined stages (andante.exec.torch_microbatch) and the
+simulator's grouped instances (andante.sim.kunserve_instance, which times the step as
+the pipeline of those microbatches) both call it. Eq. (1)'s coefficients are fitted to
+the cost model (`fit_chunk_cost`): the paper profiles them offline.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from andante.engine.config import SchedulerConfig
-from andante.engine.scheduler import Scheduler
 from andante.exec.batch import StepBatch
 from andante.exec.microbatch import Piece
 from andante.perf.cost_model import CostModel
@@ -175,39 +174,12 @@ def fit_chunk_cost(cost: CostModel) -> ChunkCostModel:
 
 
 def group_config(base: SchedulerConfig, num_stages: int) -> SchedulerConfig:
-    """A grouped leader's budgets (module note): with one instance's sequence cap the
-    group could not admit a queued request until its running set fell below it."""
-    return dataclasses.replace(base, max_num_seqs=base.max_num_seqs * num_stages)
-
-
-def lookahead_config(scheduler: Scheduler, base: SchedulerConfig, num_stages: int,
-                     model: ChunkCostModel) -> SchedulerConfig:
-    """The leader's budgets for its next step: `base` (the group's, `group_config`)
-    with the token budget capped at the first of the balanced microbatches that Figure
-    11 forms from a cycle's worth of work (the running requests' next tokens and the
-    queued prompts that fit); the policy fills the step in its own order up to the
-    caps. Only the token budget is capped: max_num_seqs also caps the running set
-    (admission), which must stay the group's."""
-    budget = base.max_num_batched_tokens * num_stages
-    items = [WorkItem(r.request_id, r.num_computed_tokens, max(1, r.num_uncomputed_tokens),
-                      r.num_uncomputed_tokens > 1) for r in scheduler.running]
-    num_tokens = sum(i.tokens for i in items)
-    free = scheduler.kv.num_free_device_blocks
-    for req in scheduler.waiting:
-        need = scheduler.kv.num_blocks_for(req.num_tokens)
-        if need > free or num_tokens >= budget:
-            break
-        free -= need
-        tokens = min(req.num_uncomputed_tokens, budget - num_tokens)
-        items.append(WorkItem(req.request_id, req.num_computed_tokens, tokens))
-        num_tokens += tokens
-    batches = form_microbatches(items, model, num_stages, min_tokens=base.block_size)
-    if not batches:
-        return base
-    first = batches[0]
+    """A grouped leader's budgets (module note): a step holds a cycle's worth of work,
+    `num_stages` instances' tokens and sequences (with one instance's sequence cap the
+    group could not admit a queued request until its running set fell below it)."""
     return dataclasses.replace(
-        base, max_num_batched_tokens=max(1, min(base.max_num_batched_tokens,
-                                                sum(i.tokens for i in first))))
+        base, max_num_seqs=base.max_num_seqs * num_stages,
+        max_num_batched_tokens=base.max_num_batched_tokens * num_stages)
 
 
 def step_microbatches(batch: StepBatch, num_stages: int, model: ChunkCostModel,
@@ -216,8 +188,8 @@ def step_microbatches(batch: StepBatch, num_stages: int, model: ChunkCostModel,
     (a prefill chunk splittable, a decode token not), halved by cost into up to
     `num_stages` microbatches; each microbatch as the executor's `Piece`s (a cut chunk
     becomes two pieces of its row). The real engine's microbatches (andante.exec.
-    torch_microbatch) and the simulator's step budgets (`lookahead_config`) both come
-    from `form_microbatches`."""
+    torch_microbatch) and the simulator's (andante.sim.kunserve_instance) both come
+    from here."""
     items = [WorkItem(str(row), cached, new, new > 1) for row, (cached, new) in enumerate(
         zip(batch.num_cached_tokens, batch.num_new_tokens, strict=True))]
     return [[Piece(int(i.request_id), i.prefix, i.tokens) for i in micro]
