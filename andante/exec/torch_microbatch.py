@@ -47,11 +47,19 @@ class PipelineTimes:
     num_microbatches: int = 0
     num_steps: int = 0
     per_stage: list[float] = field(default_factory=list)
+    capacity: float = 0.0  # stage-seconds: each step's span times its stage count
 
     @property
     def bubble_share(self) -> float | None:
-        capacity = self.span * self.num_stages
-        return None if capacity <= 0 else max(0.0, 1.0 - self.busy / capacity)
+        return None if self.capacity <= 0 else max(0.0, 1.0 - self.busy / self.capacity)
+
+    def carry(self, earlier: PipelineTimes) -> None:
+        """Count in the steps of `earlier` (the group had other stages then)."""
+        self.busy += earlier.busy
+        self.span += earlier.span
+        self.capacity += earlier.capacity
+        self.num_microbatches += earlier.num_microbatches
+        self.num_steps += earlier.num_steps
 
 
 _STOP = object()
@@ -123,6 +131,7 @@ class StageWorkers:
         t = self.times
         t.busy += sum(busy)
         t.span += span
+        t.capacity += span * self.num_stages
         t.num_microbatches += num_micro
         t.num_steps += 1
         for k, b in enumerate(busy):

@@ -200,6 +200,14 @@ class PipelineExecutor:
         self.activation_bytes = 0
         self.num_activation_transfers = 0
 
+    def replace_stages(self, stages: Sequence[PipelineStage]) -> None:
+        """Run on `stages` from the next step (a group grew or shrank: andante.exec.
+        torch_regroup); the pipeline's times so far are kept."""
+        times = self.workers.times
+        self._init_stages(self.model, stages)
+        self.workers = StageWorkers(len(self.stages), self._run_stage)
+        self.workers.times.carry(times)
+
     def _init_stages(self, model: LoadedModel, stages: Sequence[PipelineStage]) -> None:
         expected = 0
         for stage in stages:
@@ -276,6 +284,14 @@ class PipelineExecutor:
         return self.stages[k].forward(hidden, inputs)
 
 
+def group_num_blocks(model: LoadedModel, options: TorchExecutorOptions,
+                     slices: Sequence[LayerSlice], kv_bytes: Sequence[int]) -> int:
+    """The group's block count when member k keeps `slices[k]` and brings `kv_bytes[k]`
+    of KV memory: the smallest stage's (see the module note)."""
+    return min(stage_memory(model, options, b, s).num_blocks
+               for s, b in zip(slices, kv_bytes, strict=True))
+
+
 def pipeline_executor(model: LoadedModel, options: TorchExecutorOptions,
                       slices: Sequence[LayerSlice], kv_bytes: Sequence[int],
                       cost_model: CostModel, max_model_len: int,
@@ -283,8 +299,7 @@ def pipeline_executor(model: LoadedModel, options: TorchExecutorOptions,
                       planner: MicrobatchPlanner | None = None) -> PipelineExecutor:
     """A pipeline over `slices`, member k bringing `kv_bytes[k]` of KV memory; every
     stage gets the group's block count (the smallest stage's, see the module note)."""
-    plans = [stage_memory(model, options, b, s) for s, b in zip(slices, kv_bytes, strict=True)]
-    num_blocks = min(p.num_blocks for p in plans)
+    num_blocks = group_num_blocks(model, options, slices, kv_bytes)
     stages = [PipelineStage(model, options, s, num_blocks, num_host_blocks, max_model_len)
               for s in slices]
     return PipelineExecutor(model, options, stages, cost_model, max_model_len, pipelined,
