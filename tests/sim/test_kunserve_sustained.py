@@ -83,3 +83,23 @@ def test_a_group_with_idle_dropped_memory_restores_under_sustained_load() -> Non
     other = Watches()
     assert not any(other.restore_due(1, pressed, base, t, options, 2, 16)
                    for t in (0.0, 3.0, 6.0))
+
+
+def test_a_restore_window_keeps_the_group_until_its_dropped_memory_stays_idle() -> None:
+    options = MonitorOptions(min_group_seconds=2.0, idle_restore_seconds=2.0,
+                             restore_window_seconds=20.0)
+    watches = Watches()
+    base = 1000
+    peak = _stats(2200, 0, 0, blocks=2400)  # the burst uses the dropped memory
+    lull = _stats(300, 0, 0, blocks=2400)  # 30% of one instance, nothing queued
+    assert not watches.restore_due(0, peak, base, 0.0, options, 2, 16)
+    # the paper's rule (usage <= 50%, idle queue) and the idle rule would restore at 3 s
+    assert not any(watches.restore_due(0, lull, base, t, options, 2, 16)
+                   for t in (1.0, 3.0, 10.0, 20.0))
+    assert not watches.restore_due(0, peak, base, 21.0, options, 2, 16)  # the next clump
+    assert not watches.restore_due(0, lull, base, 22.0, options, 2, 16)
+    assert watches.restore_due(0, lull, base, 42.5, options, 2, 16)  # idle for 20 s
+    without = Watches()
+    plain = MonitorOptions(min_group_seconds=2.0, idle_restore_seconds=2.0)
+    without.restore_due(0, peak, base, 0.0, plain, 2, 16)
+    assert without.restore_due(0, lull, base, 3.0, plain, 2, 16)

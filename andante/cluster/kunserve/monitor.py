@@ -23,6 +23,10 @@ its members' pools without drop (a queue may wait: for compute, not memory). The
 bind, and the group only pays its pipeline's bubbles and hops; the members, restored,
 serve the same work with their own memory, and join no group for a back-off that
 doubles with each such restore in a row (the coordinator's `_back_off`).
+With `restore_window_seconds` > 0 either restore also waits until the dropped memory
+has lain idle that long (hysteresis): bursts come in clumps (BurstGPT's gaps have a CV
+of 2), and a group restored in a lull between two clumps drops again, late, when the
+next one arrives; what the recent peak needed, the next clump likely needs too.
 Scale-up (§4.4 "Autoscaling"): after a drop, a unit whose usage keeps rising for
 `scale_up_checks` consecutive checks while throttled, or a throttle that no plan can
 relieve, raises the signal.
@@ -47,6 +51,7 @@ class MonitorOptions:
     restore_fit: float = 0.9  # idle-memory restore: demand / members' undropped blocks
     idle_backoff_seconds: float = 10.0  # no group for a while after an idle restore
     idle_restore_seconds: float = 10.0  # dropped memory idle this long: restore
+    restore_window_seconds: float = 0.0  # either restore: dropped memory idle this long
 
     def __post_init__(self) -> None:
         if self.drop_threshold <= 0:
@@ -59,7 +64,8 @@ class MonitorOptions:
         if self.min_group_seconds < 0 or self.check_interval < 0:
             raise ValueError("min_group_seconds and check_interval must be >= 0")
         if self.queue_horizon_tokens < 0 or not 0 < self.restore_fit <= 1 \
-                or self.idle_backoff_seconds < 0 or self.idle_restore_seconds < 0:
+                or self.idle_backoff_seconds < 0 or self.idle_restore_seconds < 0 \
+                or self.restore_window_seconds < 0:
             raise ValueError("queue_horizon_tokens and idle_*_seconds must be >= 0 "
                              "and restore_fit in (0, 1]")
 
@@ -126,11 +132,13 @@ class Watches:
             watch.idle_since = now
         if now - watch.formed_at < options.min_group_seconds:
             return False
+        idle_for = -1.0 if watch.idle_since is None else now - watch.idle_since
+        if options.restore_window_seconds and idle_for < options.restore_window_seconds:
+            return False  # the recent peak needed the dropped memory: the next may too
         idle_queue = stats.num_waiting == 0 and stats.num_queued_kv_blocks == 0
         if usage <= options.restore_threshold and not rising and idle_queue:
             return True
-        return num_members > 1 and watch.idle_since is not None \
-            and now - watch.idle_since >= options.idle_restore_seconds
+        return num_members > 1 and idle_for >= options.idle_restore_seconds
 
     def idle_memory(self, leader: int) -> bool:
         """Was the group's restore due to its dropped memory lying idle?"""
