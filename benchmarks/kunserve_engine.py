@@ -275,9 +275,11 @@ def form_restore(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argparse.Namespace,
-                  pipelined: bool, lookahead: bool) -> tuple[float, float | None, list[list[int]]]:
+                  pipelined: bool, lookahead: bool
+                  ) -> tuple[float, float | None, list[list[int]], float]:
     """Output tokens/s of one two-stage group decoding `--pipeline-requests` requests,
-    its bubble share (pipelined only) and the outputs."""
+    its bubble share (pipelined only), the outputs, and the cores it got (process CPU
+    seconds per wall second while decoding: at most 1 sequential, 2 pipelined)."""
     unsplit = TorchExecutor(model, options)
     half = model.config.num_layers // 2
     kv = device_kv_bytes(unsplit.kv.num_device_blocks, model, options)
@@ -299,13 +301,14 @@ def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argpa
     while any(r.num_output_tokens == 0 for r in requests):  # prefill, not timed
         engine.step()
     made = sum(r.num_output_tokens for r in requests)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     while engine.has_work:
         engine.step()
     seconds = time.perf_counter() - started
+    cores = (time.process_time() - cpu_started) / seconds
     tokens = sum(r.num_output_tokens for r in requests) - made
     return tokens / seconds, group.pipeline_times.bubble_share if pipelined else None, \
-        [list(r.output_token_ids) for r in requests]
+        [list(r.output_token_ids) for r in requests], cores
 
 
 def pipelined_vs_sequential(args: argparse.Namespace) -> dict[str, Any]:
@@ -315,12 +318,13 @@ def pipelined_vs_sequential(args: argparse.Namespace) -> dict[str, Any]:
     rounds = []
     for _ in range(args.pipeline_rounds):  # interleaved
         load = os.getloadavg()[0]
-        seq, _, seq_out = _group_decode(model, options, args, False, False)
-        pipe, bubble, pipe_out = _group_decode(model, options, args, True, True)
-        rows, bubble_rows, rows_out = _group_decode(model, options, args, True, False)
+        seq, _, seq_out, seq_cores = _group_decode(model, options, args, False, False)
+        pipe, bubble, pipe_out, pipe_cores = _group_decode(model, options, args, True, True)
+        rows, bubble_rows, rows_out, _ = _group_decode(model, options, args, True, False)
         rounds.append({"sequential_tok_s": seq, "pipelined_tok_s": pipe,
                        "pipelined_rows_tok_s": rows, "ratio": pipe / seq,
                        "bubble_share_lookahead": bubble, "bubble_share_rows": bubble_rows,
+                       "sequential_cores": seq_cores, "pipelined_cores": pipe_cores,
                        "identical": seq_out == pipe_out == rows_out, "load_avg": load})
     median = _medians(rounds)
     return {"pipelined_vs_sequential": median["ratio"],
