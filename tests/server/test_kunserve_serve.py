@@ -56,7 +56,8 @@ def _options(tiny4: Path) -> ServeOptions:
     return ServeOptions(
         model=str(tiny4), served_model_name="tiny", port=0, log_level="warning",
         instances=2, router="kunserve",
-        router_options={"check_interval": "0", "min_group_seconds": "0"},
+        router_options={"check_interval": "0", "min_group_seconds": "0",
+                        "restore_window_seconds": "0"},
         engine=EngineOptions(num_kv_blocks=NUM_BLOCKS, max_model_len=512,
                              swap_space_gib=0.0, max_num_seqs=16))
 

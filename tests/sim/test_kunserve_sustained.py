@@ -71,7 +71,7 @@ def test_a_long_queue_counts_only_within_the_horizon() -> None:
 
 def test_a_group_with_idle_dropped_memory_restores_under_sustained_load() -> None:
     options = MonitorOptions(min_group_seconds=2.0, idle_restore_seconds=2.0, restore_fit=0.9,
-                             queue_horizon_tokens=1600)
+                             queue_horizon_tokens=1600, restore_window_seconds=0.0)
     watches = Watches()
     base = 1000  # one instance's blocks without drop; the group has 2400
     busy = _stats(1500, 5000, 30, blocks=2400)  # 1500 in use < 0.9 x 2 x 1000, queue long
@@ -88,6 +88,7 @@ def test_a_group_with_idle_dropped_memory_restores_under_sustained_load() -> Non
 def test_a_restore_window_keeps_the_group_until_its_dropped_memory_stays_idle() -> None:
     options = MonitorOptions(min_group_seconds=2.0, idle_restore_seconds=2.0,
                              restore_window_seconds=20.0)
+    assert MonitorOptions().restore_window_seconds == 60.0  # the default (module note)
     watches = Watches()
     base = 1000
     peak = _stats(2200, 0, 0, blocks=2400)  # the burst uses the dropped memory
@@ -100,6 +101,7 @@ def test_a_restore_window_keeps_the_group_until_its_dropped_memory_stays_idle() 
     assert not watches.restore_due(0, lull, base, 22.0, options, 2, 16)
     assert watches.restore_due(0, lull, base, 42.5, options, 2, 16)  # idle for 20 s
     without = Watches()
-    plain = MonitorOptions(min_group_seconds=2.0, idle_restore_seconds=2.0)
+    plain = MonitorOptions(min_group_seconds=2.0, idle_restore_seconds=2.0,
+                           restore_window_seconds=0.0)
     without.restore_due(0, peak, base, 0.0, plain, 2, 16)
     assert without.restore_due(0, lull, base, 3.0, plain, 2, 16)
