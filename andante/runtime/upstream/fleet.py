@@ -24,7 +24,10 @@ and Ray instances (one controller per model: `members`), and an upstream is an
   request about to miss its TTFT (§5.3), decided here since an upstream cannot hand a
   request back itself;
 - requests that wait in a controller's queue (every upstream of their model down, or a
-  queue-holding router) past their deadline end with a 503.
+  queue-holding router) past their deadline end with a 503;
+- upstreams that share a device (a fleet file's `device`; each in sleep mode) are one
+  instance of one controller over their models, whose qlm router swaps them through
+  their `/sleep` and `/wake_up` (andante.runtime.upstream.device).
 """
 
 from __future__ import annotations
@@ -46,16 +49,18 @@ from andante.core.clock import Clock, MonotonicClock
 from andante.core.request import Request, SyntheticTokens
 from andante.core.sampling import DEFAULT_TTFT_TARGET, SamplingParams
 from andante.runtime.upstream.call import Call, Chunk, End, Failure, Full
-from andante.runtime.upstream.discovery import UpstreamInfo
+from andante.runtime.upstream.device import SharedDevice
+from andante.runtime.upstream.discovery import FleetError, UpstreamInfo
 from andante.runtime.upstream.http1 import ConnectFailed, UpstreamError, UpstreamPool
 from andante.runtime.upstream.instance import UpstreamInstance
-from andante.runtime.upstream.members import Member, ModelGroup
+from andante.runtime.upstream.members import Member, ModelGroup, devices_of, linked_models
 from andante.runtime.upstream.metrics import parse_load
 
 log = logging.getLogger("andante.fleet")
 HP = "hp"
 CLIENT_CLOSED = 499  # nginx's status for a request whose client went away
 OFFLOAD_CHECK_S = 0.02
+SWAP_CALL_TIMEOUT_S = 120.0  # a device's /sleep or /wake_up (vLLM moves weights)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,15 +104,41 @@ class Fleet:
         self._offloader: asyncio.Task[None] | None = None
 
     def _build_groups(self) -> dict[str, ModelGroup]:
+        """One controller per model, or per set of models linked by shared devices
+        (`device`: their upstreams' models swap there, QLM decides when)."""
         groups: dict[str, ModelGroup] = {}
-        models = dict.fromkeys(m for u in self.upstreams for m in u.models)
-        for model in models:
-            serving = [u for u in self.upstreams if model in u.models]
-            members = [Member(i, u, model) for i, u in enumerate(serving)]
+        if any(u.info.spec.device for u in self.upstreams) and self.options.router != "qlm":
+            raise FleetError(f"upstreams sharing a device swap models, which the qlm "
+                             f"router decides: use --router qlm (got {self.options.router})")
+        for models in linked_models(self.upstreams):
+            members: list[Member | SharedDevice] = []
+            index_of: dict[int, int] = {}
+            for device, ups in devices_of(self.upstreams, models).items():
+                index_of.update((u.index, len(members)) for u in ups)
+                awake = next((i for i, u in enumerate(ups) if not u.info.sleeping), 0)
+                members.append(SharedDevice(len(members), device, ups, awake,
+                                            self._post_to, self._swapped, self._parked_back))
+            for model in models:
+                for u in self.upstreams:
+                    if model in u.models and not u.info.spec.device:
+                        if u.index in index_of:
+                            raise FleetError(f"upstream {u.url} serves several models of "
+                                             "a device's set: give each its own server")
+                        index_of[u.index] = len(members)
+                        members.append(Member(len(members), u, model))
             router = make_router(self.options.router, dict(self.options.router_options))
-            groups[model] = ModelGroup(model, Controller(members, router),
-                                       {u.index: i for i, u in enumerate(serving)})
+            group = ModelGroup(models[0], Controller(members, router), index_of)
+            groups.update((m, group) for m in models)
         return groups
+
+    @property
+    def devices(self) -> list[SharedDevice]:
+        return [s.instance for g in self.unique_groups for s in g.controller.slots
+                if isinstance(s.instance, SharedDevice)]
+
+    @property
+    def unique_groups(self) -> list[ModelGroup]:
+        return list({id(g): g for g in self.groups.values()}.values())
 
     @property
     def models(self) -> list[str]:
@@ -124,6 +155,7 @@ class Fleet:
                        for u in self.upstreams]
         self._probe_client = httpx.AsyncClient(
             verify=tls, timeout=httpx.Timeout(None, connect=self.options.connect_timeout))
+        await asyncio.gather(*(d.settle() for d in self.devices))
         await self._poll_once()
         self._poller = asyncio.create_task(self._poll_loop(), name="fleet-poller")
         if self.offloads:
@@ -168,13 +200,13 @@ class Fleet:
     def num_not_started(self) -> int:
         """Requests known to wait for their first token: queued here, or streaming
         without a first byte yet (a non-streamed answer's start is not seen)."""
-        queued = {req.request_id for g in self.groups.values() for req in g.controller.queue}
+        queued = {req.request_id for g in self.unique_groups for req in g.controller.queue}
         return len(queued) + sum(1 for c in self.calls.values()
                                  if c.stream and not c.started and c.request_id not in queued)
 
     @property
     def num_queued(self) -> int:
-        return sum(len(g.controller.queue) for g in self.groups.values())
+        return sum(len(g.controller.queue) for g in self.unique_groups)
 
     # ---- one attempt on one upstream ------------------------------------------------------
     async def _forward(self, upstream: UpstreamInstance, req: Request) -> None:
@@ -277,6 +309,28 @@ class Fleet:
             self.num_failed += 1
             call.push(Failure(status, message, code))
 
+    async def _post_to(self, url: str, path: str) -> int:
+        """A device's sleep and wake calls (latency does not matter: httpx)."""
+        assert self._probe_client is not None
+        resp = await self._probe_client.post(url + path, timeout=SWAP_CALL_TIMEOUT_S)
+        return resp.status_code
+
+    def _swapped(self, device: SharedDevice) -> None:
+        """A device serves another model: its queue may move on."""
+        for group in self.unique_groups:
+            if any(slot.instance is device for slot in group.controller.slots):
+                group.controller.dispatch_queue()
+
+    def _parked_back(self, device: SharedDevice, reqs: list[Request]) -> None:
+        """Requests a device parked and cannot serve now: back to the global queue."""
+        for req in reqs:
+            call = self.calls.get(req.request_id)
+            if call is None or call.finished:
+                continue
+            group = self.groups[call.model]
+            group.controller.on_finished(call.request_id)
+            group.controller.submit(req)
+
     def _hand_back(self, index: int, reqs: list[Request]) -> None:
         """Requests an upstream withdrew (offloads): their router places them again."""
         upstream = self.upstreams[index]
@@ -299,7 +353,7 @@ class Fleet:
     async def _poll_once(self) -> None:
         await asyncio.gather(*(self._probe(u) for u in self.upstreams))
         now = self.clock.now()
-        for group in self.groups.values():
+        for group in self.unique_groups:
             self._expire(group, now)
             if group.controller.queue:
                 group.controller.dispatch_queue()
@@ -354,7 +408,7 @@ class Fleet:
             group.controller.instance_recovered(group.member_of(upstream))
 
     def _groups_of(self, upstream: UpstreamInstance) -> Iterator[ModelGroup]:
-        return (g for g in self.groups.values() if upstream.index in g.members)
+        return (g for g in self.unique_groups if upstream.index in g.members)
 
     def _expire(self, group: ModelGroup, now: float) -> None:
         """Requests queued past their deadline end with a 503."""
@@ -393,7 +447,7 @@ class Fleet:
             "retries": self.num_retries,
             "offloads": self.num_offloads,
             "failed": self.num_failed,
-            "requeued": sum(g.controller.num_requeued for g in self.groups.values()),
+            "requeued": sum(g.controller.num_requeued for g in self.unique_groups),
         }
 
 
