@@ -39,6 +39,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -70,8 +71,10 @@ class Server:
 
 
 def start(args: list[str]) -> Server:
+    state_dir = tempfile.mkdtemp(prefix="andante-bench-")  # each server its own (locked)
     proc = subprocess.Popen([sys.executable, "-m", "andante.cli.main", "serve", "--port", "0",
-                             "--log-level", "warning", *args], stdout=subprocess.PIPE,
+                             "--log-level", "warning", "--state-dir", state_dir, *args],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=ENV)
     assert proc.stdout is not None
     line = proc.stdout.readline()

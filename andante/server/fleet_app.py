@@ -77,7 +77,8 @@ def _install_routes(app: FastAPI, fleet: Fleet, options: FleetServeOptions) -> N
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [
             {"id": m, "object": "model", "created": 0, "owned_by": "andante-fleet",
-             "upstreams": [fleet.upstreams[i].url for i in fleet.groups[m].members]}
+             "upstreams": [fleet.upstreams[i].url for i in fleet.groups[m].members
+                           if m in fleet.upstreams[i].models]}
             for m in fleet.models]}
 
     @app.get("/health")

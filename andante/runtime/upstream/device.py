@@ -55,6 +55,7 @@ class SharedDevice(LaterOperations):
         self._hand_back = hand_back
         self.target: str | None = None  # the model being swapped in
         self.parked: list[Request] = []
+        self.num_received = 0  # every request handed here (the controller's in-transit)
         self.swap_s = INITIAL_SWAP_S
         self.num_swaps = 0
         self._swap_started = 0.0
@@ -92,6 +93,7 @@ class SharedDevice(LaterOperations):
         return self.awake.alive
 
     def submit(self, req: Request) -> None:
+        self.num_received += 1
         if self.target is None and req.model == self.model:
             self.awake.submit(req)
         else:
@@ -113,10 +115,11 @@ class SharedDevice(LaterOperations):
     def load(self) -> LoadReport:
         report = self.awake.load()
         if not self.parked:
-            return report
+            return LoadReport(stats=report.stats, num_received=self.num_received,
+                              drain_time=report.drain_time)
         stats = dataclasses.replace(report.stats,
                                     num_waiting=report.stats.num_waiting + len(self.parked))
-        return LoadReport(stats=stats, num_received=report.num_received + len(self.parked),
+        return LoadReport(stats=stats, num_received=self.num_received,
                           drain_time=max(report.drain_time, self.swap_s))
 
     def swap_model(self, model: str) -> None:
