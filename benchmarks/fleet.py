@@ -49,6 +49,7 @@ import httpx
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 ROUTERS = ("qlm", "ascendra", "round-robin", "least-loaded")
 POLL_INTERVAL_S = 0.25
+SHORT_ROUNDS = 3
 
 
 @dataclass
@@ -214,14 +215,65 @@ def _medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---- proxy overhead -------------------------------------------------------------------
+class LeanClient:
+    """A keep-alive streaming client that costs little CPU (the proxy figures compare
+    clients' views, so the client should not crowd the machine): each read's new SSE
+    events are stamped with the read's time."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.host, self.port = host, int(port)
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def stream(self, body: dict[str, Any], sent: float) -> dict[str, Any]:
+        payload = json.dumps(body).encode()
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                % (self.host.encode(), self.port, len(payload)))
+        if self.idle:
+            reader, writer = self.idle.pop()
+        else:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+        writer.write(head + payload)
+        times: list[float] = []
+        buf, seen, status = b"", 0, 0
+        while not buf.endswith(b"0\r\n\r\n"):
+            data = await reader.read(65536)
+            if not data:
+                status = -1
+                break
+            now = time.perf_counter()
+            buf += data
+            if not status and b"\r\n" in buf:
+                status = int(buf.split(b" ", 2)[1])
+                if status != 200:
+                    break
+            count = buf.count(b"data: {")
+            times.extend([now] * (count - seen))
+            seen = count
+        if status == 200:
+            self.idle.append((reader, writer))
+        else:
+            writer.close()
+        return {"status": status, "sent": sent, "times": times}
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+
+
+PROXY_BODY = {"model": "proxy", "prompt": "x" * 64, "stream": True, "ignore_eos": True}
+
+
 async def concurrent_streams(url: str, count: int, tokens: int) -> list[dict[str, Any]]:
     """`count` streams sent at once (a burst)."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        body = {"model": "proxy", "prompt": "x" * 64, "stream": True, "max_tokens": tokens,
-                "ignore_eos": True}
-        return await asyncio.gather(*(one_stream(client, url, body, time.perf_counter())
+    client = LeanClient(url)
+    body = {**PROXY_BODY, "max_tokens": tokens}
+    try:
+        return await asyncio.gather(*(client.stream(body, time.perf_counter())
                                       for _ in range(count)))
+    finally:
+        client.close()
 
 
 async def closed_loop(url: str, count: int, tokens: int, seconds: float
@@ -229,11 +281,10 @@ async def closed_loop(url: str, count: int, tokens: int, seconds: float
     """`count` clients, each sending its next stream when the last ends, their first
     starts spread over one stream's length: `count` streams in flight at every moment.
     The streams of the first and last stream-length are left out (ramp up and down)."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    body = {"model": "proxy", "prompt": "x" * 64, "stream": True, "max_tokens": tokens,
-            "ignore_eos": True}
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        probe = await one_stream(client, url, body, time.perf_counter())
+    body = {**PROXY_BODY, "max_tokens": tokens}
+    client = LeanClient(url)
+    try:
+        probe = await client.stream(body, time.perf_counter())
         length = probe["times"][-1] - probe["sent"] if probe["times"] else 1.0
         start_t = time.perf_counter()
         stop_t = start_t + seconds
@@ -242,10 +293,12 @@ async def closed_loop(url: str, count: int, tokens: int, seconds: float
             await asyncio.sleep(length * i / count)
             out = []
             while time.perf_counter() < stop_t:
-                out.append(await one_stream(client, url, body, time.perf_counter()))
+                out.append(await client.stream(body, time.perf_counter()))
             return out
 
         runs = await asyncio.gather(*(client_loop(i) for i in range(count)))
+    finally:
+        client.close()
     return [r for rs in runs for r in rs
             if start_t + length <= r["sent"] <= stop_t - length]
 
@@ -268,8 +321,12 @@ def cpu_split(front: Server, args: argparse.Namespace, cpu_long: float, chunks_l
     """The fleet's CPU per request and per streamed chunk: a round of short streams
     (`--short-tokens`) next to the long one, cpu = requests * R + chunks * C solved."""
     cpu0 = front.cpu_s()
-    results = asyncio.run(concurrent_streams(front.url, args.streams, args.short_tokens))
-    cpu_short, chunks_short = front.cpu_s() - cpu0, _figures(results)["tokens"]
+    chunks_short = 0
+    for _ in range(SHORT_ROUNDS):  # the CPU clock ticks in 10 ms: enough requests
+        results = asyncio.run(concurrent_streams(front.url, args.streams, args.short_tokens))
+        chunks_short += int(_figures(results)["tokens"])
+    cpu_short = (front.cpu_s() - cpu0) / SHORT_ROUNDS
+    chunks_short //= SHORT_ROUNDS
     per_chunk = (cpu_long - cpu_short) / max(1, chunks_long - chunks_short)
     return (cpu_short - chunks_short * per_chunk) / args.streams, per_chunk
 
@@ -292,8 +349,22 @@ def _added(rows: dict[str, list[dict[str, float]]]) -> dict[str, float]:
     return out
 
 
+def lean_upstream(step_ms: float) -> Server:
+    """benchmarks/sse_upstream.py: an upstream that costs little CPU."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sse_upstream.py")
+    proc = subprocess.Popen([sys.executable, script, "--step-ms", str(step_ms)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    assert proc.stdout is not None
+    match = re.search(r"http://127\.0\.0\.1:(\d+)", proc.stdout.readline())
+    assert match, "the lean upstream did not start"
+    return Server(f"http://127.0.0.1:{match.group(1)}", proc)
+
+
 def proxy_part(args: argparse.Namespace) -> dict[str, Any]:
-    up = toy("proxy", args.proxy_step_ms, 128) if args.proxy_upstream is None else None
+    up = None
+    if args.proxy_upstream is None:
+        up = (lean_upstream(args.proxy_step_ms) if args.proxy_upstream_kind == "lean"
+              else toy("proxy", args.proxy_step_ms, 128))
     url = up.url if up is not None else args.proxy_upstream
     front = fleet([url], "least-loaded", 128)
     patterns = ("burst", "closed-loop") if args.proxy_pattern == "both" else (
@@ -302,6 +373,8 @@ def proxy_part(args: argparse.Namespace) -> dict[str, Any]:
     cpu_per_k: list[float] = []
     splits: list[tuple[float, float]] = []
     try:
+        for target in (url, front.url):  # warm: connections open, code paths run once
+            asyncio.run(concurrent_streams(target, args.streams, args.short_tokens))
         for round_no in range(args.proxy_rounds):
             kinds = ("direct", "fleet") if round_no % 2 == 0 else ("fleet", "direct")
             for pattern in patterns:
@@ -322,7 +395,8 @@ def proxy_part(args: argparse.Namespace) -> dict[str, Any]:
             up.stop()
     out: dict[str, Any] = {
         "streams": args.streams, "tokens_per_stream": args.tokens,
-        "upstream": args.proxy_upstream or f"toy, {args.proxy_step_ms:g} ms steps",
+        "upstream": args.proxy_upstream or (
+            f"{args.proxy_upstream_kind}, {args.proxy_step_ms:g} ms steps"),
         "target_added_ms": 2.0}
     for pattern in patterns:
         out[pattern] = _added(rows[pattern])
@@ -359,6 +433,9 @@ def main() -> None:
     p.add_argument("--proxy-upstream", metavar="URL",
                    help="measure the proxy in front of this server (serving a model named "
                    "'proxy', e.g. vLLM with --served-model-name proxy) instead of a toy one")
+    p.add_argument("--proxy-upstream-kind", choices=("lean", "toy"), default="lean",
+                   help="lean: benchmarks/sse_upstream.py (little CPU of its own, so what "
+                   "the comparison shows is the proxy's); toy: an andante toy server")
     p.add_argument("--proxy-pattern", choices=("burst", "closed-loop", "both"),
                    default="both", help="burst: --streams sent at once; closed-loop: "
                    "--streams clients each sending its next stream when the last ends")
