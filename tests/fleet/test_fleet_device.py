@@ -66,7 +66,7 @@ def test_a_device_needs_sleep_mode_and_qlm() -> None:
     try:
         for name in ("alpha", "beta"):
             ups2.append(start_toy(2.0, "--dev-mode", "--served-model-name", name))
-        with pytest.raises(FleetError, match="--router qlm"):
+        with pytest.raises(FleetError, match="use --router qlm"):
             FleetServerThread(_options([u.url for u in ups2], router="least-loaded"))
     finally:
         for up in ups2:

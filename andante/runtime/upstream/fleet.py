@@ -107,9 +107,10 @@ class Fleet:
         """One controller per model, or per set of models linked by shared devices
         (`device`: their upstreams' models swap there, QLM decides when)."""
         groups: dict[str, ModelGroup] = {}
-        if any(u.info.spec.device for u in self.upstreams) and self.options.router != "qlm":
-            raise FleetError(f"upstreams sharing a device swap models, which the qlm "
-                             f"router decides: use --router qlm (got {self.options.router})")
+        if any(u.info.spec.device for u in self.upstreams) \
+                and not router_entry(self.options.router).swaps_models:
+            raise FleetError(f"upstreams sharing a device swap models, which router "
+                             f"{self.options.router!r} does not decide: use --router qlm")
         for models in linked_models(self.upstreams):
             members: list[Member | SharedDevice] = []
             index_of: dict[int, int] = {}
