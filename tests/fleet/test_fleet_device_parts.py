@@ -59,6 +59,7 @@ def test_swap_parks_then_sends_to_the_woken_server() -> None:
         assert a.got == ["r1"] and [r.request_id for r in device.parked] == ["r2"]
         a.num_in_flight = 1
         device.swap_model("beta")
+        await asyncio.sleep(0.01)
         assert device.model_state().device == "beta" and device.model_state().loading_s > 0
         device.submit(_req("r3", "beta"))  # during the swap: parked
         await asyncio.sleep(0.05)
