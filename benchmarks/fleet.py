@@ -17,15 +17,18 @@ order), each on the same requests (seeded).
 
 Figures per router (medians over rounds): SLO attainment (share of requests meeting
 their own SLO), goodput (such requests per second of the round), TTFT p50/p99.
-Then the proxy itself: 100 concurrent streams straight to one upstream
-(`--proxy-step-ms` fast) and through a fleet of that one upstream, interleaved, in two
-arrival patterns (`--proxy-pattern`): a burst (100 sent at once) and a closed loop (100
-clients, each sending its next stream when its last ends: 100 in flight at every
-moment). For each, the added TTFT and added time per token (fleet minus direct, median
-and p99 of per-request figures; target <= 2 ms), and the fleet process's CPU seconds per
-1,000 tokens streamed, split into per request and per chunk (`--proxy-upstream URL`: in
-front of a real server instead, e.g. vLLM's CPU build). Prints ONE JSON line, with the
-load average.
+Then the proxy itself: 100 concurrent streams straight to one upstream (one chunk per
+`--proxy-step-ms`) and through a fleet of that one upstream, interleaved, after a
+warm-up burst each, in two arrival patterns (`--proxy-pattern`): a burst (100 sent at
+once) and a closed loop (100 clients, each sending its next stream when its last ends:
+100 in flight at every moment). The upstream is `benchmarks/sse_upstream.py` (lean:
+little CPU of its own; `--proxy-upstream-kind toy` for an andante toy server) and the
+client a lean keep-alive one, so that on a small machine the comparison shows the
+proxy rather than its neighbours' CPU. For each pattern, the added TTFT and added time
+per token (fleet minus direct, median and p99 of per-request figures; target <= 2 ms),
+and the fleet process's CPU seconds per 1,000 tokens streamed, split into per request
+and per chunk (`--proxy-upstream URL`: in front of a real server instead, e.g. vLLM's
+CPU build). Prints ONE JSON line, with the load average.
 """
 
 from __future__ import annotations
