@@ -287,8 +287,7 @@ class Connection(asyncio.Protocol):
 
     def _fail(self, exc: UpstreamError) -> None:
         futures = (self._head_future, self._end)
-        if self._end is not None:
-            self.close()
+        self.close()  # also an idle one that sent bytes unasked: never reused
         self._reset()
         for future in futures:
             if future is not None and not future.done():
