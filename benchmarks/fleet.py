@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import re
@@ -309,6 +310,10 @@ async def closed_loop(url: str, count: int, tokens: int, seconds: float
 def _figures(results: list[dict[str, Any]]) -> dict[str, float]:
     """Median and p99 of TTFT and of each request's mean time per token (s), tokens."""
     done = [r for r in results if r["status"] == 200 and len(r["times"]) > 1]
+    if not done:  # nothing finished in the window: the figures say so, not a crash
+        return {"ttft": math.inf, "ttft_p99": math.inf, "per_token": math.inf,
+                "per_token_p99": math.inf, "tokens": 0, "requests": 0,
+                "errors": len(results)}
     ttfts = sorted(r["times"][0] - r["sent"] for r in done)
     per_token = sorted((r["times"][-1] - r["times"][0]) / (len(r["times"]) - 1)
                        for r in done)
@@ -390,7 +395,7 @@ def proxy_part(args: argparse.Namespace) -> dict[str, Any]:
                     print(f"proxy {pattern} {kind}: {figures}", file=sys.stderr, flush=True)
                     if kind == "fleet" and pattern == "burst":
                         cpu = front.cpu_s() - cpu0
-                        cpu_per_k.append(cpu / figures["tokens"] * 1000)
+                        cpu_per_k.append(cpu / max(1, figures["tokens"]) * 1000)
                         splits.append(cpu_split(front, args, cpu, int(figures["tokens"])))
     finally:
         front.stop()
