@@ -17,11 +17,18 @@ order), each on the same requests (seeded).
 
 Figures per router (medians over rounds): SLO attainment (share of requests meeting
 their own SLO), goodput (such requests per second of the round), TTFT p50/p99.
-Then the proxy itself: 100 concurrent streams straight to one upstream (`--step-ms`
-fast) and through a fleet of that one upstream, interleaved: the added TTFT and added
-time per token (medians of per-request means; target <= 2 ms) and the fleet process's
-CPU seconds per 1,000 tokens streamed (`--proxy-upstream URL`: in front of a real
-server instead, e.g. vLLM's CPU build). Prints ONE JSON line, with the load average.
+Then the proxy itself: 100 concurrent streams straight to one upstream (one chunk per
+`--proxy-step-ms`) and through a fleet of that one upstream, interleaved, after a
+warm-up burst each, in two arrival patterns (`--proxy-pattern`): a burst (100 sent at
+once) and a closed loop (100 clients, each sending its next stream when its last ends:
+100 in flight at every moment). The upstream is `benchmarks/sse_upstream.py` (lean:
+little CPU of its own; `--proxy-upstream-kind toy` for an andante toy server) and the
+client a lean keep-alive one, so that on a small machine the comparison shows the
+proxy rather than its neighbours' CPU. For each pattern, the added TTFT and added time
+per token (fleet minus direct, median and p99 of per-request figures; target <= 2 ms),
+and the fleet process's CPU seconds per 1,000 tokens streamed, split into per request
+and per chunk (`--proxy-upstream URL`: in front of a real server instead, e.g. vLLM's
+CPU build). Prints ONE JSON line, with the load average.
 """
 
 from __future__ import annotations
@@ -29,12 +36,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +53,7 @@ import httpx
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 ROUTERS = ("qlm", "ascendra", "round-robin", "least-loaded")
 POLL_INTERVAL_S = 0.25
+SHORT_ROUNDS = 3
 
 
 @dataclass
@@ -66,8 +76,10 @@ class Server:
 
 
 def start(args: list[str]) -> Server:
+    state_dir = tempfile.mkdtemp(prefix="andante-bench-")  # each server its own (locked)
     proc = subprocess.Popen([sys.executable, "-m", "andante.cli.main", "serve", "--port", "0",
-                             "--log-level", "warning", *args], stdout=subprocess.PIPE,
+                             "--log-level", "warning", "--state-dir", state_dir, *args],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=ENV)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -207,21 +219,109 @@ def _medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---- proxy overhead -------------------------------------------------------------------
+class LeanClient:
+    """A keep-alive streaming client that costs little CPU (the proxy figures compare
+    clients' views, so the client should not crowd the machine): each read's new SSE
+    events are stamped with the read's time."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.host, self.port = host, int(port)
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def stream(self, body: dict[str, Any], sent: float) -> dict[str, Any]:
+        payload = json.dumps(body).encode()
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                % (self.host.encode(), self.port, len(payload)))
+        if self.idle:
+            reader, writer = self.idle.pop()
+        else:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+        writer.write(head + payload)
+        times: list[float] = []
+        buf, seen, status = b"", 0, 0
+        while not buf.endswith(b"0\r\n\r\n"):
+            data = await reader.read(65536)
+            if not data:
+                status = -1
+                break
+            now = time.perf_counter()
+            buf += data
+            if not status and b"\r\n" in buf:
+                status = int(buf.split(b" ", 2)[1])
+                if status != 200:
+                    break
+            count = buf.count(b"data: {")
+            times.extend([now] * (count - seen))
+            seen = count
+        if status == 200:
+            self.idle.append((reader, writer))
+        else:
+            writer.close()
+        return {"status": status, "sent": sent, "times": times}
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+
+
+PROXY_BODY = {"model": "proxy", "prompt": "x" * 64, "stream": True, "ignore_eos": True}
+
+
 async def concurrent_streams(url: str, count: int, tokens: int) -> list[dict[str, Any]]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        body = {"model": "proxy", "prompt": "x" * 64, "stream": True, "max_tokens": tokens,
-                "ignore_eos": True}
-        return await asyncio.gather(*(one_stream(client, url, body, time.perf_counter())
+    """`count` streams sent at once (a burst)."""
+    client = LeanClient(url)
+    body = {**PROXY_BODY, "max_tokens": tokens}
+    try:
+        return await asyncio.gather(*(client.stream(body, time.perf_counter())
                                       for _ in range(count)))
+    finally:
+        client.close()
 
 
-def _figures(results: list[dict[str, Any]]) -> tuple[float, float, int]:
+async def closed_loop(url: str, count: int, tokens: int, seconds: float
+                      ) -> list[dict[str, Any]]:
+    """`count` clients, each sending its next stream when the last ends, their first
+    starts spread over one stream's length: `count` streams in flight at every moment.
+    The streams of the first and last stream-length are left out (ramp up and down)."""
+    body = {**PROXY_BODY, "max_tokens": tokens}
+    client = LeanClient(url)
+    try:
+        probe = await client.stream(body, time.perf_counter())
+        length = probe["times"][-1] - probe["sent"] if probe["times"] else 1.0
+        start_t = time.perf_counter()
+        stop_t = start_t + seconds
+
+        async def client_loop(i: int) -> list[dict[str, Any]]:
+            await asyncio.sleep(length * i / count)
+            out = []
+            while time.perf_counter() < stop_t:
+                out.append(await client.stream(body, time.perf_counter()))
+            return out
+
+        runs = await asyncio.gather(*(client_loop(i) for i in range(count)))
+    finally:
+        client.close()
+    return [r for rs in runs for r in rs
+            if start_t + length <= r["sent"] <= stop_t - length]
+
+
+def _figures(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Median and p99 of TTFT and of each request's mean time per token (s), tokens."""
     done = [r for r in results if r["status"] == 200 and len(r["times"]) > 1]
-    ttft = statistics.median(r["times"][0] - r["sent"] for r in done)
-    per_token = statistics.median((r["times"][-1] - r["times"][0]) / (len(r["times"]) - 1)
-                                  for r in done)
-    return ttft, per_token, sum(len(r["times"]) for r in done)
+    if not done:  # nothing finished in the window: the figures say so, not a crash
+        return {"ttft": math.inf, "ttft_p99": math.inf, "per_token": math.inf,
+                "per_token_p99": math.inf, "tokens": 0, "requests": 0,
+                "errors": len(results)}
+    ttfts = sorted(r["times"][0] - r["sent"] for r in done)
+    per_token = sorted((r["times"][-1] - r["times"][0]) / (len(r["times"]) - 1)
+                       for r in done)
+    return {"ttft": statistics.median(ttfts), "ttft_p99": _pct(ttfts, 99) or 0.0,
+            "per_token": statistics.median(per_token),
+            "per_token_p99": _pct(per_token, 99) or 0.0,
+            "tokens": sum(len(r["times"]) for r in done), "requests": len(done),
+            "errors": len(results) - len(done)}
 
 
 def cpu_split(front: Server, args: argparse.Namespace, cpu_long: float, chunks_long: int
@@ -229,48 +329,92 @@ def cpu_split(front: Server, args: argparse.Namespace, cpu_long: float, chunks_l
     """The fleet's CPU per request and per streamed chunk: a round of short streams
     (`--short-tokens`) next to the long one, cpu = requests * R + chunks * C solved."""
     cpu0 = front.cpu_s()
-    results = asyncio.run(concurrent_streams(front.url, args.streams, args.short_tokens))
-    cpu_short, chunks_short = front.cpu_s() - cpu0, _figures(results)[2]
+    chunks_short = 0
+    for _ in range(SHORT_ROUNDS):  # the CPU clock ticks in 10 ms: enough requests
+        results = asyncio.run(concurrent_streams(front.url, args.streams, args.short_tokens))
+        chunks_short += int(_figures(results)["tokens"])
+    cpu_short = (front.cpu_s() - cpu0) / SHORT_ROUNDS
+    chunks_short //= SHORT_ROUNDS
     per_chunk = (cpu_long - cpu_short) / max(1, chunks_long - chunks_short)
     return (cpu_short - chunks_short * per_chunk) / args.streams, per_chunk
 
 
+def _run_pattern(pattern: str, url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    if pattern == "burst":
+        return asyncio.run(concurrent_streams(url, args.streams, args.tokens))
+    return asyncio.run(closed_loop(url, args.streams, args.tokens, args.closed_loop_s))
+
+
+def _added(rows: dict[str, list[dict[str, float]]]) -> dict[str, float]:
+    """Fleet minus direct, ms, for each figure (medians over rounds)."""
+    out: dict[str, float] = {}
+    for key in ("ttft", "ttft_p99", "per_token", "per_token_p99"):
+        direct = statistics.median(r[key] for r in rows["direct"])
+        fleet_v = statistics.median(r[key] for r in rows["fleet"])
+        out[f"direct_{key}_ms"] = direct * 1e3
+        out[f"fleet_{key}_ms"] = fleet_v * 1e3
+        out[f"added_{key}_ms"] = (fleet_v - direct) * 1e3
+    return out
+
+
+def lean_upstream(step_ms: float) -> Server:
+    """benchmarks/sse_upstream.py: an upstream that costs little CPU."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sse_upstream.py")
+    proc = subprocess.Popen([sys.executable, script, "--step-ms", str(step_ms)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    assert proc.stdout is not None
+    match = re.search(r"http://127\.0\.0\.1:(\d+)", proc.stdout.readline())
+    assert match, "the lean upstream did not start"
+    return Server(f"http://127.0.0.1:{match.group(1)}", proc)
+
+
 def proxy_part(args: argparse.Namespace) -> dict[str, Any]:
-    up = toy("proxy", args.proxy_step_ms, 128) if args.proxy_upstream is None else None
+    up = None
+    if args.proxy_upstream is None:
+        up = (lean_upstream(args.proxy_step_ms) if args.proxy_upstream_kind == "lean"
+              else toy("proxy", args.proxy_step_ms, 128))
     url = up.url if up is not None else args.proxy_upstream
     front = fleet([url], "least-loaded", 128)
-    rows: dict[str, list[tuple[float, float]]] = {"direct": [], "fleet": []}
+    patterns = ("burst", "closed-loop") if args.proxy_pattern == "both" else (
+        args.proxy_pattern,)
+    rows = {p: {"direct": [], "fleet": []} for p in patterns}  # type: ignore[var-annotated]
     cpu_per_k: list[float] = []
     splits: list[tuple[float, float]] = []
     try:
-        for _ in range(args.proxy_rounds):
-            for kind in ("direct", "fleet"):
-                target = url if kind == "direct" else front.url
-                cpu0 = front.cpu_s()
-                results = asyncio.run(concurrent_streams(target, args.streams, args.tokens))
-                ttft, per_token, tokens = _figures(results)
-                rows[kind].append((ttft, per_token))
-                if kind == "fleet":
-                    cpu = front.cpu_s() - cpu0
-                    cpu_per_k.append(cpu / tokens * 1000)
-                    splits.append(cpu_split(front, args, cpu, tokens))
+        for target in (url, front.url):  # warm: connections open, code paths run once
+            asyncio.run(concurrent_streams(target, args.streams, args.short_tokens))
+        for round_no in range(args.proxy_rounds):
+            kinds = ("direct", "fleet") if round_no % 2 == 0 else ("fleet", "direct")
+            for pattern in patterns:
+                for kind in kinds:
+                    target = url if kind == "direct" else front.url
+                    cpu0 = front.cpu_s()
+                    figures = _figures(_run_pattern(pattern, target, args))
+                    figures["load_avg"] = os.getloadavg()[0]
+                    rows[pattern][kind].append(figures)
+                    print(f"proxy {pattern} {kind}: {figures}", file=sys.stderr, flush=True)
+                    if kind == "fleet" and pattern == "burst":
+                        cpu = front.cpu_s() - cpu0
+                        cpu_per_k.append(cpu / max(1, figures["tokens"]) * 1000)
+                        splits.append(cpu_split(front, args, cpu, int(figures["tokens"])))
     finally:
         front.stop()
         if up is not None:
             up.stop()
-    med = {k: (statistics.median(t for t, _ in v), statistics.median(p for _, p in v))
-           for k, v in rows.items()}
-    return {"streams": args.streams, "tokens_per_stream": args.tokens,
-            "upstream": args.proxy_upstream or f"toy, {args.proxy_step_ms:g} ms steps",
-            "direct_ttft_ms": med["direct"][0] * 1e3, "fleet_ttft_ms": med["fleet"][0] * 1e3,
-            "added_ttft_ms": (med["fleet"][0] - med["direct"][0]) * 1e3,
-            "direct_per_token_ms": med["direct"][1] * 1e3,
-            "fleet_per_token_ms": med["fleet"][1] * 1e3,
-            "added_per_token_ms": (med["fleet"][1] - med["direct"][1]) * 1e3,
+    out: dict[str, Any] = {
+        "streams": args.streams, "tokens_per_stream": args.tokens,
+        "upstream": args.proxy_upstream or (
+            f"{args.proxy_upstream_kind}, {args.proxy_step_ms:g} ms steps"),
+        "target_added_ms": 2.0}
+    for pattern in patterns:
+        out[pattern] = _added(rows[pattern])
+        out[pattern]["rounds"] = rows[pattern]
+    if cpu_per_k:
+        out.update({
             "fleet_cpu_s_per_1k_tokens": statistics.median(cpu_per_k),
             "fleet_cpu_ms_per_request": statistics.median(r for r, _ in splits) * 1e3,
-            "fleet_cpu_us_per_chunk": statistics.median(c for _, c in splits) * 1e6,
-            "target_added_ms": 2.0}
+            "fleet_cpu_us_per_chunk": statistics.median(c for _, c in splits) * 1e6})
+    return out
 
 
 def main() -> None:
@@ -297,6 +441,14 @@ def main() -> None:
     p.add_argument("--proxy-upstream", metavar="URL",
                    help="measure the proxy in front of this server (serving a model named "
                    "'proxy', e.g. vLLM with --served-model-name proxy) instead of a toy one")
+    p.add_argument("--proxy-upstream-kind", choices=("lean", "toy"), default="lean",
+                   help="lean: benchmarks/sse_upstream.py (little CPU of its own, so what "
+                   "the comparison shows is the proxy's); toy: an andante toy server")
+    p.add_argument("--proxy-pattern", choices=("burst", "closed-loop", "both"),
+                   default="both", help="burst: --streams sent at once; closed-loop: "
+                   "--streams clients each sending its next stream when the last ends")
+    p.add_argument("--closed-loop-s", type=float, default=6.0,
+                   help="seconds of each closed-loop round")
     p.add_argument("--skip-routers", action="store_true")
     args = p.parse_args()
     load_before = os.getloadavg()

@@ -156,6 +156,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "prefill steps) to FILE as JSON lines (instance i > 0: FILE.i)")
     g.add_argument("--toy-step-ms", type=positive_float, default=5.0,
                    help="step time of the toy model (ms)")
+    g.add_argument("--dev-mode", action="store_true",
+                   help="vLLM's dev-mode sleep endpoints: POST /sleep?level=1|2, POST "
+                   "/wake_up, GET /is_sleeping (a fleet swaps models sharing a device with "
+                   "them; also $ANDANTE_SERVER_DEV_MODE=1); needs --backend inprocess")
 
 
 def options_from_args(args: argparse.Namespace) -> Any:
@@ -209,6 +213,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
                           upload_timeout=args.upload_timeout, max_uploads=args.max_uploads),
         batch=batch_options_from_args(args),
         trace_steps=args.trace_steps,
+        dev_mode=args.dev_mode or env_defaults()["dev_mode"] == "1",
     )
 
 

@@ -6,6 +6,8 @@ branches on a router's name (DESIGN.md §2 rule 4, as the policies' registry):
 - `pool_plan`: the router splits the instances into pools, each with its own policy
   and role (Ascendra's LP and HP pools); its pools' policies replace `--policy`;
 - `several_models`: whether it may serve several models on one server;
+- `swaps_models`: it decides model swaps (QLM's LSO 5): a fleet's upstreams sharing a
+  device need it;
 - `preemption`: builds, from an instance's cost model, the function choosing each
   preempted request's mode (QLM's Insight #2, eviction or state swap by cost) when a
   cluster asks for it;
@@ -53,6 +55,7 @@ class RouterEntry:
     simulator: str | None = None
     serve_operators: str | None = None
     reads_prompt_tokens: bool = False  # places by prompt token blocks (not on upstreams)
+    swaps_models: bool = False
 
     def hook(self, name: str) -> Any:
         """The function the hook `name` names (None: the router has no such hook)."""
@@ -71,7 +74,7 @@ ROUTERS = MappingProxyType({
                             several_models=False),
     "qlm": RouterEntry("andante.cluster.qlm.router:QLMRouter",
                        preemption="andante.cluster.qlm.eviction:preemption_chooser",
-                       engine_policy="qlm-edf"),
+                       engine_policy="qlm-edf", swaps_models=True),
     "shepherd": RouterEntry("andante.cluster.shepherd:ShepherdRouter"),
     "kunserve": RouterEntry(
         "andante.cluster.kunserve.router:KunServeRouter", in_process=True,

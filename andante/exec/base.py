@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from andante.exec.batch import StepBatch, StepResult
 from andante.perf.cost_model import CostModel
@@ -46,3 +46,18 @@ class DecodeRunExecutor(Executor, Protocol):
     def prefill_run_durations(
         self, shapes: list[BatchShape], time_budget: float
     ) -> list[float]: ...
+
+
+@runtime_checkable
+class Sleepable(Protocol):
+    """An executor that can give its memory back while its server sleeps (vLLM's
+    dev-mode sleep): `sleep(1)` releases its KV cache and holds its weights in host
+    memory, `sleep(2)` drops the weights too; `wake_up()` restores what was released
+    (reloading dropped weights). Asleep, it serves nothing: `execute` raises."""
+
+    @property
+    def sleeping(self) -> int | None: ...  # the level, None when awake
+
+    def sleep(self, level: int) -> None: ...
+
+    def wake_up(self) -> None: ...

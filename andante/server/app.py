@@ -51,6 +51,10 @@ def create_app(options: ServeOptions, backend: Backend | None = None) -> FastAPI
     install_openai_routes(app, state)
     install_batch_routes(app, batches, options.limits)
     _install_ops_routes(app, state)
+    if options.dev_mode:
+        from andante.server.sleep import install_sleep_routes
+
+        install_sleep_routes(app, state)
     return app
 
 

@@ -13,6 +13,7 @@ from andante.core.request import PreemptionMode
 TOY_MODEL = "toy"
 BACKENDS = ("inprocess", "process", "ray")
 API_KEY_ENV_VAR = "ANDANTE_API_KEY"
+DEV_MODE_ENV_VAR = "ANDANTE_SERVER_DEV_MODE"  # as vLLM's VLLM_SERVER_DEV_MODE
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,8 @@ class ServeOptions:
     # debugging: each instance's step and request trace (andante.runtime.step_trace),
     # written to this file (instance i > 0: FILE.i)
     trace_steps: str | None = None
+    # vLLM's dev mode: /sleep, /wake_up, /is_sleeping (andante.server.sleep)
+    dev_mode: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy",  # a conflicting --policy: a one-line error
@@ -137,6 +140,9 @@ class ServeOptions:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got "
+                             f"{self.backend!r}")
+        if self.dev_mode and self.backend != "inprocess":
+            raise ValueError(f"--dev-mode (sleep mode) needs --backend inprocess, got "
                              f"{self.backend!r}")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
@@ -200,6 +206,8 @@ def read_keys_file(path: str) -> tuple[tuple[str, str], ...]:
 
 
 def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
-    """Defaults taken from the environment: $ANDANTE_API_KEY for --api-key."""
+    """Defaults taken from the environment: $ANDANTE_API_KEY for --api-key,
+    $ANDANTE_SERVER_DEV_MODE ("1": on) for --dev-mode."""
     env = os.environ if environ is None else environ
-    return {"api_key": env.get(API_KEY_ENV_VAR) or None}
+    return {"api_key": env.get(API_KEY_ENV_VAR) or None,
+            "dev_mode": "1" if env.get(DEV_MODE_ENV_VAR, "") == "1" else None}

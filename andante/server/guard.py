@@ -29,6 +29,7 @@ JSON = "application/json"
 MULTIPART = "multipart/form-data"
 UPLOAD_PATH = "/v1/files"
 CANCEL_SUFFIX = "/cancel"
+BODYLESS_POSTS = frozenset({"/sleep", "/wake_up"})  # dev mode (andante.server.sleep)
 
 
 def _has_no_body(headers: Headers) -> bool:
@@ -91,7 +92,7 @@ class EdgeGuard:
                         None, "invalid_api_key")
 
     def _body(self, path: str, headers: Headers) -> APIError | None:
-        if path.endswith(CANCEL_SUFFIX) and _has_no_body(headers):
+        if (path.endswith(CANCEL_SUFFIX) or path in BODYLESS_POSTS) and _has_no_body(headers):
             return None
         kind = headers.get("content-type", "").partition(";")[0].strip().lower()
         upload = path == UPLOAD_PATH  # the one multipart route (the Batch API's files)

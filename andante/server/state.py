@@ -41,6 +41,7 @@ class ServerState:
     prep_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         1, thread_name_prefix="andante-prepare"))
     on_fatal: Callable[[], None] | None = None  # every engine is down (launch: exit)
+    sleep_level: int | None = None  # asleep (andante.server.sleep): refuses requests
 
     @classmethod
     def create(cls, options: ServeOptions, backend: Backend) -> ServerState:
@@ -80,6 +81,9 @@ class ServerState:
         """503 if the engine is down; 429 with Retry-After if the queue is full."""
         if not self.runner.is_alive:
             raise APIError(503, "the engine is not running", None, "engine_unavailable")
+        if self.sleep_level is not None:
+            raise APIError(503, f"the server is asleep (level {self.sleep_level}): POST "
+                           "/wake_up first", None, "sleeping")
         queued = self.hub.num_not_started
         if queued >= self.options.max_queued:
             retry = self._retry_after(queued)

@@ -93,12 +93,31 @@ class ToyExecutor:
         self.blocks = (num_device_blocks, num_host_blocks)
         self.step_time = step_time
         self.prefill_time_per_token = prefill_time_per_token
-        self._text = text.encode("utf-8")
+        self._source = text
+        self._text = text.encode("utf-8")  # its "weights": what it generates from
+        self.sleeping: int | None = None
+
+    # ---- sleep mode (andante.exec.base.Sleepable) ----------------------------------------
+    def sleep(self, level: int) -> None:
+        """Level 1 keeps the "weights" (the text), level 2 drops them; either way the
+        executor serves nothing until woken."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
+        self.sleeping = max(level, self.sleeping or 0)
+        if level == 2:
+            self._text = b""
+
+    def wake_up(self) -> None:
+        if self.sleeping == 2:
+            self._text = self._source.encode("utf-8")  # "reloaded"
+        self.sleeping = None
 
     def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
         return self.blocks
 
     def execute(self, batch: StepBatch) -> StepResult:
+        if self.sleeping is not None:
+            raise RuntimeError("the toy executor is asleep (POST /wake_up)")
         started = time.perf_counter()
         num_prefill = sum(n for n in batch.num_new_tokens if n > 1)
         duration = self.step_time + self.prefill_time_per_token * num_prefill

@@ -30,7 +30,7 @@ _FILE_TOP_KEYS = frozenset({"model", "hardware", "tp", "policy", "router", "mode
                             "host_memory_gib", "router_options", "policy_options",
                             "instances", "poll_interval"})
 _FILE_INSTANCE_KEYS = frozenset({"hardware", "model", "tp", "warm", "policy", "role",
-                                 "count", "url", "max_num_seqs", "kind"})
+                                 "count", "url", "max_num_seqs", "kind", "device"})
 
 
 class FleetError(ValueError):
@@ -49,6 +49,7 @@ class UpstreamSpec:
     kind: str | None = None
     cost_model: str = "smollm2-135m"  # catalog names (andante.perf.catalog): the cost
     hardware: str = "a10-24g"  # model a queue router (qlm) estimates this upstream with
+    device: str = ""  # upstreams naming one device share it: QLM swaps their models
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -83,6 +84,7 @@ class UpstreamInfo:
     models: tuple[str, ...]
     kind: str
     max_model_len: int | None = None
+    sleeping: bool = False  # a device's upstream: asleep at start (GET /is_sleeping)
 
     @property
     def url(self) -> str:
@@ -110,7 +112,7 @@ def _file_instance(entry: Any, position: int) -> UpstreamSpec:
              if v in entry}
     return UpstreamSpec(url=base_url(str(entry["url"])), role=str(entry.get("role", "")),
                         max_num_seqs=int(entry.get("max_num_seqs", 64)),
-                        kind=entry.get("kind"), **costs)
+                        kind=entry.get("kind"), device=str(entry.get("device", "")), **costs)
 
 
 def parse_fleet_file(text: str) -> FleetFile:
@@ -160,8 +162,26 @@ async def describe(client: httpx.AsyncClient, spec: UpstreamSpec, timeout: float
         raise FleetError(f"upstream {spec.url} serves no model")
     lens = [e["max_model_len"] for e in entries if isinstance(e.get("max_model_len"), int)]
     info = UpstreamInfo(spec, tuple(str(e["id"]) for e in entries),
-                        spec.kind or _kind(entries), min(lens) if lens else None)
+                        spec.kind or _kind(entries), min(lens) if lens else None,
+                        await _sleeping(client, spec, timeout) if spec.device else False)
+    if spec.device and len(info.models) != 1:
+        raise FleetError(f"upstream {spec.url} shares device {spec.device!r} but serves "
+                         f"{len(info.models)} models: a device's servers serve one each")
     return info, entries
+
+
+async def _sleeping(client: httpx.AsyncClient, spec: UpstreamSpec, timeout: float) -> bool:
+    """Whether a device's upstream sleeps now (FleetError if it has no sleep mode)."""
+    hint = ("start vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode, andante with "
+            "--dev-mode")
+    try:
+        resp = await client.get(f"{spec.url}/is_sleeping", timeout=timeout)
+        if resp.status_code == 200:
+            return bool(resp.json()["is_sleeping"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        pass
+    raise FleetError(f"upstream {spec.url} shares device {spec.device!r} but has no sleep "
+                     f"mode (GET /is_sleeping failed): {hint}")
 
 
 def _check_names(described: Sequence[tuple[UpstreamInfo, list[Mapping[str, Any]]]]) -> None:

@@ -4,10 +4,12 @@ Design note (DESIGN.md §4; QLM §3 global queue; Ascendra §4-5 pools and offlo
 request becomes a `Request` for the same `Controller` and routers that drive in-process
 and Ray instances (one controller per model: `members`), and an upstream is an
 `UpstreamInstance`. Forwarding runs on the event loop, one task per attempt:
-- streamed answers are passed through chunk by chunk as they arrive (usage chunks
-  included: the body goes as the client sent it); a client that goes away aborts the
-  request, which cancels the task and closes the upstream connection (vLLM and andante
-  abort a request whose connection closes);
+- requests go through a small pass-through HTTP/1.1 client (`http1`: a keep-alive pool
+  per upstream, no per-chunk parsing) and streamed answers are passed through as they
+  arrive (usage chunks included: the body goes as the client sent it); a client that
+  goes away aborts the request, which cancels the task and closes the upstream
+  connection (vLLM and andante abort a request whose connection closes); httpx serves
+  only the probes (/metrics), where latency does not matter;
 - a 429 or 5xx answer, or a connection that fails before a byte reached the client, is
   retried elsewhere (the router's `place_handoff`: another upstream), then, once every
   upstream was tried, after a growing back-off, until the request's deadline (its SLO
@@ -22,12 +24,16 @@ and Ray instances (one controller per model: `members`), and an upstream is an
   request about to miss its TTFT (§5.3), decided here since an upstream cannot hand a
   request back itself;
 - requests that wait in a controller's queue (every upstream of their model down, or a
-  queue-holding router) past their deadline end with a 503.
+  queue-holding router) past their deadline end with a 503;
+- upstreams that share a device (a fleet file's `device`; each in sleep mode) are one
+  instance of one controller over their models, whose qlm router swaps them through
+  their `/sleep` and `/wake_up` (andante.runtime.upstream.device).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import ssl
@@ -43,19 +49,18 @@ from andante.core.clock import Clock, MonotonicClock
 from andante.core.request import Request, SyntheticTokens
 from andante.core.sampling import DEFAULT_TTFT_TARGET, SamplingParams
 from andante.runtime.upstream.call import Call, Chunk, End, Failure, Full
-from andante.runtime.upstream.discovery import UpstreamInfo
+from andante.runtime.upstream.device import SharedDevice
+from andante.runtime.upstream.discovery import FleetError, UpstreamInfo
+from andante.runtime.upstream.http1 import ConnectFailed, UpstreamError, UpstreamPool
 from andante.runtime.upstream.instance import UpstreamInstance
-from andante.runtime.upstream.members import Member, ModelGroup
+from andante.runtime.upstream.members import Member, ModelGroup, devices_of, linked_models
 from andante.runtime.upstream.metrics import parse_load
 
 log = logging.getLogger("andante.fleet")
 HP = "hp"
 CLIENT_CLOSED = 499  # nginx's status for a request whose client went away
 OFFLOAD_CHECK_S = 0.02
-# connection pools the forwarding spreads over: httpx's pool scans all its connections
-# each time one is taken or given back (quadratic in the idle ones), so several small
-# pools cost less CPU than one large one at hundreds of concurrent streams
-CLIENT_SHARDS = 8
+SWAP_CALL_TIMEOUT_S = 120.0  # a device's /sleep or /wake_up (vLLM moves weights)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,21 +98,48 @@ class Fleet:
         self.num_retries = 0
         self.num_offloads = 0
         self.num_failed = 0
-        self._clients: list[httpx.AsyncClient] = []
-        self._next_client = 0
+        self._probe_client: httpx.AsyncClient | None = None
+        self._pools: list[UpstreamPool] = []
         self._poller: asyncio.Task[None] | None = None
         self._offloader: asyncio.Task[None] | None = None
 
     def _build_groups(self) -> dict[str, ModelGroup]:
+        """One controller per model, or per set of models linked by shared devices
+        (`device`: their upstreams' models swap there, QLM decides when)."""
         groups: dict[str, ModelGroup] = {}
-        models = dict.fromkeys(m for u in self.upstreams for m in u.models)
-        for model in models:
-            serving = [u for u in self.upstreams if model in u.models]
-            members = [Member(i, u, model) for i, u in enumerate(serving)]
+        if any(u.info.spec.device for u in self.upstreams) \
+                and not router_entry(self.options.router).swaps_models:
+            raise FleetError(f"upstreams sharing a device swap models, which router "
+                             f"{self.options.router!r} does not decide: use --router qlm")
+        for models in linked_models(self.upstreams):
+            members: list[Member | SharedDevice] = []
+            index_of: dict[int, int] = {}
+            for device, ups in devices_of(self.upstreams, models).items():
+                index_of.update((u.index, len(members)) for u in ups)
+                awake = next((i for i, u in enumerate(ups) if not u.info.sleeping), 0)
+                members.append(SharedDevice(len(members), device, ups, awake,
+                                            self._post_to, self._swapped, self._parked_back))
+            for model in models:
+                for u in self.upstreams:
+                    if model in u.models and not u.info.spec.device:
+                        if u.index in index_of:
+                            raise FleetError(f"upstream {u.url} serves several models of "
+                                             "a device's set: give each its own server")
+                        index_of[u.index] = len(members)
+                        members.append(Member(len(members), u, model))
             router = make_router(self.options.router, dict(self.options.router_options))
-            groups[model] = ModelGroup(model, Controller(members, router),
-                                       {u.index: i for i, u in enumerate(serving)})
+            group = ModelGroup(models[0], Controller(members, router), index_of)
+            groups.update((m, group) for m in models)
         return groups
+
+    @property
+    def devices(self) -> list[SharedDevice]:
+        return [s.instance for g in self.unique_groups for s in g.controller.slots
+                if isinstance(s.instance, SharedDevice)]
+
+    @property
+    def unique_groups(self) -> list[ModelGroup]:
+        return list({id(g): g for g in self.groups.values()}.values())
 
     @property
     def models(self) -> list[str]:
@@ -119,11 +151,12 @@ class Fleet:
 
     # ---- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        timeout = httpx.Timeout(None, connect=self.options.connect_timeout)
         tls = ssl.create_default_context()  # one for all (loading it costs ~0.1 s)
-        self._clients = [httpx.AsyncClient(limits=limits, timeout=timeout, verify=tls)
-                         for _ in range(CLIENT_SHARDS)]
+        self._pools = [UpstreamPool(u.url, self.options.connect_timeout, tls)
+                       for u in self.upstreams]
+        self._probe_client = httpx.AsyncClient(
+            verify=tls, timeout=httpx.Timeout(None, connect=self.options.connect_timeout))
+        await asyncio.gather(*(d.settle() for d in self.devices))
         await self._poll_once()
         self._poller = asyncio.create_task(self._poll_loop(), name="fleet-poller")
         if self.offloads:
@@ -137,8 +170,10 @@ class Fleet:
             upstream.cancel_all()
         for call in list(self.calls.values()):
             self._fail(call, 503, "the server is shutting down", "shutting_down")
-        for client in self._clients:
-            await client.aclose()
+        for pool in self._pools:
+            pool.close()
+        if self._probe_client is not None:
+            await self._probe_client.aclose()
 
     # ---- requests in ----------------------------------------------------------------
     def submit(self, call: Call, prompt_tokens: int, max_tokens: int | None,
@@ -166,13 +201,13 @@ class Fleet:
     def num_not_started(self) -> int:
         """Requests known to wait for their first token: queued here, or streaming
         without a first byte yet (a non-streamed answer's start is not seen)."""
-        queued = {req.request_id for g in self.groups.values() for req in g.controller.queue}
+        queued = {req.request_id for g in self.unique_groups for req in g.controller.queue}
         return len(queued) + sum(1 for c in self.calls.values()
                                  if c.stream and not c.started and c.request_id not in queued)
 
     @property
     def num_queued(self) -> int:
-        return sum(len(g.controller.queue) for g in self.groups.values())
+        return sum(len(g.controller.queue) for g in self.unique_groups)
 
     # ---- one attempt on one upstream ------------------------------------------------------
     async def _forward(self, upstream: UpstreamInstance, req: Request) -> None:
@@ -180,29 +215,31 @@ class Fleet:
         if call is None or call.finished:
             return
         call.attempts += 1
-        self._next_client = (self._next_client + 1) % len(self._clients)
-        client = self._clients[self._next_client]
         sent = self.clock.now()
-        url = upstream.url + call.path
+        payload = json.dumps(call.body_for(upstream.kind), ensure_ascii=False,
+                             separators=(",", ":")).encode()
         try:
-            async with client.stream("POST", url, json=call.body_for(upstream.kind)
-                                           ) as resp:
-                status = resp.status_code
-                if status == 429 or status >= 500:
-                    await resp.aread()
-                    self._refused(upstream, call, req, _full(resp))
-                elif status != 200 or not call.stream:
-                    await resp.aread()
-                    self._finish(upstream, call, _full(resp))
-                else:
-                    async for data in resp.aiter_raw():
-                        if not call.started:
-                            self._started(upstream, call)
-                        call.push(Chunk(data))
-                    self._finish(upstream, call, End())
+            conn = await self._pools[upstream.index].post(call.path, payload)
+            head = conn.head
+            assert head is not None
+            if head.status == 429 or head.status >= 500:
+                answer = Full(head.status, head.content_type, await conn.read())
+                self._refused(upstream, call, req, answer)
+            elif head.status != 200 or not call.stream:
+                answer = Full(head.status, head.content_type, await conn.read())
+                self._finish(upstream, call, answer)
+            else:
+                await conn.stream(lambda data: self._relay(upstream, call, data))
+                self._finish(upstream, call, End())
             upstream.observe_service(self.clock.now() - sent)
-        except httpx.TransportError as exc:
+        except UpstreamError as exc:
             self._broken(upstream, call, req, exc)
+
+    def _relay(self, upstream: UpstreamInstance, call: Call, data: bytes) -> None:
+        """Body bytes as they arrive (in the connection's callback) to the client."""
+        if not call.started:
+            self._started(upstream, call)
+        call.push(Chunk(data))
 
     def _started(self, upstream: UpstreamInstance, call: Call) -> None:
         """The first byte: the request cannot move any more, and its upstream's load
@@ -230,19 +267,19 @@ class Fleet:
         self._retry(upstream, call, req)
 
     def _broken(self, upstream: UpstreamInstance, call: Call, req: Request,
-                exc: httpx.TransportError) -> None:
+                exc: UpstreamError) -> None:
         """The connection failed: re-place the request if it streamed nothing, else end
         it with an error; probe the upstream now."""
-        log.warning("upstream %s: %s on request %s", upstream.url, type(exc).__name__,
-                    call.request_id)
+        log.warning("upstream %s: %s on request %s", upstream.url, exc, call.request_id)
         asyncio.get_running_loop().create_task(self._probe(upstream, refusal_is_down=True))
         if call.started:
             self._fail_started(upstream, call)
         elif call.attempts >= self.options.max_attempts or self.clock.now() >= call.deadline:
             group = self.groups[call.model]
             group.controller.on_step(group.member_of(upstream), (call.request_id,))
+            kind = "ConnectError" if isinstance(exc, ConnectFailed) else "connection lost"
             self._fail(call, 502, f"no upstream could serve the request (last: "
-                       f"{upstream.url}: {type(exc).__name__})", "upstream_unavailable")
+                       f"{upstream.url}: {kind})", "upstream_unavailable")
         else:
             self._retry(upstream, call, req)
 
@@ -273,6 +310,28 @@ class Fleet:
             self.num_failed += 1
             call.push(Failure(status, message, code))
 
+    async def _post_to(self, url: str, path: str) -> int:
+        """A device's sleep and wake calls (latency does not matter: httpx)."""
+        assert self._probe_client is not None
+        resp = await self._probe_client.post(url + path, timeout=SWAP_CALL_TIMEOUT_S)
+        return resp.status_code
+
+    def _swapped(self, device: SharedDevice) -> None:
+        """A device serves another model: its queue may move on."""
+        for group in self.unique_groups:
+            if any(slot.instance is device for slot in group.controller.slots):
+                group.controller.dispatch_queue()
+
+    def _parked_back(self, device: SharedDevice, reqs: list[Request]) -> None:
+        """Requests a device parked and cannot serve now: back to the global queue."""
+        for req in reqs:
+            call = self.calls.get(req.request_id)
+            if call is None or call.finished:
+                continue
+            group = self.groups[call.model]
+            group.controller.on_finished(call.request_id)
+            group.controller.submit(req)
+
     def _hand_back(self, index: int, reqs: list[Request]) -> None:
         """Requests an upstream withdrew (offloads): their router places them again."""
         upstream = self.upstreams[index]
@@ -295,7 +354,7 @@ class Fleet:
     async def _poll_once(self) -> None:
         await asyncio.gather(*(self._probe(u) for u in self.upstreams))
         now = self.clock.now()
-        for group in self.groups.values():
+        for group in self.unique_groups:
             self._expire(group, now)
             if group.controller.queue:
                 group.controller.dispatch_queue()
@@ -307,8 +366,9 @@ class Fleet:
 
     async def _probe(self, upstream: UpstreamInstance, refusal_is_down: bool = False) -> None:
         try:
-            resp = await self._clients[0].get(upstream.url + "/metrics",
-                                          timeout=self.options.probe_timeout)
+            assert self._probe_client is not None
+            resp = await self._probe_client.get(upstream.url + "/metrics",
+                                                timeout=self.options.probe_timeout)
             ok, reason = resp.status_code == 200, f"/metrics answered {resp.status_code}"
         except httpx.HTTPError as exc:
             ok, reason = False, f"{type(exc).__name__} {exc}".strip()
@@ -349,7 +409,7 @@ class Fleet:
             group.controller.instance_recovered(group.member_of(upstream))
 
     def _groups_of(self, upstream: UpstreamInstance) -> Iterator[ModelGroup]:
-        return (g for g in self.groups.values() if upstream.index in g.members)
+        return (g for g in self.unique_groups if upstream.index in g.members)
 
     def _expire(self, group: ModelGroup, now: float) -> None:
         """Requests queued past their deadline end with a 503."""
@@ -388,13 +448,8 @@ class Fleet:
             "retries": self.num_retries,
             "offloads": self.num_offloads,
             "failed": self.num_failed,
-            "requeued": sum(g.controller.num_requeued for g in self.groups.values()),
+            "requeued": sum(g.controller.num_requeued for g in self.unique_groups),
         }
-
-
-def _full(resp: httpx.Response) -> Full:
-    return Full(resp.status_code, resp.headers.get("content-type", "application/json"),
-                resp.content)
 
 
 def _upstream_stats(u: UpstreamInstance) -> dict[str, Any]:

@@ -3,11 +3,13 @@ that serve it.
 
 Design note (QLM §3's "each model on its own instances" when models cannot swap): the
 routers (round-robin, least-loaded, power-of-two, ascendra, qlm) place a request among
-instances that can all serve it. Upstreams serve fixed models (vLLM's `/sleep` and
-`/wake_up` exist only in its dev mode), so each model gets its own `Controller` over the
-upstreams serving it, each upstream seen there as a `Member` (the controller's indices
-are 0..n-1 per model). An upstream serving two models is a member of both controllers,
-and both read the same load: andante's in-flight count on it covers both.
+instances that can all serve it. Upstreams serve fixed models, so each model gets its
+own `Controller` over the upstreams serving it, each upstream seen there as a `Member`
+(the controller's indices are 0..n-1 per model). An upstream serving two models is a
+member of both controllers, and both read the same load: andante's in-flight count on
+it covers both. Upstreams that share a device (vLLM's `/sleep` and `/wake_up`, in its
+dev mode) are one `SharedDevice` instance, and the models linked by devices share one
+controller (`linked_models`), whose qlm router swaps them.
 """
 
 from __future__ import annotations
@@ -80,3 +82,37 @@ class ModelGroup:
 
     def member_of(self, upstream: UpstreamInstance) -> int:
         return self.members[upstream.index]
+
+
+def linked_models(upstreams: Sequence[UpstreamInstance]) -> list[list[str]]:
+    """The served models in sets that share a controller: a model alone, or the models
+    of upstreams that share a device (and, transitively, of devices sharing a model)."""
+    parent: dict[str, str] = {}
+
+    def root(model: str) -> str:
+        while parent[model] != model:
+            model = parent[model]
+        return model
+
+    for u in upstreams:
+        for m in u.models:
+            parent.setdefault(m, m)
+    for ups in devices_of(upstreams, list(parent)).values():
+        first = root(ups[0].models[0])
+        for u in ups[1:]:
+            parent[root(u.models[0])] = first
+    sets: dict[str, list[str]] = {}
+    for model in parent:
+        sets.setdefault(root(model), []).append(model)
+    return list(sets.values())
+
+
+def devices_of(upstreams: Sequence[UpstreamInstance], models: Sequence[str]
+               ) -> dict[str, list[UpstreamInstance]]:
+    """The shared devices serving any of `models`: name -> its upstreams, in order."""
+    devices: dict[str, list[UpstreamInstance]] = {}
+    for u in upstreams:
+        if u.info.spec.device:
+            devices.setdefault(u.info.spec.device, []).append(u)
+    return {d: ups for d, ups in devices.items()
+            if any(m in models for u in ups for m in u.models)}

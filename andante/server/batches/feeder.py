@@ -10,8 +10,9 @@ batch is at risk of missing its window at the recent pace (its deadline slack is
 negative: then the whole `max_in_flight`); and (3) at most
 `max_in_flight / RAMP_TICKS` start per tick of the feeder (`TICK_S`, or sooner when a
 batch request finishes), so their prefills come in small groups rather than one long
-step. So batch work fills the engines when interactive traffic leaves them idle,
-trickles beside it, stops growing the moment an interactive request waits, and speeds
+step (with no open batch at the last sweep, `SWEEP_S` or a `wake`, it claims nothing).
+So batch work fills the engines when interactive traffic leaves them idle, trickles
+beside it, stops growing the moment an interactive request waits, and speeds
 up when a deadline needs it; batch requests also run at low priority with the batch's
 deadline as their SLO (`execute.py`), for the policies that order by either.
 
@@ -127,6 +128,7 @@ class BatchFeeder:
 
     def wake(self) -> None:
         """Look at the queue now (new work, a cancel); from any thread."""
+        self._last_sweep = 0.0  # the open batches are read again first
         if self._on_loop():
             self._wake.set()
         else:
@@ -226,7 +228,11 @@ class BatchFeeder:
             await self._on_store_thread(lambda: self.store.keep_alive(items))
         starts, claimed = self.max_starts_per_tick, 0
         to_settle: list[tuple[WorkItem, Outcome]] = []
-        while (room := min(self.room(), starts)) > 0 and claimed < MAX_CLAIMS_PER_TICK:
+        # no open batch (as of the last sweep, at most SWEEP_S old): nothing to claim,
+        # and no store call each tick (each one competes with the event loop for the
+        # interpreter lock, a stall of the requests it serves)
+        while self.open and (room := min(self.room(), starts)) > 0 \
+                and claimed < MAX_CLAIMS_PER_TICK:
             items = await self._on_store_thread(
                 functools.partial(self.store.claim, self.models, room))
             if not items:

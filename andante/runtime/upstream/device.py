@@ -1,0 +1,228 @@
+"""Upstreams that share one device: one cluster instance whose model QLM swaps.
+
+Design note (QLM §5 LSO 5, model swapping; vLLM's dev-mode sleep). Servers started on
+one device, each with its own model (vLLM with `--enable-sleep-mode` and
+`VLLM_SERVER_DEV_MODE=1`, andante with `--dev-mode`), take turns: one is awake, the
+others sleep at level 1 (weights held in host memory, KV cache released). To the
+controller the device is one instance serving all their models (`MultiModel`): the
+awake server's model is on the device, the sleeping ones' are warm in host memory. The
+swap's steps are the cluster layer's `ModelSwitcher` (andante.cluster.qlm.swap: park
+the requests for another model, swap when asked or when the parked head needs it,
+release the parked ones in order), driven here on the event loop; this instance is its
+`SwapSite`. Before the switcher's swap, the device is drained (the awake server's
+requests in flight finish: its flush finds none) and the servers are switched: the
+awake one gets `POST /sleep?level=1`, the incoming one `POST /wake_up`, whose measured
+time is the install's. Requests for a sleeping model wait (in the global queue, or
+parked here) and never fail for it; a switch that fails hands the parked requests back
+to the controller. The load the router sees is the awake server's, the parked requests
+counted as waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import cast
+
+from andante.cluster.instance import BASIC_CAPABILITIES, SWAP_MODEL, LaterOperations, ModelState
+from andante.cluster.load import LoadReport
+from andante.cluster.qlm.swap import ModelSwitcher
+from andante.cluster.qlm.tiers import ModelTiers
+from andante.core.request import Request
+from andante.engine.engine import Engine
+from andante.perf.catalog import get_hardware, get_model
+from andante.perf.cost_model import CostModel
+from andante.runtime.upstream.instance import UpstreamInstance
+
+log = logging.getLogger("andante.fleet")
+BLOCK_SIZE = 16
+SLEEP_LEVEL = 1
+DRAIN_POLL_S = 0.01
+INITIAL_SWAP_S = 1.0  # the estimate until a swap has been measured
+
+# POST a path (with query) to an upstream's URL; returns the status (raises on failure)
+PostFn = Callable[[str, str], Awaitable[int]]
+
+
+class _Drained:
+    """The switcher's view of the device's engine at a swap: the device is drained
+    first, so there is nothing to flush and no work."""
+
+    has_work = False
+
+    class scheduler:  # noqa: N801 (the engine's attribute)
+        requests: dict[str, Request] = {}
+
+
+class SharedDevice(LaterOperations):
+    capabilities = BASIC_CAPABILITIES | {SWAP_MODEL}
+
+    def __init__(self, index: int, name: str, upstreams: Sequence[UpstreamInstance],
+                 awake: int, post: PostFn, on_swapped: Callable[[SharedDevice], None],
+                 hand_back: Callable[[SharedDevice, list[Request]], None]) -> None:
+        self.index = index
+        self.name = name
+        self.upstreams = list(upstreams)
+        self.by_model = {u.models[0]: u for u in self.upstreams}
+        self.awake = self.upstreams[awake]
+        self.role = self.awake.role
+        self._post = post
+        self._on_swapped = on_swapped
+        self._hand_back = hand_back
+        self._costs = {u.models[0]: CostModel(get_model(u.info.spec.cost_model),
+                                              get_hardware(u.info.spec.hardware))
+                       for u in self.upstreams}
+        tiers = ModelTiers({m: c.model.weight_bytes for m, c in self._costs.items()},
+                           self.awake.models[0],
+                           host=[m for m in self.by_model if m != self.awake.models[0]])
+        self.switcher = ModelSwitcher(tiers, self)
+        self.target: str | None = None  # the model being switched in
+        self.num_received = 0  # every request handed here (the controller's in-transit)
+        self.swap_s = INITIAL_SWAP_S
+        self._switch_started = 0.0
+        self._driver: asyncio.Task[None] | None = None
+
+    @property
+    def model(self) -> str:
+        return self.switcher.tiers.device
+
+    @property
+    def num_swaps(self) -> int:
+        return len(self.switcher.swaps)
+
+    @property
+    def parked(self) -> list[Request]:
+        return list(self.switcher.parked)
+
+    # ---- MultiModel ---------------------------------------------------------------------
+    def model_state(self) -> ModelState:
+        device = self.target or self.model
+        loading = 0.0
+        if self.target is not None:
+            elapsed = asyncio.get_running_loop().time() - self._switch_started
+            loading = max(1e-3, self.swap_s - elapsed)
+        hardware = self._costs[device].hardware
+        return ModelState(
+            device=device, host=tuple(m for m in self.by_model if m != device),
+            loading_s=loading, costs=dict(self._costs),
+            weight_bytes={m: c.model.weight_bytes for m, c in self._costs.items()},
+            host_link_bandwidth=hardware.host_link_bandwidth,
+            disk_bandwidth=hardware.disk_bandwidth, device_memory_bytes=0,
+            host_memory_bytes=0, block_size=BLOCK_SIZE)
+
+    def warm_model(self, model: str) -> bool:
+        return False  # the sleeping servers hold their weights in host memory already
+
+    # ---- the Instance seam -----------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.awake.alive
+
+    def submit(self, req: Request) -> None:
+        self.num_received += 1
+        if self.target is not None or self.switcher.must_park(req):
+            self.switcher.park(req)
+            self._drive()  # the parked head may need a swap
+        else:
+            self.awake.submit(req)
+
+    def abort(self, request_id: str) -> None:
+        self.switcher.unpark([request_id])
+        for upstream in self.upstreams:
+            upstream.abort(request_id)
+
+    def withdraw(self, request_ids: Sequence[str]) -> None:
+        back = self.switcher.unpark(request_ids)
+        if back:
+            asyncio.get_running_loop().call_soon(self._hand_back, self, back)
+        self.awake.withdraw(request_ids)
+
+    def load(self) -> LoadReport:
+        report = self.awake.load()
+        parked = len(self.switcher.parked)
+        if not parked:
+            return LoadReport(stats=report.stats, num_received=self.num_received,
+                              drain_time=report.drain_time)
+        stats = dataclasses.replace(report.stats,
+                                    num_waiting=report.stats.num_waiting + parked)
+        return LoadReport(stats=stats, num_received=self.num_received,
+                          drain_time=max(report.drain_time, self.swap_s))
+
+    def swap_model(self, model: str) -> None:
+        self.switcher.ask(model)  # ValueError: not one of this device's models
+        self._drive()
+
+    # ---- SwapSite (the switcher's side) ------------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        return cast(Engine, _Drained)
+
+    def install(self, model: str, source: str) -> float:
+        return self.swap_s  # the servers were switched (measured) just before
+
+    def admit(self, req: Request) -> None:
+        self.awake.submit(req)
+
+    def hand_back(self, reqs: list[Request]) -> None:
+        self._hand_back(self, reqs)
+
+    # ---- driving the switcher on the event loop -------------------------------------------------
+    async def settle(self) -> None:
+        """At start: every server but the awake one asleep (a failure is logged: the
+        fleet serves on, the next swap tries again)."""
+        try:
+            for upstream in self.upstreams:
+                if upstream is not self.awake and not upstream.info.sleeping:
+                    await self._call(upstream, f"/sleep?level={SLEEP_LEVEL}")
+            if self.awake.info.sleeping:
+                await self._call(self.awake, "/wake_up")
+        except Exception as exc:
+            log.error("device %s: cannot settle its servers at start: %s", self.name, exc)
+
+    def _drive(self) -> None:
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.get_running_loop().create_task(
+                self._switch_while_due(), name=f"device-{self.name}")
+
+    async def _switch_while_due(self) -> None:
+        while (model := self.switcher.next_model) is not None:
+            self.target = model
+            self._switch_started = asyncio.get_running_loop().time()
+            if not await self._switch_servers(model):
+                self.target = None
+                self.switcher.pending = None
+                back = self.switcher.unpark([r.request_id for r in self.switcher.parked])
+                self.hand_back(back)
+                return
+            self.target = None
+            if self.switcher.pending == model:
+                self.switcher.pending = None  # another asked for meanwhile stays asked
+            self.switcher.swap(model, asyncio.get_running_loop().time())
+            log.info("device %s: %s swapped in (%.3f s)", self.name, model, self.swap_s)
+            self._on_swapped(self)
+        self.switcher.release_parked()
+
+    async def _switch_servers(self, model: str) -> bool:
+        """Drain the awake server, put it to sleep, wake `model`'s (False: failed)."""
+        outgoing, incoming = self.awake, self.by_model[model]
+        started = asyncio.get_running_loop().time()
+        try:
+            while outgoing.num_in_flight:
+                await asyncio.sleep(DRAIN_POLL_S)
+            await self._call(outgoing, f"/sleep?level={SLEEP_LEVEL}")
+            await self._call(incoming, "/wake_up")
+        except Exception as exc:
+            log.error("device %s: swap %s -> %s failed (%s); %d parked request(s) go "
+                      "back to the queue", self.name, outgoing.models[0], model, exc,
+                      len(self.switcher.parked))
+            return False
+        self.awake = incoming
+        self.swap_s = asyncio.get_running_loop().time() - started
+        return True
+
+    async def _call(self, upstream: UpstreamInstance, path: str) -> None:
+        status = await self._post(upstream.url, path)
+        if status != 200:
+            raise RuntimeError(f"{upstream.url}{path} answered {status}")

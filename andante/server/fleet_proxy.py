@@ -1,0 +1,255 @@
+"""The fleet's proxied routes (`POST /v1/completions`, `/v1/chat/completions`) as a plain
+ASGI handler, under the edge guard and in front of the FastAPI routes.
+
+Design note (issue 29, the proxy's added latency). A proxied request is parsed just
+enough to be routed (its model, SLO, priority and length), placed by the fleet, and its
+upstream's answer relayed: SSE bytes as they arrive (the chunks queued behind one are
+sent with it: a lagging client gets them in one write), else the whole answer. Going
+around FastAPI's routing, request objects and `StreamingResponse` (a task group per
+response) saves a good part of the per-request CPU on the one event loop that every
+request shares. The client's disconnect is watched by one task per request: it aborts
+the request wherever it is (queued, or streaming from an upstream, whose connection
+then closes). Bad input gets the same OpenAI-style errors as everywhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from andante.core.sampling import SLO
+from andante.runtime.upstream.call import Call, Chunk, End, Event, Failure, slo_from
+from andante.runtime.upstream.fleet import CLIENT_CLOSED, Fleet, FleetOptions
+from andante.server.config import HTTPLimits
+from andante.server.errors import APIError, error_body, from_pydantic
+from andante.server.guard import too_large
+from andante.server.protocol import SLOBody
+
+CHARS_PER_TOKEN = 4  # the prompt's length for routing, without the upstream's tokenizer
+PROXIED = frozenset({"/v1/completions", "/v1/chat/completions"})
+SSE_HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+class ClientGone(Exception):
+    """The client went away while sending its request."""
+
+
+class FleetProxy:
+    """ASGI middleware: serves the proxied routes itself, passes on everything else."""
+
+    def __init__(self, app: ASGIApp, fleet: Fleet, limits: HTTPLimits,
+                 fleet_options: FleetOptions) -> None:
+        self.app = app
+        self.fleet = fleet
+        self.limits = limits
+        self.options = fleet_options
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in PROXIED:
+            await self.app(scope, receive, send)
+            return
+        try:
+            call, prompt_tokens, max_tokens, priority = await self._accept(scope, receive)
+        except APIError as exc:
+            await send_json(send, exc.status, error_body(exc.status, exc.message, exc.param,
+                                                        exc.code), exc.headers)
+            return
+        except ClientGone:
+            return
+        fleet = self.fleet
+        fleet.submit(call, prompt_tokens, max_tokens, priority)
+        watcher = asyncio.create_task(_watch_disconnect(receive,
+                                                        lambda: fleet.abort(call.request_id)))
+        try:
+            await self._answer(call, send)
+        finally:
+            watcher.cancel()
+            if not call.finished:
+                fleet.abort(call.request_id)
+
+    async def _accept(self, scope: Scope, receive: Receive
+                      ) -> tuple[Call, int, int | None, int]:
+        if not self.fleet.alive:
+            raise APIError(503, "every upstream is down", None, "upstream_unavailable")
+        body = json_body(await receive_body(receive, self.limits))
+        call, prompt_tokens, max_tokens = new_call(self.fleet, self.options, body,
+                                                   scope["path"])
+        return call, prompt_tokens, max_tokens, int(body.get("priority", 0))
+
+    async def _answer(self, call: Call, send: Send) -> None:
+        event = await call.events.get()
+        if isinstance(event, Failure):
+            if event.status == CLIENT_CLOSED:
+                await send({"type": "http.response.start", "status": CLIENT_CLOSED,
+                            "headers": [(b"content-length", b"0")]})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            await send_json(send, event.status, error_body(event.status, event.message, None,
+                                                           event.code))
+            return
+        if not isinstance(event, Chunk):
+            assert not isinstance(event, End)
+            await send({"type": "http.response.start", "status": event.status, "headers": [
+                (b"content-type", event.content_type.encode("latin-1")),
+                (b"content-length", str(len(event.content)).encode())]})
+            await send({"type": "http.response.body", "body": event.content})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEAD})
+        await self._relay(call, event.data, send)
+
+    async def _relay(self, call: Call, data: bytes, send: Send) -> None:
+        """The upstream's SSE bytes as they arrive; a failure after the first ends the
+        stream with an OpenAI-style error event."""
+        while True:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            event: Event | None = await call.events.get()
+            if isinstance(event, Chunk):
+                data, event = coalesce(call, event.data)
+                if event is None:
+                    continue
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            if isinstance(event, Failure) and event.status != CLIENT_CLOSED:
+                error = error_body(event.status, event.message, None, event.code)
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": b"data: " + json.dumps(error).encode() + b"\n\n"})
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+
+def coalesce(call: Call, data: bytes) -> tuple[bytes, Event | None]:
+    """`data` and the chunks already queued behind it as one write, and the end event
+    met on the way, if any."""
+    events = call.events
+    if events.empty():
+        return data, None
+    parts = [data]
+    while not events.empty():
+        event = events.get_nowait()
+        if not isinstance(event, Chunk):
+            return b"".join(parts), event
+        parts.append(event.data)
+    return b"".join(parts), None
+
+
+async def send_json(send: Send, status: int, body: dict[str, Any],
+                    headers: dict[str, str] | None = None) -> None:
+    content = json.dumps(body).encode()
+    head = [(b"content-type", b"application/json"),
+            (b"content-length", str(len(content)).encode())]
+    head += [(k.lower().encode("latin-1"), v.encode("latin-1"))
+             for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": content})
+
+
+async def receive_body(receive: Receive, limits: HTTPLimits) -> bytes:
+    """The request's body: at most `limits.max_body_bytes` (413), within
+    `limits.body_timeout` seconds (408); ClientGone if the client left meanwhile."""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(limits.body_timeout):
+            while True:
+                message: Message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise too_large(size, limits.max_body_bytes)
+                parts.append(chunk)
+                if not message.get("more_body", False):
+                    return parts[0] if len(parts) == 1 else b"".join(parts)
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within "
+                       f"{limits.body_timeout:g} s (--body-timeout)", None,
+                       "request_timeout") from None
+
+
+async def _watch_disconnect(receive: Receive, on_disconnect: Callable[[], None]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            on_disconnect()
+            return
+
+
+# ---- the request, as far as routing needs it ---------------------------------------------
+def json_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError as exc:
+        raise APIError(400, f"invalid JSON body: {exc}", None, "invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", None, "invalid_value")
+    return body
+
+
+def _model(fleet: Fleet, body: dict[str, Any]) -> str:
+    model = body.get("model")
+    served = fleet.models
+    if model is None and len(served) == 1:
+        return served[0]
+    if model not in fleet.groups:
+        raise APIError(404, f"model {model!r} is not served here; served models: "
+                       f"{', '.join(served)}", "model", "model_not_found")
+    return str(model)
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise APIError(400, f"max_tokens must be a positive integer, got {value!r}",
+                       "max_tokens", "invalid_value")
+    return value
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    """The prompt's length in tokens, estimated (routing only)."""
+    if "messages" in body:
+        return len(json.dumps(body["messages"])) // CHARS_PER_TOKEN
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    return len(json.dumps(prompt)) // CHARS_PER_TOKEN
+
+
+def _slo(body: dict[str, Any]) -> SLO:
+    raw = body.pop("slo", None)
+    try:
+        given = None if raw is None else SLOBody.model_validate(raw)
+        return slo_from(body, None if given is None else SLO(**given.model_dump()))
+    except ValidationError as exc:
+        error = from_pydantic(exc)
+        raise APIError(400, f"slo: {error.message}", "slo", "invalid_value") from None
+    except ValueError as exc:
+        raise APIError(400, str(exc), "vllm_xargs", "invalid_value") from None
+
+
+def new_call(fleet: Fleet, options: FleetOptions, body: dict[str, Any], path: str
+             ) -> tuple[Call, int, int | None]:
+    """The fleet's `Call` for a client's body (APIError on bad input), the prompt's
+    estimated length and its max_tokens."""
+    model = _model(fleet, body)
+    slo = _slo(body)
+    max_tokens = _max_tokens(body)
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise APIError(400, f"priority must be an integer, got {priority!r}", "priority",
+                       "invalid_value")
+    body["model"] = model
+    arrival = fleet.clock.now()
+    prefix = "chatcmpl" if path.endswith("chat/completions") else "cmpl"
+    window = slo.deadline if slo.deadline is not None else options.retry_window_s
+    call = Call(f"{prefix}-{uuid.uuid4().hex}", model, path, body, slo, body.get("stream") is True,
+                arrival, arrival + window)
+    return call, _prompt_tokens(body), max_tokens

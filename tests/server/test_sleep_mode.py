@@ -1,0 +1,79 @@
+"""Sleep mode on andante's server (--dev-mode): vLLM's /sleep, /wake_up, /is_sleeping."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from andante.server import ServerThread
+from andante.server.toy import ToyExecutor
+from tests.server.helpers import toy_options
+
+
+def _executors(server: ServerThread) -> list[ToyExecutor]:
+    state = server.state
+    return [inst.worker.engine.executor for inst in state.runner.instances]
+
+
+def _complete(url: str, max_tokens: int = 4) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", timeout=30,
+                      json={"prompt": "hi", "max_tokens": max_tokens, "ignore_eos": True})
+
+
+@pytest.fixture(scope="module")
+def dev_server() -> Iterator[ServerThread]:
+    options = dataclasses.replace(toy_options(toy_step_time=0.01), dev_mode=True)
+    server = ServerThread(options).start()
+    yield server
+    server.stop()
+
+
+def test_sleep_wake_cycle(dev_server: ServerThread) -> None:
+    url = dev_server.url
+    assert _complete(url).status_code == 200
+    for level in (1, 2):
+        assert httpx.post(f"{url}/sleep", params={"level": level}).status_code == 200
+        assert httpx.get(f"{url}/is_sleeping").json() == {"is_sleeping": True}
+        assert all(e.sleeping == level for e in _executors(dev_server))
+        refused = _complete(url)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "sleeping"
+        assert httpx.post(f"{url}/sleep", params={"level": level}).status_code == 200  # no-op
+        assert httpx.post(f"{url}/wake_up").status_code == 200
+        assert httpx.get(f"{url}/is_sleeping").json() == {"is_sleeping": False}
+        assert all(e.sleeping is None for e in _executors(dev_server))
+        answer = _complete(url)
+        assert answer.status_code == 200 and answer.json()["choices"][0]["text"]
+    assert httpx.post(f"{url}/wake_up").status_code == 200  # awake already: a no-op
+    assert httpx.post(f"{url}/sleep", params={"level": 3}).status_code == 400
+
+
+def test_sleep_lets_requests_in_flight_finish(dev_server: ServerThread) -> None:
+    url = dev_server.url
+    results: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: results.append(_complete(url, 60)))
+    worker.start()
+    while not dev_server.state.hub.num_in_flight:
+        pass
+    assert httpx.post(f"{url}/sleep", params={"level": 1}, timeout=30).status_code == 200
+    worker.join(30)
+    assert results[0].status_code == 200  # 60 tokens of 10 ms: it ran past the sleep call
+    assert results[0].json()["usage"]["completion_tokens"] == 60
+    httpx.post(f"{url}/wake_up")
+
+
+def test_no_sleep_endpoints_without_dev_mode() -> None:
+    server = ServerThread(toy_options()).start()
+    try:
+        assert httpx.post(f"{server.url}/sleep").status_code == 404
+        assert httpx.get(f"{server.url}/is_sleeping").status_code == 404
+    finally:
+        server.stop()
+
+
+def test_dev_mode_needs_in_process_engines() -> None:
+    with pytest.raises(ValueError, match="--backend inprocess"):
+        dataclasses.replace(toy_options(), dev_mode=True, backend="process")
