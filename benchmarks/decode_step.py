@@ -32,10 +32,11 @@ def build_executor(args: argparse.Namespace) -> Any:
     from andante.models import load_model
 
     model = load_model(args.model, "bfloat16")
+    form = {} if args.layer_form is None else {"layer_form": args.layer_form}
     return TorchExecutor(model, TorchExecutorOptions(
         num_threads=max(args.threads), kv_cache_gib=0.5, swap_space_gib=0.0,
         parallel_min_tokens=None, adapt_threads=False, warmup_tokens=max(args.batches),
-        warmup_seqs=max(args.batches), decode_attention=args.decode_attention))
+        warmup_seqs=max(args.batches), decode_attention=args.decode_attention, **form))
 
 
 def timed_steps(executor: Any, batch: Any, threads: int, steps: int) -> dict[str, float]:
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--decode-attention", default="auto", choices=("auto", "sdpa", "matmul"))
+    p.add_argument("--layer-form", default=None, choices=("auto", "epilogue", "plain"),
+                   help="the fused layers' form (default: the executor's)")
     p.add_argument("--profile-dir", type=Path, default=None)
     args = p.parse_args(argv)
     load_before = os.getloadavg()[0]
@@ -102,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                              args.profile_dir / f"b{b}_t{threads}.txt")
     print(json.dumps({"ms_per_step": figures, "context": args.context,
                       "decode_matmul": executor.inputs.decode_matmul,
+                      "epilogues": getattr(executor, "epilogues", True),
+                      "layer_form_us": getattr(executor, "layer_form_us", {}),
                       "startup_s": round(startup_s, 1),
                       "load_before": round(load_before, 2),
                       "load_after": round(os.getloadavg()[0], 2)}))
