@@ -300,6 +300,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("rounds", "repeats", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
+    args.andante_only_env = set()  # set by main: what andante's own rule set
     return args
 
 
@@ -307,7 +308,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.no_step_buckets:  # read when andante's executor starts, in this process
         os.environ["ANDANTE_NO_STEP_BUCKETS"] = "1"
-    args.andante_only_env = set()
     if args.wait_policy != "default":  # the same for every system: like for like
         os.environ["OMP_WAIT_POLICY"] = args.wait_policy.upper()
     else:  # andante in-process as `andante serve` runs, before torch is imported
