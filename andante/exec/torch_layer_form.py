@@ -3,13 +3,16 @@
 Design note. The fused layer (andante.exec.torch_layers) can run its projections with
 oneDNN epilogues (the 1/rms scale as a "mul" post-op of the QKV GEMM, the residuals as
 "add" post-ops, SwiGLU as a "swish" gate GEMM and a "mul" up GEMM) or plain (an RMSNorm
-kernel, post-op-free GEMMs, one gate/up GEMM, SiLU and the residual adds as separate
-in-place kernels). Which is faster depends on the CPU: on the AMX machine the engine was
+kernel, post-op-free GEMMs, one gate/up GEMM, SiLU and its product in float32 as the
+epilogues compute them, the residual adds as separate in-place kernels; SmolLM2's logits
+3.0% from float32's, relative L2, against 4.8% with SiLU in bf16 and 6.9% for
+transformers' own bf16 run). Which is faster depends on the CPU: on the AMX machine the engine was
 first tuned on, the epilogues won (7-15% less MLP time); on an AVX-512 BF16 CPU without
 AMX (issue 32; one thread, thread CPU time, SmolLM2's shapes) a binary post-op cost
-~15 us per GEMM at 1-16 rows, so that the plain form took 23 -> 41 us less per
-projection with a residual at 8 rows, the QKV projection 72 -> 56 us, the MLP 140 ->
-111 us, about 2 ms per 30-layer decode step, and was within +-5% at 256 rows. So the
+~15 us per GEMM at 1-16 rows: at 8 rows the output projection took 47.9 -> 32.6 us
+plain, the down projection 75.1 -> 59.5 us, the QKV projection 72 -> 56 us, the MLP's
+gate/up 131 -> 110 us, about 2 ms per 30-layer decode step, and within +-5% either way
+at 256 rows (MLP 1.96 vs 2.09 ms). So the
 executor times both forms' non-attention work (`project_qkv`, `output_and_mlp`) on
 random weights of the model's shapes at CHOICE_ROWS rows, interleaved, and packs the
 weights once for the faster form (`choose_layer_form`); the sum over the row counts
