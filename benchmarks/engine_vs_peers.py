@@ -129,13 +129,19 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any] | None:
         cmd.append("--enforce-eager")
     if args.vllm_shared_machine:
         cmd.append("--shared-machine")
-    return _subprocess_record("vllm", cmd, dict(os.environ))
+    return _subprocess_record("vllm", cmd, peer_env(args))
 
 
 def run_llama(args: argparse.Namespace, model: Path, extra: list[str]) -> dict[str, Any] | None:
     cmd = [str(args.llama_python), str(LLAMA_BENCH_SCRIPT), "--model", str(model),
            "--threads", str(args.threads), *_common_args(args), *extra]
-    return _subprocess_record(f"llama.cpp on {model.name}", cmd, dict(os.environ))
+    return _subprocess_record(f"llama.cpp on {model.name}", cmd, peer_env(args))
+
+
+def peer_env(args: argparse.Namespace) -> dict[str, str]:
+    """A peer's environment: this process's, less the OpenMP policy andante's own rule
+    set for itself (each system with its own defaults)."""
+    return {k: v for k, v in os.environ.items() if k not in args.andante_only_env}
 
 
 def embedded_gguf() -> Path:
@@ -276,9 +282,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "share of all CPUs during it")
     p.add_argument("--wait-policy", choices=("default", "passive", "active"),
                    default="default",
-                   help="OMP_WAIT_POLICY for every system (default: the environment's, "
-                        "else OpenMP's own spinning; passive is kinder to a shared machine "
-                        "but slows 2-thread steps several-fold)")
+                   help="OMP_WAIT_POLICY for every system (default: each system's own: "
+                        "the environment's, else andante's rule for andante "
+                        "(andante.exec.omp_wait) and OpenMP's spinning for the peers)")
     p.add_argument("--neighbour", type=float, action="append", default=[], metavar="S",
                    help="start a CPU-bound process S seconds after each system-round "
                    "begins (0: from the start), stopped when it ends; repeat for several")
@@ -294,6 +300,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("rounds", "repeats", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
+    args.andante_only_env = set()  # set by main: what andante's own rule set
     return args
 
 
@@ -303,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["ANDANTE_NO_STEP_BUCKETS"] = "1"
     if args.wait_policy != "default":  # the same for every system: like for like
         os.environ["OMP_WAIT_POLICY"] = args.wait_policy.upper()
+    else:  # andante in-process as `andante serve` runs, before torch is imported
+        from andante.exec.omp_wait import WAIT_VARS, choose_wait_policy
+
+        before = {k for k in WAIT_VARS if k in os.environ}
+        print(f"engine_vs_peers: andante: {choose_wait_policy(os.environ)}", file=sys.stderr)
+        args.andante_only_env = {k for k in WAIT_VARS if k in os.environ} - before
     if args.profile:
         out_dir = args.profile_dir or REPO / "runs" / "profile" / _now().strftime(
             "%Y%m%dT%H%M%SZ")

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 from collections.abc import Sequence
 
 # sub-command -> module with `add_parser(subparsers)` and `run(args) -> int`
 COMMANDS = ("simulate", "experiment", "serve", "batch", "bench", "generate", "calibrate")
+#: Sub-commands that may run the real engine: andante's OpenMP wait policy first.
+TORCH_COMMANDS = ("serve", "batch", "generate", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +32,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if args.command in TORCH_COMMANDS:  # before anything imports torch (and libgomp)
+        from andante.exec.omp_wait import choose_wait_policy
+
+        logging.getLogger(__name__).info("%s", choose_wait_policy(os.environ))
     try:
         return int(args.run(args))
     except ValueError as exc:  # bad option values: a clear message, no traceback

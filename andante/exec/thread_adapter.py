@@ -18,6 +18,14 @@ prefill sizes by power-of-two class):
   re-probes: the next steps of that size alternate one thread and all threads,
   TRIALS each after one discarded warm-up step per count (oneDNN builds primitives per
   thread count), and the faster median wins.
+- A jump is handled at once, not after a window: when JUMP_STEPS steps in a row at
+  more than one thread each take more than JUMP times the reference (a neighbour took a
+  core: every barrier now waits for a descheduled thread), the size drops to one thread
+  without a probe, and looks again after RECHECK_STEPS steps (doubling while one thread
+  keeps winning), so a neighbour that leaves gives the threads back within seconds.
+  During a probe, an all-thread trial that takes more than JUMP times the one-thread
+  trials' median ends it there (one thread wins): a look beside a neighbour costs two
+  slow steps, not four.
 - Time comes in as measured step durations; the adapter reads no clock, so tests drive
   it with injected durations.
 """
@@ -38,6 +46,10 @@ DRIFT = 1.5
 TRIALS = 3
 REEXPLORE_STEPS = 256
 MAX_REEXPLORE = 8192
+#: A jump: JUMP_STEPS steps in a row slower than JUMP x the reference (see the note).
+JUMP = 2.0
+JUMP_STEPS = 3
+RECHECK_STEPS = 64
 
 
 def adaptive_class(size: int) -> int:
@@ -63,6 +75,7 @@ class _SizeState:
     num_steps: int = 0  # steps at this choice since it was decided
     probe_reason: str = ""  # why the running re-probe started: "drift" or "periodic"
     reexplore_after: int = REEXPLORE_STEPS
+    num_jumped: int = 0  # consecutive steps slower than JUMP x the reference
 
 
 @dataclass(slots=True)
@@ -107,6 +120,8 @@ class ThreadAdapter:
             return None
         state.recent.append(seconds)
         state.num_steps += 1
+        if self._jumped(state, seconds):
+            return self._drop(size, state, seconds)
         if len(state.recent) < WINDOW:
             return None
         median = statistics.median(state.recent)
@@ -117,6 +132,25 @@ class ThreadAdapter:
         if drifted or state.num_steps >= state.reexplore_after:
             self._start_probe(state, "drift" if drifted else "periodic")
         return None
+
+    def _jumped(self, state: _SizeState, seconds: float) -> bool:
+        """JUMP_STEPS steps in a row at more than one thread, each JUMP x the reference."""
+        if state.threads == 1 or state.reference is None:
+            return False
+        state.num_jumped = state.num_jumped + 1 if seconds > JUMP * state.reference else 0
+        return state.num_jumped >= JUMP_STEPS
+
+    def _drop(self, size: int, state: _SizeState, seconds: float) -> Decision:
+        """One thread at once, after a jump; a look again after RECHECK_STEPS."""
+        medians = {state.threads: statistics.median(list(state.recent)[-JUMP_STEPS:])}
+        state.threads = 1
+        state.reference = None
+        state.recent.clear()
+        state.num_steps = state.num_jumped = 0
+        state.reexplore_after = min(RECHECK_STEPS, self._reexplore_steps)
+        decision = Decision(size, 1, medians, "jump")
+        self.decisions.append(decision)
+        return decision
 
     def _state(self, size: int) -> _SizeState:
         state = self._states.get(size)
@@ -138,20 +172,30 @@ class ThreadAdapter:
         state.schedule.pop(0)
         if len(state.schedule) < 2 * TRIALS:  # the first step at each count: a warm-up
             state.trials[threads].append(seconds)
-        if state.schedule:
+        if state.schedule and not self._all_threads_lost(state, threads, seconds):
             return None
         return self._decide(size, state)
 
+    @staticmethod
+    def _all_threads_lost(state: _SizeState, threads: int, seconds: float) -> bool:
+        """An all-thread trial JUMP x slower than the one-thread trials: stop probing."""
+        ones = state.trials[1]
+        return threads > 1 and bool(ones) and seconds > JUMP * statistics.median(ones)
+
     def _decide(self, size: int, state: _SizeState) -> Decision:
         drift = state.probe_reason == "drift"
-        medians = {c: statistics.median(t) for c, t in state.trials.items()}
+        medians = {c: statistics.median(t) for c, t in state.trials.items() if t}
         best = min(medians, key=lambda c: (medians[c], c))
+        state.schedule.clear()
         changed = best != state.threads
         state.threads = best
         state.reference = medians[best]
         state.recent.clear()
-        state.num_steps = 0
-        if changed or drift:
+        state.num_steps = state.num_jumped = 0
+        if best == 1 and self._initial(size) > 1:  # a neighbour still there: look soon
+            state.reexplore_after = (min(RECHECK_STEPS, self._reexplore_steps) if changed
+                                     else min(2 * state.reexplore_after, MAX_REEXPLORE))
+        elif changed or drift:
             state.reexplore_after = self._reexplore_steps
         else:
             state.reexplore_after = min(2 * state.reexplore_after, MAX_REEXPLORE)

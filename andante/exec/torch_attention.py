@@ -159,16 +159,19 @@ def decode_attention_matmul(q: torch.Tensor, pool: torch.Tensor, rows: torch.Ten
                             scale: float | None) -> torch.Tensor:
     """`decode_attention` as two float32 batched matmuls and a softmax (each KV head's
     query group against its keys): the same float32 arithmetic as the fused kernel's,
-    with the output rounded to the model dtype once, in another order."""
+    with the output rounded to the model dtype once, in another order. The matmuls run
+    in the gathered blocks' own head-major order ([kvh, B, L, D], the queries permuted
+    to match), so no K/V is copied again after the gather and its float32 conversion."""
     batch, heads, dim = q.shape[0], q.shape[1], q.shape[2]
+    group = heads // num_kv_heads
     kv = gather_blocks(pool, rows).view(2, num_kv_heads, batch, -1, dim).float()
-    keys, values = kv[0].transpose(0, 1), kv[1].transpose(0, 1)  # [B, kvh, L, D]
-    queries = q.view(batch, num_kv_heads, heads // num_kv_heads, dim).float()
-    scores = torch.matmul(queries, keys.transpose(2, 3))  # [B, kvh, group, L]
+    queries = q.view(batch, num_kv_heads, group, dim).transpose(0, 1).float()
+    scores = torch.matmul(queries, kv[0].transpose(2, 3))  # [kvh, B, group, L]
     if scale is not None:
         scores = scores * scale
-    probs = (scores + mask.float()).softmax(dim=-1)
-    return torch.matmul(probs, values).to(q.dtype).view(batch, heads * dim)
+    probs = (scores + mask.view(1, batch, 1, -1)).softmax(dim=-1)
+    out = torch.matmul(probs, kv[1])  # [kvh, B, group, D]
+    return out.transpose(0, 1).to(q.dtype).reshape(batch, heads * dim)
 
 
 @script

@@ -39,6 +39,7 @@ from andante.exec.torch_attention import decode_matmul_choice
 from andante.exec.torch_cost import CPU_PROFILE, engine_cost_model
 from andante.exec.torch_inputs import InputBuilder
 from andante.exec.torch_kv import KVPools
+from andante.exec.torch_layer_form import CHOICE_ROWS, LAYER_FORMS, choose_layer_form
 from andante.exec.torch_layers import packed_gemm_supported
 from andante.exec.torch_model import TransformerRunner
 from andante.exec.torch_sampler import Sampler
@@ -81,6 +82,9 @@ class TorchExecutorOptions:
     the engine gets while it runs (andante.exec.thread_adapter);
     decode_attention: decode rows' attention by PyTorch's fused kernel ("sdpa"), by
     float32 matmuls ("matmul"), or ("auto") whichever is faster here, timed at start-up;
+    layer_form: the bf16 fused layers with oneDNN epilogues ("epilogue"), plain
+    ("plain"), or ("auto") whichever is faster here, timed at start-up
+    (andante.exec.torch_layer_form);
     seed: the generator of unseeded sampling; hardware: cost-model profile name;
     step_buckets: pad each step's GEMM rows to a step-size bucket (bf16 fused path; off
     with $ANDANTE_NO_STEP_BUCKETS=1); warmup_tokens: run every bucket up to this many
@@ -99,6 +103,7 @@ class TorchExecutorOptions:
     reprobe_threads: bool = False
     adapt_threads: bool = True
     decode_attention: Literal["auto", "sdpa", "matmul"] = "auto"
+    layer_form: Literal["auto", "epilogue", "plain"] = "auto"
     seed: int = 0
     hardware: str = CPU_PROFILE
     step_buckets: bool = True
@@ -129,6 +134,9 @@ class TorchExecutorOptions:
                                  f"{self.parallel_min_tokens!r}")
         elif self.parallel_min_tokens is not None and self.parallel_min_tokens < 1:
             raise ValueError(f"parallel_min_tokens must be >= 1, got {self.parallel_min_tokens}")
+        if self.layer_form not in LAYER_FORMS:
+            raise ValueError(f"layer_form must be one of {LAYER_FORMS}, got "
+                             f"{self.layer_form!r}")
         if self.decode_attention not in ("auto", "sdpa", "matmul"):
             raise ValueError("decode_attention must be 'auto', 'sdpa' or 'matmul', got "
                              f"{self.decode_attention!r}")
@@ -297,8 +305,16 @@ class TorchExecutor:
         self.kv = KVPools(config.num_layers, config.num_kv_heads, config.head_dim,
                           opts.block_size, int(opts.kv_cache_gib * GIB // block_bytes),
                           int(opts.swap_space_gib * GIB // block_bytes), self.dtype)
+        self.epilogues = True
+        self.layer_form_us: dict[str, float] = {}
+        if packed_gemm_supported(self.dtype):
+            self.epilogues, self.layer_form_us = choose_layer_form(opts.layer_form, config,
+                                                                   self.dtype)
+            log.info("fused layers: %s (us per layer summed over %s rows: %s)",
+                     "epilogues" if self.epilogues else "plain", CHOICE_ROWS,
+                     self.layer_form_us or "set")
         self.runner = TransformerRunner(config, weights, self.kv, self.max_model_len,
-                                        buckets=self.step_buckets)
+                                        buckets=self.step_buckets, epilogues=self.epilogues)
         self.inputs = InputBuilder(opts.block_size, self.max_model_len, config.num_kv_heads,
                                    config.num_heads // config.num_kv_heads, self.dtype)
         self.sampler = Sampler(opts.seed)

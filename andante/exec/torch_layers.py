@@ -14,7 +14,13 @@ epilogues and no elementwise kernel: the gate GEMM applies SiLU ("swish") and th
 GEMM multiplies by that result ("mul"); measured against one fused gate/up GEMM followed
 by SiLU and a multiply, the MLP took 7% less CPU time at 1 token and 11-15% less at
 256-1024 tokens (the elementwise passes over [T, 2 * intermediate] cost more than the
-extra GEMM call). That leaves about twenty kernels per decode layer. `torch.compile`
+extra GEMM call). That leaves about twenty kernels per decode layer. Those measurements
+were taken on a CPU with AMX; on one without (AVX-512 BF16 only) each binary post-op
+cost ~15 us at decode sizes and the plain form won (an RMSNorm kernel, post-op-free
+GEMMs, one gate/up GEMM, SiLU-multiply in float32, in-place residual adds), so both
+forms exist
+(`Shape.epilogues`) and the executor times them at start-up and packs the weights for
+the faster (andante.exec.torch_layer_form). `torch.compile`
 does not pay here (benchmarks/torch_compile_trial.py): inductor lowers these prepacked
 calls only with the weights frozen as constants (a graph per layer), and compiling the
 elementwise work between them halves its time at 2,048-token steps but adds ~10% at
@@ -75,19 +81,24 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 class Shape(NamedTuple):
-    """Head counts and sizes of a layer, and its RMSNorm constants (eps as a float32
-    tensor, 1 / hidden size)."""
+    """Head counts and sizes of a layer, its RMSNorm constants (eps as a float32 tensor
+    and as a float, 1 / hidden size), its intermediate size, and its form: oneDNN
+    epilogues (True) or plain GEMMs with separate elementwise kernels (see the note)."""
 
     heads: int
     kv_heads: int
     dim: int
     eps: torch.Tensor
     inv_hidden: float
+    eps_value: float
+    inter: int
+    epilogues: bool
 
 
 class FusedWeights(NamedTuple):
     """One fused layer's prepacked weights (see the module note) and its KV pool, as a
-    [2 kvh, blocks, bs, D] tensor and as [2 kvh, blocks * bs, D] slots (same memory)."""
+    [2 kvh, blocks, bs, D] tensor and as [2 kvh, blocks * bs, D] slots (same memory).
+    The plain form packs gate and up as one GEMM in `gate` (`up` is empty)."""
 
     qkv: torch.Tensor
     qkv_bias: Optional[torch.Tensor]  # noqa: UP045 (TorchScript's NamedTuple needs Optional)
@@ -127,23 +138,50 @@ def _inv_rms(x: torch.Tensor, shape: Shape) -> torch.Tensor:
 
 
 @script
-def fused_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: FusedWeights,
-                plan: AttentionPlan, shape: Shape) -> torch.Tensor:
-    """One `FusedLayer` over the step's rows `x` [T, hidden]."""
-    # a stride-0 expand: oneDNN takes a [T, 1] operand to its slow reference path
-    qkv_size = (shape.heads + 2 * shape.kv_heads) * shape.dim
-    scale = _inv_rms(x, shape).expand(x.shape[0], qkv_size)
-    qkv = _mkldnn._linear_pointwise(x, scale, w.qkv, None, "mul")
+def project_qkv(x: torch.Tensor, w: FusedWeights, shape: Shape) -> torch.Tensor:
+    """The input RMSNorm and the QKV projection of the step's rows `x` [T, hidden]."""
+    if shape.epilogues:
+        # a stride-0 expand: oneDNN takes a [T, 1] operand to its slow reference path
+        qkv_size = (shape.heads + 2 * shape.kv_heads) * shape.dim
+        scale = _inv_rms(x, shape).expand(x.shape[0], qkv_size)
+        qkv = _mkldnn._linear_pointwise(x, scale, w.qkv, None, "mul")
+    else:
+        h = torch.rms_norm(x, [x.shape[1]], None, shape.eps_value)
+        qkv = _mkldnn._linear_pointwise(h, w.qkv, None, "none", [], "")
     bias = w.qkv_bias
     if bias is not None:
         qkv += bias
+    return qkv
+
+
+@script
+def output_and_mlp(attn: torch.Tensor, x: torch.Tensor, w: FusedWeights,
+                   shape: Shape) -> torch.Tensor:
+    """The output projection and residual, the post-attention RMSNorm, SwiGLU and the
+    second residual: the layer's output rows."""
+    if shape.epilogues:
+        x = _mkldnn._linear_pointwise(attn, x, w.o, None, "add")
+        h = x * _inv_rms(x, shape)
+        gate = _mkldnn._linear_pointwise(h, w.gate, None, "swish", [], "")
+        act = _mkldnn._linear_pointwise(h, gate, w.up, None, "mul")
+        return _mkldnn._linear_pointwise(act, x, w.down, None, "add")
+    x = _mkldnn._linear_pointwise(attn, w.o, None, "none", [], "").add_(x)
+    h = torch.rms_norm(x, [x.shape[1]], None, shape.eps_value)
+    # SiLU and the product in float32, as the epilogues compute them: in bf16 they put
+    # SmolLM2's logits 4.8% from float32's instead of 3.0% (relative L2)
+    gate_up = _mkldnn._linear_pointwise(h, w.gate, None, "none", [], "").float()
+    act = F.silu(gate_up[:, :shape.inter]).mul_(gate_up[:, shape.inter:]).to(x.dtype)
+    return _mkldnn._linear_pointwise(act, w.down, None, "none", [], "").add_(x)
+
+
+@script
+def fused_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: FusedWeights,
+                plan: AttentionPlan, shape: Shape) -> torch.Tensor:
+    """One `FusedLayer` over the step's rows `x` [T, hidden]."""
+    qkv = project_qkv(x, w, shape)
     attn = attend(qkv, cos, sin, w.pool, w.slots, plan, shape.heads, shape.kv_heads,
                   shape.dim, None)
-    x = _mkldnn._linear_pointwise(attn, x, w.o, None, "add")
-    h = x * _inv_rms(x, shape)
-    gate = _mkldnn._linear_pointwise(h, w.gate, None, "swish", [], "")
-    act = _mkldnn._linear_pointwise(h, gate, w.up, None, "mul")
-    return _mkldnn._linear_pointwise(act, x, w.down, None, "add")
+    return output_and_mlp(attn, x, w, shape)
 
 
 @script
@@ -187,26 +225,36 @@ class ExactLayer(_Layer):
         return x + F.linear(act, w.down)
 
 
+def layer_shape(config: ModelSpec, epilogues: bool) -> Shape:
+    return Shape(config.num_heads, config.num_kv_heads, config.head_dim,
+                 torch.tensor(config.rms_norm_eps, dtype=torch.float32),
+                 1.0 / config.hidden_size, config.rms_norm_eps, config.intermediate_size,
+                 epilogues)
+
+
+def fused_weights(config: ModelSpec, w: LayerWeights, pool: torch.Tensor,
+                  slots: torch.Tensor, epilogues: bool) -> FusedWeights:
+    """A layer's weights prepacked for its form, the RMSNorm weights and the softmax
+    scale folded in (see the module note)."""
+    inter, q_size = config.intermediate_size, config.q_size
+    row_scale = torch.ones(w.qkv.shape[0], 1, dtype=torch.float32)
+    row_scale[:q_size] = config.head_dim ** -0.5
+    qkv = w.qkv.float() * w.input_norm.float() * row_scale
+    bias = None if w.qkv_bias is None else (
+        w.qkv_bias.float() * row_scale[:, 0]).to(w.qkv.dtype)
+    gate_up = (w.gate_up.float() * w.post_norm.float()).to(w.gate_up.dtype)
+    gate, up = ((pack(gate_up[:inter]), pack(gate_up[inter:])) if epilogues
+                else (pack(gate_up), torch.empty(0, dtype=gate_up.dtype)))
+    return FusedWeights(pack(qkv.to(w.qkv.dtype)), bias, pack(w.o_proj), gate, up,
+                        pack(w.down), pool, slots)
+
+
 class FusedLayer(_Layer):
     def __init__(self, config: ModelSpec, w: LayerWeights, pool: torch.Tensor,
-                 slots: torch.Tensor) -> None:
+                 slots: torch.Tensor, epilogues: bool = True) -> None:
         super().__init__(config, pool, slots)
-        self._init_weights(config, w)
-        self.shape = Shape(self.heads, self.kv_heads, self.dim,
-                           torch.tensor(self.eps, dtype=torch.float32),
-                           1.0 / config.hidden_size)
-
-    def _init_weights(self, config: ModelSpec, w: LayerWeights) -> None:
-        inter, q_size = config.intermediate_size, config.q_size
-        row_scale = torch.ones(w.qkv.shape[0], 1, dtype=torch.float32)
-        row_scale[:q_size] = config.head_dim ** -0.5
-        qkv = w.qkv.float() * w.input_norm.float() * row_scale
-        bias = None if w.qkv_bias is None else (
-            w.qkv_bias.float() * row_scale[:, 0]).to(w.qkv.dtype)
-        gate_up = (w.gate_up.float() * w.post_norm.float()).to(w.gate_up.dtype)
-        self.weights = FusedWeights(pack(qkv.to(w.qkv.dtype)), bias, pack(w.o_proj),
-                                    pack(gate_up[:inter]), pack(gate_up[inter:]),
-                                    pack(w.down), self.pool, self.slots)
+        self.weights = fused_weights(config, w, pool, slots, epilogues)
+        self.shape = layer_shape(config, epilogues)
 
     def forward(self, x: torch.Tensor, inputs: StepInputs, cos: torch.Tensor,
                 sin: torch.Tensor) -> torch.Tensor:

@@ -44,15 +44,16 @@ def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 class TransformerRunner:
     def __init__(self, config: ModelSpec, weights: ModelWeights, kv: KVPools,
                  max_len: int, fused: bool | None = None,
-                 buckets: StepBuckets | None = None) -> None:
+                 buckets: StepBuckets | None = None, epilogues: bool = True) -> None:
         self.config = config
         self.embed = weights.embed
         self.fused = packed_gemm_supported(weights.dtype) if fused is None else fused
         # row buckets of the dense GEMMs: the fused path only (see the module note)
         self.buckets = buckets if self.fused else None
-        layer_cls = FusedLayer if self.fused else ExactLayer
-        self.layers = [layer_cls(config, w, kv.layer(i), kv.layer_slots(i))
-                       for i, w in enumerate(weights.layers)]
+        self.layers: list[ExactLayer | FusedLayer] = [
+            FusedLayer(config, w, kv.layer(i), kv.layer_slots(i), epilogues) if self.fused
+            else ExactLayer(config, w, kv.layer(i), kv.layer_slots(i))
+            for i, w in enumerate(weights.layers)]
         self.lm_head = LMHead(weights.final_norm, weights.lm_head, config.rms_norm_eps,
                               self.fused)
         inv_freq = inverse_frequencies(config, weights.rope_freq_factors)

@@ -40,6 +40,7 @@ from andante.exec.torch_attention import decode_matmul_choice
 from andante.exec.torch_executor import TorchExecutorOptions
 from andante.exec.torch_inputs import InputBuilder, StepInputs
 from andante.exec.torch_kv import KVPools
+from andante.exec.torch_layer_form import choose_layer_form
 from andante.exec.torch_layers import (
     ExactLayer,
     FusedLayer,
@@ -123,10 +124,13 @@ class PipelineStage:
     """Layers [start, end) of the model with their own KV pools (device and host)."""
 
     def __init__(self, model: LoadedModel, options: TorchExecutorOptions, layers: LayerSlice,
-                 num_device_blocks: int, num_host_blocks: int, max_len: int) -> None:
+                 num_device_blocks: int, num_host_blocks: int, max_len: int,
+                 epilogues: bool | None = None) -> None:
+        """`epilogues`: the fused layers' form (andante.exec.torch_layer_form); None:
+        the options' `layer_form`, timed now if "auto"."""
         self.layers_range = layers
         self._init_kv(model, options, num_device_blocks, num_host_blocks)
-        self._init_weights(model, options, max_len)
+        self._init_weights(model, options, max_len, epilogues)
 
     def _init_kv(self, model: LoadedModel, options: TorchExecutorOptions,
                  num_device_blocks: int, num_host_blocks: int) -> None:
@@ -136,13 +140,17 @@ class PipelineStage:
                           options.block_size, num_device_blocks, num_host_blocks, self.dtype)
 
     def _init_weights(self, model: LoadedModel, options: TorchExecutorOptions,
-                      max_len: int) -> None:
+                      max_len: int, epilogues: bool | None) -> None:
         config, (start, end) = model.config, self.layers_range
         weights = model.weights.to(self.dtype)
         self.fused = packed_gemm_supported(self.dtype)
-        layer_cls = FusedLayer if self.fused else ExactLayer
-        self.layers = [layer_cls(config, w, self.kv.layer(i), self.kv.layer_slots(i))
-                       for i, w in enumerate(weights.layers[start:end])]
+        if epilogues is None:
+            epilogues = stage_layer_form(model, options)
+        self.epilogues = epilogues
+        self.layers: list[ExactLayer | FusedLayer] = [
+            FusedLayer(config, w, self.kv.layer(i), self.kv.layer_slots(i), epilogues)
+            if self.fused else ExactLayer(config, w, self.kv.layer(i), self.kv.layer_slots(i))
+            for i, w in enumerate(weights.layers[start:end])]
         self.is_first, self.is_last = start == 0, end == config.num_layers
         self.embed = weights.embed if self.is_first else None
         self.lm_head = LMHead(weights.final_norm, weights.lm_head, config.rms_norm_eps,
@@ -292,6 +300,14 @@ def group_num_blocks(model: LoadedModel, options: TorchExecutorOptions,
                for s, b in zip(slices, kv_bytes, strict=True))
 
 
+def stage_layer_form(model: LoadedModel, options: TorchExecutorOptions) -> bool:
+    """Whether fused stages use epilogues: the options' `layer_form`, timed if "auto"."""
+    dtype = parse_dtype(options.dtype)
+    if not packed_gemm_supported(dtype):
+        return True
+    return choose_layer_form(options.layer_form, model.config, dtype)[0]
+
+
 def pipeline_executor(model: LoadedModel, options: TorchExecutorOptions,
                       slices: Sequence[LayerSlice], kv_bytes: Sequence[int],
                       cost_model: CostModel, max_model_len: int,
@@ -300,8 +316,9 @@ def pipeline_executor(model: LoadedModel, options: TorchExecutorOptions,
     """A pipeline over `slices`, member k bringing `kv_bytes[k]` of KV memory; every
     stage gets the group's block count (the smallest stage's, see the module note)."""
     num_blocks = group_num_blocks(model, options, slices, kv_bytes)
-    stages = [PipelineStage(model, options, s, num_blocks, num_host_blocks, max_model_len)
-              for s in slices]
+    epilogues = stage_layer_form(model, options)  # one form for every stage
+    stages = [PipelineStage(model, options, s, num_blocks, num_host_blocks, max_model_len,
+                            epilogues) for s in slices]
     return PipelineExecutor(model, options, stages, cost_model, max_model_len, pipelined,
                             planner)
 

@@ -44,7 +44,8 @@ def regroup(pipeline: PipelineExecutor, slices: Sequence[LayerSlice], num_device
             stages.append(same)
             continue
         stage = PipelineStage(pipeline.model, pipeline.options, layers,
-                              num_device_blocks, num_host, pipeline.max_model_len)
+                              num_device_blocks, num_host, pipeline.max_model_len,
+                              old_stages[0].epilogues)  # the group keeps one layer form
         _carry_kv(old_stages, stage, relocated or {})
         stages.append(stage)
     pipeline.replace_stages(stages)

@@ -24,6 +24,7 @@ def kv_gib_for_blocks(model: LoadedModel, num_blocks: int, block_size: int = 16)
 def tiny_executor(model: LoadedModel, device_blocks: int = 64, host_blocks: int = 64,
                   **options: Any) -> TorchExecutor:
     options.setdefault("dtype", "float32")
+    options.setdefault("layer_form", "plain")  # not timed: the same form in every process
     opts = TorchExecutorOptions(
         kv_cache_gib=kv_gib_for_blocks(model, device_blocks) + 1e-9,
         swap_space_gib=kv_gib_for_blocks(model, host_blocks) + 1e-9, **options)

@@ -42,14 +42,16 @@ def tiny_bf16(tiny_llama: Path) -> LoadedModel:
 def bf16_executor(model: LoadedModel, **options: Any) -> TorchExecutor:
     options.setdefault("warmup_tokens", None)
     options.setdefault("parallel_min_tokens", None)
+    options.setdefault("layer_form", "plain")  # not timed: both executors alike
     return TorchExecutor(model, TorchExecutorOptions(kv_cache_gib=0.01, swap_space_gib=0.0,
                                                      **options))
 
 
 @needs_bf16
-def test_pad_rows_leave_greedy_tokens_identical(tiny_bf16: LoadedModel) -> None:
-    plain = bf16_executor(tiny_bf16, step_buckets=False)
-    padded = bf16_executor(tiny_bf16, warmup_tokens=256)  # warm-up K/V left in the pool
+@pytest.mark.parametrize("form", ["plain", "epilogue"])
+def test_pad_rows_leave_greedy_tokens_identical(tiny_bf16: LoadedModel, form: str) -> None:
+    plain = bf16_executor(tiny_bf16, step_buckets=False, layer_form=form)
+    padded = bf16_executor(tiny_bf16, warmup_tokens=256, layer_form=form)  # warm-up K/V
     assert plain.runner.buckets is None and padded.runner.buckets is not None
     assert padded.warmup.sizes  # the warm-up ran
     sizes: list[int] = []

@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from andante.exec.thread_adapter import (
+    JUMP_STEPS,
+    RECHECK_STEPS,
     TRIALS,
     WINDOW,
     ThreadAdapter,
@@ -32,6 +34,10 @@ def neighbour(threads: int) -> float:
     return 0.080 if threads == 2 else 0.017  # the second thread is often descheduled
 
 
+def mild_neighbour(threads: int) -> float:
+    return 0.017 if threads == 2 else 0.012  # slower than 1.5x, faster than 2x quiet
+
+
 def test_the_start_up_rule_holds_while_nothing_changes() -> None:
     adapter = ThreadAdapter(2, lambda size: 1 if size < 8 else 2, reexplore_steps=10_000)
     run(adapter, 16, quiet, 500)
@@ -45,7 +51,7 @@ def test_a_neighbour_arriving_moves_the_size_to_one_thread_and_back() -> None:
     run(adapter, 8, quiet, 2 * WINDOW)
     run(adapter, 8, neighbour, 2 * WINDOW + 2 * (TRIALS + 1))
     assert adapter.threads_for(8) == 1
-    assert adapter.decisions[-1].reason == "drift"
+    assert adapter.decisions[-1].reason == "jump"
     # one thread does not slow down when the neighbour leaves: a periodic look finds it
     run(adapter, 8, quiet, 2000)
     assert adapter.threads_for(8) == 2
@@ -55,18 +61,59 @@ def test_a_neighbour_arriving_moves_the_size_to_one_thread_and_back() -> None:
 def test_a_re_probe_discards_each_count_s_first_step() -> None:
     adapter = ThreadAdapter(2, lambda size: 2)
     run(adapter, 8, quiet, 2 * WINDOW)
-    run(adapter, 8, neighbour, WINDOW)  # drift seen: the re-probe starts
+    run(adapter, 8, mild_neighbour, WINDOW)  # drift seen: the re-probe starts
     first = {1: True, 2: True}
 
     def warm_up_is_slow(threads: int) -> float:  # a huge first step at each count
         slow = first[threads]
         first[threads] = False
-        return 10.0 if slow else neighbour(threads)
+        return 10.0 if slow else mild_neighbour(threads)
 
     run(adapter, 8, warm_up_is_slow, 2 * (TRIALS + 1))
     decision = adapter.decisions[-1]
-    assert decision.threads == 1
-    assert decision.medians == {1: 0.017, 2: 0.080}
+    assert decision.threads == 1 and decision.reason == "drift"
+    assert decision.medians == {1: 0.012, 2: 0.017}
+
+
+def test_a_jump_drops_to_one_thread_within_a_few_steps() -> None:
+    adapter = ThreadAdapter(2, lambda size: 2)
+    run(adapter, 8, quiet, 2 * WINDOW)
+    run(adapter, 8, neighbour, JUMP_STEPS)
+    assert adapter.threads_for(8) == 1
+    assert adapter.decisions[-1].reason == "jump"
+
+
+def test_a_single_slow_step_is_no_jump() -> None:
+    adapter = ThreadAdapter(2, lambda size: 2, reexplore_steps=10_000)
+    run(adapter, 8, quiet, 2 * WINDOW)
+    for _ in range(20):  # a hiccup now and then, too short for a jump or a drift
+        run(adapter, 8, neighbour, JUMP_STEPS - 1)
+        run(adapter, 8, quiet, 3 * JUMP_STEPS)
+    assert adapter.threads_for(8) == 2 and adapter.decisions == []
+
+
+def test_a_look_beside_the_neighbour_costs_two_slow_steps_and_backs_off() -> None:
+    adapter = ThreadAdapter(2, lambda size: 2)
+    run(adapter, 8, quiet, 2 * WINDOW)
+    slow_steps = []
+
+    def counted(threads: int) -> float:
+        slow_steps.append(threads == 2)
+        return neighbour(threads)
+
+    run(adapter, 8, counted, 4000)
+    looks = [d for d in adapter.decisions if d.reason == "periodic"]
+    assert looks and all(d.threads == 1 and len(d.medians) == 2 for d in looks)
+    assert sum(slow_steps) <= JUMP_STEPS + 2 * len(looks)
+    assert len(looks) <= 8  # RECHECK_STEPS, then twice as far apart each time
+
+
+def test_the_threads_come_back_soon_after_the_neighbour_leaves() -> None:
+    adapter = ThreadAdapter(2, lambda size: 2)
+    run(adapter, 8, quiet, 2 * WINDOW)
+    run(adapter, 8, neighbour, JUMP_STEPS)
+    run(adapter, 8, quiet, WINDOW + RECHECK_STEPS + 2 * (TRIALS + 1))
+    assert adapter.threads_for(8) == 2
 
 
 def test_sizes_adapt_independently() -> None:

@@ -81,9 +81,11 @@ def test_dropped_weights_become_kv_blocks(tiny4: LoadedModel) -> None:
     assert pipeline.num_kv_blocks(16)[1] == 8
 
 
-def test_bfloat16_split_matches_unsplit(tiny4: LoadedModel) -> None:
-    """The fused bf16 path (prepacked layers) splits identically too."""
-    options = TorchExecutorOptions(dtype="bfloat16", kv_cache_gib=0.01, swap_space_gib=0.0)
+@pytest.mark.parametrize("layer_form", ["epilogue", "plain"])
+def test_bfloat16_split_matches_unsplit(tiny4: LoadedModel, layer_form: str) -> None:
+    """The fused bf16 path (prepacked layers, either form) splits identically too."""
+    options = TorchExecutorOptions(dtype="bfloat16", kv_cache_gib=0.01, swap_space_gib=0.0,
+                                   layer_form=layer_form)  # type: ignore[arg-type]
     unsplit = TorchExecutor(tiny4, options)
     reference, _ = run_engine(unsplit, PROMPTS, NUM_TOKENS)
     blocks, _ = unsplit.num_kv_blocks(16)
@@ -106,7 +108,8 @@ def test_embedded_model_split_in_halves_is_token_identical() -> None:
     reference, _ = run_engine(unsplit, prompts, 12, arrivals=[0, 0, 2])
     blocks, _ = unsplit.num_kv_blocks(16)
     half = model.config.num_layers // 2
-    stages = [PipelineStage(model, options, s, blocks, 0, unsplit.max_model_len)
+    stages = [PipelineStage(model, options, s, blocks, 0, unsplit.max_model_len,
+                            unsplit.epilogues)
               for s in [(0, half), (half, model.config.num_layers)]]
     pipeline = PipelineExecutor(model, options, stages, unsplit.cost_model,
                                 unsplit.max_model_len)
