@@ -37,6 +37,10 @@ from andante.sim.setup import with_router
 from andante.sim.spec import InstanceSpec
 from andante.workload import WorkloadConfig, build_workload
 from andante.workload.mixes import (
+    BATCH_DEADLINE_S,
+    LATENCY_DEADLINE_S,
+    MEGA_OUTPUT_LEN,
+    MEGA_PROMPT_LEN,
     add_mega_prompts,
     assign_deadlines,
     format_model_mix,
@@ -70,6 +74,7 @@ class Point:
     makespan: float = 0.0  # first arrival to the last finish, seconds
     load_seconds: float = 0.0  # model swaps' load time, summed over instances
     average_batch: float | None = None  # QLM's measured average running batch
+    by_slo: tuple[tuple[float, float, int], ...] = ()  # (deadline s, attainment, requests)
 
     def row(self) -> dict[str, Any]:
         return {"SLO attainment": self.slo_attainment, "throughput (req/s)": self.throughput,
@@ -156,6 +161,23 @@ def w_c(models: Sequence[str], mega_share: float, rate: float, num_requests: int
     return add_mega_prompts(w_a(models, 0.6, 0.2, rate, num_requests, seed), mega_share, seed)
 
 
+def w_evict(model: str, num_instances: int, kv_tokens: int, latency_rate: float,
+            num_latency: int, seed: int) -> list[RequestSpec]:
+    """W_B behind a saturated batch, the setting where eviction acts (QLM §5, LSOs 2-3;
+    Fig. 13): at t = 0 a burst of batch-SLO mega prompts (W_C's shape) sized to fill
+    every instance's KV cache (`kv_tokens` each), so the running batch drains only as
+    they finish; from t = 1 s, `num_latency` latency-sensitive ShareGPT requests arrive
+    (Poisson, `latency_rate`) while it runs. Without eviction they wait for that drain."""
+    per_request = MEGA_PROMPT_LEN + MEGA_OUTPUT_LEN
+    num_mega = num_instances * -(-kv_tokens // per_request)
+    mega = [RequestSpec(0.0, MEGA_PROMPT_LEN, MEGA_OUTPUT_LEN, model=model)
+            for _ in range(num_mega)]
+    latency = [dataclasses.replace(s, arrival_time=s.arrival_time + 1.0)
+               for s in w_b(model, 1.0, latency_rate, num_latency, seed)]
+    mega = assign_deadlines(mega, 0.0, seed, LATENCY_DEADLINE_S, BATCH_DEADLINE_S)
+    return mega + latency
+
+
 def queue_sizes(requests: Sequence[Request], end: float, points: int = QUEUE_POINTS
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(times, requests arrived and not yet scheduled at each) over [first arrival, end]."""
@@ -185,13 +207,20 @@ def _point(run: SimRun, router: QLMRouter | None) -> Point:
     finished = len(done)
     times, waiting = queue_sizes([*run.report.finished, *run.report.unfinished],
                                  run.report.end_time)
+    done_ids = {r.request_id for r in done}
+    by_slo = []
+    for deadline in sorted({r.slo.deadline for r in requests if r.slo.deadline is not None}):
+        members = [r for r in requests if r.slo.deadline == deadline]
+        on_time = sum(1 for r in members if r.request_id in done_ids
+                      and r.timeline.finish_time - r.arrival_time <= deadline)
+        by_slo.append((deadline, on_time / len(members), len(members)))
     return Point(met / len(requests), finished / span, finished,
                  len(run.report.model_swaps), run.report.router_counters,
                  None if router is None else estimator_r2(run, router),
                  float(waiting.mean()),
                  (tuple(times.round(3).tolist()), tuple(int(w) for w in waiting)),
                  span, sum(s.seconds for s in run.report.model_swaps),
-                 None if router is None else router.speed.average_batch())
+                 None if router is None else router.speed.average_batch(), tuple(by_slo))
 
 
 def estimator_r2(run: SimRun, router: QLMRouter) -> float | None:
