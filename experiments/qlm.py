@@ -23,7 +23,6 @@ from typing import Any
 
 from andante.bench.report import Report
 from andante.sim import ClusterSpec
-from andante.sim.instances import build_cost_model
 from andante.workload.spec import RequestSpec
 from experiments import qlm_plots as plots
 from experiments import qlm_text as text
@@ -239,9 +238,9 @@ def eviction_section(report: Report, scale: Scale) -> list[dict[str, Any]]:
     """LSOs 2-3 where they must act: latency-sensitive requests behind a batch that
     fills the KV cache (experiments.qlm_runs.w_evict), with and without each."""
     spec = base_spec(scale.models[:1], scale.num_instances)
-    kv_tokens = build_cost_model(spec).kv_capacity_tokens(spec.gpu_memory_utilization)
+    slots = spec.scheduler.max_num_seqs
     latency_rate = 0.3 * scale.rate_b  # W_B's latency-sensitive arrivals (30%)
-    workload = w_evict(scale.models[0], scale.num_instances, kv_tokens, latency_rate,
+    workload = w_evict(scale.models[0], scale.num_instances, slots, latency_rate,
                        scale.num_requests // 4, scale.seed)
     rows = []
     for label, router_options, engine in EVICTION_VARIANTS:
@@ -253,14 +252,13 @@ def eviction_section(report: Report, scale: Scale) -> list[dict[str, Any]]:
                      "state swaps": point.counters.get("num_state_swaps", 0),
                      "by_slo": [list(c) for c in point.by_slo], "measured": point.measured()})
     report.section("Eviction and state swap behind a saturated batch (Fig. 13's mechanism)", (
-        f"{scale.models[0]} on {scale.num_instances} instances: at t = 0, batch-SLO mega "
-        f"prompts (3,000 in + 1,000 out) enough to fill every instance's KV cache "
-        f"({kv_tokens:,} tokens each); from t = 1 s, {scale.num_requests // 4} "
-        f"latency-sensitive ShareGPT requests at {latency_rate:g} req/s (W_B's 30%). "
-        "Without eviction they wait for the mega prompts to finish; with it the agent "
-        "removes mega prompts that can afford the wait (recompute or state swap, per "
-        "request by Insight #2). Counts are the full run's agents' evictions and state "
-        "swaps."))
+        f"{scale.models[0]} on {scale.num_instances} instances: at t = 0, batch-SLO "
+        f"requests with long outputs (256 in, 2,000 out), {slots} per instance (every "
+        f"batch slot); from t = 5 s, {scale.num_requests // 4} latency-sensitive ShareGPT "
+        f"requests at {latency_rate:g} req/s (W_B's 30%). Without eviction they wait for "
+        "a slot, freed only as the long requests finish; with it the agent removes long "
+        "requests that can afford the wait (recompute or state swap, per request by "
+        "Insight #2). Evictions and state swaps are the agents' counts in each run."))
     report.table(rows, ["variant", "SLO attainment", *[k for k in rows[0]
                                                        if k.startswith("SLO attainment (")],
                         "throughput (req/s)", "evictions", "state swaps"])

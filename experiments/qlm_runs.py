@@ -39,8 +39,6 @@ from andante.workload import WorkloadConfig, build_workload
 from andante.workload.mixes import (
     BATCH_DEADLINE_S,
     LATENCY_DEADLINE_S,
-    MEGA_OUTPUT_LEN,
-    MEGA_PROMPT_LEN,
     add_mega_prompts,
     assign_deadlines,
     format_model_mix,
@@ -161,21 +159,23 @@ def w_c(models: Sequence[str], mega_share: float, rate: float, num_requests: int
     return add_mega_prompts(w_a(models, 0.6, 0.2, rate, num_requests, seed), mega_share, seed)
 
 
-def w_evict(model: str, num_instances: int, kv_tokens: int, latency_rate: float,
-            num_latency: int, seed: int) -> list[RequestSpec]:
+LONG_PROMPT_LEN, LONG_OUTPUT_LEN = 256, 2000  # the eviction workload's batch requests
+
+
+def w_evict(model: str, num_instances: int, batch_slots: int, latency_rate: float,
+            num_latency: int, seed: int, latency_start: float = 5.0) -> list[RequestSpec]:
     """W_B behind a saturated batch, the setting where eviction acts (QLM §5, LSOs 2-3;
-    Fig. 13): at t = 0 a burst of batch-SLO mega prompts (W_C's shape) sized to fill
-    every instance's KV cache (`kv_tokens` each), so the running batch drains only as
-    they finish; from t = 1 s, `num_latency` latency-sensitive ShareGPT requests arrive
-    (Poisson, `latency_rate`) while it runs. Without eviction they wait for that drain."""
-    per_request = MEGA_PROMPT_LEN + MEGA_OUTPUT_LEN
-    num_mega = num_instances * -(-kv_tokens // per_request)
-    mega = [RequestSpec(0.0, MEGA_PROMPT_LEN, MEGA_OUTPUT_LEN, model=model)
-            for _ in range(num_mega)]
-    latency = [dataclasses.replace(s, arrival_time=s.arrival_time + 1.0)
+    Fig. 13): at t = 0, batch-SLO requests with long outputs (256 in, 2,000 out), as
+    many as every instance has batch slots (`batch_slots`, its max_num_seqs), so the
+    running batch frees a slot only when one of them finishes, minutes later; from
+    `latency_start`, `num_latency` latency-sensitive ShareGPT requests arrive (Poisson,
+    `latency_rate`) while it runs. Without eviction they wait for that drain."""
+    batch = [RequestSpec(0.0, LONG_PROMPT_LEN, LONG_OUTPUT_LEN, model=model)
+             for _ in range(num_instances * batch_slots)]
+    latency = [dataclasses.replace(s, arrival_time=s.arrival_time + latency_start)
                for s in w_b(model, 1.0, latency_rate, num_latency, seed)]
-    mega = assign_deadlines(mega, 0.0, seed, LATENCY_DEADLINE_S, BATCH_DEADLINE_S)
-    return mega + latency
+    batch = assign_deadlines(batch, 0.0, seed, LATENCY_DEADLINE_S, BATCH_DEADLINE_S)
+    return batch + latency
 
 
 def queue_sizes(requests: Sequence[Request], end: float, points: int = QUEUE_POINTS

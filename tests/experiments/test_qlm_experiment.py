@@ -128,16 +128,15 @@ def test_the_estimator_predicts_a_bursts_waiting_times() -> None:
     assert burst["r2_waiting"] >= 0.75
 
 
-def test_eviction_workload_fills_the_kv_cache_before_the_latency_requests() -> None:
+def test_eviction_workload_fills_every_batch_slot_before_the_latency_requests() -> None:
     from andante.workload.mixes import BATCH_DEADLINE_S, LATENCY_DEADLINE_S
     from experiments.qlm_runs import w_evict
 
-    specs = w_evict("mistral-7b", 2, kv_tokens=10_000, latency_rate=4.0, num_latency=12,
+    specs = w_evict("mistral-7b", 2, batch_slots=8, latency_rate=4.0, num_latency=12,
                     seed=0)
-    mega = [s for s in specs if s.slo.deadline == BATCH_DEADLINE_S]
+    batch = [s for s in specs if s.slo.deadline == BATCH_DEADLINE_S]
     latency = [s for s in specs if s.slo.deadline == LATENCY_DEADLINE_S]
-    assert len(mega) == 2 * 3 and len(latency) == 12  # ceil(10,000 / 4,000) per instance
-    assert sum(s.prompt_len + s.output_len for s in mega) >= 2 * 10_000
-    assert all(s.arrival_time == 0.0 for s in mega)
-    assert min(s.arrival_time for s in latency) >= 1.0
+    assert len(batch) == 2 * 8 and len(latency) == 12
+    assert all(s.arrival_time == 0.0 and s.output_len == 2000 for s in batch)
+    assert min(s.arrival_time for s in latency) >= 5.0
     assert {s.model for s in specs} == {"mistral-7b"}
