@@ -77,6 +77,7 @@ class OutputLengthModel:
     prior_weight: float = 8.0
     max_tokens: int = 32768
     _stats: dict[Hashable, Moments] = field(default_factory=dict)
+    num_observed: int = 0  # outputs observed so far: equal counts, equal moments
 
     def __post_init__(self) -> None:
         check_positive("prior_mean", self.prior_mean)
@@ -90,6 +91,7 @@ class OutputLengthModel:
         if num_output_tokens < 0:
             raise ValueError(f"num_output_tokens must be >= 0, got {num_output_tokens!r}")
         self._stats.setdefault(key, Moments()).observe(num_output_tokens)
+        self.num_observed += 1
 
     def distribution(self, key: Hashable) -> tuple[float, float]:
         """(μ_o, σ_o) after the observations so far (the prior alone before any)."""

@@ -152,6 +152,7 @@ class QLMRouter:
         self.speed = SpeedLearner()
         self._base_cost: CostModelTable | None = None  # the latest states' cost models
         self._table = GroupTable()
+        self._snapshot: tuple[tuple[int, int, int], tuple[RequestGroup, ...]] | None = None
         self._keys: dict[str, GroupKey] = {}  # placed request id -> its group key
         self._order: dict[str, tuple[int, int]] = {}  # group id -> (instance, position)
         self._next_plan = -math.inf  # the planner's rate limit (module note, item 3)
@@ -200,8 +201,7 @@ class QLMRouter:
         if self.learn_speed:
             self._observe_speed(views, states)
         self._sync(queue, states[views[0].index].device, now)
-        groups = self._table.snapshot(self._average_batch(), self.options.delta,
-                                      self.outputs.mean)
+        groups = self._groups()
         self.counters.max_groups = max(self.counters.max_groups, len(groups))
         servable = {m for state in states.values() for m in state.costs}
         refused = tuple((rid, views[0].index) for g in groups if g.model not in servable
@@ -246,6 +246,18 @@ class QLMRouter:
             self._deadlines.setdefault(index, {})[rid] = self._table.get(rid).deadline
         self._table.remove(rid for rid, _ in decision.placements)
         return decision
+
+    def _groups(self) -> tuple[RequestGroup, ...]:
+        """The group table's snapshot (Algorithm 1), rebuilt only when what it depends on
+        changed: the queued requests, the group cap δ × the average batch, or the
+        learned output lengths (most dispatches, one per engine step, change none)."""
+        batch = self._average_batch()
+        key = (self._table.revision, max(1, math.ceil(self.options.delta * batch)),
+               self.outputs.num_observed)
+        if self._snapshot is None or self._snapshot[0] != key:
+            self._snapshot = (key, self._table.snapshot(batch, self.options.delta,
+                                                        self.outputs.mean))
+        return self._snapshot[1]
 
     def _average_batch(self) -> float:
         """The average batch δ multiplies (§4): measured on the instances (learned
