@@ -40,6 +40,7 @@ from experiments.qlm_runs import (
     w_a,
     w_b,
     w_c,
+    w_evict,
 )
 from experiments.registry import ExperimentContext
 
@@ -229,6 +230,42 @@ def ablation_section(report: Report, scale: Scale, name: str, spec: ClusterSpec,
     return rows
 
 
+EVICTION_VARIANTS = tuple(a for a in ABLATION if a[0] in (
+    "QLM (all operations)", "- request eviction", "- GPU-CPU state swap"))
+
+
+def eviction_section(report: Report, scale: Scale) -> list[dict[str, Any]]:
+    """LSOs 2-3 where they must act: latency-sensitive requests behind a batch that
+    fills the KV cache (experiments.qlm_runs.w_evict), with and without each."""
+    spec = base_spec(scale.models[:1], scale.num_instances)
+    slots = spec.scheduler.max_num_seqs
+    latency_rate = 0.3 * scale.rate_b  # W_B's latency-sensitive arrivals (30%)
+    workload = w_evict(scale.models[0], scale.num_instances, slots, latency_rate,
+                       scale.num_requests // 4, scale.seed)
+    rows = []
+    for label, router_options, engine in EVICTION_VARIANTS:
+        point = run_point(dataclasses.replace(system_spec(spec, "qlm", **router_options),
+                                              **engine), workload)
+        classes = {f"SLO attainment ({d:g} s, {n} requests)": a for d, a, n in point.by_slo}
+        rows.append({"variant": label, **point.row(), **classes,
+                     "evictions": point.counters.get("num_evictions", 0),
+                     "state swaps": point.counters.get("num_state_swaps", 0),
+                     "by_slo": [list(c) for c in point.by_slo], "measured": point.measured()})
+    report.section("Eviction and state swap behind a saturated batch (Fig. 13's mechanism)", (
+        f"{scale.models[0]} on {scale.num_instances} instances: at t = 0, batch-SLO "
+        f"requests with long outputs (256 in, 2,000 out), {slots} per instance (every "
+        f"batch slot); from t = 5 s, {scale.num_requests // 4} latency-sensitive ShareGPT "
+        f"requests at {latency_rate:g} req/s (W_B's 30%). Without eviction they wait for "
+        "a slot, freed only as the long requests finish; with it the agent removes long "
+        "requests that can afford the wait (recompute or state swap, per request by "
+        "Insight #2). Evictions and state swaps are the agents' counts in each run."))
+    report.table(rows, ["variant", "SLO attainment", *[k for k in rows[0]
+                                                       if k.startswith("SLO attainment (")],
+                        "throughput (req/s)", "evictions", "state swaps"])
+    report.result("eviction_saturated", rows)
+    return rows
+
+
 def heterogeneity_section(report: Report, scale: Scale) -> None:
     workload = w_a(scale.models, 0.6, 0.2, scale.rate, scale.num_requests, scale.seed)
     rows = []
@@ -316,7 +353,8 @@ def estimator_section(report: Report, panels: dict[str, Any], scale: Scale
 
 def headline_section(report: Report, scale: Scale, panels: dict[str, Any],
                      ablations: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]],
-                     delta: Sequence[dict[str, Any]], burst: dict[str, Any]) -> None:
+                     delta: Sequence[dict[str, Any]], burst: dict[str, Any],
+                     eviction: Sequence[dict[str, Any]]) -> None:
     """Every reproduced row beside the paper's value, and why they differ, computed from
     what the runs measured (experiments.qlm_text)."""
     n = scale.num_instances
@@ -327,9 +365,11 @@ def headline_section(report: Report, scale: Scale, panels: dict[str, Any],
             *text.single_model_rows(panels["single"]),
             *text.ablation_rows(wa, "W_A", text.PAPER_ABLATION_WA, n),
             *text.ablation_rows(wb, "W_B", text.PAPER_ABLATION_WB, n),
+            *text.eviction_rows(eviction),
             text.warm_row(wa, n), *text.delta_rows(delta), text.estimator_row(burst)]
     planners = [p for panel in panels.values() for p in panel["curves"]["qlm"]["planner"]]
     planners += [r["planner"] for r in (*wa, *wb, *delta)]
+    planners += [r["measured"]["planner"] for r in eviction]
     rows.append(text.planner_row(planners))
     report.section("Our figures beside the paper's", (
         "Each row: ours (QLM minus the baseline in points of SLO attainment, or a "
@@ -366,12 +406,13 @@ def run(ctx: ExperimentContext) -> Report:
                      base_spec(scale.models[:1], scale.num_instances),
                      w_b(scale.models[0], 0.3, scale.rate_b, scale.num_requests, scale.seed),
                      "Ablation, W_B single model (Fig. 13)")
+    eviction = eviction_section(report, scale)
     _log("heterogeneity, mega prompts, delta, planner")
     heterogeneity_section(report, scale)
     mega_section(report, scale)
     delta = delta_section(report, scale)
     burst = estimator_section(report, panels, scale)
-    headline_section(report, scale, panels, (ablation, ablation_wb), delta, burst)
+    headline_section(report, scale, panels, (ablation, ablation_wb), delta, burst, eviction)
     planner_section(report, ctx.quick)
     report.result("quick", ctx.quick)
     return report

@@ -37,6 +37,8 @@ from andante.sim.setup import with_router
 from andante.sim.spec import InstanceSpec
 from andante.workload import WorkloadConfig, build_workload
 from andante.workload.mixes import (
+    BATCH_DEADLINE_S,
+    LATENCY_DEADLINE_S,
     add_mega_prompts,
     assign_deadlines,
     format_model_mix,
@@ -70,6 +72,7 @@ class Point:
     makespan: float = 0.0  # first arrival to the last finish, seconds
     load_seconds: float = 0.0  # model swaps' load time, summed over instances
     average_batch: float | None = None  # QLM's measured average running batch
+    by_slo: tuple[tuple[float, float, int], ...] = ()  # (deadline s, attainment, requests)
 
     def row(self) -> dict[str, Any]:
         return {"SLO attainment": self.slo_attainment, "throughput (req/s)": self.throughput,
@@ -156,6 +159,25 @@ def w_c(models: Sequence[str], mega_share: float, rate: float, num_requests: int
     return add_mega_prompts(w_a(models, 0.6, 0.2, rate, num_requests, seed), mega_share, seed)
 
 
+LONG_PROMPT_LEN, LONG_OUTPUT_LEN = 256, 2000  # the eviction workload's batch requests
+
+
+def w_evict(model: str, num_instances: int, batch_slots: int, latency_rate: float,
+            num_latency: int, seed: int, latency_start: float = 5.0) -> list[RequestSpec]:
+    """W_B behind a saturated batch, the setting where eviction acts (QLM §5, LSOs 2-3;
+    Fig. 13): at t = 0, batch-SLO requests with long outputs (256 in, 2,000 out), as
+    many as every instance has batch slots (`batch_slots`, its max_num_seqs), so the
+    running batch frees a slot only when one of them finishes, minutes later; from
+    `latency_start`, `num_latency` latency-sensitive ShareGPT requests arrive (Poisson,
+    `latency_rate`) while it runs. Without eviction they wait for that drain."""
+    batch = [RequestSpec(0.0, LONG_PROMPT_LEN, LONG_OUTPUT_LEN, model=model)
+             for _ in range(num_instances * batch_slots)]
+    latency = [dataclasses.replace(s, arrival_time=s.arrival_time + latency_start)
+               for s in w_b(model, 1.0, latency_rate, num_latency, seed)]
+    batch = assign_deadlines(batch, 0.0, seed, LATENCY_DEADLINE_S, BATCH_DEADLINE_S)
+    return batch + latency
+
+
 def queue_sizes(requests: Sequence[Request], end: float, points: int = QUEUE_POINTS
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(times, requests arrived and not yet scheduled at each) over [first arrival, end]."""
@@ -185,13 +207,20 @@ def _point(run: SimRun, router: QLMRouter | None) -> Point:
     finished = len(done)
     times, waiting = queue_sizes([*run.report.finished, *run.report.unfinished],
                                  run.report.end_time)
+    done_ids = {r.request_id for r in done}
+    by_slo = []
+    for deadline in sorted({r.slo.deadline for r in requests if r.slo.deadline is not None}):
+        members = [r for r in requests if r.slo.deadline == deadline]
+        on_time = sum(1 for r in members if r.request_id in done_ids
+                      and r.timeline.finish_time - r.arrival_time <= deadline)
+        by_slo.append((deadline, on_time / len(members), len(members)))
     return Point(met / len(requests), finished / span, finished,
                  len(run.report.model_swaps), run.report.router_counters,
                  None if router is None else estimator_r2(run, router),
                  float(waiting.mean()),
                  (tuple(times.round(3).tolist()), tuple(int(w) for w in waiting)),
                  span, sum(s.seconds for s in run.report.model_swaps),
-                 None if router is None else router.speed.average_batch())
+                 None if router is None else router.speed.average_batch(), tuple(by_slo))
 
 
 def estimator_r2(run: SimRun, router: QLMRouter) -> float | None:

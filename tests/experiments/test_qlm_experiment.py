@@ -81,6 +81,11 @@ def test_quick_experiment_writes_report_plots_and_results(tmp_path: Path) -> Non
     assert all(len(times) == len(sizes) > 0 for times, sizes in queue["series"].values())
     assert set(results["fig8_wa_tail_share_azure"]["curves"]) == set(tail)
     assert results["fig19_planner"] and results["fig10_ablation_wa"][0]["variant"].startswith("QLM")
+    saturated = results["eviction_saturated"]  # the agents evict only where they may
+    assert [r["variant"] for r in saturated] == ["QLM (all operations)", "- request eviction",
+                                                 "- GPU-CPU state swap"]
+    assert saturated[0]["evictions"] > 0 and saturated[1]["evictions"] == 0
+    assert saturated[2]["state swaps"] == 0
 
 
 def _measured(**kw: Any) -> dict[str, Any]:
@@ -126,3 +131,35 @@ def test_the_estimator_predicts_a_bursts_waiting_times() -> None:
     burst = estimator_accuracy(150, 0)
     assert burst["num_requests"] == 150
     assert burst["r2_waiting"] >= 0.75
+
+
+def test_eviction_workload_fills_every_batch_slot_before_the_latency_requests() -> None:
+    from andante.workload.mixes import BATCH_DEADLINE_S, LATENCY_DEADLINE_S
+    from experiments.qlm_runs import w_evict
+
+    specs = w_evict("mistral-7b", 2, batch_slots=8, latency_rate=4.0, num_latency=12,
+                    seed=0)
+    batch = [s for s in specs if s.slo.deadline == BATCH_DEADLINE_S]
+    latency = [s for s in specs if s.slo.deadline == LATENCY_DEADLINE_S]
+    assert len(batch) == 2 * 8 and len(latency) == 12
+    assert all(s.arrival_time == 0.0 and s.output_len == 2000 for s in batch)
+    assert min(s.arrival_time for s in latency) >= 5.0
+    assert {s.model for s in specs} == {"mistral-7b"}
+
+
+def test_the_saturated_batch_rows_are_explained_by_the_runs_evictions() -> None:
+    from experiments import qlm_text as text
+
+    def row(variant: str, slo: float, evictions: int, swaps: int, tight: float
+            ) -> dict[str, Any]:
+        return {"variant": variant, "SLO attainment": slo, "throughput (req/s)": 4.0,
+                "evictions": evictions, "state swaps": swaps,
+                "by_slo": [[20.0, tight, 40], [300.0, 1.0, 512]]}
+
+    rows = text.eviction_rows([row("QLM (all operations)", 0.96, 38, 38, 0.55),
+                               row("- request eviction", 0.93, 0, 0, 0.0)])
+    assert rows[0]["ours"].startswith("SLO -0.030")
+    assert rows[0]["paper"].startswith("the largest SLO loss")
+    assert "evicted 38 running requests (38 by state swap), this run 0 (0)" \
+        in rows[0]["why (measured)"]
+    assert "the 40 20 s requests met their SLO 55% vs 0%" in rows[0]["why (measured)"]

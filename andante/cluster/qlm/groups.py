@@ -106,6 +106,11 @@ class GroupTable:
     def request_ids(self) -> list[str]:
         return list(self._key_of)
 
+    @property
+    def revision(self) -> int:
+        """Bumped by every add and remove: equal revisions hold the same requests."""
+        return self._revision
+
     def key_for(self, request: QueuedRequest) -> GroupKey:
         bucket = length_bucket(request.num_prompt_tokens, self.length_edges)
         return GroupKey(request.model, request.slo_class, bucket)

@@ -130,21 +130,30 @@ def test_qlm_serves_a_multi_model_cluster_better_than_round_robin() -> None:
     assert qlm.report.end_time < rr.report.end_time
 
 
-def test_the_planner_decides_under_overload_and_says_capacity_is_needed(
-        caplog: pytest.LogCaptureFixture) -> None:
-    """Hopeless groups (1 s deadlines behind 400-token prompts) no longer make the
-    program infeasible: every invocation makes a plan, which says more capacity is
-    needed; nothing falls back to EDF."""
+def _overload_run(latency_share: float) -> tuple[QLMRouter, Any]:
+    """80 requests at once on one instance: a `latency_share` of them with 1 s deadlines
+    (hopeless behind 400-token prompts), the rest with 10 s (each group would meet it
+    alone at the head, not behind the others)."""
     spec = with_router(ClusterSpec(model="mistral-7b", num_instances=1,
                                    models=("mistral-7b", "llama-3.1-8b")), "qlm")
     spec = dataclasses.replace(spec, router_options={"replan_interval": 0.0})
     workload = [RequestSpec(0.0, 400, 400, model=MODELS[i % 2]) for i in range(80)]
-    workload = assign_deadlines(workload, 1.0, latency_deadline=1.0)
+    workload = assign_deadlines(workload, latency_share, latency_deadline=1.0,
+                                batch_deadline=10.0)
     router = make_router(spec.router, spec.router_options)
     assert isinstance(router, QLMRouter)
-    with caplog.at_level(logging.INFO, logger="andante.cluster.qlm.router"):
-        run = simulate(spec, workload, router=router)
+    run = simulate(spec, workload, router=router)
     assert len(run.report.finished) == 80
+    return router, run
+
+
+def test_the_planner_decides_under_overload_and_says_capacity_is_needed(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Hopeless groups no longer make the program infeasible: every invocation (a
+    savable group late) makes a plan, which says more capacity is needed for the
+    hopeless ones; nothing falls back to EDF."""
+    with caplog.at_level(logging.INFO, logger="andante.cluster.qlm.router"):
+        router, run = _overload_run(0.5)
     counters = router.counters
     assert counters.num_invocations >= 1 and counters.num_fallbacks == 0
     assert counters.num_plans == counters.num_invocations
@@ -153,6 +162,12 @@ def test_the_planner_decides_under_overload_and_says_capacity_is_needed(
     summary = run.report.router_counters
     assert summary["num_needs_capacity"] == counters.num_needs_capacity
     assert summary["planner_invocations"] == counters.num_invocations
+
+
+def test_only_hopeless_groups_late_do_not_invoke_the_planner() -> None:
+    """Every group misses its 1 s deadline even alone at the head: no order saves one."""
+    router, _ = _overload_run(1.0)
+    assert router.counters.num_invocations == 0
 
 
 def test_the_planner_budget_is_work_not_wall_clock_by_default() -> None:
