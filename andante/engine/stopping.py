@@ -23,14 +23,19 @@ def num_tokens_before_length_stop(requests: Iterable[Request], max_tokens_total:
                 - req.num_output_tokens for req in requests), default=max_tokens_total)
 
 
+_STOPPED = RequestStatus.FINISHED_STOPPED
+_LENGTH = RequestStatus.FINISHED_LENGTH
+
+
 def check_stop(req: Request, token: int, max_tokens_total: int) -> RequestStatus | None:
     """The finished status `req` reaches with its newest token `token`, or None."""
     sampling = req.sampling
-    if req.num_output_tokens >= sampling.min_tokens:  # min_tokens bars stops until then
-        if token in sampling.stop_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-        if not sampling.ignore_eos and token == sampling.eos_token_id:
-            return RequestStatus.FINISHED_STOPPED
-    if req.num_output_tokens >= sampling.max_tokens or req.num_tokens >= max_tokens_total:
-        return RequestStatus.FINISHED_LENGTH  # as num_tokens_before_length_stop([req]) <= 0
+    num_output = req.num_output_tokens  # (read once: called for every token)
+    if num_output >= sampling.min_tokens and (  # min_tokens bars stops until then
+            token in sampling.stop_token_ids
+            or (token == sampling.eos_token_id and not sampling.ignore_eos)):
+        return _STOPPED
+    if num_output >= sampling.max_tokens or (
+            num_output + req.num_prompt_tokens >= max_tokens_total):
+        return _LENGTH  # as num_tokens_before_length_stop([req]) <= 0
     return None

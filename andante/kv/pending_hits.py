@@ -41,8 +41,13 @@ class PendingHits:
         """The request's hit is now `blocks` (a fresh lookup)."""
         self.pop(request_id)
         self.hits[request_id] = PendingHit(blocks, next_hash)
+        holders = self._holders
         for block in blocks:
-            self._holders.setdefault(block, set()).add(request_id)
+            held = holders.get(block)
+            if held is None:
+                holders[block] = {request_id}
+            else:
+                held.add(request_id)
         if next_hash is not None:
             self._waiting_on.setdefault(next_hash, set()).add(request_id)
 

@@ -115,7 +115,12 @@ class RequestHashes:
         size, span, hashes, content = self._block_size, ids.span_tokens, self.hashes, ids.ids
         parent = hashes[-1] if hashes else root_hash(self._req.model)
         append = hashes.append
-        if span % size == 0:  # every block within one id's span (the default, span = size)
+        if span == size:  # a block per id (the default): its offset in the span is 0
+            for content_id in content[len(hashes):target]:
+                parent = hash((parent, 0, content_id))
+                append(parent)
+            return
+        if span % size == 0:  # every block within one id's span
             for j in range(len(hashes), target):
                 start = j * size
                 first = start // span
@@ -209,6 +214,8 @@ class PrefixCache:
         become evictable, the table's last block first in line (vLLM's order), or are
         unregistered and returned if not `keep_cached`."""
         refs, hash_of, evictable = self.refs, self.hash_of, self.evictable
+        if hash_of.keys().isdisjoint(blocks):
+            return list(blocks)  # none registered
         plain: list[int] = []
         for b in reversed(blocks):
             if b not in hash_of:
@@ -230,6 +237,11 @@ class PrefixCache:
     def evict_lru(self, num: int) -> list[int]:
         """Unregister the `num` least recently released evictable blocks; returns them."""
         popitem, hash_of, block_of = self.evictable.popitem, self.hash_of, self.block_of
+        if num == 1:  # (the common case: a decode's next block)
+            b = popitem(last=False)[0]
+            del block_of[hash_of.pop(b)]
+            self.evicted.append(b)
+            return [b]
         taken = [popitem(last=False)[0] for _ in range(num)]
         for b in taken:
             del block_of[hash_of.pop(b)]
