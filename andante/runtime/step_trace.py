@@ -18,7 +18,9 @@ in, so it sees every step and every request without touching the scheduler:
   engine took it in (`seen`), first scheduled, first token, finish; the derived waits
   (`to_engine` = seen - arrival, `queue` = first scheduled - seen, `prefill` = first
   token - first scheduled), the steps that carried its prompt and the overhead of
-  those steps, and its preemptions.
+  those steps, and its preemptions; `origin`, the wall time of the clock's zero, so that
+  andante.perf.frontend_log can set them beside the HTTP timing middleware's records
+  (andante.server.http_timing, which `--trace-steps` installs on the same file).
 - `{"kind": "gc", ...}` (with `watch_gc`) per pause of the garbage collector in the
   process: every full collection, younger ones from 1 ms.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -106,8 +109,12 @@ class StepTrace:
         self._finish_all(output.finished)
 
     def _finish_all(self, finished: list[Request]) -> None:
+        if not finished:
+            return
+        origin = time.time() - self.clock.now()  # the clock's zero on the wall clock
         for req in finished:
-            self._write(self._request_record(req, self._pending.pop(req.request_id, None)))
+            record = self._request_record(req, self._pending.pop(req.request_id, None))
+            self._write({**record, "origin": origin})
 
     @staticmethod
     def _request_record(req: Request, pending: _Pending | None) -> dict[str, Any]:
