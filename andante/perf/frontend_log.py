@@ -8,11 +8,12 @@ detokenization and the SSE write. A simulator fed only the engine's steps predic
 low by that much (issue 31: about 90 ms on vLLM CPU serving SmolLM2). Two record kinds
 in the same log measure it, each written by the served side, never by a client:
 
-- `{"kind": "request", "id", "arrival", "seen", "first_token", "origin"}`, written by
+- `{"kind": "request", "id", "arrival", "seen", "idle", "first_token", "origin"}`, by
   the engine (andante's `serve --trace-steps`, andante.runtime.step_trace; vLLM with
   andante's scheduler class): when the server stamped the request (`arrival`), when the
-  engine took it in (`seen`), when the engine emitted its first token (`first_token`,
-  null if none); `origin` (default 0) is the wall time of that clock's zero;
+  engine took it in (`seen`; `idle`: whether it had no work then), when the engine
+  emitted its first token (`first_token`, null if none); `origin` (default 0) is the
+  wall time of that clock's zero;
 - `{"kind": "http", "id", "received", "first_byte"}`, written by the HTTP timing
   middleware (andante.server.http_timing) in wall seconds, for streamed responses:
   when the request reached the app and when its first body byte (its first SSE event)
@@ -20,12 +21,16 @@ in the same log measure it, each written by the served side, never by a client:
 
 A request record matched to an http record (same id, or the engine's id is the http id
 and a suffix, as vLLM adds one) gives both sides: `frontend_in` = seen - received,
-`frontend_out` = first_byte - first_token. Without http records the engine's own
-records still give `frontend_in` from `seen - arrival` (the server's stamp, taken after
-HTTP parsing and, on andante's server, tokenization: a lower bound) and `frontend_out`
-is assumed 0; without request records both are 0 (`FrontendFit.note` says what was
-assumed). The profile keeps the means: TTFT is compared by its mean, and a constant
-added to every request moves the mean by exactly that constant.
+`frontend_out` = first_byte - first_token. `frontend_in` is taken over the requests
+that found the engine idle (`idle`, where the record says): an engine busy with a step
+takes a new request in only at the step's end, a wait the simulator's engine has of its
+own (on vLLM CPU under load it was most of a second: counting it would double it).
+Without http records the engine's own records still give `frontend_in` from `seen -
+arrival` (the server's stamp, taken after HTTP parsing and, on andante's server,
+tokenization: a lower bound) and `frontend_out` is assumed 0; without request records
+both are 0 (`FrontendFit.note` says what was assumed). The profile keeps the means: TTFT
+is compared by its mean, and a constant added to every request moves the mean by exactly
+that constant.
 
 Records of these kinds that lack a field, carry a non-number or an interval that runs
 backwards (beyond CLOCK_SLACK, two processes' reads of one wall clock) are a
@@ -62,6 +67,7 @@ class EngineSide:
     seen: float
     first_token: float | None
     line: int
+    idle: bool | None = None  # the engine was idle when it took the request in
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +127,12 @@ def engine_side(record: dict[str, Any], line: int) -> EngineSide:
     _in_order(arrival, seen, "arrival to seen", line)
     if first is not None:
         _in_order(seen, first, "seen to first_token", line)
+    idle = record.get("idle")
+    if idle is not None and not isinstance(idle, bool):
+        raise FrontendLogError(f"line {line}: a request record's 'idle' must be true, "
+                               f"false or null, got {idle!r}")
     return EngineSide(_identifier(record, line), arrival + origin, seen + origin,
-                      None if first is None else first + origin, line)
+                      None if first is None else first + origin, line, idle)
 
 
 def http_side(record: dict[str, Any], line: int) -> HttpSide:
@@ -206,7 +216,8 @@ def fit_frontend(engine: list[EngineSide], http: list[HttpSide]) -> FrontendFit:
     pairs = [(e, h) for e, h in _match(engine, http)
              if e.first_token is not None and h.first_byte is not None]
     if not pairs:
-        before = sum(e.seen - e.arrival for e in engine) / len(engine)
+        alone = [e for e in engine if e.idle is not False] or engine
+        before = sum(e.seen - e.arrival for e in alone) / len(alone)
         return FrontendFit(max(0.0, before), 0.0, len(engine), 0,
                            "no http records matched the request records: the time "
                            "before the engine is the engine's own (from the server's "
@@ -217,6 +228,19 @@ def fit_frontend(engine: list[EngineSide], http: list[HttpSide]) -> FrontendFit:
         assert e.first_token is not None and h.first_byte is not None
         _in_order(e.first_token, h.first_byte, f"request {e.request_id}: first_token to "
                   f"first_byte (http line {h.line})", e.line)
-    into = sum(e.seen - h.received for e, h in pairs) / len(pairs)
+    into, note = _before(pairs)
     out = sum(_after(e, h) for e, h in pairs) / len(pairs)
-    return FrontendFit(max(0.0, into), max(0.0, out), len(engine), len(pairs))
+    return FrontendFit(max(0.0, into), max(0.0, out), len(engine), len(pairs), note)
+
+
+def _before(pairs: list[tuple[EngineSide, HttpSide]]) -> tuple[float, str | None]:
+    """The mean time before the engine, over the requests that found it idle: one that
+    came while a step ran was taken in at the step's end, a wait the simulator's engine
+    already has (and under load, far longer than the front end's own time)."""
+    idle = [(e, h) for e, h in pairs if e.idle is not False]
+    note = None
+    if not idle:
+        idle = pairs
+        note = ("no request found the engine idle: the time before the engine includes "
+                "waits for steps to end (an overestimate); record under a lighter load")
+    return sum(e.seen - h.received for e, h in idle) / len(idle), note

@@ -123,15 +123,17 @@ class Observer:
         """Is the step log on (set from `step_log` by `log_startup`)?"""
         return self._log is not None
 
-    def log_request(self, request_id: str, arrival: float, seen: float,
+    def log_request(self, request_id: str, arrival: float, seen: float, idle: bool,
                     first_token: float) -> None:
         """A request record (andante.perf.frontend_log), wall seconds: vLLM's arrival
-        stamp, when the scheduler took the request in, when its first token came out."""
+        stamp, when the scheduler took the request in (`idle`: the engine core had no
+        request then, so it took it in at once, not at the end of a step), when its
+        first token came out."""
         if self._log is None:
             return
         record = {"kind": REQUEST_KIND, "engine": ENGINE, "id": request_id,
-                  "arrival": arrival, "seen": seen, "first_token": first_token,
-                  "to_engine": seen - arrival}
+                  "arrival": arrival, "seen": seen, "idle": idle,
+                  "first_token": first_token, "to_engine": seen - arrival}
         self._log.write(json.dumps(record) + "\n")
 
     def log_step(self, batch: StepBatch, duration: float, num_waiting: int) -> None:

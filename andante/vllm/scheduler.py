@@ -128,9 +128,10 @@ class Scheduler(VllmScheduler):
         self._blocked_ids: set[str] = set()  # queued in vLLM, not schedulable yet
         self._steps: deque[_Step] = deque()
         self._cycle_started = 0.0  # perf_counter when the current `schedule` was called
-        # request id -> (vLLM's arrival stamp, when add_request took it in), wall seconds,
-        # until its first token (the step log's request records: andante.perf.frontend_log)
-        self._seen: dict[str, tuple[float, float]] = {}
+        # request id -> (vLLM's arrival stamp, when add_request took it in, wall seconds;
+        # whether the engine was idle then), until its first token (the step log's
+        # request records: andante.perf.frontend_log)
+        self._seen: dict[str, tuple[float, float, bool]] = {}
         self.kv_view = VllmKVView(self.kv_cache_manager, self.requests, self,
                                   self.scheduler_reserve_full_isl)
 
@@ -138,11 +139,12 @@ class Scheduler(VllmScheduler):
     def add_request(self, request: VllmRequest) -> None:
         is_new = request.request_id not in self.requests
         seen = time.time()  # vLLM's arrival_time is time.time() too (its API server's)
+        idle = not self.requests  # the engine core was waiting for work, not stepping
         super().add_request(request)
         if not is_new:
             return  # a streaming session's next input: the same request
         if self.observer.logs_steps:
-            self._seen[request.request_id] = (request.arrival_time, seen)
+            self._seen[request.request_id] = (request.arrival_time, seen, idle)
         params = request.sampling_params
         try:
             slo = slo_from_extra_args(params.extra_args if params is not None else None)
@@ -381,7 +383,7 @@ class Scheduler(VllmScheduler):
         """Log the request's engine side (arrival, taken in, first token: wall seconds)."""
         stamps = self._seen.pop(request_id, None)
         if stamps is not None:
-            self.observer.log_request(request_id, stamps[0], stamps[1], time.time())
+            self.observer.log_request(request_id, *stamps, time.time())
 
     def _record(self, step: _Step, duration: float, cycle: float) -> None:
         """Give the mirrors their tokens; the policy hears of the step (`duration`, the

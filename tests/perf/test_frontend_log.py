@@ -92,3 +92,17 @@ def test_sides_that_contradict_each_other_are_refused():
     lines = _lines(_request("a", 1.0, 1.01, 1.2), _http("a", 1.5, 1.6))
     with pytest.raises(FrontendLogError, match=r"received to seen \(http line 2\) runs backwards"):
         fit_frontend(*parse_frontend(lines))
+
+
+def test_the_time_before_the_engine_counts_only_requests_that_found_it_idle():
+    lines = _lines(_request("a", 1.0, 1.010, 1.2, idle=True), _http("a", 0.995, 1.21),
+                   _request("b", 2.0, 2.900, 3.1, idle=False), _http("b", 1.995, 3.11))
+    fit = fit_frontend(*parse_frontend(lines))
+    assert fit.frontend_in == pytest.approx(0.015)  # b waited for a step to end
+    assert fit.frontend_out == pytest.approx(0.010) and fit.note is None
+    busy = _lines(_request("b", 2.0, 2.900, 3.1, idle=False), _http("b", 1.995, 3.11))
+    fit = fit_frontend(*parse_frontend(busy))
+    assert fit.frontend_in == pytest.approx(0.905)
+    assert fit.note is not None and "no request found the engine idle" in fit.note
+    with pytest.raises(FrontendLogError, match="'idle' must be true, false or null"):
+        parse_frontend(_lines(_request("c", 1.0, 1.1, 1.2, idle="yes")))
