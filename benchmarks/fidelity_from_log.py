@@ -15,15 +15,22 @@ is in its `--additional-config`). One server, started once:
    fitted profile. Target: mean TTFT and mean TPOT within 10% (|sim - real| / real).
 
 The real TTFT is the client's (HTTP and streaming included); the simulator's is the
-engine's. Prints one JSON line: the fit (error per step kind, steps, shapes), per rate
-the real and simulated figures and their errors, the worst error, the load average
-before and after (the machine's load moves the real figures: say so when reporting).
+engine's plus the front end's time the log measured (the step log's request records,
+and the HTTP timing middleware's: andante.perf.frontend_log), which the fitted profile
+carries as `frontend_in` and `frontend_out`; each run also reports the simulation
+without it (`sim_without_frontend`). A served andante step costs its forward
+pass plus the server's overhead between steps (the trace's `overhead`), which the fit
+adds (andante.perf.step_log). Prints one JSON line: the fit (error per step kind,
+steps, shapes, front end), per rate the real and simulated figures and their errors,
+the worst error, the load average before and after (the machine's load moves the real
+figures: say so when reporting).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -38,8 +45,10 @@ from andante.bench.load import BenchConfig, run_bench
 from andante.cli.main import main as andante_main
 from andante.metrics.record import records_from_requests
 from andante.metrics.summary import summarize
+from andante.perf.catalog import get_hardware, save_hardware
 from andante.perf.paths import ANDANTE_HOME_ENV
 from andante.policies import SchedulerConfig
+from andante.server.http_timing import LOG_ENV as HTTP_LOG_ENV
 from andante.sim import ClusterSpec, build_simulator
 from andante.workload import WorkloadConfig, build_workload
 from andante.workload.spec import to_requests
@@ -50,6 +59,7 @@ from serve_vs_vllm import free_port, start, stop, warm_up  # noqa: E402
 
 TARGET = 0.10
 PROFILE = "served"
+BARE_PROFILE = "served-without-frontend"  # the same steps, no front end (for comparison)
 
 
 def server_command(args: argparse.Namespace, port: int, step_log: Path) -> list[str]:
@@ -65,6 +75,7 @@ def server_command(args: argparse.Namespace, port: int, step_log: Path) -> list[
             "--host", "127.0.0.1", "--port", str(port), "--no-enable-prefix-caching",
             "--enforce-eager", "--no-async-scheduling",
             "--scheduler-cls", "andante.vllm.Scheduler",
+            "--middleware", "andante.server.http_timing.HttpTiming",
             "--additional-config", json.dumps(config), *limits]
 
 
@@ -81,12 +92,14 @@ def served(port: int, config: WorkloadConfig) -> dict[str, float]:
     return figures(run.summary)
 
 
-def simulated(args: argparse.Namespace, config: WorkloadConfig) -> dict[str, float]:
-    spec = ClusterSpec(model="smollm2-135m", hardware=PROFILE, policy="vllm",
+def simulated(args: argparse.Namespace, config: WorkloadConfig,
+              profile: str = PROFILE) -> dict[str, float]:
+    spec = ClusterSpec(model="smollm2-135m", hardware=profile, policy="vllm",
                        scheduler=engine_limits(args))
     requests = to_requests(build_workload(config))
-    build_simulator(spec).run(requests)
-    return figures(summarize(records_from_requests(requests)))
+    simulator = build_simulator(spec)
+    simulator.run(requests)
+    return figures(summarize(records_from_requests(requests, simulator.delivery_delay)))
 
 
 def figures(summary: Any) -> dict[str, float]:
@@ -107,6 +120,8 @@ def calibrate(step_log: Path, upto: int, out: Path) -> dict[str, Any]:
         code = andante_main(argv)
     if code != 0 or not (saved / f"{PROFILE}.json").is_file():
         raise RuntimeError(f"calibration failed (exit {code}): {buffer.getvalue()}")
+    save_hardware(dataclasses.replace(get_hardware(PROFILE), name=BARE_PROFILE,
+                                      frontend_in=0.0, frontend_out=0.0))
     return json.loads(buffer.getvalue())
 
 
@@ -144,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])  # andante for vLLM
     step_log = args.log_dir / f"{args.engine}-steps.jsonl"
+    step_log.unlink(missing_ok=True)  # vLLM appends: a new run starts a new log
+    os.environ[HTTP_LOG_ENV] = str(step_log)  # vLLM's HTTP timing middleware writes there
     load_before, started = [round(x, 2) for x in os.getloadavg()], time.perf_counter()
     port = free_port()
     proc = start(server_command(args, port, step_log), port,
@@ -158,9 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         for index, rate in enumerate(rates):
             config = workload(args, rate, args.seed + index, args.lengths, args.num_requests)
             real, sim = served(port, config), simulated(args, config)
+            bare = simulated(args, config, BARE_PROFILE)
             errors = {f"{m}_error": round(abs(sim[f"{m}_mean_ms"] - real[f"{m}_mean_ms"])
                                           / real[f"{m}_mean_ms"], 4) for m in ("ttft", "tpot")}
             runs.append({"rate": rate, "real": real, "sim": sim, **errors,
+                         "sim_without_frontend": bare,
                          "loadavg": [round(x, 2) for x in os.getloadavg()]})
             print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     finally:
@@ -168,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     worst = max(max(r["ttft_error"], r["tpot_error"]) for r in runs)
     print(json.dumps({"benchmark": "fidelity_from_log", "engine": args.engine,
                       "fit": {k: fit[k] for k in ("fit_error", "num_steps", "num_shapes",
-                                                   "by_kind", "engines", "fitted_on")},
+                                                   "by_kind", "engines", "fitted_on",
+                                                   "frontend_in", "frontend_out",
+                                                   "num_request_records",
+                                                   "num_matched_http", "frontend_note")},
                       "runs": runs, "worst_error": worst, "target": TARGET,
                       "within_target": worst <= TARGET, "step_log": str(step_log),
                       "wall_s": round(time.perf_counter() - started, 1),

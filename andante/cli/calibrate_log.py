@@ -3,7 +3,8 @@
 Whichever engine served: andante's own server (`andante serve --trace-steps FILE`),
 vLLM running andante's scheduler class (`{"andante": {"step_log": PATH}}`), or the GPU
 step benchmark (benchmarks/gpu_steps.py). The log gives each step's shape and measured
-duration (andante.perf.step_log); `--base-hardware` the GPU's datasheet rates and
+duration (andante.perf.step_log), its request and http records the front end's time
+around the engine (andante.perf.frontend_log); `--base-hardware` the GPU's datasheet rates and
 memory; `--model` the served model's shape. The fit (andante.perf.log_fit) refuses a
 log too thin to fit, naming what is missing, and the profile is saved as
 `andante calibrate` saves its own (refused over `--max-error`, the previous one kept
@@ -80,6 +81,7 @@ def resolve_base(name: str | None) -> HardwareSpec:
 
 
 def fit_log(args: argparse.Namespace) -> tuple[ModelSpec, LogFit]:
+    from andante.perf.frontend_log import read_frontend
     from andante.perf.log_fit import fit_step_log
     from andante.perf.step_log import read_step_log
 
@@ -88,8 +90,13 @@ def fit_log(args: argparse.Namespace) -> tuple[ModelSpec, LogFit]:
     model = resolve_model(args.model, args.dtype)
     base = resolve_base(args.base_hardware)
     steps = read_step_log(args.step_log)
-    return model, fit_step_log(steps, model, base, args.name, args.tp,
-                               args.serial_below_tokens, source=f"step log {args.step_log}")
+    frontend = read_frontend(args.step_log)
+    fit = fit_step_log(steps, model, base, args.name, args.tp, args.serial_below_tokens,
+                       source=f"step log {args.step_log}")
+    fit.hardware = dataclasses.replace(fit.hardware, frontend_in=frontend.frontend_in,
+                                       frontend_out=frontend.frontend_out)
+    fit.frontend = frontend
+    return model, fit
 
 
 def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: Any) -> None:
@@ -104,6 +111,13 @@ def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: An
     print(f"  coefficients: {hw.coefficients}")
     if hw.serial_coefficients is not None:
         print(f"  steps below {hw.serial_below_tokens} tokens: {hw.serial_coefficients}")
+    if fit.frontend is not None:
+        fe = fit.frontend
+        print(f"  front end: {hw.frontend_in * 1e3:.1f} ms before the engine, "
+              f"{hw.frontend_out * 1e3:.1f} ms after it ({fe.num_requests} request records, "
+              f"{fe.num_matched} matched to http records)")
+        if fe.note:
+            print(f"  note: {fe.note}")
     if fit.num_on_floor:
         print(f"  launch floor: {hw.eager_launch_per_layer * model.num_layers * 1e3:.1f} ms "
               f"per step with prefill tokens ({fit.num_on_floor} steps on it)")
@@ -145,6 +159,10 @@ def run_step_log(args: argparse.Namespace, save_fit: Callable[..., Any]) -> int:
                                                     for k, v in fit.by_kind.items()},
             "coefficients": dataclasses.asdict(hw.coefficients),
             "eager_launch_per_layer": hw.eager_launch_per_layer,
+            "frontend_in": hw.frontend_in, "frontend_out": hw.frontend_out,
+            "frontend_note": fit.frontend.note if fit.frontend else None,
+            "num_request_records": fit.frontend.num_requests if fit.frontend else 0,
+            "num_matched_http": fit.frontend.num_matched if fit.frontend else 0,
             "num_on_floor": fit.num_on_floor, "num_stalled": fit.num_stalled,
             "fitted_on": hw.fitted_on,
             "previous_saved_as": outcome.previous, "warning": outcome.message,

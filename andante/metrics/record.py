@@ -59,12 +59,16 @@ class RequestRecord:
             )
 
     @classmethod
-    def from_request(cls, req: Request) -> RequestRecord:
-        """Snapshot a core `Request` (finished or still in flight)."""
+    def from_request(cls, req: Request, delivery_delay: float = 0.0) -> RequestRecord:
+        """Snapshot a core `Request` (finished or still in flight). `delivery_delay`:
+        seconds from the engine's emission of a token to the client's receipt (a
+        simulated server's front end, andante.sim.simulator); each token time moves by it."""
+        times = req.timeline.token_times
         return cls(
             request_id=req.request_id,
             arrival_time=req.arrival_time,
-            token_times=tuple(req.timeline.token_times),
+            token_times=tuple(t + delivery_delay for t in times) if delivery_delay
+            else tuple(times),
             num_prompt_tokens=req.num_prompt_tokens,
             slo=req.slo,
             finish_reason=req.finish_reason,
@@ -104,5 +108,7 @@ class RequestRecord:
         return self.finish_reason is not None and self.finish_reason not in ABORTED_REASONS
 
 
-def records_from_requests(reqs: Sequence[Request]) -> list[RequestRecord]:
-    return [RequestRecord.from_request(r) for r in reqs]
+def records_from_requests(reqs: Sequence[Request], delivery_delay: float = 0.0
+                          ) -> list[RequestRecord]:
+    """Each request's record; `delivery_delay` as `RequestRecord.from_request`'s."""
+    return [RequestRecord.from_request(r, delivery_delay) for r in reqs]

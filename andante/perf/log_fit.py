@@ -47,6 +47,7 @@ import numpy as np
 
 from andante.perf.cost_model import CostModel
 from andante.perf.fit import MIN_REGIME_SAMPLES, Sample, fit_coefficients, prediction_error
+from andante.perf.frontend_log import FrontendFit
 from andante.perf.specs import CostCoefficients, HardwareSpec, ModelSpec
 from andante.perf.step_log import LoggedStep
 
@@ -87,6 +88,7 @@ class LogFit:
     num_stalled: int = 0  # steps left out as stalls (`split_stalls`)
     num_derived_shapes: int = 0  # steps without attn_pairs (pairs estimated)
     samples: list[Sample] = field(default_factory=list)
+    frontend: FrontendFit | None = None  # the front end's fit (andante.perf.frontend_log)
 
 
 def shape_class(step: LoggedStep) -> tuple[int, int, int]:

@@ -229,6 +229,14 @@ class HardwareSpec:
     # (seconds), the host's time to launch it (0: launches hidden, as in every built-in
     # serving profile; andante.perf.cost_model).
     eager_launch_per_layer: float = 0.0
+    # The served engine's front end, per request (andante.perf.frontend_log): seconds
+    # from a request's arrival at the server to the engine taking it in (HTTP, parsing,
+    # tokenization, the hop to the engine), and from the engine emitting a token to the
+    # server sending it (the hop back, detokenization, SSE). The simulator delays the
+    # request's arrival at its engine and each token's delivery by them. 0: no front
+    # end (every built-in profile, and a profile fitted without request records).
+    frontend_in: float = 0.0
+    frontend_out: float = 0.0
     collective_latency: float = 10e-6  # fixed cost of one small all-reduce, s
     disk_bandwidth: float = 7.0e9  # model weights read from local disk, B/s (hardware.py)
     # A calibrated profile's provenance (`andante calibrate`): the fit's mean |relative
@@ -262,7 +270,8 @@ class HardwareSpec:
         if self.serial_below_tokens is not None:
             _require_positive_int("HardwareSpec", "serial_below_tokens",
                                   self.serial_below_tokens)
-        for name in ("new_size_fixed", "new_size_per_token", "eager_launch_per_layer"):
+        for name in ("new_size_fixed", "new_size_per_token", "eager_launch_per_layer",
+                     "frontend_in", "frontend_out"):
             _require_rate("HardwareSpec", name, getattr(self, name), allow_zero=True)
         if self.new_size_cache != 0:
             _require_positive_int("HardwareSpec", "new_size_cache", self.new_size_cache)
@@ -295,7 +304,8 @@ class HardwareSpec:
                                                "calibrated_at", "serial_coefficients",
                                                "serial_below_tokens", "new_size_fixed",
                                                "new_size_per_token", "new_size_cache",
-                                               "eager_launch_per_layer", "fitted_on"})
+                                               "eager_launch_per_layer", "fitted_on",
+                                               "frontend_in", "frontend_out"})
         if missing:
             raise ValueError(f"hardware profile lacks keys {missing}")
         if "coefficients" in data:

@@ -8,7 +8,13 @@ naming the source, timestamps, ids). Three engines write it: andante's server
 scheduler class (`{"andante": {"step_log": PATH}}`) and the GPU step benchmark
 (benchmarks/gpu_steps.py). A step's fields, in seconds and token counts:
 
-- `duration` (required): the step's measured time, forward pass only;
+- `duration` (required): the step's measured time (vLLM's scheduler class: the engine
+  core's whole cycle; andante's server: the forward pass, its `overhead` aside);
+- `overhead`: andante's server, the wall time between the previous step's end and this
+  step's start (scheduling, updating, streaming, taking requests in; null after the
+  engine ran dry). A served request pays it between its tokens, so a step's cost is
+  `duration + overhead` (issue 32 item 5: a fit of the forward passes alone predicted
+  served TPOT 21-34% low);
 - `num_tokens` (required): tokens the step advanced, summed over its sequences;
 - `num_decode_seqs`: sequences advancing by one token after their prompt (0 if absent);
 - `num_prefill_tokens`: the other sequences' tokens (prompt chunks, recomputation);
@@ -96,6 +102,18 @@ def _duration(record: dict[str, Any], line: int) -> float:
     return float(value)
 
 
+def _overhead(record: dict[str, Any], line: int) -> float:
+    """The step's `overhead` seconds (0 if absent, null or negative: a clock's jitter)."""
+    value = record.get("overhead")
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise StepLogError(f"line {line}: overhead must be a number of seconds or null, "
+                           f"got {value!r}")
+    return max(0.0, float(value))
+
+
 def step_shape(record: dict[str, Any], line: int) -> tuple[BatchShape, bool]:
     """(the step's shape, whether it is exact) from one step record; see the module note."""
     num_tokens = _count(record, "num_tokens", line)
@@ -147,7 +165,8 @@ def parse_steps(lines: Iterable[str]) -> list[LoggedStep]:
         shape, exact = step_shape(record, number)
         engine = record.get("engine")
         graph = record.get("graph")
-        steps.append(LoggedStep(shape, _duration(record, number), number,
+        steps.append(LoggedStep(shape, _duration(record, number) + _overhead(record, number),
+                                number,
                                 str(engine) if engine is not None else None,
                                 bool(graph) if graph is not None else None, exact))
     return steps

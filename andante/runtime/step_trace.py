@@ -17,8 +17,12 @@ in, so it sees every step and every request without touching the scheduler:
 - `{"kind": "request", ...}` per finished request: its arrival at the server, when the
   engine took it in (`seen`), first scheduled, first token, finish; the derived waits
   (`to_engine` = seen - arrival, `queue` = first scheduled - seen, `prefill` = first
-  token - first scheduled), the steps that carried its prompt and the overhead of
-  those steps, and its preemptions.
+  token - first scheduled), whether the engine was idle when it took the request in
+  (`idle`: else it took it in at the end of a step), the steps that carried its prompt
+  and the overhead of those steps, and its preemptions; `origin`, the wall time of the
+  clock's zero, so that
+  andante.perf.frontend_log can set them beside the HTTP timing middleware's records
+  (andante.server.http_timing, which `--trace-steps` installs on the same file).
 - `{"kind": "gc", ...}` (with `watch_gc`) per pause of the garbage collector in the
   process: every full collection, younger ones from 1 ms.
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -48,6 +53,7 @@ class _Pending:
     """What the trace knows of a request not finished yet."""
 
     seen: float
+    idle: bool  # the engine was waiting for work (no step between arrival and seen)
     prefill_steps: int = 0
     prefill_overhead: float = 0.0
 
@@ -64,7 +70,7 @@ class StepTrace:
     _gc_started: float | None = None
 
     def seen(self, req: Request) -> None:
-        self._pending[req.request_id] = _Pending(self.clock.now())
+        self._pending[req.request_id] = _Pending(self.clock.now(), self._last_end is None)
 
     def watch_gc(self) -> None:
         """Also record the garbage collector's pauses in this process (`kind` "gc"):
@@ -106,8 +112,12 @@ class StepTrace:
         self._finish_all(output.finished)
 
     def _finish_all(self, finished: list[Request]) -> None:
+        if not finished:
+            return
+        origin = time.time() - self.clock.now()  # the clock's zero on the wall clock
         for req in finished:
-            self._write(self._request_record(req, self._pending.pop(req.request_id, None)))
+            record = self._request_record(req, self._pending.pop(req.request_id, None))
+            self._write({**record, "origin": origin})
 
     @staticmethod
     def _request_record(req: Request, pending: _Pending | None) -> dict[str, Any]:
@@ -125,6 +135,7 @@ class StepTrace:
                 "to_engine": minus(seen, req.arrival_time),
                 "queue": minus(tl.first_scheduled_time, seen),
                 "prefill": minus(first_token, tl.first_scheduled_time),
+                "idle": pending.idle if pending else None,
                 "prefill_steps": pending.prefill_steps if pending else None,
                 "prefill_overhead": pending.prefill_overhead if pending else None,
                 "num_preemptions": len(tl.preemption_times)}

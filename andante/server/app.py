@@ -17,6 +17,7 @@ from andante.server.batches.routes import install_batch_routes
 from andante.server.config import ServeOptions
 from andante.server.errors import install_error_handlers
 from andante.server.guard import EdgeGuard
+from andante.server.http_timing import HttpTiming
 from andante.server.metrics import CONTENT_TYPE
 from andante.server.openai_api import install_openai_routes
 from andante.server.state import ServerState
@@ -47,6 +48,8 @@ def create_app(options: ServeOptions, backend: Backend | None = None) -> FastAPI
     app.state.andante = state
     app.state.batches = batches
     app.add_middleware(EdgeGuard, keys=options.keys_by_value, limits=options.limits)
+    if options.trace_steps:  # the HTTP side of the front end's time, outermost
+        app.add_middleware(HttpTiming, path=options.trace_steps)
     install_error_handlers(app)
     install_openai_routes(app, state)
     install_batch_routes(app, batches, options.limits)

@@ -137,7 +137,9 @@ def start_trace(engine: Engine, clock: Clock, path: str, index: int) -> StepTrac
     """Trace `engine`'s steps and requests to `path` (instance i > 0: `path.i`)."""
     target = Path(path if index == 0 else f"{path}.{index}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    trace = StepTrace(target.open("w", buffering=1), clock)
+    target.write_text("", encoding="utf-8")  # a new trace; appended to from here on,
+    # by the trace and by the HTTP timing middleware (andante.server.http_timing)
+    trace = StepTrace(target.open("a", buffering=1, encoding="utf-8"), clock)
     engine.add_observer(trace)
     trace.watch_gc()
     return trace

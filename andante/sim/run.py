@@ -76,16 +76,17 @@ def simulate(
     started = time.perf_counter()
     report = simulator.run(requests, until=until, on_finish=on_finish)
     wall = time.perf_counter() - started
-    records = records_from_requests(requests)
+    records = records_from_requests(requests, report.delivery_delay)
     if on_record is not None:
         for record in records:
             on_record(record)
-    duration = report.end_time - min((r.arrival_time for r in requests), default=0.0)
+    end = report.end_time + report.delivery_delay  # the last token reaches its client
+    duration = end - min((r.arrival_time for r in requests), default=0.0)
     summary = summarize(
         records,
         duration=duration if duration > 0 else None,
         goodput_thresholds=goodput_thresholds,
-        now=report.end_time,
+        now=end,
     )
     return SimRun(spec, report, records, summary, wall)
 
@@ -102,8 +103,10 @@ def _simulate_streamed(
 ) -> SimRun:
     stream = SummaryStream(goodput_thresholds)
 
+    delay = [0.0]  # the simulator's delivery delay, known once it is built
+
     def record(req: Request) -> None:
-        rec = RequestRecord.from_request(req)
+        rec = RequestRecord.from_request(req, delay[0])
         stream.add(rec)
         if on_record is not None:
             on_record(rec)
@@ -115,14 +118,16 @@ def _simulate_streamed(
 
     lazy = _LazyRequests(workload)
     simulator = build_simulator(spec, router, decode_runs)
+    delay[0] = simulator.delivery_delay
     started = time.perf_counter()
     report = simulator.run(lazy, until=until, on_finish=finished, keep_finished=False)
     wall = time.perf_counter() - started
     for req in chain(report.unfinished, _never_submitted(lazy, report.unfinished), lazy):
         record(req)
-    duration = report.end_time - (stream.first_arrival if stream.first_arrival < math.inf
+    end = report.end_time + report.delivery_delay  # the last token reaches its client
+    duration = end - (stream.first_arrival if stream.first_arrival < math.inf
                                   else 0.0)
-    summary = stream.summary(duration if duration > 0 else None, now=report.end_time)
+    summary = stream.summary(duration if duration > 0 else None, now=end)
     return SimRun(spec, report, [], summary, wall)
 
 

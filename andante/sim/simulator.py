@@ -13,6 +13,13 @@ before the next arrival, or with the step that straddles it where nothing the ar
 does can tell the difference (`Simulator._straddles`; a run of its own where the
 engine's observers read each output's figures).
 
+A served engine's front end (HTTP, tokenization, the hops to the engine and back,
+andante.perf.frontend_log) is the profile's `frontend_in` and `frontend_out`: a request
+reaches the controller `frontend_in` after its arrival (its `arrival_time` stays the
+client's, as a server stamps it), and the report's `delivery_delay` tells the metrics to
+read each token `frontend_out` after the engine emitted it. Both are 0 in every
+built-in profile.
+
 Multi-model instances (QLM §5): the swap itself is andante.cluster.qlm.swap's
 `ModelSwitcher` (parking, flush, release), which a `SimInstance` drives on the simulated
 clock: a `SWAP_MODEL` happens after the step in flight; the instance loads an engine
@@ -50,6 +57,7 @@ from andante.engine.policy import BasePolicy
 from andante.engine.stopping import num_tokens_before_length_stop
 from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
+from andante.exec.sim_executor import SimExecutor
 from andante.perf.catalog import get_model
 from andante.perf.cost_model import CostModel
 from andante.sim.after_finish import batch_after_finish
@@ -386,6 +394,9 @@ class SimReport:
     instance_stats: list[InstanceStats] = field(default_factory=list)
     model_swaps: list[ModelSwap] = field(default_factory=list)
     router_counters: dict[str, int] = field(default_factory=dict)  # e.g. QLM's plans
+    # the front end's seconds from a token's emission to the client (`Simulator`): the
+    # metrics read each token this much later (andante.metrics.record)
+    delivery_delay: float = 0.0
 
 
 class Simulator(SimHooks):
@@ -417,6 +428,17 @@ class Simulator(SimHooks):
         self._hands_off = False  # does a policy hand requests back (set by `run`)?
         for inst in instances:
             inst.hooks = self
+        # one HTTP front end serves the cluster (DESIGN.md §2.6): its time before and
+        # after the engines, the largest any instance's profile gives (0: none)
+        profiles = [inst.engine.executor.cost_model.hardware for inst in instances
+                    if isinstance(inst.engine.executor, SimExecutor)]
+        self.frontend_in = max((hw.frontend_in for hw in profiles), default=0.0)
+        self._report.delivery_delay = max((hw.frontend_out for hw in profiles), default=0.0)
+
+    @property
+    def delivery_delay(self) -> float:
+        """Seconds from a token's emission to its client (`SimReport.delivery_delay`)."""
+        return self._report.delivery_delay
 
     def run(
         self,
@@ -454,7 +476,7 @@ class Simulator(SimHooks):
         req = next(arrivals, None)
         self._next_arrival = math.inf
         if req is not None:
-            self._next_arrival = max(req.arrival_time, self.clock.now())
+            self._next_arrival = max(req.arrival_time + self.frontend_in, self.clock.now())
             self._events.push(self._next_arrival, EventKind.ARRIVAL, req)
 
     # ---- hooks (SimHooks) -------------------------------------------------------------

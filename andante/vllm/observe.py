@@ -14,7 +14,12 @@
   counted by vLLM's vllm:num_preemptions on /metrics.
 - The step log (`step_log`): one JSON line per step in andante.perf.step_log's format
   (`engine` "vllm", the policy's name, the queue left, the preemptions by cause so
-  far), what `andante calibrate --step-log` fits; opened for appending, line-buffered.
+  far), what `andante calibrate --step-log` fits; and per request, at its first token,
+  a request record (andante.perf.frontend_log: vLLM's arrival stamp, when the
+  scheduler took it in, the first token; wall seconds); opened for appending,
+  line-buffered. The HTTP side of the same requests comes from vLLM's API server with
+  `--middleware andante.server.http_timing.HttpTiming` and ANDANTE_HTTP_LOG set to the
+  same file.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from andante.engine.config import SchedulerConfig
 from andante.exec.batch import StepBatch
 from andante.metrics.qoe import qoe
 from andante.perf.cost_model import CostModel
+from andante.perf.frontend_log import REQUEST_KIND
 from andante.perf.step_log import step_record
 from andante.vllm.config import AdapterConfig
 
@@ -111,6 +117,24 @@ class Observer:
             s["num_running"], s["num_waiting"], 100 * s["kv_usage"], s["preemptions"]["kv"],
             s["preemptions"]["policy"], _summary(s["qoe_running"]),
             _summary(s["qoe_waiting"]), s["queue_head"])
+
+    @property
+    def logs_steps(self) -> bool:
+        """Is the step log on (set from `step_log` by `log_startup`)?"""
+        return self._log is not None
+
+    def log_request(self, request_id: str, arrival: float, seen: float, idle: bool,
+                    first_token: float) -> None:
+        """A request record (andante.perf.frontend_log), wall seconds: vLLM's arrival
+        stamp, when the scheduler took the request in (`idle`: the engine core had no
+        request then, so it took it in at once, not at the end of a step), when its
+        first token came out."""
+        if self._log is None:
+            return
+        record = {"kind": REQUEST_KIND, "engine": ENGINE, "id": request_id,
+                  "arrival": arrival, "seen": seen, "idle": idle,
+                  "first_token": first_token, "to_engine": seen - arrival}
+        self._log.write(json.dumps(record) + "\n")
 
     def log_step(self, batch: StepBatch, duration: float, num_waiting: int) -> None:
         if self._log is None or not batch.requests or duration <= 0:

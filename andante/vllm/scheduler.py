@@ -25,7 +25,9 @@ processing included), since that is what a served request's TPOT pays.
 
 Observable (andante.vllm.observe): a startup line, the policy's state every
 `log_interval` seconds (QoE estimates, preemptions by cause, the queue's head), the
-step log (`step_log`, what `andante calibrate --step-log` fits); preemptions are
+step log (`step_log`, what `andante calibrate --step-log` fits: a record per step, and
+per request its arrival, when `add_request` took it in and its first token, the
+engine's side of the front end's time); preemptions are
 vLLM's own, so vLLM's vllm:num_preemptions counts them.
 """
 
@@ -126,15 +128,23 @@ class Scheduler(VllmScheduler):
         self._blocked_ids: set[str] = set()  # queued in vLLM, not schedulable yet
         self._steps: deque[_Step] = deque()
         self._cycle_started = 0.0  # perf_counter when the current `schedule` was called
+        # request id -> (vLLM's arrival stamp, when add_request took it in, wall seconds;
+        # whether the engine was idle then), until its first token (the step log's
+        # request records: andante.perf.frontend_log)
+        self._seen: dict[str, tuple[float, float, bool]] = {}
         self.kv_view = VllmKVView(self.kv_cache_manager, self.requests, self,
                                   self.scheduler_reserve_full_isl)
 
     # ---- requests in and out ------------------------------------------------------
     def add_request(self, request: VllmRequest) -> None:
         is_new = request.request_id not in self.requests
+        seen = time.time()  # vLLM's arrival_time is time.time() too (its API server's)
+        idle = not self.requests  # the engine core was waiting for work, not stepping
         super().add_request(request)
         if not is_new:
             return  # a streaming session's next input: the same request
+        if self.observer.logs_steps:
+            self._seen[request.request_id] = (request.arrival_time, seen, idle)
         params = request.sampling_params
         try:
             slo = slo_from_extra_args(params.extra_args if params is not None else None)
@@ -161,6 +171,7 @@ class Scheduler(VllmScheduler):
         now = self.andante_clock.now()
         gone: list[Request] = []
         for rid, vllm_status in finished:
+            self._seen.pop(rid, None)
             req = self.mirrors.pop(rid, None)
             if req is None:
                 continue
@@ -368,6 +379,12 @@ class Scheduler(VllmScheduler):
         self.observer.maybe_log_state(self)
         return outputs
 
+    def _first_token(self, request_id: str) -> None:
+        """Log the request's engine side (arrival, taken in, first token: wall seconds)."""
+        stamps = self._seen.pop(request_id, None)
+        if stamps is not None:
+            self.observer.log_request(request_id, *stamps, time.time())
+
     def _record(self, step: _Step, duration: float, cycle: float) -> None:
         """Give the mirrors their tokens; the policy hears of the step (`duration`, the
         executor's time); log it (`cycle`: from the call of `schedule` to the end of
@@ -382,6 +399,8 @@ class Scheduler(VllmScheduler):
             if not req.is_finished:
                 out = vreq.output_token_ids
                 num_new = len(out) - req.num_output_tokens
+                if num_new and req.num_output_tokens == 0:
+                    self._first_token(req.request_id)
                 if num_new == 1:  # the common case: one token this step
                     token = out[-1]
                     req.append_output_token(token, now)

@@ -23,6 +23,8 @@ def test_each_engine_is_told_to_log_its_steps(tmp_path: Path):
     assert andante[andante.index("--trace-steps") + 1] == str(log)
     vllm = ffl.server_command(ffl.parse_args(["--engine", "vllm"]), 8002, log)
     assert vllm[vllm.index("--scheduler-cls") + 1] == "andante.vllm.Scheduler"
+    # and its API server to time each streamed response (the front end's HTTP side)
+    assert vllm[vllm.index("--middleware") + 1] == "andante.server.http_timing.HttpTiming"
     config = json.loads(vllm[vllm.index("--additional-config") + 1])
     assert config == {"andante": {"policy": "vllm", "step_log": str(log)}}
     for cmd in (andante, vllm):  # the same limits as the simulated engine's

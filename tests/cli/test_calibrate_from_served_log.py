@@ -14,6 +14,7 @@ import pytest
 
 from andante.cli.main import main
 from andante.perf.catalog import get_hardware
+from andante.perf.frontend_log import read_frontend
 from andante.perf.paths import ANDANTE_HOME_ENV
 from andante.server import EngineOptions, ServeOptions, ServerThread
 from tests.server.helpers import toy_options
@@ -52,6 +53,23 @@ def test_the_toy_servers_flat_steps_are_refused(tmp_path: Path, capsys) -> None:
     assert main(["calibrate", "--step-log", str(trace), "--model", "smollm2-135m",
                  "--base-hardware", "cpu", "--name", "toy"]) == 2
     assert "do not increase with the steps' work" in capsys.readouterr().err
+
+
+def test_the_toy_servers_trace_times_both_sides_of_its_front_end(tmp_path: Path) -> None:
+    trace = tmp_path / "toy.jsonl"
+    with ServerThread(replace(toy_options(), trace_steps=str(trace))) as server:
+        for words in (8, 40, 120):
+            body = {"model": "toy", "prompt": "hello " * words, "max_tokens": 4,
+                    "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
+                              timeout=60) as reply:
+                assert reply.status_code == 200
+                assert sum(line.startswith("data: {") for line in reply.iter_lines()) >= 4
+        _drive(server.url, "toy")  # not streamed: no http records
+    fit = read_frontend(trace)
+    assert fit.num_requests == 3 + sum(len(wave) for wave in WAVES)
+    assert fit.num_matched == 3 and fit.note is None
+    assert 0 < fit.frontend_in < 5 and 0 < fit.frontend_out < 5
 
 
 @pytest.mark.slow

@@ -104,3 +104,55 @@ def test_missing_or_bad_options_are_one_line_and_exit_2(tmp_path, capsys, argv, 
 def test_step_log_options_without_a_step_log_are_refused(capsys):
     assert main(["calibrate", "--base-hardware", "h100-80g"]) == 2
     assert "go with --step-log" in capsys.readouterr().err
+
+
+def _frontend_records(num: int) -> list[dict]:
+    """Request records (the engine's side, vLLM's suffixed ids) and the HTTP timing
+    middleware's records: 30 ms before the engine, 50 ms after it, per request."""
+    out: list[dict] = []
+    for i in range(num):
+        t = 100.0 + i
+        out.append({"kind": "http", "id": f"cmpl-{i}", "received": t,
+                    "first_byte": t + 0.030 + 0.2 + 0.050})
+        out.append({"kind": "request", "id": f"cmpl-{i}-0-abcdef12", "arrival": t + 0.010,
+                    "seen": t + 0.030, "first_token": t + 0.230})
+    return out
+
+
+def test_the_front_end_is_fitted_into_the_profile(tmp_path, capsys):
+    steps = logged_steps(CostModel(LLAMA, TRUTH), engine="vllm") * 2
+    log = _log(tmp_path, steps + _frontend_records(5))
+    argv = ["calibrate", "--step-log", log, "--model", "llama-3.1-8b",
+            "--base-hardware", "h100-80g", "--name", "fronted"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "front end: 30.0 ms before the engine, 50.0 ms after it (5 request records, " \
+        "5 matched to http records)" in out and "note:" not in out
+    saved = get_hardware("fronted")
+    assert saved.frontend_in == pytest.approx(0.030)
+    assert saved.frontend_out == pytest.approx(0.050)
+
+
+def test_a_log_without_request_records_assumes_no_front_end_and_says_so(tmp_path, capsys):
+    argv = ["calibrate", "--step-log", _log(tmp_path), "--model", "llama-3.1-8b",
+            "--base-hardware", "h100-80g", "--name", "plain", "--json"]
+    assert main(argv) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["frontend_in"] == 0.0 and record["frontend_out"] == 0.0
+    assert "assumed to take 0 s" in record["frontend_note"]
+    assert main(argv[:-1] + ["--force"]) == 0
+    assert "note: the log has no request records" in capsys.readouterr().out
+    assert get_hardware("plain").frontend_in == 0.0
+
+
+def test_malformed_front_end_records_are_refused(tmp_path, capsys):
+    steps = logged_steps(CostModel(LLAMA, TRUTH), engine="vllm") * 2
+    bad = {"kind": "http", "id": "cmpl-0", "received": "at noon", "first_byte": 1.0}
+    log = _log(tmp_path, steps + [bad])
+    argv = ["calibrate", "--step-log", log, "--model", "llama-3.1-8b",
+            "--base-hardware", "h100-80g", "--name", "bad-front"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"line {len(steps) + 1}: a http record needs 'received' as a number" in err
+    with pytest.raises(ValueError):
+        get_hardware("bad-front")

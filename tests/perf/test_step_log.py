@@ -80,3 +80,13 @@ def test_an_unreadable_file_is_a_step_log_error(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(StepLogError, match="not UTF-8"):
         read_step_log(binary)
+
+
+def test_andantes_overhead_between_steps_is_part_of_a_steps_cost():
+    steps = parse_steps([_line(num_tokens=1, overhead=0.004),
+                         _line(num_tokens=1, overhead=None),
+                         _line(num_tokens=1, overhead=-1e-6),  # a clock's jitter
+                         _line(num_tokens=1)])
+    assert [s.duration for s in steps] == pytest.approx([0.014, 0.01, 0.01, 0.01])
+    with pytest.raises(StepLogError, match="line 1: overhead must be a number"):
+        parse_steps([_line(num_tokens=1, overhead="some")])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -73,6 +74,7 @@ def test_trace_records_every_step_and_request() -> None:
     assert by_id["r1"]["prefill_steps"] == 3
     assert sum("r1" in s["prefill_ids"] for s in steps) == 3
     for r in requests:
+        assert r["seen"] + r["origin"] <= time.time()  # on the wall clock by its origin
         assert r["to_engine"] == pytest.approx(0.002)
         assert r["ttft"] == pytest.approx(r["to_engine"] + r["queue"] + r["prefill"])
         assert r["output"] == 3 and r["num_preemptions"] == 0
@@ -91,7 +93,10 @@ def test_step_records_carry_the_shape_a_step_log_fit_reads() -> None:
     assert {s.engine for s in logged} == {"andante"}
     # the last step decodes r1 alone, its 100-token prompt and 2 tokens in its cache
     assert last.kind == "decode" and steps[-1]["num_context_tokens"] == 101
-    assert last.shape.kv_tokens_read == 102 and last.duration == pytest.approx(
+    # a step costs its forward pass and the server's overhead before it (the whole
+    # cycle a served token pays); the first step after the engine ran dry has no overhead
+    assert last.shape.kv_tokens_read == 102 and last.duration == pytest.approx(STEP_S)
+    assert steps[0]["overhead"] is None and first.duration == pytest.approx(
         STEP_S - OVERHEAD_S)
 
 

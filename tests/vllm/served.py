@@ -16,9 +16,11 @@ from typing import Any
 
 import httpx
 
+from andante.server.http_timing import LOG_ENV as HTTP_LOG_ENV
 from tests.peers import REPO, VllmPeer
 
 MODEL = "smollm2"
+HTTP_TIMING = "andante.server.http_timing.HttpTiming"
 #: small limits so a few requests fill the KV cache (12 blocks of 128 tokens)
 LIMITS = ["--max-model-len", "1024", "--max-num-batched-tokens", "1024",
           "--max-num-seqs", "16", "--num-gpu-blocks-override", "12"]
@@ -60,10 +62,15 @@ def command(peer: VllmPeer, port: int, andante: dict[str, Any] | None,
 
 def start(peer: VllmPeer, log: Path, andante: dict[str, Any] | None = None,
           extra: list[str] | None = None) -> subprocess.Popen[bytes]:
-    """Start the server (returns at once; `wait_ready` waits for /health)."""
+    """Start the server (returns at once; `wait_ready` waits for /health). With a
+    `step_log`, vLLM's API server also times each streamed response at its HTTP edge
+    into the same file (andante.server.http_timing)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE",
            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    if andante is not None and andante.get("step_log"):
+        env[HTTP_LOG_ENV] = str(andante["step_log"])
+        extra = [*(extra or []), "--middleware", HTTP_TIMING]
     with log.open("wb") as out:
         proc = subprocess.Popen(command(peer, port, andante, extra or []), stdout=out,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -98,6 +105,15 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         return
+
+
+def stream(url: str, prompt: str, max_tokens: int) -> int:
+    """A streamed completion (ignore_eos), read to its end; the number of events."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as reply:
+        assert reply.status_code == 200, reply.read()
+        return sum(1 for line in reply.iter_lines() if line.startswith("data: {"))
 
 
 def complete(url: str, prompt: str, max_tokens: int, **extra: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import pytest
 from andante.cli.main import main
 from andante.perf.paths import ANDANTE_HOME_ENV
 from tests.peers import VllmPeer
-from tests.vllm.served import MODEL, Served, complete, start, stop, wait_ready
+from tests.vllm.served import MODEL, Served, complete, start, stop, stream, wait_ready
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +115,10 @@ def _calibration_load(url: str) -> None:
     prefills of many sizes, alone and mixed with decodes, and decode batches of 1 to 8
     (few of them: on a shared machine the small model's decode steps are mostly noise)."""
     def one(n: int) -> None:
-        complete(url, "hello " * (16 + 37 * n), 2 + n % 4, ignore_eos=True)
+        if n % 2:  # streamed: the HTTP timing middleware records these
+            assert stream(url, "hello " * (16 + 37 * n), 2 + n % 4) >= 2
+        else:
+            complete(url, "hello " * (16 + 37 * n), 2 + n % 4, ignore_eos=True)
 
     with ThreadPoolExecutor(8) as pool:
         for wave in range(3):
@@ -129,7 +132,11 @@ def test_the_step_log_calibrates_a_profile(servers: dict[str, Served], workdir: 
     log.write_text("")  # this load's steps only (the server appends to the file)
     _calibration_load(servers["andes"].url)
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert records and all(r["engine"] == "vllm" and r["policy"] == "andes" for r in records)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert steps and all(r["engine"] == "vllm" and r["policy"] == "andes" for r in steps)
+    # every request's engine side; the streamed ones' HTTP side (12 of the 24)
+    assert sum(r["kind"] == "request" for r in records) == 24
+    assert sum(r["kind"] == "http" for r in records) == 12
     monkeypatch.setenv(ANDANTE_HOME_ENV, str(workdir / "home"))
     # the fit's error on this shared 2-core machine is not the point: that it fits is
     code = main(["calibrate", "--step-log", str(log), "--model", str(vllm_peer.model),
@@ -142,6 +149,9 @@ def test_the_step_log_calibrates_a_profile(servers: dict[str, Served], workdir: 
     assert {"decode", "prefill"} <= set(fit["by_kind"]) or \
         {"decode", "mixed"} <= set(fit["by_kind"])
     assert fit["saved_to"]
+    # the front end: measured on both sides of the engine for the streamed requests
+    assert fit["num_request_records"] == 24 and fit["num_matched_http"] == 12
+    assert fit["frontend_in"] > 0 and fit["frontend_out"] > 0 and not fit["frontend_note"]
 
 
 def test_an_unknown_policy_stops_startup_with_one_line(vllm_peer: VllmPeer,
