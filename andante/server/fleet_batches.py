@@ -62,6 +62,7 @@ class FleetBatchHost:
         self.runner = self
         self.hub = self
         self.backend = self
+        self.sleep_level: int | None = None  # a fleet front never sleeps
 
     @property
     def is_alive(self) -> bool:

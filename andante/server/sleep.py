@@ -46,6 +46,11 @@ class SleepControl:
     async def sleep(self, level: int) -> None:
         if level not in (1, 2):
             raise APIError(400, f"level must be 1 or 2, got {level}", "level", "invalid_value")
+        unable = self._unsleepable()
+        if unable:
+            raise APIError(501, f"sleep mode needs executors that can release their memory; "
+                           f"{', '.join(unable)} cannot (only the toy model's can today)",
+                           None, "not_implemented")
         async with self._lock:
             if self.state.sleep_level is not None:
                 return
@@ -62,6 +67,14 @@ class SleepControl:
                 return
             await self._on_engines(lambda executor: executor.wake_up())
             self.state.sleep_level = None
+
+    def _unsleepable(self) -> list[str]:
+        """The executor kinds that would answer "asleep" while holding their memory."""
+        kinds = {type(inst.worker.engine.executor).__name__
+                 for inst in self.state.runner.instances
+                 if isinstance(inst, LocalInstance)
+                 and not isinstance(inst.worker.engine.executor, Sleepable)}
+        return sorted(kinds)
 
     async def _drained(self) -> bool:
         loop = asyncio.get_running_loop()

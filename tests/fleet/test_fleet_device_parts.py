@@ -9,7 +9,7 @@ from typing import Any
 from andante.cluster.instance import MultiModel
 from andante.core.request import Request, SyntheticTokens
 from andante.core.sampling import SamplingParams
-from andante.runtime.upstream.device import SharedDevice
+from andante.runtime.upstream.device import FAILED_SWAP_BACKOFF_S, SharedDevice
 from andante.runtime.upstream.discovery import UpstreamSpec
 from andante.runtime.upstream.members import linked_models
 
@@ -35,14 +35,16 @@ def _req(rid: str, model: str) -> Request:
     return Request(rid, SyntheticTokens(4), SamplingParams(max_tokens=4), 0.0, model=model)
 
 
-def _device(post_status: int = 200) -> tuple[SharedDevice, list[StandIn], list[str], list[Any]]:
+def _device(post_status: int = 200, failing: str = ""
+            ) -> tuple[SharedDevice, list[StandIn], list[str], list[Any]]:
+    """`post_status` answers every call, or only the call `failing` (URL + path)."""
     ups = [StandIn("http://a", "alpha"), StandIn("http://b", "beta")]
     calls: list[str] = []
     back: list[Any] = []
 
     async def post(url: str, path: str) -> int:
         calls.append(url + path)
-        return post_status
+        return post_status if not failing or url + path == failing else 200
 
     device = SharedDevice(0, "gpu0", ups, 0, post, lambda d: calls.append("swapped"),  # type: ignore[arg-type]
                           lambda d, reqs: back.extend(reqs))
@@ -80,7 +82,23 @@ def test_a_failed_swap_hands_the_parked_back() -> None:
         device.swap_model("beta")
         await asyncio.sleep(0.05)
         assert device.model == "alpha" and device.target is None
+        assert not back  # handed back after a back-off, from outside the driver
+        await asyncio.sleep(FAILED_SWAP_BACKOFF_S + 0.2)
         assert [r.request_id for r in back] == ["r1"] and not b.got
+
+    asyncio.run(main())
+
+
+def test_a_server_that_does_not_wake_puts_the_outgoing_one_back_to_work() -> None:
+    async def main() -> None:
+        device, (a, b), calls, back = _device(post_status=500, failing="http://b/wake_up")
+        device.submit(_req("r1", "beta"))
+        device.swap_model("beta")
+        await asyncio.sleep(0.05)
+        assert calls == ["http://a/sleep?level=1", "http://b/wake_up", "http://a/wake_up"]
+        assert device.model == "alpha" and device.awake is a
+        device.submit(_req("r2", "alpha"))
+        assert a.got == ["r2"]
 
     asyncio.run(main())
 

@@ -27,12 +27,14 @@ from tests.server.batch_helpers import batch_lines, finished, submit, wait_batch
 from tests.server.helpers import toy_options
 
 
-def _fake_state(waiting: int, running: int = 0, alive: bool = True) -> Any:
+def _fake_state(waiting: int, running: int = 0, alive: bool = True,
+                sleep_level: int | None = None) -> Any:
     """Interactive requests: `waiting` for their first token, `running` past it."""
     options = ServeOptions(model="toy", engine=EngineOptions(max_num_seqs=16), instances=2)
     return SimpleNamespace(options=options, runner=SimpleNamespace(is_alive=alive),
                            hub=SimpleNamespace(num_not_started=waiting,
-                                               num_in_flight=waiting + running))
+                                               num_in_flight=waiting + running),
+                           sleep_level=sleep_level)
 
 
 def test_room_follows_the_interactive_load(tmp_path: Any) -> None:
@@ -46,6 +48,8 @@ def test_room_follows_the_interactive_load(tmp_path: Any) -> None:
     assert feeder.room() == 0  # one waits for its first token: nothing starts
     feeder.state = _fake_state(0, alive=False)
     assert feeder.room() == 0
+    feeder.state = _fake_state(0, sleep_level=1)
+    assert feeder.room() == 0  # asleep (dev mode): no batch work
     late = BatchRecord("batch_late", "f", "/v1/completions", "1m", 900, 1010,
                        counts=RequestCounts(total=100))
     feeder.open = [late]

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
-from andante.server import ServerThread
+from andante.server import ServeOptions, ServerThread
 from andante.server.toy import ToyExecutor
+from tests.models.helpers import make_tiny_checkpoint
 from tests.server.helpers import toy_options
 
 
@@ -56,8 +59,10 @@ def test_sleep_lets_requests_in_flight_finish(dev_server: ServerThread) -> None:
     results: list[httpx.Response] = []
     worker = threading.Thread(target=lambda: results.append(_complete(url, 60)))
     worker.start()
+    deadline = time.monotonic() + 30
     while not dev_server.state.hub.num_in_flight:
-        pass
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.005)
     assert httpx.post(f"{url}/sleep", params={"level": 1}, timeout=30).status_code == 200
     worker.join(30)
     assert results[0].status_code == 200  # 60 tokens of 10 ms: it ran past the sleep call
@@ -77,3 +82,18 @@ def test_no_sleep_endpoints_without_dev_mode() -> None:
 def test_dev_mode_needs_in_process_engines() -> None:
     with pytest.raises(ValueError, match="--backend inprocess"):
         dataclasses.replace(toy_options(), dev_mode=True, backend="process")
+
+
+def test_sleep_is_refused_where_the_executor_cannot_release_its_memory(
+        tmp_path: Path) -> None:
+    """A torch model's executor holds its weights and KV cache: /sleep answers 501 and
+    the server keeps serving, instead of claiming a sleep that frees nothing."""
+    options = ServeOptions(model=str(make_tiny_checkpoint(tmp_path)), served_model_name="tiny",
+                           port=0, log_level="warning", dev_mode=True)
+    with ServerThread(options) as server:
+        refused = httpx.post(f"{server.url}/sleep", params={"level": 1})
+        assert refused.status_code == 501 and "TorchExecutor" in refused.text
+        assert httpx.get(f"{server.url}/is_sleeping").json() == {"is_sleeping": False}
+        answer = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+            "model": "tiny", "prompt": [5] * 4, "max_tokens": 2})
+        assert answer.status_code == 200

@@ -108,6 +108,7 @@ class GroupWatch:
     num_rising: int = 0
     signalled: bool = False
     idle_since: float | None = None  # the dropped memory unused since then
+    idle_rule: bool = False  # the last restore found due was the idle-memory rule's
 
     def observe(self, usage: float) -> bool:
         """Record a usage; True if it rose since the previous check."""
@@ -141,13 +142,17 @@ class Watches:
             return False  # the recent peak needed the dropped memory: the next may too
         idle_queue = stats.num_waiting == 0 and stats.num_queued_kv_blocks == 0
         if usage <= options.restore_threshold and not rising and idle_queue:
+            watch.idle_rule = False  # the paper's rule: a restore after real use
             return True
-        return num_members > 1 and idle_for >= options.idle_restore_seconds
+        watch.idle_rule = num_members > 1 and idle_for >= options.idle_restore_seconds
+        return watch.idle_rule
 
     def idle_memory(self, leader: int) -> bool:
-        """Was the group's restore due to its dropped memory lying idle?"""
+        """Was the group's restore due to its dropped memory lying idle (the idle rule,
+        not the paper's usage rule, which the restore window also lets fire only once the
+        memory has lain idle)?"""
         watch = self.groups.get(leader)
-        return watch is not None and watch.idle_since is not None
+        return watch is not None and watch.idle_rule
 
     def keeps_rising(self, leader: int, options: MonitorOptions) -> bool:
         """Has the group's usage risen for `scale_up_checks` checks (signalled once)?"""

@@ -41,6 +41,7 @@ BLOCK_SIZE = 16
 SLEEP_LEVEL = 1
 DRAIN_POLL_S = 0.01
 INITIAL_SWAP_S = 1.0  # the estimate until a swap has been measured
+FAILED_SWAP_BACKOFF_S = 0.5  # parked requests return to the queue this late after a failed swap
 
 # POST a path (with query) to an upstream's URL; returns the status (raises on failure)
 PostFn = Callable[[str, str], Awaitable[int]]
@@ -194,7 +195,10 @@ class SharedDevice(LaterOperations):
                 self.target = None
                 self.switcher.pending = None
                 back = self.switcher.unpark([r.request_id for r in self.switcher.parked])
-                self.hand_back(back)
+                # later, from outside this driver: the router may place them here again,
+                # and a request parked while this driver runs would find no driver
+                asyncio.get_running_loop().call_later(
+                    FAILED_SWAP_BACKOFF_S, self._hand_back, self, back)
                 return
             self.target = None
             if self.switcher.pending == model:
@@ -212,15 +216,33 @@ class SharedDevice(LaterOperations):
             while outgoing.num_in_flight:
                 await asyncio.sleep(DRAIN_POLL_S)
             await self._call(outgoing, f"/sleep?level={SLEEP_LEVEL}")
+        except Exception as exc:
+            self._log_failed_swap(model, exc)
+            return False
+        try:
             await self._call(incoming, "/wake_up")
         except Exception as exc:
-            log.error("device %s: swap %s -> %s failed (%s); %d parked request(s) go "
-                      "back to the queue", self.name, outgoing.models[0], model, exc,
-                      len(self.switcher.parked))
+            self._log_failed_swap(model, exc)
+            await self._wake_again(outgoing)
             return False
         self.awake = incoming
         self.swap_s = asyncio.get_running_loop().time() - started
         return True
+
+    def _log_failed_swap(self, model: str, exc: Exception) -> None:
+        log.error("device %s: swap %s -> %s failed (%s); %d parked request(s) go back to "
+                  "the queue", self.name, self.awake.models[0], model, exc,
+                  len(self.switcher.parked))
+
+    async def _wake_again(self, outgoing: UpstreamInstance) -> None:
+        """The incoming server did not wake: the outgoing one, already asleep, serves
+        again (else the device has no awake server; its requests then fail over as an
+        unanswering upstream's do)."""
+        try:
+            await self._call(outgoing, "/wake_up")
+        except Exception as exc:
+            log.error("device %s: %s does not wake up again either (%s)", self.name,
+                      outgoing.url, exc)
 
     async def _call(self, upstream: UpstreamInstance, path: str) -> None:
         status = await self._post(upstream.url, path)

@@ -287,11 +287,12 @@ class Fleet:
         self.num_retries += 1
         group = self.groups[call.model]
         index = group.member_of(upstream)
-        if call.attempts < len(group.members):  # another upstream, now
+        num_instances = len(group.controller.slots)  # a shared device is one
+        if call.attempts < num_instances:  # another instance, now
             group.controller.on_step(index, handoffs=(req,))
             return
         group.controller.on_finished(call.request_id)  # every one tried: back off
-        delay = min(2.0, 0.05 * 2 ** (call.attempts - len(group.members)))
+        delay = min(2.0, 0.05 * 2 ** (call.attempts - num_instances))
         asyncio.get_running_loop().call_later(delay, self._resubmit, call, req)
 
     def _resubmit(self, call: Call, req: Request) -> None:

@@ -251,8 +251,8 @@ class BatchFeeder:
 
     def room(self) -> int:
         """How many more batch requests may start now (the rule in the module note)."""
-        if not self.state.runner.is_alive:
-            return 0
+        if not self.state.runner.is_alive or self.state.sleep_level is not None:
+            return 0  # a sleeping server (dev mode) takes no new work
         hub = self.state.hub
         if hub.num_not_started - self.runner.num_not_started > 0:
             return 0  # an interactive request waits for its first token

@@ -66,6 +66,9 @@ class BatchHost(Protocol):
     @property
     def backend(self) -> _Served: ...
 
+    @property
+    def sleep_level(self) -> int | None: ...  # asleep (dev mode): takes no new work
+
 
 class ItemRunning(Protocol):
     """Runs one work item to its outcome (raising `EngineFailure` when the serving side
