@@ -53,3 +53,14 @@ def keep_freed_memory() -> bool:
         log.debug("malloc: mmap threshold %d, trim threshold %d", MMAP_THRESHOLD,
                   TRIM_THRESHOLD)
     return ok
+
+
+def release_freed_memory() -> bool:
+    """Hand the heap's free pages back to the kernel now (glibc's malloc_trim(0)), as
+    sleep mode wants after dropping the KV cache or the weights: the raised trim
+    threshold would otherwise keep them resident. True when trimmed."""
+    name = ctypes.util.find_library("c")
+    try:
+        return bool(ctypes.CDLL(name).malloc_trim(0))
+    except (OSError, AttributeError, TypeError):
+        return False

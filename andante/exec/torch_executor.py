@@ -18,10 +18,23 @@ bf16 path each step's GEMM rows are padded to a step-size bucket and every bucke
 the step budget is run once at start-up (andante.perf.step_sizes,
 andante.exec.torch_warmup), so no served step pays oneDNN's setup of a new size;
 `ANDANTE_NO_STEP_BUCKETS=1` turns both off.
+
+Sleep mode (vLLM's dev-mode sleep, andante.exec.base.Sleepable; called on the engine's
+stepping thread between steps, with the server drained): `sleep(1)` drops both KV tiers'
+tensors and every layer's view of them (KVPools.release, TransformerRunner.bind_kv) and
+trims the heap so the pages go back to the kernel (andante.exec.malloc_tuning);
+`sleep(2)` also drops the weights, the loaded ones and the packed ones (the whole
+runner). `wake_up()` allocates the KV tiers again with the same shapes (zeroed; the
+block manager's prefix cache is reset by the caller, see andante.server.sleep) and, after
+level 2, reloads the weights from the checkpoint the model was loaded from
+(`LoadedModel.path`, in its load dtype) and packs them in the layer form chosen at
+start-up (not timed again). The primitive warm-up is not run again: oneDNN's primitive
+cache is keyed by shapes, which did not change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -33,7 +46,7 @@ from typing import Literal
 import torch
 
 from andante.exec.batch import StepBatch, StepResult
-from andante.exec.malloc_tuning import keep_freed_memory
+from andante.exec.malloc_tuning import keep_freed_memory, release_freed_memory
 from andante.exec.thread_adapter import ThreadAdapter, adaptive_class, class_range
 from andante.exec.torch_attention import decode_matmul_choice
 from andante.exec.torch_cost import CPU_PROFILE, engine_cost_model
@@ -57,7 +70,8 @@ from andante.exec.torch_warmup import (
     primitive_cache_for,
     warm_buckets,
 )
-from andante.models.loader import LoadedModel, parse_dtype
+from andante.models.loader import LoadedModel, load_model, parse_dtype
+from andante.models.weights import ModelWeights
 from andante.perf.cost_model import CostModel
 from andante.perf.paths import env_switch
 from andante.perf.specs import ModelSpec
@@ -151,6 +165,9 @@ class TorchExecutor:
                  cost_model: CostModel | None = None) -> None:
         self.options = options or TorchExecutorOptions()
         self.model = model
+        self.sleeping: int | None = None  # sleep mode's level; None when awake
+        self._runner: TransformerRunner | None = None
+        self._load_dtype = model.dtype  # what a level-2 wake-up reloads the weights in
         keep_freed_memory()
         self._init_threads()
         self._init_buckets()
@@ -297,7 +314,6 @@ class TorchExecutor:
     def _init_runner(self) -> None:
         opts, config = self.options, self.model.config
         self.dtype = parse_dtype(opts.dtype)
-        weights = self.model.weights.to(self.dtype)
         self.max_model_len = min(opts.max_model_len or config.max_model_len,
                                  config.max_model_len)
         token_bytes = config.with_dtype(self.dtype.itemsize).kv_bytes_per_token
@@ -313,11 +329,54 @@ class TorchExecutor:
             log.info("fused layers: %s (us per layer summed over %s rows: %s)",
                      "epilogues" if self.epilogues else "plain", CHOICE_ROWS,
                      self.layer_form_us or "set")
-        self.runner = TransformerRunner(config, weights, self.kv, self.max_model_len,
-                                        buckets=self.step_buckets, epilogues=self.epilogues)
+        self._runner = self._build_runner(self.model.weights)
         self.inputs = InputBuilder(opts.block_size, self.max_model_len, config.num_kv_heads,
                                    config.num_heads // config.num_kv_heads, self.dtype)
         self.sampler = Sampler(opts.seed)
+
+    def _build_runner(self, weights: ModelWeights) -> TransformerRunner:
+        """The layers over `weights` (cast to the executor's dtype), packed in the form
+        chosen at start-up, bound to the KV pools."""
+        return TransformerRunner(self.model.config, weights.to(self.dtype), self.kv,
+                                 self.max_model_len, buckets=self.step_buckets,
+                                 epilogues=self.epilogues)
+
+    @property
+    def runner(self) -> TransformerRunner:
+        if self._runner is None:
+            raise RuntimeError(self._asleep_message())
+        return self._runner
+
+    def _asleep_message(self) -> str:
+        return (f"the torch executor is asleep (level {self.sleeping}): its "
+                f"{'KV cache and weights are' if self.sleeping == 2 else 'KV cache is'} "
+                "released; wake it up first (POST /wake_up)")
+
+    # ---- sleep mode (andante.exec.base.Sleepable; see the module note) --------------
+    def sleep(self, level: int) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
+        if self.sleeping is None:
+            self.kv.release()
+            self.runner.bind_kv(self.kv)
+        if level == 2 and self._runner is not None:
+            self._runner = None
+            self.model = dataclasses.replace(self.model, weights=_no_weights(self.model.dtype))
+        self.sleeping = max(level, self.sleeping or 0)
+        release_freed_memory()
+
+    def wake_up(self) -> None:
+        if self.sleeping is None:
+            return
+        self.kv.restore()
+        if self._runner is None:
+            loaded = load_model(self.model.path, self._load_dtype)
+            self.model = dataclasses.replace(self.model, weights=loaded.weights)
+            with primitive_cache_for(self._num_buckets()):
+                self._runner = self._build_runner(loaded.weights)
+        else:
+            self._runner.bind_kv(self.kv)
+        self.sleeping = None
 
     @property
     def spec(self) -> ModelSpec:
@@ -343,6 +402,8 @@ class TorchExecutor:
         return dict(zip(inputs.sample_index, tokens, strict=True))
 
     def execute(self, batch: StepBatch) -> StepResult:
+        if self.sleeping is not None:
+            raise RuntimeError(self._asleep_message())
         started = time.perf_counter()
         swap_time = self.kv.swap(batch.swap_out, batch.swap_in)
         sampled: list[int | None] = [None] * len(batch.requests)
@@ -364,3 +425,9 @@ class TorchExecutor:
                                 for c, m in decision.medians.items())
             log.info("threads: steps of %s rows now run on %d thread(s) (%s re-probe: %s)",
                      class_range(size_class), decision.threads, decision.reason, medians)
+
+
+def _no_weights(dtype: torch.dtype) -> ModelWeights:
+    """What an executor asleep at level 2 keeps of its model's weights: nothing."""
+    empty = torch.empty(0, dtype=dtype)
+    return ModelWeights(empty, [], empty, empty)

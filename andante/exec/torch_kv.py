@@ -27,11 +27,31 @@ class KVPools:
         self.block_size = block_size
         self.num_device_blocks = num_device_blocks
         self.num_host_blocks = num_host_blocks
-        shape = (num_layers, 2 * num_kv_heads)
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self._shape = (num_layers, 2 * num_kv_heads)
+        self.released = False
+        self._allocate(num_device_blocks, num_host_blocks)
+
+    def _allocate(self, num_device_blocks: int, num_host_blocks: int) -> None:
+        shape, block_size, head_dim = self._shape, self.block_size, self.head_dim
         # zeros (not empty): masked padding slots are multiplied by 0 and must be finite.
-        self.device = torch.zeros(*shape, num_device_blocks, block_size, head_dim, dtype=dtype)
-        self.host = torch.zeros(*shape, num_host_blocks, block_size, head_dim, dtype=dtype)
+        self.device = torch.zeros(*shape, num_device_blocks, block_size, head_dim,
+                                  dtype=self.dtype)
+        self.host = torch.zeros(*shape, num_host_blocks, block_size, head_dim, dtype=self.dtype)
         self._flat = self.device.view(*shape, num_device_blocks * block_size, head_dim)
+
+    def release(self) -> None:
+        """Drop both tiers' tensors (their contents are lost); zero-block placeholders
+        stand in until `restore`. The block counts stay: the block manager's view."""
+        self._allocate(0, 0)
+        self.released = True
+
+    def restore(self) -> None:
+        """Allocate both tiers again, zeroed, at their original sizes."""
+        if self.released:
+            self._allocate(self.num_device_blocks, self.num_host_blocks)
+            self.released = False
 
     def layer(self, index: int) -> torch.Tensor:
         """Layer `index`'s device pool, [2 * kv_heads, blocks, block_size, head_dim]."""

@@ -202,6 +202,10 @@ class _Layer:
         self.pool = pool  # [2 kvh, blocks, block_size, dim]
         self.slots = slots  # the same memory, [2 kvh, blocks * block_size, dim]
 
+    def bind_kv(self, pool: torch.Tensor, slots: torch.Tensor) -> None:
+        """Use another KV pool of the same layout (sleep mode re-allocates it)."""
+        self.pool, self.slots = pool, slots
+
 
 class ExactLayer(_Layer):
     def __init__(self, config: ModelSpec, w: LayerWeights, pool: torch.Tensor,
@@ -255,6 +259,10 @@ class FusedLayer(_Layer):
         super().__init__(config, pool, slots)
         self.weights = fused_weights(config, w, pool, slots, epilogues)
         self.shape = layer_shape(config, epilogues)
+
+    def bind_kv(self, pool: torch.Tensor, slots: torch.Tensor) -> None:
+        super().bind_kv(pool, slots)
+        self.weights = self.weights._replace(pool=pool, slots=slots)
 
     def forward(self, x: torch.Tensor, inputs: StepInputs, cos: torch.Tensor,
                 sin: torch.Tensor) -> torch.Tensor:

@@ -59,6 +59,12 @@ class TransformerRunner:
         inv_freq = inverse_frequencies(config, weights.rope_freq_factors)
         self.cos, self.sin = rope_table(inv_freq, max_len, weights.dtype)
 
+    def bind_kv(self, kv: KVPools) -> None:
+        """Point every layer at `kv`'s current tensors (after KVPools.release / restore:
+        no layer keeps a view of a released pool)."""
+        for i, layer in enumerate(self.layers):
+            layer.bind_kv(kv.layer(i), kv.layer_slots(i))
+
     def forward(self, inputs: StepInputs, num_layers: int | None = None) -> torch.Tensor:
         """Run every row of the step; logits of the sampled rows, [S, vocab], in the model
         dtype (the sampler upcasts only the rows it samples at random). `num_layers`:

@@ -243,6 +243,17 @@ class KVBlockManager:
         self._pending.record(rid, blocks, hashes[len(blocks)] if more else None)
         return len(blocks) * self.block_size
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (vLLM's reset_prefix_cache): the KV tensors behind
+        them were released (sleep mode). Only while no request holds device blocks;
+        returns how many cached blocks went back to the free pool."""
+        if self._device_tables or self.cache.refs:
+            raise RuntimeError("reset_prefix_cache: requests still hold KV blocks")
+        freed = self.cache.evict_lru(len(self.cache.evictable))
+        self.device.free(freed)
+        self._pending.drain()
+        return len(freed)
+
     def _valid_hit(self, request_id: str) -> list[int] | None:
         """The request's tentative hit blocks ([] if none); None if one was evicted
         since the lookup (the request's num_computed_tokens is stale)."""

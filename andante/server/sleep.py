@@ -6,9 +6,13 @@ front (andante.runtime.upstream) can swap the models of servers sharing one devi
   flight are let finish (at most `DRAIN_S`; else 409 and the server stays awake), then
   every engine's executor goes to sleep at its next step boundary: level 1 releases the
   KV cache and holds the weights in host memory, level 2 drops the weights too
-  (`andante.exec.base.Sleepable`). Asleep, the server serves nothing.
-- `POST /wake_up`: the executors restore what they released (reload dropped weights);
-  the server takes requests again.
+  (`andante.exec.base.Sleepable`; the torch executor frees its KV tensors, and at level 2
+  its loaded and packed weights). The block manager's prefix cache is reset at the same
+  boundary (the KV behind it is gone). Asleep, the server serves nothing. The pipeline
+  executor (KunServe's merged groups) cannot sleep: /sleep answers 501 naming it.
+- `POST /wake_up`: the executors restore what they released (KV tensors re-allocated
+  with the same shapes; dropped weights reloaded from the model's checkpoint); the
+  server takes requests again.
 - `GET /is_sleeping`: `{"is_sleeping": bool}`.
 Sleeping twice or waking an awake server is a no-op, as in vLLM. Only in-process
 engines (`--backend inprocess`, the toy model's default) can sleep; the flag is refused
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
@@ -49,7 +54,7 @@ class SleepControl:
         unable = self._unsleepable()
         if unable:
             raise APIError(501, f"sleep mode needs executors that can release their memory; "
-                           f"{', '.join(unable)} cannot (only the toy model's can today)",
+                           f"{', '.join(unable)} cannot",
                            None, "not_implemented")
         async with self._lock:
             if self.state.sleep_level is not None:
@@ -59,13 +64,13 @@ class SleepControl:
                 self.state.sleep_level = None
                 raise APIError(409, f"requests still in flight after {DRAIN_S:g} s; the "
                                "server stays awake", None, "busy")
-            await self._on_engines(lambda executor: executor.sleep(level))
+            await self._on_engines(partial(_sleep_engine, level=level))
 
     async def wake_up(self) -> None:
         async with self._lock:
             if self.state.sleep_level is None:
                 return
-            await self._on_engines(lambda executor: executor.wake_up())
+            await self._on_engines(_wake_engine)
             self.state.sleep_level = None
 
     def _unsleepable(self) -> list[str]:
@@ -85,9 +90,9 @@ class SleepControl:
             await asyncio.sleep(DRAIN_POLL_S)
         return True
 
-    async def _on_engines(self, operation: Callable[[Sleepable], None]) -> None:
-        """`operation` on every engine's executor, on its stepping thread, between
-        steps; returns when all have run it."""
+    async def _on_engines(self, operation: Callable[[InstanceWorker], None]) -> None:
+        """`operation` on every engine's worker, on its stepping thread, between steps;
+        returns when all have run it."""
         futures = []
         for inst in self.state.runner.instances:
             assert isinstance(inst, LocalInstance)
@@ -97,13 +102,24 @@ class SleepControl:
         await asyncio.gather(*futures)
 
 
-def _run_on(operation: Callable[[Sleepable], None], done: concurrent.futures.Future[None]
-            ) -> Callable[[InstanceWorker], None]:
+def _sleep_engine(worker: InstanceWorker, level: int) -> None:
+    executor = worker.engine.executor
+    if isinstance(executor, Sleepable):
+        executor.sleep(level)
+    worker.engine.scheduler.kv.reset_prefix_cache()  # no stale hit survives the sleep
+
+
+def _wake_engine(worker: InstanceWorker) -> None:
+    executor = worker.engine.executor
+    if isinstance(executor, Sleepable):
+        executor.wake_up()
+
+
+def _run_on(operation: Callable[[InstanceWorker], None],
+            done: concurrent.futures.Future[None]) -> Callable[[InstanceWorker], None]:
     def run(worker: InstanceWorker) -> None:
         try:
-            executor = worker.engine.executor
-            if isinstance(executor, Sleepable):
-                operation(executor)
+            operation(worker)
             done.set_result(None)
         except BaseException as exc:  # reported to the caller, not to the engine
             done.set_exception(exc)

@@ -6,11 +6,12 @@ import dataclasses
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
+from andante.exec.torch_executor import TorchExecutor
+from andante.exec.torch_pipeline import device_kv_bytes, pipeline_executor
 from andante.server import ServeOptions, ServerThread
 from andante.server.toy import ToyExecutor
 from tests.models.helpers import make_tiny_checkpoint
@@ -84,16 +85,60 @@ def test_dev_mode_needs_in_process_engines() -> None:
         dataclasses.replace(toy_options(), dev_mode=True, backend="process")
 
 
-def test_sleep_is_refused_where_the_executor_cannot_release_its_memory(
-        tmp_path: Path) -> None:
-    """A torch model's executor holds its weights and KV cache: /sleep answers 501 and
-    the server keeps serving, instead of claiming a sleep that frees nothing."""
-    options = ServeOptions(model=str(make_tiny_checkpoint(tmp_path)), served_model_name="tiny",
-                           port=0, log_level="warning", dev_mode=True)
+@pytest.fixture(scope="module")
+def tiny_dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    path = make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
+    options = ServeOptions(model=str(path), served_model_name="tiny", port=0,
+                           log_level="warning", dev_mode=True)
     with ServerThread(options) as server:
-        refused = httpx.post(f"{server.url}/sleep", params={"level": 1})
-        assert refused.status_code == 501 and "TorchExecutor" in refused.text
-        assert httpx.get(f"{server.url}/is_sleeping").json() == {"is_sleeping": False}
-        answer = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
-            "model": "tiny", "prompt": [5] * 4, "max_tokens": 2})
-        assert answer.status_code == 200
+        yield server
+
+
+def _greedy(url: str, prompt: list[int]) -> str:
+    answer = httpx.post(f"{url}/v1/completions", timeout=60, json={
+        "model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0,
+        "ignore_eos": True})
+    assert answer.status_code == 200, answer.text
+    text: str = answer.json()["choices"][0]["text"]
+    return text
+
+
+def test_torch_model_sleeps_and_answers_the_same_after_waking(
+        tiny_dev_server: ServerThread) -> None:
+    """The torch executor releases its KV cache (level 1) and its weights too (level 2);
+    woken, it answers every prompt token for token as before, prefix-cached or not."""
+    url = tiny_dev_server.url
+    prompts = [[5] * 40, list(range(10, 60))]
+    before = [_greedy(url, p) for p in prompts]
+    assert all(before) and before[0] != before[1]
+    for level in (1, 2):
+        assert httpx.post(f"{url}/sleep", params={"level": level}).status_code == 200
+        assert httpx.get(f"{url}/is_sleeping").json() == {"is_sleeping": True}
+        executor = tiny_dev_server.state.runner.instances[0].worker.engine.executor
+        assert isinstance(executor, TorchExecutor) and executor.sleeping == level
+        assert executor.kv.device.numel() == 0
+        assert (not executor.model.weights.layers) is (level == 2)
+        assert httpx.post(f"{url}/wake_up").status_code == 200
+        assert [_greedy(url, p) for p in prompts] == before
+
+
+def test_sleep_is_refused_where_the_executor_cannot_release_its_memory(
+        tiny_dev_server: ServerThread) -> None:
+    """A KunServe pipeline group's executor cannot sleep: /sleep answers 501 naming it and
+    the server stays awake, instead of claiming a sleep that frees nothing."""
+    url = tiny_dev_server.url
+    engine = tiny_dev_server.state.runner.instances[0].worker.engine
+    unsplit = engine.executor
+    assert isinstance(unsplit, TorchExecutor)
+    num_layers = unsplit.model.config.num_layers
+    kv = device_kv_bytes(unsplit.kv.num_device_blocks, unsplit.model, unsplit.options)
+    engine.executor = pipeline_executor(  # what a KunServe merge puts in (only read here)
+        unsplit.model, unsplit.options, [(0, 1), (1, num_layers)], [kv, kv],
+        unsplit.cost_model, unsplit.max_model_len, num_host_blocks=1)
+    try:
+        refused = httpx.post(f"{url}/sleep", params={"level": 1})
+        assert refused.status_code == 501 and "PipelineExecutor" in refused.text
+        assert httpx.get(f"{url}/is_sleeping").json() == {"is_sleeping": False}
+    finally:
+        engine.executor = unsplit
+    assert _greedy(url, [5] * 4)
