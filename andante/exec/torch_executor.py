@@ -27,7 +27,8 @@ trims the heap so the pages go back to the kernel (andante.exec.malloc_tuning);
 runner). `wake_up()` allocates the KV tiers again with the same shapes (zeroed; the
 block manager's prefix cache is reset by the caller, see andante.server.sleep) and, after
 level 2, reloads the weights from the checkpoint the model was loaded from
-(`LoadedModel.path`, in its load dtype) and packs them in the layer form chosen at
+(`LoadedModel.path`, in its load dtype; one copy for the executors that wake together,
+andante.exec.torch_reload) and packs them in the layer form chosen at
 start-up (not timed again). The primitive warm-up is not run again: oneDNN's primitive
 cache is keyed by shapes, which did not change.
 """
@@ -55,6 +56,7 @@ from andante.exec.torch_kv import KVPools
 from andante.exec.torch_layer_form import CHOICE_ROWS, LAYER_FORMS, choose_layer_form
 from andante.exec.torch_layers import packed_gemm_supported
 from andante.exec.torch_model import TransformerRunner
+from andante.exec.torch_reload import ReloadedWeights, reload_weights
 from andante.exec.torch_sampler import Sampler
 from andante.exec.torch_threads import (
     ThreadChoice,
@@ -70,7 +72,7 @@ from andante.exec.torch_warmup import (
     primitive_cache_for,
     warm_buckets,
 )
-from andante.models.loader import LoadedModel, load_model, parse_dtype
+from andante.models.loader import LoadedModel, parse_dtype
 from andante.models.weights import ModelWeights
 from andante.perf.cost_model import CostModel
 from andante.perf.paths import env_switch
@@ -168,6 +170,7 @@ class TorchExecutor:
         self.sleeping: int | None = None  # sleep mode's level; None when awake
         self._runner: TransformerRunner | None = None
         self._load_dtype = model.dtype  # what a level-2 wake-up reloads the weights in
+        self._reloaded: ReloadedWeights | None = None  # after a level-2 wake-up
         keep_freed_memory()
         self._init_threads()
         self._init_buckets()
@@ -361,6 +364,7 @@ class TorchExecutor:
             self.runner.bind_kv(self.kv)
         if level == 2 and self._runner is not None:
             self._runner = None
+            self._reloaded = None
             self.model = dataclasses.replace(self.model, weights=_no_weights(self.model.dtype))
         self.sleeping = max(level, self.sleeping or 0)
         release_freed_memory()
@@ -370,10 +374,11 @@ class TorchExecutor:
             return
         self.kv.restore()
         if self._runner is None:
-            loaded = load_model(self.model.path, self._load_dtype)
-            self.model = dataclasses.replace(self.model, weights=loaded.weights)
+            self._reloaded = reload_weights(self.model.path, self._load_dtype)
+            weights = self._reloaded.weights
+            self.model = dataclasses.replace(self.model, weights=weights)
             with primitive_cache_for(self._num_buckets()):
-                self._runner = self._build_runner(loaded.weights)
+                self._runner = self._build_runner(weights)
         else:
             self._runner.bind_kv(self.kv)
         self.sleeping = None

@@ -28,9 +28,9 @@ def _greedy(executor: TorchExecutor) -> list[list[int]]:
     return [list(r.output_token_ids) for r in requests]
 
 
-def _fresh(path: Path, dtype: str = "float32", **options: object) -> TorchExecutor:
+def _fresh(path: Path, dtype: str = "float32", layer_form: str = "plain") -> TorchExecutor:
     """An executor that alone holds its model (so dropping it frees the weights)."""
-    return tiny_executor(load_model(path, dtype), dtype=dtype, **options)
+    return tiny_executor(load_model(path, dtype), dtype=dtype, layer_form=layer_form)
 
 
 @pytest.mark.parametrize("dtype,form", [("float32", "plain"), ("bfloat16", "epilogue"),
@@ -124,3 +124,21 @@ def test_reset_prefix_cache_forgets_every_cached_block(tiny_llama: Path) -> None
     probe = Request("again", shared, requests[0].sampling, 0.0)
     kv.track(probe)
     assert kv.lookup_prefix(probe) == 0  # no stale hit
+
+
+def test_executors_waking_together_share_one_reloaded_copy(tiny_llama: Path) -> None:
+    model = load_model(tiny_llama, "float32")
+    first, second = tiny_executor(model), tiny_executor(model)  # one server's instances
+    del model
+    for executor in (first, second):
+        executor.sleep(2)
+    first.wake_up()
+    second.wake_up()
+    assert first.model.weights is second.model.weights  # one copy, as at start-up
+    reloaded = weakref.ref(first.model.weights.layers[0].qkv)
+    for executor in (first, second):
+        executor.sleep(2)
+    gc.collect()
+    assert reloaded() is None  # nobody keeps the shared copy once all sleep again
+    first.wake_up()
+    assert first.model.weights.layers

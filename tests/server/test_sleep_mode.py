@@ -10,8 +10,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from andante.engine import Engine
 from andante.exec.torch_executor import TorchExecutor
 from andante.exec.torch_pipeline import device_kv_bytes, pipeline_executor
+from andante.runtime.local import LocalInstance
 from andante.server import ServeOptions, ServerThread
 from andante.server.toy import ToyExecutor
 from tests.models.helpers import make_tiny_checkpoint
@@ -94,6 +96,12 @@ def tiny_dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
         yield server
 
 
+def _engine(server: ServerThread) -> Engine:
+    inst = server.state.runner.instances[0]
+    assert isinstance(inst, LocalInstance)
+    return inst.worker.engine
+
+
 def _greedy(url: str, prompt: list[int]) -> str:
     answer = httpx.post(f"{url}/v1/completions", timeout=60, json={
         "model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0,
@@ -114,7 +122,7 @@ def test_torch_model_sleeps_and_answers_the_same_after_waking(
     for level in (1, 2):
         assert httpx.post(f"{url}/sleep", params={"level": level}).status_code == 200
         assert httpx.get(f"{url}/is_sleeping").json() == {"is_sleeping": True}
-        executor = tiny_dev_server.state.runner.instances[0].worker.engine.executor
+        executor = _engine(tiny_dev_server).executor
         assert isinstance(executor, TorchExecutor) and executor.sleeping == level
         assert executor.kv.device.numel() == 0
         assert (not executor.model.weights.layers) is (level == 2)
@@ -127,7 +135,7 @@ def test_sleep_is_refused_where_the_executor_cannot_release_its_memory(
     """A KunServe pipeline group's executor cannot sleep: /sleep answers 501 naming it and
     the server stays awake, instead of claiming a sleep that frees nothing."""
     url = tiny_dev_server.url
-    engine = tiny_dev_server.state.runner.instances[0].worker.engine
+    engine = _engine(tiny_dev_server)
     unsplit = engine.executor
     assert isinstance(unsplit, TorchExecutor)
     num_layers = unsplit.model.config.num_layers
