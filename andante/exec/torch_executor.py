@@ -379,6 +379,7 @@ class TorchExecutor:
             self.model = dataclasses.replace(self.model, weights=weights)
             with primitive_cache_for(self._num_buckets()):
                 self._runner = self._build_runner(weights)
+            release_freed_memory()  # the loader's temporary buffers
         else:
             self._runner.bind_kv(self.kv)
         self.sleeping = None
