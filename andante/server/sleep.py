@@ -8,7 +8,8 @@ front (andante.runtime.upstream) can swap the models of servers sharing one devi
   KV cache and holds the weights in host memory, level 2 drops the weights too
   (`andante.exec.base.Sleepable`; the torch executor frees its KV tensors, and at level 2
   its loaded and packed weights). The block manager's prefix cache is reset at the same
-  boundary (the KV behind it is gone). Asleep, the server serves nothing. The pipeline
+  boundary (the KV behind it is gone; if a request still held blocks there, the engines
+  that slept wake and the answer is 409). Asleep, the server serves nothing. The pipeline
   executor (KunServe's merged groups) cannot sleep: /sleep answers 501 naming it.
 - `POST /wake_up`: the executors restore what they released (KV tensors re-allocated
   with the same shapes; dropped weights reloaded from the model's checkpoint); the
@@ -64,7 +65,13 @@ class SleepControl:
                 self.state.sleep_level = None
                 raise APIError(409, f"requests still in flight after {DRAIN_S:g} s; the "
                                "server stays awake", None, "busy")
-            await self._on_engines(partial(_sleep_engine, level=level))
+            try:
+                await self._on_engines(partial(_sleep_engine, level=level))
+            except RuntimeError as exc:  # e.g. a request still holds KV blocks
+                await self._on_engines(_wake_engine)  # those that slept; no-op elsewhere
+                self.state.sleep_level = None
+                raise APIError(409, f"sleep failed ({exc}); the server stays awake", None,
+                               "busy") from exc
 
     async def wake_up(self) -> None:
         async with self._lock:
@@ -103,10 +110,10 @@ class SleepControl:
 
 
 def _sleep_engine(worker: InstanceWorker, level: int) -> None:
+    worker.engine.scheduler.kv.reset_prefix_cache()  # no stale hit survives the sleep
     executor = worker.engine.executor
     if isinstance(executor, Sleepable):
         executor.sleep(level)
-    worker.engine.scheduler.kv.reset_prefix_cache()  # no stale hit survives the sleep
 
 
 def _wake_engine(worker: InstanceWorker) -> None:

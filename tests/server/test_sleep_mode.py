@@ -130,6 +130,21 @@ def test_torch_model_sleeps_and_answers_the_same_after_waking(
         assert [_greedy(url, p) for p in prompts] == before
 
 
+def test_a_failed_sleep_leaves_the_server_awake(tiny_dev_server: ServerThread,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _engine(tiny_dev_server)
+
+    def held() -> int:
+        raise RuntimeError("reset_prefix_cache: requests still hold KV blocks")
+
+    monkeypatch.setattr(engine.scheduler.kv, "reset_prefix_cache", held)
+    refused = httpx.post(f"{tiny_dev_server.url}/sleep", params={"level": 2})
+    assert refused.status_code == 409 and "still hold KV" in refused.text
+    assert httpx.get(f"{tiny_dev_server.url}/is_sleeping").json() == {"is_sleeping": False}
+    assert isinstance(engine.executor, TorchExecutor) and engine.executor.sleeping is None
+    assert _greedy(tiny_dev_server.url, [5] * 4)
+
+
 def test_sleep_is_refused_where_the_executor_cannot_release_its_memory(
         tiny_dev_server: ServerThread) -> None:
     """A KunServe pipeline group's executor cannot sleep: /sleep answers 501 naming it and
