@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from andante.server import EngineOptions, ServeOptions, ServerThread
@@ -50,20 +50,30 @@ def _own_state_dir(args: tuple[str, ...]) -> list[str]:
 
 
 @contextmanager
-def toy_serve_process(*args: str) -> Iterator[str]:
-    """`andante serve --model toy --port 0 ARGS` as a separate process; yields its URL
-    (read from the startup line), then stops it by PID and checks that it exited cleanly."""
+def serve_process(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`andante serve --port 0 ARGS` as a separate process (a private state directory
+    unless ARGS name one); yields its URL, read from the first startup line that has it
+    (a real model logs its start-up choices first), then stops it by PID and checks that
+    it exited cleanly."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "andante.cli.main", "serve", "--model", "toy", "--port", "0",
-         "--log-level", "warning", "--toy-step-ms", "1", *_own_state_dir(args), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [sys.executable, "-m", "andante.cli.main", "serve", "--port", "0",
+         "--log-level", "warning", *_own_state_dir(args), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()
-        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        assert match, line
+        match = None
+        for line in proc.stdout:
+            match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+            if match:
+                break
+        assert match, "the server printed no URL"
         yield f"http://127.0.0.1:{match.group(1)}"
     finally:
         proc.terminate()
         # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
-        assert proc.wait(timeout=20) in (0, -signal.SIGTERM)
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+def toy_serve_process(*args: str) -> AbstractContextManager[str]:
+    """`serve_process` on the toy model with 1 ms steps."""
+    return serve_process("--model", "toy", "--toy-step-ms", "1", *args)

@@ -10,19 +10,14 @@ The bench client runs in the peer's interpreter (its `vllm` command cannot find 
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
 import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.peers import VllmPeer
+from tests.server.helpers import serve_process
 
 pytestmark = pytest.mark.slow  # vLLM's import alone takes 10-30 s here
 
@@ -39,27 +34,6 @@ SAMPLING_FLAGS = ["--temperature", "0.8", "--repetition-penalty", "1.2",
                   "--frequency-penalty", "0.5", "--presence-penalty", "0.3", "--min-p", "0.05"]
 
 
-@contextmanager
-def serve_process(*args: str) -> Iterator[str]:
-    """`andante serve --port 0 ARGS` as a separate process; yields its URL, then stops
-    it by PID."""
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "andante.cli.main", "serve", "--port", "0",
-         "--log-level", "warning", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        line = ""
-        for line in proc.stdout:  # the real model logs its start-up choices first
-            if "serving" in line:
-                break
-        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        assert match, line
-        yield f"http://127.0.0.1:{match.group(1)}"
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
 
 
 def run_bench(peer: VllmPeer, url: str, name: str, out_dir: Path, num_prompts: int,
