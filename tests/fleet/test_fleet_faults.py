@@ -54,7 +54,10 @@ def test_kill_9_one_of_three_under_load_loses_nothing_accepted() -> None:
 
         async def scenario() -> list[dict[str, Any]]:
             load = asyncio.create_task(_load(fleet.url, 60, 1.5))
-            await asyncio.sleep(0.6)
+            started = time.monotonic()  # kill it while it holds work, however slow the load
+            while not fleet.fleet.upstreams[1].num_in_flight:
+                assert time.monotonic() - started < 10.0, "no request reached the victim"
+                await asyncio.sleep(0.005)
             victim.kill()
             return await load
 
@@ -71,7 +74,8 @@ def test_kill_9_one_of_three_under_load_loses_nothing_accepted() -> None:
         assert r["status"] == 200
         assert (r["done"] and r["finished"] and not r["error"]) or r["error"], r
     assert stats["failed"] == sum(r.get("error", False) for r in streams)
-    assert stats["requeued"] + stats["retries"] >= 1  # the victim had work
+    # the victim had work: re-queued, retried elsewhere, or (a started stream) failed
+    assert stats["requeued"] + stats["retries"] + stats["failed"] >= 1
 
 
 def test_an_upstream_that_stops_answering_is_down_then_back() -> None:
