@@ -83,12 +83,16 @@ class GroupSite(Protocol):
 class PipelineGroupBook:
     """The groups of one cluster and the operations under way (see the module note).
     `merges`: whether a plan may merge existing groups (the simulator's stages can be
-    re-cut; the real engine's stage pools cannot)."""
+    re-cut); `grows`: whether a plan may add solo members to one formed group that keeps
+    leading it (`is_grow`; the real engine re-splits its stages, andante.exec.
+    torch_regroup), which `merges` allows too."""
 
-    def __init__(self, site: GroupSite, num_layers: int, merges: bool = True) -> None:
+    def __init__(self, site: GroupSite, num_layers: int, merges: bool = True,
+                 grows: bool = True) -> None:
         self.site = site
         self.num_layers = num_layers
         self.merges = merges
+        self.grows = grows
         self.groups: dict[int, GroupPlan] = {}  # by leader
         self.pending: list[GroupPlan] = []  # formations waiting for a step boundary
         self.restoring: set[int] = set()  # leaders whose restore is under way
@@ -129,10 +133,22 @@ class PipelineGroupBook:
                 return None
         for u in units:
             group = self.groups.get(u)
-            if group is not None and (not self.merges
-                                      or not set(group.members) <= set(plan.members)):
+            if group is not None and not set(group.members) <= set(plan.members):
                 return None
+        formed = [u for u in units if u in self.groups]
+        if formed and not self.merges and not (self.grows and self.is_grow(plan)):
+            return None
         return units if plan.leader in units else None
+
+    def is_grow(self, plan: GroupPlan) -> bool:
+        """Does `plan` add solo instances to the group its leader leads now, that
+        group's members first in their order (the others append, balanced slices)?"""
+        group = self.groups.get(plan.leader)
+        if group is None or len(plan.members) <= len(group.members):
+            return False
+        joiners = plan.members[len(group.members):]
+        return plan.members[:len(group.members)] == group.members and all(
+            self.leader_of(j) is None for j in joiners)
 
     def propose(self, plan: GroupPlan) -> list[int] | None:
         """Take `plan` in (it waits for its members' step boundary): its units, or None

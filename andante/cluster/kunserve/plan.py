@@ -6,7 +6,8 @@ ungrouped instance is a group of one member holding every layer). The greedy alg
 of the paper's Figure 6 pops the groups with the fewest members first (a min-heap on
 group size: fewer pipeline stages cost less, its Figure 5), merges two of them into a
 new group whose members each keep a contiguous, balanced slice of the layers (two
-singletons: each drops half; two pairs: each member drops half of what it held), adds
+singletons: each drops half; two pairs: each member drops half of what it held; a
+formed group keeps its leader when a smaller unit joins it, `merged`), adds
 the freed memory, and repeats until the freed memory covers R or no two groups are left
 (then no plan satisfies R: the caller signals scale-up). Among groups of equal size the
 most pressed (largest unmet demand) go first, so the throttled instances are the ones
@@ -100,8 +101,13 @@ def balanced_slices(num_members: int, num_layers: int) -> tuple[tuple[int, int],
 
 
 def merged(first: GroupPlan, second: GroupPlan, num_layers: int) -> GroupPlan:
-    """The group of both groups' members (first's leader leads), balanced slices."""
-    members = first.members + second.members
+    """The group of both groups' members, balanced slices. The unit with more members
+    keeps leading, its members first (a solo joining a formed group is appended: the
+    group's requests stay where they run and its stages keep their order; the grow of
+    andante.exec.torch_regroup); of two equal units, `first`'s leader leads."""
+    lead, other = (second, first) if len(second.members) > len(first.members) \
+        else (first, second)
+    members = lead.members + other.members
     return GroupPlan(members, balanced_slices(len(members), num_layers), first.kv_mode)
 
 

@@ -103,6 +103,10 @@ def test_plans_it_refuses() -> None:
     site.joinable.add(2)
     three = GroupPlan((0, 1, 2), ((0, 1), (1, 2), (2, 4)))
     assert book.units_of(GroupPlan((2, 1), ((0, 2), (2, 4)))) is None  # splits 0-1
+    assert book.is_grow(three) and book.units_of(three) == [0, 2]  # a grow: 0-1 and 2
+    assert book.units_of(GroupPlan((2, 0, 1), ((0, 1), (1, 2), (2, 4)))) is None  # 2 leads
+    assert book.units_of(GroupPlan((0, 2, 1), ((0, 1), (1, 2), (2, 4)))) is None  # reorders
+    book.grows = False
     assert book.units_of(three) is None  # no merging here
     book.merges = True
     assert book.units_of(three) == [0, 2]  # the group 0-1 and instance 2
