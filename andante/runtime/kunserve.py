@@ -12,8 +12,12 @@ wait there and the leader's thread carries it out (`kunserve_parts.Rendezvous`).
 slow parts run while the instances serve: the stages are laid out before a formation
 (on a thread of its own with `background_prepare`), the full executors rebuilt from the
 host copy of the weights before a restore (with `background_restore`). Members are not
-`alive` to routers while grouped and pass what still reaches them on to the leader; the
-real engine's stage pools are not re-cut, so a plan never merges existing groups here.
+`alive` to routers while grouped and pass what still reaches them on to the leader. A
+plan never merges two formed groups here, but a solo may join a formed group whose
+leader keeps leading (a grow, `PipelineGroupBook.is_grow`): at a boundary of the leader
+and the joiner the stages are re-split (andante.exec.torch_regroup's `regroup`, the
+group's KV carried in bulk) and the joiner's requests adopted, their KV exchanged
+chunk by chunk as in a formation (andante.runtime.kunserve_stages).
 A member whose thread dies makes the leader restore at its next boundary without that
 member's layers: every request holding KV is recomputed there (its output so far kept;
 nothing is lost or failed). A leader that dies leaves its requests to the controller
@@ -26,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from andante.cluster.kunserve.adopt import Adoption, KVMove
@@ -41,6 +45,7 @@ from andante.exec.torch_pipeline import (
     PipelineExecutor,
     stage_memory,
 )
+from andante.exec.torch_regroup import regroup
 from andante.runtime.kunserve_parts import (
     FormReport,
     Group,
@@ -56,8 +61,11 @@ from andante.runtime.kunserve_stages import (
     exchange_step,
     finish_exchange,
     give_back,
+    grown_num_blocks,
     layer_memory,
+    release_members,
     start_exchange,
+    start_grow_exchange,
     switch_to_pipeline,
 )
 from andante.runtime.local import LocalInstance
@@ -72,11 +80,13 @@ _Prepared = tuple[dict[int, TorchExecutor], PipelineExecutor, float]
 class _Forming:
     """What the site's steps need while the book forms a group."""
 
-    executors: dict[int, TorchExecutor]
+    executors: dict[int, TorchExecutor]  # a grow: the joiners' only
     pipeline: PipelineExecutor
     origins: dict[int, Origin]
     report: FormReport
     started: float
+    grown: Group | None = None  # a grow: the group before it
+    relocated: dict[int, int] = field(default_factory=dict)  # a grow's block moves
 
 
 @dataclass(slots=True)
@@ -132,11 +142,15 @@ class LocalPipelineGroups:
         with self._lock:
             if self.book.units_of(plan) is None:
                 return False
-            prepared = self._take_prepared(plan)
-            if prepared is None and self.options.background_prepare:
+            grow = self.book.is_grow(plan)
+            joiners = plan.members[len(self.book.layout(plan.leader).members):]
+            prepared = None if grow else self._take_prepared(plan)
+            if not grow and prepared is None and self.options.background_prepare:
                 self._start_preparing(plan)
                 return False
             self.book.propose(plan)
+        if grow:
+            return self._grow(plan, joiners)
         try:
             executors, pipeline, prepare_seconds = prepared or self._prepare(plan)
             return self._at_boundaries(plan.leader, plan.members[1:], lambda: (
@@ -144,6 +158,16 @@ class LocalPipelineGroups:
         finally:
             with self._lock:
                 self.book.cancel(plan)  # (formed: no longer proposed)
+
+    def _grow(self, plan: GroupPlan, joiners: Sequence[int]) -> bool:
+        """Grow the group at a step boundary of its leader and the joiners (its other
+        members run no engine); no stages to prepare: `regroup` re-splits them."""
+        try:
+            return self._at_boundaries(plan.leader, joiners, lambda: (
+                self._grow_at_boundary(plan, joiners))).wait()
+        finally:
+            with self._lock:
+                self.book.cancel(plan)
 
     def _prepare(self, plan: GroupPlan) -> _Prepared:
         """The group's executor, built while the members still serve."""
@@ -250,6 +274,46 @@ class LocalPipelineGroups:
                  report.kv_blocks_before[plan.leader], report.kv_blocks_after, report.seconds)
         return True
 
+    def _grow_at_boundary(self, plan: GroupPlan, joiners: Sequence[int]) -> bool:
+        """The book grows the group to `plan` at the boundary (a solo joins, the leader
+        keeps leading); False if the group changed or the new count cannot hold the
+        blocks in use."""
+        started = time.perf_counter()
+        with self._lock:
+            group = self._state.get(plan.leader)
+        executors = {j: self._workers[j].engine.executor for j in joiners}
+        if group is None or not all(isinstance(e, TorchExecutor) for e in executors.values()):
+            return False
+        joined: dict[int, TorchExecutor] = executors  # type: ignore[assignment]
+        scheduler = self._workers[plan.leader].engine.scheduler
+        origins = {**group.origins, **{j: Origin(e.model, e.options, e.cost_model,
+                                                 e.kv.num_device_blocks)
+                                       for j, e in joined.items()}}
+        kv = scheduler.kv
+        if grown_num_blocks(plan, origins) < kv.num_device_blocks - kv.num_free_device_blocks:
+            return False
+        finish_exchange(group, scheduler, lost=False)  # the group's own KV in place first
+        report = FormReport(plan, kv_blocks_before={plan.leader: kv.num_device_blocks, **{
+            j: e.kv.num_device_blocks for j, e in joined.items()}})
+        report.weight_bytes_dropped = sum(
+            stage_memory(origins[m].model, origins[m].options, 0, s).dropped_weight_bytes
+            for m, s in zip(plan.members, plan.layer_slices, strict=True))
+        self._forming = _Forming(joined, group.executor, origins, report, started, group)
+        try:
+            with self._lock:
+                if self.book.form(plan) is None:
+                    return False  # a member failed meanwhile
+        finally:
+            self._forming = None
+        for member in plan.members:
+            self._workers[member].report_soon()
+        report.seconds = time.perf_counter() - started
+        self.form_reports.append(report)
+        log.info("kunserve: grew group %s to %s (%d -> %d KV blocks, %.3f s)",
+                 group.plan.members, plan.members, report.kv_blocks_before[plan.leader],
+                 report.kv_blocks_after, report.seconds)
+        return True
+
     # ---- restoring (the leader's thread, members parked) -------------------------------
     def _restore_at_boundary(self, group: Group, fresh: dict[int, TorchExecutor],
                              load_seconds: float, failed: int | None) -> bool:
@@ -288,6 +352,8 @@ class LocalPipelineGroups:
 
     def can_join(self, index: int, pending: bool) -> bool:
         inst = self._instances.get(index)
+        if inst is not None and inst.running and self.book.leader_of(index) is not None:
+            return True  # a formed group's member or leader: a grow keeps its stage
         if inst is None or not inst.alive:
             return False
         executor = inst.worker.engine.executor
@@ -296,13 +362,18 @@ class LocalPipelineGroups:
 
     def group_blocks(self, plan: GroupPlan) -> int:
         forming = self._current_forming()
+        if forming.grown is not None:
+            return grown_num_blocks(plan, forming.origins)
         lead = forming.executors[plan.leader]
         return forming.pipeline.num_kv_blocks(lead.options.block_size)[0]
 
     def resize(self, index: int, num_blocks: int) -> None:
         scheduler = self._workers[index].engine.scheduler
-        scheduler.kv.resize_device(num_blocks)
+        relocated = scheduler.kv.resize_device(num_blocks)
         refresh_max_num_tokens(scheduler)
+        if self._forming is not None and self._forming.grown is not None:
+            assert relocated is not None, "checked before the grow"
+            self._forming.relocated = dict(relocated)
 
     def join(self, plan: GroupPlan, moved: Mapping[int, list[Request]]) -> None:
         """The members' requests into the leader's output adapter; the leader runs the
@@ -314,7 +385,13 @@ class LocalPipelineGroups:
                 source.adapter.discard(req.request_id)
                 leader.adapter.register(req)
         workers = {m: self._workers[m] for m in plan.members}
-        switch_to_pipeline(plan, workers, self._instances, self._current_forming().pipeline)
+        forming = self._current_forming()
+        if forming.grown is not None:  # the stages re-split, the group's KV carried over
+            regroup(forming.pipeline, plan.layer_slices,
+                    leader.engine.scheduler.kv.num_device_blocks, forming.relocated)
+            release_members(plan.leader, forming.executors, workers, self._instances)
+            return
+        switch_to_pipeline(plan, workers, self._instances, forming.pipeline)
 
     def exchange(self, plan: GroupPlan, moves: list[KVMove], adoption: Adoption | None
                  ) -> None:
@@ -331,10 +408,15 @@ class LocalPipelineGroups:
         report.num_adopted = len(adoption.adopted)
         report.num_requeued = len(adoption.requeued)
         report.num_recomputed = len(adoption.recomputed)
-        exchange, copied = start_exchange(plan, forming.executors, forming.pipeline, moves,
-                                          leader.engine.scheduler,
-                                          self.options.exchange_chunk_blocks)
-        report.kv_bytes_local += copied
+        if forming.grown is not None:
+            exchange = start_grow_exchange(plan, forming.executors, forming.pipeline, moves,
+                                           leader.engine.scheduler,
+                                           self.options.exchange_chunk_blocks)
+        else:
+            exchange, copied = start_exchange(plan, forming.executors, forming.pipeline,
+                                              moves, leader.engine.scheduler,
+                                              self.options.exchange_chunk_blocks)
+            report.kv_bytes_local += copied
         group = Group(plan, forming.pipeline, forming.origins, report, exchange,
                       forming.started)
         self._state[plan.leader] = group

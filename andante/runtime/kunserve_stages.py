@@ -10,6 +10,12 @@ still reaches it on to the leader (`switch_to_pipeline`); each member's kept lay
 copied into its stage pool in bulk, every other block move is a `KVExchange` run between
 the leader's steps (`start_exchange`, `exchange_step`), bounded per step so activations
 go first, the moved requests held out of the schedules until their KV has arrived.
+Growing (a solo joins a formed group, the group's leader keeps leading): at the
+boundary the exchange still under way completes, the leader's block manager grows to
+the new member list's count (`grown_num_blocks`), andante.exec.torch_regroup re-splits
+the stages and carries the group's KV to them in bulk, the joiner gives up its weights
+and pool (`release_members`) and its requests' KV is queued as an exchange
+(`start_grow_exchange`), as a formation's is.
 Restoring: the full executors are rebuilt from each member's host copy of the weights
 (its `Origin`) while the group keeps serving; at the boundary the rest of the exchange
 completes (`finish_exchange`; with a member's layers lost, its pending moves are
@@ -32,6 +38,7 @@ from andante.exec.torch_executor import TorchExecutor
 from andante.exec.torch_pipeline import (
     PipelineExecutor,
     device_kv_bytes,
+    group_num_blocks,
     layer_block_bytes,
     layer_weight_bytes,
     pipeline_executor,
@@ -114,16 +121,24 @@ def switch_to_pipeline(plan: GroupPlan, workers: Mapping[int, InstanceWorker],
                        ) -> None:
     """The leader's engine runs the group's executor; each member's gives up its
     weights and KV pool and its worker redirects to the leader."""
-    leader = workers[plan.leader]
-    leader.engine.executor = pipeline
-    for member in plan.members[1:]:
+    workers[plan.leader].engine.executor = pipeline
+    release_members(plan.leader, plan.members[1:], workers, instances)
+
+
+def release_members(leader_index: int, members: Iterable[int],
+                    workers: Mapping[int, InstanceWorker],
+                    instances: Mapping[int, LocalInstance]) -> None:
+    """Each of `members` gives up its weights and KV pool (they serve as its stage of
+    the group led by `leader_index` now) and its worker redirects to the leader."""
+    leader = workers[leader_index]
+    for member in members:
         worker = workers[member]
         engine = worker.engine
-        engine.executor = ReleasedExecutor(member, plan.leader, engine.executor.cost_model)
+        engine.executor = ReleasedExecutor(member, leader_index, engine.executor.cost_model)
         engine.scheduler.kv.resize_device(0)  # its memory is its stage's now
         refresh_max_num_tokens(engine.scheduler)
         worker.redirect = leader
-        instances[member].group_leader = plan.leader
+        instances[member].group_leader = leader_index
 
 
 def start_exchange(plan: GroupPlan, executors: Mapping[int, TorchExecutor],
@@ -149,6 +164,34 @@ def start_exchange(plan: GroupPlan, executors: Mapping[int, TorchExecutor],
     for rid in exchange.pending_ids():
         leader.hold(rid)
     return exchange, copied
+
+
+# ---- growing (a solo joins a formed group) ---------------------------------------------
+def grown_num_blocks(plan: GroupPlan, origins: Mapping[int, Origin]) -> int:
+    """The block count of the group `plan` once every member keeps its slice and lends
+    the pool it had alone (its `Origin`) plus the weights it drops."""
+    lead = origins[plan.leader]
+    kv_bytes = [device_kv_bytes(origins[m].num_device_blocks, lead.model, lead.options)
+                for m in plan.members]
+    return group_num_blocks(lead.model, lead.options, plan.layer_slices, kv_bytes)
+
+
+def start_grow_exchange(plan: GroupPlan, joiners: Mapping[int, TorchExecutor],
+                        pipeline: PipelineExecutor, moves: list[KVMove], leader: Scheduler,
+                        chunk_blocks: int) -> KVExchange | None:
+    """After `regroup` carried the group's own KV to its new stages: queue the moves
+    of the joiners' requests from the joiners' pools to the stages that hold their
+    layers now (§4.2, chunked between the leader's steps) and hold those requests."""
+    moves = [m for m in moves if m.src_member in joiners]
+    if not moves:
+        return None
+    sources = {m: LayerPool(e.kv.device) for m, e in joiners.items()}
+    targets = {m: LayerPool(stage.kv.device, stage.layers_range[0])
+               for m, stage in zip(plan.members, pipeline.stages, strict=True)}
+    exchange = KVExchange(moves, sources, targets, chunk_blocks)
+    for rid in exchange.pending_ids():
+        leader.hold(rid)
+    return exchange
 
 
 def exchange_step(group: Group, leader: InstanceWorker, bytes_per_step: int,

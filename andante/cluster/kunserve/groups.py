@@ -13,7 +13,8 @@ modelled on a link), wait (on the simulated clock, or on threads). No threads, n
 Forming `plan` (`propose`, then `form` at a step boundary of every member):
 1. the units it merges: ungrouped members, or whole groups (`units_of`; a plan that
    splits a group, names an instance that cannot join, or merges groups where the site
-   cannot, is refused);
+   cannot, is refused; a site that cannot merge groups may still grow one: solo
+   members appended to a formed group that keeps its leader, `is_grow`);
 2. the leader's block manager grows to the group's block count (the dropped weights'
    memory becomes KV);
 3. every unit's requests move into the leader's scheduler (`adopt_group`: waiting ones
