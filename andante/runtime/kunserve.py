@@ -38,6 +38,7 @@ from andante.cluster.kunserve.coordinator import KunServeCoordinator
 from andante.cluster.kunserve.groups import PipelineGroupBook, shed
 from andante.cluster.kunserve.router import KunServeRouter, KunServeSettings
 from andante.cluster.kunserve.seam import GroupPlan
+from andante.cluster.kunserve.shrink import shrunk
 from andante.core.request import Request
 from andante.engine.scheduler import Scheduler
 from andante.exec.torch_executor import TorchExecutor
@@ -90,6 +91,15 @@ class _Forming:
 
 
 @dataclass(slots=True)
+class _Shrinking:
+    """What the site's steps need while the book shrinks a group by one."""
+
+    group: Group
+    fresh: TorchExecutor  # the leaving member's full executor, rebuilt while serving
+    relocated: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class _Restoring:
     """What the site's steps need while the book restores a group."""
 
@@ -116,6 +126,7 @@ class LocalPipelineGroups:
         self._prepared: tuple[GroupPlan, _Prepared] | None = None
         self._forming: _Forming | None = None  # (the leader's thread, at the boundary)
         self._restoring: _Restoring | None = None
+        self._shrinking: _Shrinking | None = None
         self.form_reports: list[FormReport] = []
         self.restore_reports: list[RestoreReport] = []
         for inst in instances:
@@ -232,6 +243,52 @@ class LocalPipelineGroups:
         finally:
             with self._lock:
                 self.book.restoring.discard(group.plan.leader)
+
+    def shrink_group(self, leader: int) -> bool:
+        """Release the last member of the group `leader` leads (andante.cluster.kunserve.
+        shrink): its full executor is rebuilt from its host copy while the group serves,
+        then, at a boundary of the leader and that member, the book shrinks the group
+        and the stages are re-split (`regroup`). With `background_restore` it returns
+        True once the shrink has started."""
+        with self._lock:
+            plan = self.book.groups.get(leader)
+            if plan is None or shrunk(plan) is None or leader in self.book.restoring or any(
+                    leader in p.members for p in self.book.pending):
+                return False
+            group = self._state[leader]
+        if self.options.background_restore:
+            threading.Thread(target=self._shrink, args=(group,), daemon=True,
+                             name=f"andante-kunserve-shrink-{leader}").start()
+            return True
+        return self._shrink(group)
+
+    def _shrink(self, group: Group) -> bool:
+        leaving = group.plan.members[-1]
+        fresh = group.origins[leaving].build()  # while the group serves
+        parked = [leaving] if self._instances[leaving].running else []
+        return self._at_boundaries(group.plan.leader, parked, lambda: (
+            self._shrink_at_boundary(group, fresh))).wait()
+
+    def _shrink_at_boundary(self, group: Group, fresh: TorchExecutor) -> bool:
+        """The book shrinks the group at the boundary; False if it changed meanwhile
+        or its blocks in use do not fit the smaller count."""
+        started = time.perf_counter()
+        with self._lock:
+            if self._state.get(group.plan.leader) is not group:
+                return False
+        self._shrinking = _Shrinking(group, fresh)
+        try:
+            with self._lock:
+                smaller = self.book.shrink(group.plan.leader)
+        finally:
+            self._shrinking = None
+        if smaller is None:
+            return False
+        for member in group.plan.members:
+            self._workers[member].report_soon()
+        log.info("kunserve: group %s released instance %d (%.3f s)", group.plan.members,
+                 group.plan.members[-1], time.perf_counter() - started)
+        return True
 
     def _at_boundaries(self, leader: int, parked: Sequence[int],
                        operation: Callable[[], bool]) -> Rendezvous:
@@ -361,6 +418,8 @@ class LocalPipelineGroups:
             executor.model.config.num_layers == self.book.num_layers
 
     def group_blocks(self, plan: GroupPlan) -> int:
+        if self._shrinking is not None:
+            return grown_num_blocks(plan, self._shrinking.group.origins)
         forming = self._current_forming()
         if forming.grown is not None:
             return grown_num_blocks(plan, forming.origins)
@@ -374,6 +433,9 @@ class LocalPipelineGroups:
         if self._forming is not None and self._forming.grown is not None:
             assert relocated is not None, "checked before the grow"
             self._forming.relocated = dict(relocated)
+        if self._shrinking is not None:
+            assert relocated is not None, "the book checked the blocks in use fit"
+            self._shrinking.relocated = dict(relocated)
 
     def join(self, plan: GroupPlan, moved: Mapping[int, list[Request]]) -> None:
         """The members' requests into the leader's output adapter; the leader runs the
@@ -426,7 +488,25 @@ class LocalPipelineGroups:
         report.kv_blocks_after = leader.engine.scheduler.kv.num_device_blocks
 
     def settle(self, plan: GroupPlan, lost: bool) -> None:
-        finish_exchange(self._current_restoring().group, self.scheduler(plan.leader), lost)
+        group = self._shrinking.group if self._shrinking is not None \
+            else self._current_restoring().group
+        finish_exchange(group, self.scheduler(plan.leader), lost)
+
+    def shrink_to(self, plan: GroupPlan, smaller: GroupPlan, moves: list[KVMove]) -> None:
+        """The stages re-split over `smaller` (every layer's KV carried in bulk, the
+        relocated blocks too: `moves` are among those copies); the leaving member
+        serves alone again with its rebuilt executor."""
+        shrinking = self._shrinking
+        assert shrinking is not None, "called outside a shrink"
+        group, leaving = shrinking.group, plan.members[-1]
+        scheduler = self.scheduler(plan.leader)
+        regroup(group.executor, smaller.layer_slices, scheduler.kv.num_device_blocks,
+                shrinking.relocated)
+        give_back(self._workers[leaving], self._instances[leaving], shrinking.fresh,
+                  group.origins[leaving])
+        origins = {m: o for m, o in group.origins.items() if m != leaving}
+        self._state[plan.leader] = Group(smaller, group.executor, origins, group.report,
+                                         None, group.formed_at)
 
     def make_room(self, plan: GroupPlan, failed: int | None) -> bool:
         """Recompute what does not fit the leader's own pool (everything holding KV if

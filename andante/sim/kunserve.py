@@ -17,6 +17,10 @@ coordinator drives. What it adds is time:
   them fit; else it waits for some to finish), the KV moves back to the leader, which
   alone keeps every request; the members come back empty (the coordinator then spreads
   the leader's queue over them);
+- a shrink by one (`shrink_group`, andante.cluster.kunserve.shrink) waits for the
+  leader's drained boundary; the group's blocks fall to the smaller count, the leaving
+  member's layers cross the link to the members that take them (their requests held)
+  while it reloads what it dropped, then it serves alone;
 - a failed member (`fail_member`) makes its partners restore from host memory at the
   group's next drained boundary: the group's requests are failed (started) or handed
   back for re-queueing (not started).
@@ -80,6 +84,7 @@ class SimPipelineGroups:
     _failures: dict[int, tuple[int, EvictionCallback]] = field(default_factory=dict)
     _transfer: tuple[int, float] = (0, 0.0)  # the last exchange: bytes, seconds
     _moving_back: list[KVMove] = field(default_factory=list)  # a restore's, held in `leave`
+    _shrinking: set[int] = field(default_factory=set)  # leaders to shrink when drained
     num_shed: int = 0  # prefilling requests recomputed to make room for restores
 
     def __post_init__(self) -> None:
@@ -114,6 +119,22 @@ class SimPipelineGroups:
         inst.hooks.wake_at(inst, done)
         return True
 
+    def shrink_group(self, leader: int) -> bool:
+        """Release the last member of the group `leader` leads at its next drained
+        boundary (the coordinator's `ShrinkingGroups`); False if it has no group of
+        three or more, or one is being restored or re-formed."""
+        plan = self.book.groups.get(leader)
+        if plan is None or len(plan.members) < 3 or leader in self.book.restoring \
+                or leader in self._failures or any(leader in p.members
+                                                   for p in self.book.pending):
+            return False
+        self._shrinking.add(leader)
+        inst = self.instances[leader]
+        inst.draining = True
+        if not inst._pipeline:
+            self.at_boundary(inst)
+        return True
+
     def fail_member(self, index: int, on_evicted: EvictionCallback) -> None:
         """Instance `index` failed: at its group's next drained boundary the partners
         restore (from host memory), started requests fail with a reason, the others
@@ -136,6 +157,10 @@ class SimPipelineGroups:
             self._apply_failure(inst.index)
             return
         self._try_pending()
+        if inst.index in self._shrinking and not inst._pipeline:
+            self._shrinking.discard(inst.index)
+            self.book.shrink(inst.index)  # (None: no longer fits; the group stays)
+            inst.draining = False
         if inst.index in self.book.restoring \
                 and inst.engine.clock.now() >= self._reload_done[inst.index]:
             if inst._pipeline:
@@ -280,6 +305,25 @@ class SimPipelineGroups:
         num_bytes, seconds = self._transfer
         leader.hold(sorted({m.request_id for m in self._moving_back}), now + seconds)
         self.events.append(GroupEvent(now, "restore", plan.members, bytes_moved=num_bytes,
+                                      transfer_seconds=seconds))
+        leader.hooks.wake(leader)
+
+    def shrink_to(self, plan: GroupPlan, smaller: GroupPlan, moves: list[KVMove]) -> None:
+        """The leader runs `smaller`'s stages; the leaving member's layers cross the
+        link to their new holders (their requests held meanwhile) while it reloads the
+        layers it dropped (the busier of the two occupies it) and then serves alone."""
+        leader = self.instances[plan.leader]
+        now = leader.engine.clock.now()
+        leader.become_stage_leader(smaller)
+        num_bytes, seconds = self._occupy_link(leader, moves, now)
+        leader.hold(sorted({m.request_id for m in moves}), now + seconds)
+        leaving = self.instances[plan.members[-1]]
+        leaving.become_solo(self.memory.num_blocks_whole)
+        reload = self.memory.num_layers - (plan.layer_slices[-1][1] - plan.layer_slices[-1][0])
+        leaving.stall_until = now + max(seconds, self.link.transfer_time(
+            reload * self.memory.weight_bytes_per_layer))
+        leaving.hooks.wake_at(leaving, leaving.stall_until)
+        self.events.append(GroupEvent(now, "shrink", plan.members, bytes_moved=num_bytes,
                                       transfer_seconds=seconds))
         leader.hooks.wake(leader)
 

@@ -1,7 +1,7 @@
 """KunServe on in-process engines: a formed pipeline group grows when a solo instance
 joins it (the leader keeps leading, its stages re-split by andante.exec.torch_regroup,
-the joiner's requests adopted with their KV) and restores afterwards; greedy outputs
-stay those of the unsplit model throughout."""
+the joiner's requests adopted with their KV), shrinks by one (that member serves alone
+again) and restores; greedy outputs stay those of the unsplit model throughout."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _progress_by(requests: list, extra: int) -> Callable[[], bool]:  # type: ign
                        for r in requests)
 
 
-def test_a_solo_joins_a_formed_group_and_outputs_stay_greedy(  # type: ignore[no-untyped-def]
+def test_a_group_grows_shrinks_by_one_and_restores_with_greedy_outputs(  # type: ignore[no-untyped-def]
         reference, three) -> None:
     group_reqs, solo_reqs = _requests("g"), _requests("s")
     three.submit(0, group_reqs[:2])
@@ -84,10 +84,19 @@ def test_a_solo_joins_a_formed_group_and_outputs_stay_greedy(  # type: ignore[no
     _wait(lambda: grow.exchange_seconds is not None)
     assert grow.kv_bytes_exchanged > 0  # the joiner's requests' KV crossed to the stages
     _wait(_progress_by(group_reqs + solo_reqs, 3))
+    assert groups.shrink_group(0)  # instance 2 goes: the pair takes its layers back
+    assert groups.groups() == [HALVES] and groups.accepting(2)
+    assert [s.layers_range for s in pipeline.stages] == list(HALVES.layer_slices)
+    pair_blocks = leader.engine.scheduler.kv.num_device_blocks
+    assert pair_blocks == grow.kv_blocks_before[0] < grow.kv_blocks_after
+    assert all(s.kv.num_device_blocks == pair_blocks for s in pipeline.stages)
+    released = three.instances[2].worker.engine
+    assert isinstance(released.executor, TorchExecutor)
+    assert released.scheduler.kv.num_device_blocks == 96
+    _wait(_progress_by(group_reqs + solo_reqs, 3))
     assert groups.dissolve_group(0)
     restore = groups.restore_reports[-1]
-    assert restore.weight_bytes_reloaded == grow.weight_bytes_dropped
-    assert restore.kv_blocks_after == {0: 96, 1: 96, 2: 96}
+    assert restore.kv_blocks_after == {0: 96, 1: 96}
     assert all(isinstance(i.worker.engine.executor, TorchExecutor) for i in three.instances)
     _wait(lambda: all(r.is_finished for r in group_reqs + solo_reqs))
     assert [list(r.output_token_ids) for r in group_reqs] == reference

@@ -14,7 +14,11 @@ After each instance step the controller calls `after_step`; at most every
    lies idle (`monitor.Watches.restore_due`; `dissolve_group`); once it has restored,
    the leader's queued requests that never ran are spread over the members, back to
    serving alone (`Controller.migrate`);
-4. raises the scale-up signal when a group's usage keeps rising after its drop.
+4. lets a group of three or more members release its last member when the smaller
+   group would hold its demand (`shrink.shrink_fits`, `ShrinkWatch`; the "shrink by
+   one" between a drop and a restore), where the `PipelineGroups` can (`ShrinkingGroups`)
+   and restores are on;
+5. raises the scale-up signal when a group's usage keeps rising after its drop.
 A member that fails makes its partners restore (`member_failed`): the group's requests
 that never streamed a token are re-queued, the others failed with a clear error.
 
@@ -33,7 +37,9 @@ from andante.cluster.instance import fresh_copy
 from andante.cluster.kunserve.monitor import MonitorOptions, Watches, unmet_demand
 from andante.cluster.kunserve.plan import DropPlan, GroupState, LayerMemory, drop_plan
 from andante.cluster.kunserve.seam import GroupPlan, KVMode, PipelineGroups
+from andante.cluster.kunserve.shrink import ShrinkWatch, shrink_fits
 from andante.core.request import Request
+from andante.engine.stats import SchedulerStats
 
 KVModeOption = Literal["exchange", "recompute", "auto"]
 KVModeChooser = Callable[[GroupPlan], KVMode]
@@ -53,12 +59,21 @@ class FailingGroups(Protocol):
     def fail_member(self, index: int, on_evicted: EvictionCallback) -> None: ...
 
 
+@runtime_checkable
+class ShrinkingGroups(Protocol):
+    """A `PipelineGroups` that can release a group's last member (`shrink_group`:
+    True once the shrink is carried out or under way)."""
+
+    def shrink_group(self, leader: int) -> bool: ...
+
+
 @dataclass(slots=True)
 class CoordinatorCounters:
     num_checks: int = 0
     num_throttles: int = 0
     num_drops: int = 0  # groups formed
     num_restores: int = 0
+    num_shrinks: int = 0  # groups that released their last member
     num_scale_up_signals: int = 0
     num_failures: int = 0
     num_requeued: int = 0
@@ -82,6 +97,7 @@ class KunServeCoordinator:
     events: list[tuple[float, str, str]] = field(default_factory=list)
     _last_check: float = float("-inf")
     _watches: Watches = field(default_factory=Watches)
+    _shrinks: ShrinkWatch = field(default_factory=ShrinkWatch)
     _throttled_before: bool = False
     _restoring: dict[int, tuple[int, ...]] = field(default_factory=dict)  # leader -> members
     _idle_restores: dict[int, int] = field(default_factory=dict)  # instance -> count
@@ -137,6 +153,7 @@ class KunServeCoordinator:
             controller.reassign(member, group.leader)
         self.counters.num_drops += 1
         self._watches.groups.pop(group.leader, None)
+        self._shrinks.forget(group.leader)
         return True
 
     def _kv_mode_for(self, group: GroupPlan) -> KVMode:
@@ -160,8 +177,26 @@ class KunServeCoordinator:
                 self._back_off(group.members, idle, now)
                 self._watches.groups.pop(group.leader, None)
                 self._restoring[group.leader] = group.members
+                self._shrinks.forget(group.leader)
                 self.events.append((now, "restore", f"group {list(group.members)}" + (
                     " (dropped memory idle)" if idle else "")))
+            elif self.restore:
+                self._shrink(group, stats, now)
+
+    def _shrink(self, group: GroupPlan, stats: SchedulerStats, now: float) -> None:
+        """Release the group's last member if the smaller group has held its demand
+        long enough (andante.cluster.kunserve.shrink)."""
+        if not isinstance(self.groups, ShrinkingGroups):
+            return
+        fits = shrink_fits(group, stats, self.memory, self.block_size, self.options)
+        if not self._shrinks.due(group, fits, now, self.options) \
+                or not self.groups.shrink_group(group.leader):
+            return
+        self.counters.num_shrinks += 1
+        self._shrinks.forget(group.leader)
+        self._watches.groups.pop(group.leader, None)
+        self.events.append((now, "shrink", f"group {list(group.members)} releases "
+                                           f"instance {group.members[-1]}"))
 
     def _back_off(self, members: tuple[int, ...], idle: bool, now: float) -> None:
         """A group restored with its dropped memory idle was formed for pressure that was

@@ -30,7 +30,10 @@ them to finish, the runtime recomputes the newest), the KV moves back to the lea
 at the leader. A failed member restores its group without it (`restore(failed=...)`:
 every request holding KV is recomputed at the leader) or has it evicted
 (`evict_group`: started requests fail with a reason, the others are re-queued), as the
-site chooses; a failed leader's group is forgotten (`drop`).
+site chooses; a failed leader's group is forgotten (`drop`). Shrinking by one (`shrink`,
+at a step boundary of the leader and its last member): the group's block count falls
+to the smaller member list's, the last member's layers move to the others and it serves
+alone again (andante.cluster.kunserve.shrink decides when).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Protocol
 
 from andante.cluster.kunserve.adopt import Adoption, KVMove, adopt_group, kv_moves, whole_model
 from andante.cluster.kunserve.seam import GroupPlan
+from andante.cluster.kunserve.shrink import shrunk
 from andante.core.request import Request, RequestStatus
 from andante.engine.scheduler import Scheduler
 
@@ -59,7 +63,8 @@ class GroupSite(Protocol):
     of the formation's exchange. `make_room(plan, failed)`: make the group's requests
     fit the leader's own pool (every request holding KV recomputed if a member
     `failed`); False: not now, the restore waits. `leave(plan, failed)`: every member
-    but `failed` serves alone again with all its layers."""
+    but `failed` serves alone again with all its layers. `shrink_to(plan, smaller,
+    moves)`: see the method."""
 
     def scheduler(self, index: int) -> Scheduler: ...
 
@@ -79,6 +84,11 @@ class GroupSite(Protocol):
     def make_room(self, plan: GroupPlan, failed: int | None) -> bool: ...
 
     def leave(self, plan: GroupPlan, failed: int | None) -> None: ...
+
+    def shrink_to(self, plan: GroupPlan, smaller: GroupPlan, moves: list[KVMove]) -> None:
+        """The group `plan` runs as `smaller` (its last member gone) from now: its
+        stages re-split, the KV `moves` carried out (the leaving member's layers to
+        their new holders), the leaving member serving alone again."""
 
 
 class PipelineGroupBook:
@@ -211,6 +221,35 @@ class PipelineGroupBook:
         site.exchange(plan, moves, None)
         site.leave(plan, failed)
         return True
+
+    # ---- shrinking by one (andante.cluster.kunserve.shrink) ---------------------------
+    def shrink(self, leader: int) -> GroupPlan | None:
+        """Let the last member of the group `leader` leads go now (at a step boundary
+        of the leader and that member): the exchange still running settles, the
+        leader's block manager shrinks to the smaller group's count (blocks in use
+        relocated below it), the KV of the leaving member's layers moves to the members
+        that hold them now, and the site re-splits the stages (`shrink_to`). Returns
+        the smaller group; None if there is no group of three or more, it is restoring
+        or being re-formed, or its blocks in use do not fit the smaller count."""
+        plan = self.groups.get(leader)
+        smaller = None if plan is None else shrunk(plan)
+        if plan is None or smaller is None or leader in self.restoring or any(
+                leader in p.members for p in self.pending):
+            return None
+        site = self.site
+        num_blocks = site.group_blocks(smaller)
+        kv = site.scheduler(leader).kv
+        if kv.num_device_blocks - kv.num_free_device_blocks > num_blocks:
+            return None
+        site.settle(plan, lost=False)
+        site.resize(leader, num_blocks)
+        scheduler = site.scheduler(leader)
+        moves = [m for req in scheduler.running for m in kv_moves(
+            req.request_id, plan, scheduler.kv.block_table(req.request_id), smaller,
+            scheduler.kv.block_table(req.request_id))]
+        self.groups[leader] = smaller
+        site.shrink_to(plan, smaller, moves)
+        return smaller
 
     def drop(self, leader: int) -> GroupPlan | None:
         """Forget the group `leader` led (its leader failed, or it was evicted)."""

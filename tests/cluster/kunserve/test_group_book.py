@@ -71,6 +71,10 @@ class FakeSite:
     def leave(self, plan: GroupPlan, failed: int | None) -> None:
         self.calls.append(f"leave failed={failed}")
 
+    def shrink_to(self, plan: GroupPlan, smaller: GroupPlan, moves: list[KVMove]) -> None:
+        self.calls.append("shrink_to")
+        self.moves = moves
+
 
 def _book(num: int = 3, merges: bool = True) -> tuple[PipelineGroupBook, FakeSite]:
     site = FakeSite([_running_engine(f"i{k}-", 2) for k in range(num)])
