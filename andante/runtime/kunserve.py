@@ -257,12 +257,12 @@ class LocalPipelineGroups:
                 return False
             group = self._state[leader]
         if self.options.background_restore:
-            threading.Thread(target=self._shrink, args=(group,), daemon=True,
+            threading.Thread(target=self._release_last, args=(group,), daemon=True,
                              name=f"andante-kunserve-shrink-{leader}").start()
             return True
-        return self._shrink(group)
+        return self._release_last(group)
 
-    def _shrink(self, group: Group) -> bool:
+    def _release_last(self, group: Group) -> bool:
         leaving = group.plan.members[-1]
         fresh = group.origins[leaving].build()  # while the group serves
         parked = [leaving] if self._instances[leaving].running else []
