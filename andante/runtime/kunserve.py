@@ -127,6 +127,7 @@ class LocalPipelineGroups:
         self._forming: _Forming | None = None  # (the leader's thread, at the boundary)
         self._restoring: _Restoring | None = None
         self._shrinking: _Shrinking | None = None
+        self._releasing: set[int] = set()  # leaders whose shrink is under way
         self.form_reports: list[FormReport] = []
         self.restore_reports: list[RestoreReport] = []
         for inst in instances:
@@ -253,9 +254,11 @@ class LocalPipelineGroups:
         with self._lock:
             plan = self.book.groups.get(leader)
             if plan is None or shrunk(plan) is None or leader in self.book.restoring or any(
-                    leader in p.members for p in self.book.pending):
+                    leader in p.members for p in self.book.pending) \
+                    or leader in self._releasing:
                 return False
             group = self._state[leader]
+            self._releasing.add(leader)
         if self.options.background_restore:
             threading.Thread(target=self._release_last, args=(group,), daemon=True,
                              name=f"andante-kunserve-shrink-{leader}").start()
@@ -263,11 +266,15 @@ class LocalPipelineGroups:
         return self._release_last(group)
 
     def _release_last(self, group: Group) -> bool:
-        leaving = group.plan.members[-1]
-        fresh = group.origins[leaving].build()  # while the group serves
-        parked = [leaving] if self._instances[leaving].running else []
-        return self._at_boundaries(group.plan.leader, parked, lambda: (
-            self._shrink_at_boundary(group, fresh))).wait()
+        try:
+            leaving = group.plan.members[-1]
+            fresh = group.origins[leaving].build()  # while the group serves
+            parked = [leaving] if self._instances[leaving].running else []
+            return self._at_boundaries(group.plan.leader, parked, lambda: (
+                self._shrink_at_boundary(group, fresh))).wait()
+        finally:
+            with self._lock:
+                self._releasing.discard(group.plan.leader)
 
     def _shrink_at_boundary(self, group: Group, fresh: TorchExecutor) -> bool:
         """The book shrinks the group at the boundary; False if it changed meanwhile
