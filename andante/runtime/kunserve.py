@@ -17,7 +17,8 @@ plan never merges two formed groups here, but a solo may join a formed group who
 leader keeps leading (a grow, `PipelineGroupBook.is_grow`): at a boundary of the leader
 and the joiner the stages are re-split (andante.exec.torch_regroup's `regroup`, the
 group's KV carried in bulk) and the joiner's requests adopted, their KV exchanged
-chunk by chunk as in a formation (andante.runtime.kunserve_stages).
+chunk by chunk as in a formation; a group of three or more can release its last member
+(shrink by one). Both are andante.runtime.kunserve_resize's `GroupResizing`.
 A member whose thread dies makes the leader restore at its next boundary without that
 member's layers: every request holding KV is recomputed there (its output so far kept;
 nothing is lost or failed). A leader that dies leaves its requests to the controller
@@ -30,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 from andante.cluster.kunserve.adopt import Adoption, KVMove
@@ -38,7 +39,6 @@ from andante.cluster.kunserve.coordinator import KunServeCoordinator
 from andante.cluster.kunserve.groups import PipelineGroupBook, shed
 from andante.cluster.kunserve.router import KunServeRouter, KunServeSettings
 from andante.cluster.kunserve.seam import GroupPlan
-from andante.cluster.kunserve.shrink import shrunk
 from andante.core.request import Request
 from andante.engine.scheduler import Scheduler
 from andante.exec.torch_executor import TorchExecutor
@@ -48,14 +48,17 @@ from andante.exec.torch_pipeline import (
 )
 from andante.exec.torch_regroup import regroup
 from andante.runtime.kunserve_parts import (
+    Forming,
     FormReport,
     Group,
     LocalGroupOptions,
     Origin,
     Rendezvous,
     RestoreReport,
+    Shrinking,
     refresh_max_num_tokens,
 )
+from andante.runtime.kunserve_resize import GroupResizing
 from andante.runtime.kunserve_stages import (
     build_pipeline,
     copy_back,
@@ -78,28 +81,6 @@ _Prepared = tuple[dict[int, TorchExecutor], PipelineExecutor, float]
 
 
 @dataclass(slots=True)
-class _Forming:
-    """What the site's steps need while the book forms a group."""
-
-    executors: dict[int, TorchExecutor]  # a grow: the joiners' only
-    pipeline: PipelineExecutor
-    origins: dict[int, Origin]
-    report: FormReport
-    started: float
-    grown: Group | None = None  # a grow: the group before it
-    relocated: dict[int, int] = field(default_factory=dict)  # a grow's block moves
-
-
-@dataclass(slots=True)
-class _Shrinking:
-    """What the site's steps need while the book shrinks a group by one."""
-
-    group: Group
-    fresh: TorchExecutor  # the leaving member's full executor, rebuilt while serving
-    relocated: dict[int, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
 class _Restoring:
     """What the site's steps need while the book restores a group."""
 
@@ -108,7 +89,7 @@ class _Restoring:
     report: RestoreReport
 
 
-class LocalPipelineGroups:
+class LocalPipelineGroups(GroupResizing):
     """KunServe's `PipelineGroups` over in-process instances (see the module note).
     `form_group` and `dissolve_group` block the caller until the leader's thread has
     carried them out (call them off an event loop)."""
@@ -124,9 +105,9 @@ class LocalPipelineGroups:
         self._lock = threading.Lock()  # the book's and `_state`'s
         self._preparing = False  # a thread builds stages (background_prepare)
         self._prepared: tuple[GroupPlan, _Prepared] | None = None
-        self._forming: _Forming | None = None  # (the leader's thread, at the boundary)
+        self._forming: Forming | None = None  # (the leader's thread, at the boundary)
         self._restoring: _Restoring | None = None
-        self._shrinking: _Shrinking | None = None
+        self._shrinking: Shrinking | None = None
         self._releasing: set[int] = set()  # leaders whose shrink is under way
         self.form_reports: list[FormReport] = []
         self.restore_reports: list[RestoreReport] = []
@@ -170,16 +151,6 @@ class LocalPipelineGroups:
         finally:
             with self._lock:
                 self.book.cancel(plan)  # (formed: no longer proposed)
-
-    def _grow(self, plan: GroupPlan, joiners: Sequence[int]) -> bool:
-        """Grow the group at a step boundary of its leader and the joiners (its other
-        members run no engine); no stages to prepare: `regroup` re-splits them."""
-        try:
-            return self._at_boundaries(plan.leader, joiners, lambda: (
-                self._grow_at_boundary(plan, joiners))).wait()
-        finally:
-            with self._lock:
-                self.book.cancel(plan)
 
     def _prepare(self, plan: GroupPlan) -> _Prepared:
         """The group's executor, built while the members still serve."""
@@ -245,58 +216,6 @@ class LocalPipelineGroups:
             with self._lock:
                 self.book.restoring.discard(group.plan.leader)
 
-    def shrink_group(self, leader: int) -> bool:
-        """Release the last member of the group `leader` leads (andante.cluster.kunserve.
-        shrink): its full executor is rebuilt from its host copy while the group serves,
-        then, at a boundary of the leader and that member, the book shrinks the group
-        and the stages are re-split (`regroup`). With `background_restore` it returns
-        True once the shrink has started."""
-        with self._lock:
-            plan = self.book.groups.get(leader)
-            if plan is None or shrunk(plan) is None or leader in self.book.restoring or any(
-                    leader in p.members for p in self.book.pending) \
-                    or leader in self._releasing:
-                return False
-            group = self._state[leader]
-            self._releasing.add(leader)
-        if self.options.background_restore:
-            threading.Thread(target=self._release_last, args=(group,), daemon=True,
-                             name=f"andante-kunserve-shrink-{leader}").start()
-            return True
-        return self._release_last(group)
-
-    def _release_last(self, group: Group) -> bool:
-        try:
-            leaving = group.plan.members[-1]
-            fresh = group.origins[leaving].build()  # while the group serves
-            parked = [leaving] if self._instances[leaving].running else []
-            return self._at_boundaries(group.plan.leader, parked, lambda: (
-                self._shrink_at_boundary(group, fresh))).wait()
-        finally:
-            with self._lock:
-                self._releasing.discard(group.plan.leader)
-
-    def _shrink_at_boundary(self, group: Group, fresh: TorchExecutor) -> bool:
-        """The book shrinks the group at the boundary; False if it changed meanwhile
-        or its blocks in use do not fit the smaller count."""
-        started = time.perf_counter()
-        with self._lock:
-            if self._state.get(group.plan.leader) is not group:
-                return False
-        self._shrinking = _Shrinking(group, fresh)
-        try:
-            with self._lock:
-                smaller = self.book.shrink(group.plan.leader)
-        finally:
-            self._shrinking = None
-        if smaller is None:
-            return False
-        for member in group.plan.members:
-            self._workers[member].report_soon()
-        log.info("kunserve: group %s released instance %d (%.3f s)", group.plan.members,
-                 group.plan.members[-1], time.perf_counter() - started)
-        return True
-
     def _at_boundaries(self, leader: int, parked: Sequence[int],
                        operation: Callable[[], bool]) -> Rendezvous:
         """Run `operation` on the leader's thread once the `parked` members' threads
@@ -323,7 +242,7 @@ class LocalPipelineGroups:
             for e, s in zip(executors.values(), plan.layer_slices, strict=True))
         origins = {m: Origin(e.model, e.options, e.cost_model, e.kv.num_device_blocks)
                    for m, e in executors.items()}
-        self._forming = _Forming(executors, pipeline, origins, report, started)
+        self._forming = Forming(executors, pipeline, origins, report, started)
         try:
             with self._lock:
                 if self.book.form(plan) is None:
@@ -336,46 +255,6 @@ class LocalPipelineGroups:
         self.form_reports.append(report)
         log.info("kunserve: formed group %s (%d -> %d KV blocks, %.3f s)", plan.members,
                  report.kv_blocks_before[plan.leader], report.kv_blocks_after, report.seconds)
-        return True
-
-    def _grow_at_boundary(self, plan: GroupPlan, joiners: Sequence[int]) -> bool:
-        """The book grows the group to `plan` at the boundary (a solo joins, the leader
-        keeps leading); False if the group changed or the new count cannot hold the
-        blocks in use."""
-        started = time.perf_counter()
-        with self._lock:
-            group = self._state.get(plan.leader)
-        executors = {j: self._workers[j].engine.executor for j in joiners}
-        if group is None or not all(isinstance(e, TorchExecutor) for e in executors.values()):
-            return False
-        joined: dict[int, TorchExecutor] = executors  # type: ignore[assignment]
-        scheduler = self._workers[plan.leader].engine.scheduler
-        origins = {**group.origins, **{j: Origin(e.model, e.options, e.cost_model,
-                                                 e.kv.num_device_blocks)
-                                       for j, e in joined.items()}}
-        kv = scheduler.kv
-        if grown_num_blocks(plan, origins) < kv.num_device_blocks - kv.num_free_device_blocks:
-            return False
-        finish_exchange(group, scheduler, lost=False)  # the group's own KV in place first
-        report = FormReport(plan, kv_blocks_before={plan.leader: kv.num_device_blocks, **{
-            j: e.kv.num_device_blocks for j, e in joined.items()}})
-        report.weight_bytes_dropped = sum(
-            stage_memory(origins[m].model, origins[m].options, 0, s).dropped_weight_bytes
-            for m, s in zip(plan.members, plan.layer_slices, strict=True))
-        self._forming = _Forming(joined, group.executor, origins, report, started, group)
-        try:
-            with self._lock:
-                if self.book.form(plan) is None:
-                    return False  # a member failed meanwhile
-        finally:
-            self._forming = None
-        for member in plan.members:
-            self._workers[member].report_soon()
-        report.seconds = time.perf_counter() - started
-        self.form_reports.append(report)
-        log.info("kunserve: grew group %s to %s (%d -> %d KV blocks, %.3f s)",
-                 group.plan.members, plan.members, report.kv_blocks_before[plan.leader],
-                 report.kv_blocks_after, report.seconds)
         return True
 
     # ---- restoring (the leader's thread, members parked) -------------------------------
@@ -499,22 +378,6 @@ class LocalPipelineGroups:
             else self._current_restoring().group
         finish_exchange(group, self.scheduler(plan.leader), lost)
 
-    def shrink_to(self, plan: GroupPlan, smaller: GroupPlan, moves: list[KVMove]) -> None:
-        """The stages re-split over `smaller` (every layer's KV carried in bulk, the
-        relocated blocks too: `moves` are among those copies); the leaving member
-        serves alone again with its rebuilt executor."""
-        shrinking = self._shrinking
-        assert shrinking is not None, "called outside a shrink"
-        group, leaving = shrinking.group, plan.members[-1]
-        scheduler = self.scheduler(plan.leader)
-        regroup(group.executor, smaller.layer_slices, scheduler.kv.num_device_blocks,
-                shrinking.relocated)
-        give_back(self._workers[leaving], self._instances[leaving], shrinking.fresh,
-                  group.origins[leaving])
-        origins = {m: o for m, o in group.origins.items() if m != leaving}
-        self._state[plan.leader] = Group(smaller, group.executor, origins, group.report,
-                                         None, group.formed_at)
-
     def make_room(self, plan: GroupPlan, failed: int | None) -> bool:
         """Recompute what does not fit the leader's own pool (everything holding KV if
         a member's layers are lost)."""
@@ -532,7 +395,7 @@ class LocalPipelineGroups:
                 give_back(self._workers[member], self._instances[member],
                           restoring.fresh[member], restoring.group.origins[member])
 
-    def _current_forming(self) -> _Forming:
+    def _current_forming(self) -> Forming:
         assert self._forming is not None, "called outside a formation"
         return self._forming
 

@@ -107,6 +107,28 @@ class Origin:
 
 
 @dataclass(slots=True)
+class Forming:
+    """What the site's steps need while the book forms (or grows) a group."""
+
+    executors: dict[int, TorchExecutor]  # a grow: the joiners' only
+    pipeline: PipelineExecutor
+    origins: dict[int, Origin]
+    report: FormReport
+    started: float
+    grown: Group | None = None  # a grow: the group before it
+    relocated: dict[int, int] = field(default_factory=dict)  # a grow's block moves
+
+
+@dataclass(slots=True)
+class Shrinking:
+    """What the site's steps need while the book shrinks a group by one."""
+
+    group: Group
+    fresh: TorchExecutor  # the leaving member's full executor, rebuilt while serving
+    relocated: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class Group:
     plan: GroupPlan
     executor: PipelineExecutor
