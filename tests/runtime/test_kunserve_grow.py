@@ -9,12 +9,16 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from andante.cluster.kunserve.coordinator import KunServeCoordinator
+from andante.cluster.kunserve.monitor import MonitorOptions
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.exec.torch_executor import TorchExecutor
 from andante.exec.torch_pipeline import PipelineExecutor
 from andante.models import load_model
 from andante.models.loader import LoadedModel
 from andante.runtime.kunserve import LocalGroupOptions, LocalPipelineGroups
+from andante.runtime.kunserve_stages import layer_memory
+from tests.cluster.kunserve.test_coordinator_resize import FakeController, Slot
 from tests.exec.engine_helpers import run_engine, tiny_executor
 from tests.models.helpers import make_tiny_checkpoint
 from tests.runtime.test_kunserve_local import (
@@ -116,3 +120,36 @@ def test_a_grow_that_reorders_or_splits_the_group_is_refused(  # type: ignore[no
     assert not groups.form_group(GroupPlan((2, 0, 1), THREE.layer_slices))  # 2 would lead
     assert not groups.form_group(GroupPlan((0, 2, 1), THREE.layer_slices))  # reordered
     assert groups.groups() == [HALVES]
+
+
+def test_the_coordinator_grows_a_pressed_group_then_shrinks_it(  # type: ignore[no-untyped-def]
+        reference, three) -> None:
+    """The shared coordinator decides (its load figures set by the test: the leader
+    pressed, then not), the real engine carries the grow and the shrink out."""
+    requests = _requests("c")
+    three.submit(0, requests[:2])
+    three.submit(2, requests[2:])
+    _wait(lambda: _all_running(requests))
+    groups = LocalPipelineGroups(three.instances)
+    assert groups.form_group(HALVES)
+    solo = three.instances[2].worker.engine.executor
+    assert isinstance(solo, TorchExecutor)
+    options = MonitorOptions(check_interval=0.0, decode_tokens=0, min_group_seconds=0.0,
+                             restore_window_seconds=0.0, idle_restore_seconds=1e9)
+    coordinator = KunServeCoordinator(groups, layer_memory(solo), 16, options)
+    controller = FakeController([Slot(0), Slot(1), Slot(2)])
+    pair_blocks = three.instances[0].worker.engine.scheduler.kv.num_device_blocks
+    controller.set(0, 1.0, used=pair_blocks, blocks=pair_blocks, waiting=4, queued=50)
+    controller.set(1, 1.0, used=0, blocks=0)
+    controller.set(2, 1.0, used=4, blocks=96)
+    coordinator.after_step(controller)  # type: ignore[arg-type]
+    assert groups.groups() == [THREE] and (2, 0) in controller.reassigned
+    assert coordinator.counters.num_drops == 1
+    _wait(_progress_by(requests, 3))
+    # the pressure falls below half of the pair's blocks, above half of one instance's
+    controller.set(0, 2.0, used=60, blocks=groups.form_reports[-1].kv_blocks_after)
+    coordinator.after_step(controller)  # type: ignore[arg-type]
+    assert coordinator.counters.num_shrinks == 1 and groups.groups() == [HALVES]
+    assert groups.accepting(2) and coordinator.counters.num_restores == 0
+    _wait(lambda: all(r.is_finished for r in requests))
+    assert [list(r.output_token_ids) for r in requests] == reference
