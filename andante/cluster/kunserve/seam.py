@@ -21,7 +21,10 @@ Contract of `form_group(plan)`:
 
 `dissolve_group(leader)` reloads the dropped layers (host copy or disk) while serving
 continues, moves the KV back so every member holds all layers again, and gives each
-member back an independent engine; requests stay where they run. A member that fails
+member back an independent engine; requests stay where they run. Between the two a
+group can grow (a plan that appends solo members to it, its leader first) and, where the
+implementation offers `shrink_group(leader)` (the coordinator's `ShrinkingGroups`),
+release its last member, which then serves alone. A member that fails
 makes its partners restore; its requests are re-queued (not started) or failed with
 a clear error (started), never dropped silently.
 """
