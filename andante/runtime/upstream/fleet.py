@@ -27,7 +27,10 @@ and Ray instances (one controller per model: `members`), and an upstream is an
   queue-holding router) past their deadline end with a 503;
 - upstreams that share a device (a fleet file's `device`; each in sleep mode) are one
   instance of one controller over their models, whose qlm router swaps them through
-  their `/sleep` and `/wake_up` (andante.runtime.upstream.device).
+  their `/sleep` and `/wake_up` (andante.runtime.upstream.device); one of its servers
+  down takes the device out of routing until it is back: its parked requests go back to
+  the queue, and only if it was the awake server are the requests in flight there
+  re-queued or ended (a sleeping server's fault leaves the awake one's streams alone).
 """
 
 from __future__ import annotations
@@ -391,8 +394,15 @@ class Fleet:
         upstream.cancel_all()
         requeued = failed = 0
         for group in self._groups_of(upstream):
-            outcome = group.controller.instance_failed(group.member_of(upstream),
-                                                       started.__contains__)
+            index = group.member_of(upstream)
+            device = group.controller.slots[index].instance
+            if isinstance(device, SharedDevice):
+                parked = device.server_down(upstream)
+                if upstream is not device.awake:  # the awake server's requests go on
+                    requeued += len(parked)
+                    group.controller.on_step(index, handoffs=parked)
+                    continue
+            outcome = group.controller.instance_failed(index, started.__contains__)
             requeued += len(outcome.requeued)
             for rid in outcome.failed:
                 call = self.calls.get(rid)
