@@ -36,7 +36,6 @@ and Ray instances (one controller per model: `members`), and an upstream is an
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import ssl
@@ -219,8 +218,7 @@ class Fleet:
             return
         call.attempts += 1
         sent = self.clock.now()
-        payload = json.dumps(call.body_for(upstream.kind), ensure_ascii=False,
-                             separators=(",", ":")).encode()
+        payload = call.payload_for(upstream.kind)
         try:
             conn = await self._pools[upstream.index].post(call.path, payload)
             head = conn.head
