@@ -230,14 +230,22 @@ class Fleet:
                 answer = Full(head.status, head.content_type, await conn.read())
                 self._finish(upstream, call, answer)
             else:
-                await conn.stream(lambda data: self._relay(upstream, call, data))
+                attempt = asyncio.current_task()
+                await conn.stream(lambda data: self._relay(upstream, call, data, attempt))
                 self._finish(upstream, call, End())
             upstream.observe_service(self.clock.now() - sent)
         except UpstreamError as exc:
             self._broken(upstream, call, req, exc)
 
-    def _relay(self, upstream: UpstreamInstance, call: Call, data: bytes) -> None:
-        """Body bytes as they arrive (in the connection's callback) to the client."""
+    def _relay(self, upstream: UpstreamInstance, call: Call, data: bytes,
+               attempt: asyncio.Task[Any] | None) -> None:
+        """Body bytes as they arrive (in the connection's callback) to the client, but
+        those of an attempt already cancelled (a down upstream's, a withdrawn one's: its
+        request may be placed again, and must not be answered twice), which can still
+        arrive in the loop iteration of the cancel, before the task closes the
+        connection."""
+        if attempt is not None and attempt.cancelling():
+            return
         if not call.started:
             self._started(upstream, call)
         call.push(Chunk(data))
