@@ -107,20 +107,21 @@ class FleetProxy:
 
     async def _relay(self, call: Call, data: bytes, send: Send) -> None:
         """The upstream's SSE bytes as they arrive; a failure after the first ends the
-        stream with an OpenAI-style error event."""
+        stream with an OpenAI-style error event. The bytes that came with the end go in
+        the same write as the end (one write, not two, for most streams' last chunk)."""
         while True:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-            event: Event | None = await call.events.get()
-            if isinstance(event, Chunk):
-                data, event = coalesce(call, event.data)
-                if event is None:
-                    continue
+            data, event = coalesce(call, data)
+            if event is None:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+                event = await call.events.get()
+                if isinstance(event, Chunk):
+                    data = event.data
+                    continue
+                data = b""
             if isinstance(event, Failure) and event.status != CLIENT_CLOSED:
                 error = error_body(event.status, event.message, None, event.code)
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": b"data: " + json.dumps(error).encode() + b"\n\n"})
-            await send({"type": "http.response.body", "body": b""})
+                data += b"data: " + json.dumps(error).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": data})
             return
 
 
