@@ -28,18 +28,23 @@ proxy rather than its neighbours' CPU. For each pattern, the added TTFT and adde
 per token (fleet minus direct, median and p99 of per-request figures; target <= 2 ms),
 and the fleet process's CPU seconds per 1,000 tokens streamed, split into per request
 and per chunk (`--proxy-upstream URL`: in front of a real server instead, e.g. vLLM's
-CPU build). Prints ONE JSON line, with the load average.
+CPU build). `--vllm-upstreams N` adds a routing run over N vLLM CPU servers (the peers'
+install, one model): least-loaded, power-of-two and round-robin on the same bursty
+workload, interleaved rounds. Prints ONE JSON line, with the load average.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
 import random
 import re
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -208,6 +213,78 @@ def routers_part(args: argparse.Namespace) -> dict[str, Any]:
         for u in ups:
             u.stop()
     return {r: _medians(rs) for r, rs in per_router.items()}
+
+
+VLLM_ROUTERS = ("least-loaded", "power-of-two", "round-robin")
+VLLM_MODEL_NAME = "smollm2"
+VLLM_START_S = 400.0
+
+
+def vllm_upstream(max_num_seqs: int, log_dir: str) -> Server:
+    """One vLLM CPU server (the peers' install: benchmarks/peers/setup) serving the
+    embedded model as `smollm2`, on a free port, started in its own session."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from peer_paths import VLLM_MODEL, VLLM_PYTHON
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model",
+           str(VLLM_MODEL), "--served-model-name", VLLM_MODEL_NAME, "--dtype", "bfloat16",
+           "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs),
+           "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)]
+    env = {**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    log = open(os.path.join(log_dir, f"vllm-{port}.log"), "wb")  # noqa: SIM115 (the server's)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + VLLM_START_S
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"vLLM did not start (log: {log.name})")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return Server(url, proc)
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+
+
+def vllm_routers_part(args: argparse.Namespace) -> dict[str, Any]:
+    """`--vllm-upstreams N` vLLM CPU servers, one model: least-loaded, power-of-two and
+    round-robin in interleaved rounds of the bursty workload (every request for it)."""
+    log_dir = tempfile.mkdtemp(prefix="andante-fleet-vllm-")
+    ups: list[Server] = []
+    per_router: dict[str, list[dict[str, Any]]] = {r: [] for r in VLLM_ROUTERS}
+    try:
+        for _ in range(args.vllm_upstreams):
+            ups.append(vllm_upstream(args.max_num_seqs, log_dir))
+        for round_no in range(args.rounds):
+            order = VLLM_ROUTERS if round_no % 2 == 0 else tuple(reversed(VLLM_ROUTERS))
+            requests = [{**r, "model": VLLM_MODEL_NAME}
+                        for r in workload(args, args.seed + round_no)]
+            for router in order:
+                front = fleet([u.url for u in ups], router, args.max_num_seqs)
+                try:
+                    result = asyncio.run(run_round(front.url, requests, args.duration))
+                finally:
+                    front.stop()
+                result["load_avg"] = os.getloadavg()[0]
+                per_router[router].append(result)
+                print(f"vllm round {round_no} {router}: {result}", file=sys.stderr,
+                      flush=True)
+    finally:
+        for u in ups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(u.proc.pid, signal.SIGTERM)
+            try:
+                u.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(u.proc.pid, signal.SIGKILL)
+                u.proc.wait(10)
+    return {"upstreams": args.vllm_upstreams, "model": VLLM_MODEL_NAME,
+            **{r: _medians(rs) for r, rs in per_router.items()}}
 
 
 def _medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -450,12 +527,20 @@ def main() -> None:
     p.add_argument("--closed-loop-s", type=float, default=6.0,
                    help="seconds of each closed-loop round")
     p.add_argument("--skip-routers", action="store_true")
+    p.add_argument("--skip-proxy", action="store_true")
+    p.add_argument("--vllm-upstreams", type=int, default=0, metavar="N",
+                   help="also route over N vLLM CPU servers (the peers' install; each "
+                   "~1-2 GB, a minute to start): least-loaded, power-of-two, round-robin "
+                   "on the same workload, all for one model")
     args = p.parse_args()
     load_before = os.getloadavg()
     out: dict[str, Any] = {"benchmark": "fleet", "load_avg_before": load_before}
     if not args.skip_routers:
         out["routers"] = routers_part(args)
-    out["proxy"] = proxy_part(args)
+    if args.vllm_upstreams:
+        out["vllm_routers"] = vllm_routers_part(args)
+    if not args.skip_proxy:
+        out["proxy"] = proxy_part(args)
     out["load_avg_after"] = os.getloadavg()
     print(json.dumps(out))
 

@@ -15,13 +15,13 @@ from fastapi import FastAPI
 from andante.runtime.upstream.discovery import FleetError, discover
 from andante.server.fleet_app import FleetServeOptions, create_fleet_app
 from andante.server.listen import ThreadedServer, bind, log_to_stderr
-from andante.server.timeouts import h11_protocol
+from andante.server.timeouts import fast_protocol
 
 
 def _server(app: FastAPI, options: FleetServeOptions) -> uvicorn.Server:
     config = uvicorn.Config(
         app, log_level=options.log_level, timeout_graceful_shutdown=5, access_log=False,
-        timeout_keep_alive=30, lifespan="on", http=h11_protocol(options.limits))
+        timeout_keep_alive=30, lifespan="on", http=fast_protocol(options.limits))
     return uvicorn.Server(config)
 
 

@@ -78,9 +78,10 @@ class FleetProxy:
                       ) -> tuple[Call, int, int | None, int]:
         if not self.fleet.alive:
             raise APIError(503, "every upstream is down", None, "upstream_unavailable")
-        body = json_body(await receive_body(receive, self.limits))
+        raw = await receive_body(receive, self.limits)
+        body = json_body(raw)
         call, prompt_tokens, max_tokens = new_call(self.fleet, self.options, body,
-                                                   scope["path"])
+                                                   scope["path"], raw)
         return call, prompt_tokens, max_tokens, int(body.get("priority", 0))
 
     async def _answer(self, call: Call, send: Send) -> None:
@@ -106,20 +107,21 @@ class FleetProxy:
 
     async def _relay(self, call: Call, data: bytes, send: Send) -> None:
         """The upstream's SSE bytes as they arrive; a failure after the first ends the
-        stream with an OpenAI-style error event."""
+        stream with an OpenAI-style error event. The bytes that came with the end go in
+        the same write as the end (one write, not two, for most streams' last chunk)."""
         while True:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-            event: Event | None = await call.events.get()
-            if isinstance(event, Chunk):
-                data, event = coalesce(call, event.data)
-                if event is None:
-                    continue
+            data, event = coalesce(call, data)
+            if event is None:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+                event = await call.events.get()
+                if isinstance(event, Chunk):
+                    data = event.data
+                    continue
+                data = b""
             if isinstance(event, Failure) and event.status != CLIENT_CLOSED:
                 error = error_body(event.status, event.message, None, event.code)
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": b"data: " + json.dumps(error).encode() + b"\n\n"})
-            await send({"type": "http.response.body", "body": b""})
+                data += b"data: " + json.dumps(error).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": data})
             return
 
 
@@ -151,13 +153,20 @@ async def send_json(send: Send, status: int, body: dict[str, Any],
 
 async def receive_body(receive: Receive, limits: HTTPLimits) -> bytes:
     """The request's body: at most `limits.max_body_bytes` (413), within
-    `limits.body_timeout` seconds (408); ClientGone if the client left meanwhile."""
+    `limits.body_timeout` seconds (408); ClientGone if the client left meanwhile. A body
+    that came with its head (most) is returned without arming a timer: the protocol's
+    own (andante.server.timeouts) bounds the wait for the first part."""
+    message: Message = await receive()
+    if message["type"] == "http.body" and not message.get("more_body", False):
+        chunk: bytes = message.get("body", b"")
+        if len(chunk) > limits.max_body_bytes:
+            raise too_large(len(chunk), limits.max_body_bytes)
+        return chunk
     parts: list[bytes] = []
     size = 0
     try:
         async with asyncio.timeout(limits.body_timeout):
             while True:
-                message: Message = await receive()
                 if message["type"] == "http.disconnect":
                     raise ClientGone
                 chunk = message.get("body", b"")
@@ -166,7 +175,8 @@ async def receive_body(receive: Receive, limits: HTTPLimits) -> bytes:
                     raise too_large(size, limits.max_body_bytes)
                 parts.append(chunk)
                 if not message.get("more_body", False):
-                    return parts[0] if len(parts) == 1 else b"".join(parts)
+                    return b"".join(parts)
+                message = await receive()
     except TimeoutError:
         raise APIError(408, f"the request body did not arrive within "
                        f"{limits.body_timeout:g} s (--body-timeout)", None,
@@ -213,14 +223,13 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     return value
 
 
-def _prompt_tokens(body: dict[str, Any]) -> int:
-    """The prompt's length in tokens, estimated (routing only)."""
-    if "messages" in body:
-        return len(json.dumps(body["messages"])) // CHARS_PER_TOKEN
-    prompt = body.get("prompt", "")
+def _prompt_tokens(body: dict[str, Any], raw: bytes) -> int:
+    """The prompt's length in tokens, estimated (routing only): token ids counted, text
+    from the body's length (the prompt is most of it; no second serialization)."""
+    prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return len(prompt)
-    return len(json.dumps(prompt)) // CHARS_PER_TOKEN
+    return len(raw) // CHARS_PER_TOKEN
 
 
 def _slo(body: dict[str, Any]) -> SLO:
@@ -235,10 +244,13 @@ def _slo(body: dict[str, Any]) -> SLO:
         raise APIError(400, str(exc), "vllm_xargs", "invalid_value") from None
 
 
-def new_call(fleet: Fleet, options: FleetOptions, body: dict[str, Any], path: str
-             ) -> tuple[Call, int, int | None]:
-    """The fleet's `Call` for a client's body (APIError on bad input), the prompt's
-    estimated length and its max_tokens."""
+def new_call(fleet: Fleet, options: FleetOptions, body: dict[str, Any], path: str,
+             raw: bytes) -> tuple[Call, int, int | None]:
+    """The fleet's `Call` for a client's body (`raw`, parsed: APIError on bad input), the
+    prompt's estimated length and its max_tokens. The body goes to the upstream as the
+    client sent it (`raw`) unless there is something to rewrite: an SLO (`slo`,
+    `vllm_xargs`) or the model left out."""
+    as_sent = "model" in body and "slo" not in body and "vllm_xargs" not in body
     model = _model(fleet, body)
     slo = _slo(body)
     max_tokens = _max_tokens(body)
@@ -251,5 +263,5 @@ def new_call(fleet: Fleet, options: FleetOptions, body: dict[str, Any], path: st
     prefix = "chatcmpl" if path.endswith("chat/completions") else "cmpl"
     window = slo.deadline if slo.deadline is not None else options.retry_window_s
     call = Call(f"{prefix}-{uuid.uuid4().hex}", model, path, body, slo, body.get("stream") is True,
-                arrival, arrival + window)
-    return call, _prompt_tokens(body), max_tokens
+                arrival, arrival + window, raw=raw if as_sent else None)
+    return call, _prompt_tokens(body, raw), max_tokens

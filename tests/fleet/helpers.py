@@ -95,6 +95,7 @@ class FakeUpstream:
         {"id": "fake", "object": "model", "owned_by": "vllm", "root": "/models/fake"}])
     statuses: list[int] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    raw_bodies: list[bytes] = field(default_factory=list)
     metrics: str = ("vllm:num_requests_running{model_name=\"fake\"} 0\n"
                     "vllm:num_requests_waiting{model_name=\"fake\"} 0\n"
                     "vllm:kv_cache_usage_perc{model_name=\"fake\"} 0.25\n")
@@ -112,6 +113,7 @@ class FakeUpstream:
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> Response:
+            self.raw_bodies.append(await request.body())
             body = await request.json()
             self.bodies.append(body)
             status = self.statuses.pop(0) if self.statuses else 200

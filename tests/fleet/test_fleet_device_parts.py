@@ -109,3 +109,25 @@ def test_linked_models() -> None:
            StandIn("http://e", "delta", "")]
     assert sorted(map(sorted, linked_models(ups))) == [  # type: ignore[arg-type]
         ["alpha", "beta", "gamma"], ["delta"]]
+
+
+def test_a_server_down_gives_back_the_parked_and_stops_the_switch() -> None:
+    async def main() -> None:
+        device, (a, b), calls, back = _device()
+        device.submit(_req("r1", "alpha"))
+        a.num_in_flight = 1  # alpha's request runs: the switch drains it first
+        device.submit(_req("r2", "beta"))
+        device.swap_model("beta")
+        await asyncio.sleep(0.02)
+        assert [r.request_id for r in device.parked] == ["r2"] and device.alive
+        b.alive = False  # the sleeping server stops answering
+        assert not device.alive  # it cannot swap: no new request until b is back
+        assert [r.request_id for r in device.server_down(b)] == ["r2"] and not device.parked
+        await asyncio.sleep(0.05)
+        assert calls == [] and device.awake is a and device.target is None  # a never slept
+        await asyncio.sleep(FAILED_SWAP_BACKOFF_S + 0.1)
+        assert not back  # nothing handed back twice
+        b.alive = True
+        assert device.alive
+
+    asyncio.run(main())

@@ -32,6 +32,22 @@ def test_slo_forwarded_per_upstream_kind() -> None:
         assert body["slo"] == {"ttft": 0.5, "deadline": 20.0} and "vllm_xargs" not in body
 
 
+def test_a_body_without_anything_to_rewrite_goes_as_sent() -> None:
+    """Byte for byte (no second serialization on the proxy's path); one with an SLO or
+    without its model is rewritten."""
+    fake = FakeUpstream()
+    sent = (b'{ "prompt" : "caf\\u00e9", "model": "fake", "extra": [1, 2.50],'
+            b' "max_tokens": 3 }')
+    with fake_upstream(fake) as a, fleet_server([a]) as fleet:
+        for body in (sent, b'{"prompt": "x"}', b'{"model": "fake", "slo": {"ttft": 1}}'):
+            r = httpx.post(f"{fleet.url}/v1/completions", timeout=10, content=body,
+                           headers={"content-type": "application/json"})
+            assert r.status_code == 200, r.text
+    assert fake.raw_bodies[0] == sent
+    assert fake.bodies[1] == {"prompt": "x", "model": "fake"}
+    assert fake.bodies[2] == {"model": "fake", "vllm_xargs": {"ttft": 1.0}}
+
+
 def test_429_and_5xx_are_retried_elsewhere() -> None:
     busy = FakeUpstream(statuses=[429, 503])
     calm = FakeUpstream()

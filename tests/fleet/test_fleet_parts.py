@@ -8,8 +8,14 @@ from typing import Any
 import pytest
 
 from andante.core.sampling import SLO
-from andante.runtime.upstream.call import Call, slo_from
-from andante.runtime.upstream.discovery import FleetError, parse_fleet_file
+from andante.runtime.upstream.call import Call, Chunk, slo_from
+from andante.runtime.upstream.discovery import (
+    FleetError,
+    UpstreamInfo,
+    UpstreamSpec,
+    parse_fleet_file,
+)
+from andante.runtime.upstream.fleet import Fleet, FleetOptions
 from andante.runtime.upstream.metrics import parse_load
 
 VLLM_METRICS = """\
@@ -130,3 +136,22 @@ def test_load_is_the_larger_of_the_poll_and_our_own_requests() -> None:
     assert (stats.num_running, stats.num_waiting) == (1, 2)
     load = up.load()
     assert load.drain_time == up.service_s * (1 + 3 / 8)
+
+
+def test_a_cancelled_attempts_late_bytes_never_reach_the_client() -> None:
+    """A down upstream's request without a token is placed again: bytes its cancelled
+    attempt's connection still delivers (same loop iteration) are dropped."""
+    async def main() -> None:
+        info = UpstreamInfo(UpstreamSpec("http://u:1", max_num_seqs=8), ("m",), "vllm")
+        fleet = Fleet([info], FleetOptions())
+        call = Call("r", "m", "/v1/completions", {}, SLO(), True, 0.0, 10.0)
+        attempt = asyncio.get_running_loop().create_task(asyncio.sleep(10))
+        await asyncio.sleep(0)
+        fleet._relay(fleet.upstreams[0], call, b"data: 1\n\n", attempt)
+        assert call.started and call.events.get_nowait() == Chunk(b"data: 1\n\n")
+        call2 = Call("r2", "m", "/v1/completions", {}, SLO(), True, 0.0, 10.0)
+        attempt.cancel()
+        fleet._relay(fleet.upstreams[0], call2, b"data: late\n\n", attempt)
+        assert not call2.started and call2.events.empty()
+
+    asyncio.run(main())

@@ -14,6 +14,7 @@ it, or the one serving it died after it had streamed).
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,7 @@ class Call:
     arrival: float
     deadline: float
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    raw: bytes | None = None  # the body as the client sent it, when nothing is rewritten
     attempts: int = 0
     started: bool = False  # a byte reached the client: it cannot move any more
     finished: bool = False
@@ -70,6 +72,14 @@ class Call:
         if not isinstance(event, Chunk):
             self.finished = True
         self.events.put_nowait(event)
+
+    def payload_for(self, kind: str) -> bytes:
+        """The body's bytes for an upstream of `kind`: as the client sent them, if no
+        field is rewritten (`raw`), else `body_for(kind)` serialized."""
+        if self.raw is not None:
+            return self.raw
+        return json.dumps(self.body_for(kind), ensure_ascii=False,
+                          separators=(",", ":")).encode()
 
     def body_for(self, kind: str) -> dict[str, Any]:
         """The body for an upstream of `kind` (see the module note)."""

@@ -15,7 +15,11 @@ awake one gets `POST /sleep?level=1`, the incoming one `POST /wake_up`, whose me
 time is the install's. Requests for a sleeping model wait (in the global queue, or
 parked here) and never fail for it; a switch that fails hands the parked requests back
 to the controller. The load the router sees is the awake server's, the parked requests
-counted as waiting.
+counted as waiting. A server that goes down takes the device out of routing until it is
+back (`alive`: a device that cannot swap serves no new request); the parked requests
+leave for the queue at once (`server_down`: never both re-queued and released here), and
+a switch under way stops before it puts the awake server to sleep or at the next drain
+poll.
 """
 
 from __future__ import annotations
@@ -119,7 +123,20 @@ class SharedDevice(LaterOperations):
     # ---- the Instance seam -----------------------------------------------------------------
     @property
     def alive(self) -> bool:
-        return self.awake.alive
+        """Every server up: a device one of whose servers is down cannot swap, so it
+        takes no request until that server is back (its awake server's requests in
+        flight go on meanwhile, unless it is the one down)."""
+        return all(u.alive for u in self.upstreams)
+
+    def server_down(self, upstream: UpstreamInstance) -> list[Request]:
+        """`upstream`, one of this device's servers, is down: the parked requests
+        (none has a token) leave this device, for the caller to place again; a switch
+        under way gives up at its next step (`_switch_servers`)."""
+        parked = self.switcher.unpark([r.request_id for r in self.switcher.parked])
+        log.error("device %s: server %s is down (%s); %d parked request(s) go back to the "
+                  "queue", self.name, upstream.url,
+                  "awake" if upstream is self.awake else "asleep", len(parked))
+        return parked
 
     def submit(self, req: Request) -> None:
         self.num_received += 1
@@ -214,7 +231,9 @@ class SharedDevice(LaterOperations):
         started = asyncio.get_running_loop().time()
         try:
             while outgoing.num_in_flight:
+                _check_up(outgoing, incoming)
                 await asyncio.sleep(DRAIN_POLL_S)
+            _check_up(outgoing, incoming)  # never put the awake one to sleep for nothing
             await self._call(outgoing, f"/sleep?level={SLEEP_LEVEL}")
         except Exception as exc:
             self._log_failed_swap(model, exc)
@@ -248,3 +267,10 @@ class SharedDevice(LaterOperations):
         status = await self._post(upstream.url, path)
         if status != 200:
             raise RuntimeError(f"{upstream.url}{path} answered {status}")
+
+
+def _check_up(*servers: UpstreamInstance) -> None:
+    """A switch goes on only while both its servers are up."""
+    for server in servers:
+        if not server.alive:
+            raise RuntimeError(f"{server.url} is down")

@@ -27,13 +27,15 @@ and Ray instances (one controller per model: `members`), and an upstream is an
   queue-holding router) past their deadline end with a 503;
 - upstreams that share a device (a fleet file's `device`; each in sleep mode) are one
   instance of one controller over their models, whose qlm router swaps them through
-  their `/sleep` and `/wake_up` (andante.runtime.upstream.device).
+  their `/sleep` and `/wake_up` (andante.runtime.upstream.device); one of its servers
+  down takes the device out of routing until it is back: its parked requests go back to
+  the queue, and only if it was the awake server are the requests in flight there
+  re-queued or ended (a sleeping server's fault leaves the awake one's streams alone).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import ssl
@@ -216,8 +218,7 @@ class Fleet:
             return
         call.attempts += 1
         sent = self.clock.now()
-        payload = json.dumps(call.body_for(upstream.kind), ensure_ascii=False,
-                             separators=(",", ":")).encode()
+        payload = call.payload_for(upstream.kind)
         try:
             conn = await self._pools[upstream.index].post(call.path, payload)
             head = conn.head
@@ -229,14 +230,22 @@ class Fleet:
                 answer = Full(head.status, head.content_type, await conn.read())
                 self._finish(upstream, call, answer)
             else:
-                await conn.stream(lambda data: self._relay(upstream, call, data))
+                attempt = asyncio.current_task()
+                await conn.stream(lambda data: self._relay(upstream, call, data, attempt))
                 self._finish(upstream, call, End())
             upstream.observe_service(self.clock.now() - sent)
         except UpstreamError as exc:
             self._broken(upstream, call, req, exc)
 
-    def _relay(self, upstream: UpstreamInstance, call: Call, data: bytes) -> None:
-        """Body bytes as they arrive (in the connection's callback) to the client."""
+    def _relay(self, upstream: UpstreamInstance, call: Call, data: bytes,
+               attempt: asyncio.Task[Any] | None) -> None:
+        """Body bytes as they arrive (in the connection's callback) to the client, but
+        those of an attempt already cancelled (a down upstream's, a withdrawn one's: its
+        request may be placed again, and must not be answered twice), which can still
+        arrive in the loop iteration of the cancel, before the task closes the
+        connection."""
+        if attempt is not None and attempt.cancelling():
+            return
         if not call.started:
             self._started(upstream, call)
         call.push(Chunk(data))
@@ -391,8 +400,15 @@ class Fleet:
         upstream.cancel_all()
         requeued = failed = 0
         for group in self._groups_of(upstream):
-            outcome = group.controller.instance_failed(group.member_of(upstream),
-                                                       started.__contains__)
+            index = group.member_of(upstream)
+            device = group.controller.slots[index].instance
+            if isinstance(device, SharedDevice):
+                parked = device.server_down(upstream)
+                if upstream is not device.awake:  # the awake server's requests go on
+                    requeued += len(parked)
+                    group.controller.on_step(index, handoffs=parked)
+                    continue
+            outcome = group.controller.instance_failed(index, started.__contains__)
             requeued += len(outcome.requeued)
             for rid in outcome.failed:
                 call = self.calls.get(rid)
