@@ -22,7 +22,8 @@ its `num_computed_tokens`): the block manager's figures for it count the shared 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterable, Set
+from operator import attrgetter
 from typing import TYPE_CHECKING, overload
 
 from andante.core.request import PreemptionMode, Request, RequestStatus
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 _RUNNING = RequestStatus.RUNNING
 _SWAPPED = RequestStatus.SWAPPED
+_request_id = attrgetter("request_id")
 _HOLDS_NO_KV = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
@@ -209,6 +211,19 @@ class StepPlan:
         if rid in self.in_flight_ids:
             return False
         return mode != PreemptionMode.SWAP or self._kv.can_swap_out(rid)
+
+    def admits_none_of(self, queued: Iterable[Request], running: Iterable[Request]) -> bool:
+        """Is no request of `queued` (waiting or swapped) admissible by its device
+        blocks, even for one token, in this step and in the next ones for as long as
+        they only advance `running` (the free blocks only shrink, and `running` register
+        no block in the prefix cache that a waiting request's hit could grow by)?
+        Budgets aside (a sufficient condition: the policy's order among them then
+        decides nothing)."""
+        kv = self._kv
+        if kv.registers_more(map(_request_id, running)):
+            return False
+        refuses = kv.refuses_for_now
+        return all(refuses(req.request_id, req.num_computed_tokens + 1) for req in queued)
 
     def can_swap_in(self, req: Request, num_tokens: int = 0) -> bool:
         """Could the swapped request come back (with room to advance `num_tokens`)?"""

@@ -571,7 +571,9 @@ class Simulator(SimHooks):
             return False
         max_steps = num_tokens_before_length_stop(batch.requests, scheduler.max_num_tokens) \
             if next_batch else decode_run_limit(scheduler, fast, batch)
-        if max_steps == 0:
+        if fast.run_max_steps < max_steps:
+            max_steps = int(fast.run_max_steps)
+        if max_steps <= 0:
             return False
         now = self.clock.now()
         stop_at = self._run_horizon(inst)

@@ -80,6 +80,7 @@ from andante.policies.phases import (
 )
 
 _NUM_COMPUTED = attrgetter("num_computed_tokens")
+_BUFFER_MARGIN = 1e-6  # seconds: a pacer-buffer bound's margin over rounding
 
 
 @dataclass(slots=True)
@@ -136,6 +137,8 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         self._run_token_budget = 0  # the token budget of the steps a run stands for
         self._queued_run = False  # see `_declare_queued_run`
         self.run_step_limit = math.inf
+        self._queued_decodes = False  # see `_declare_queued_decodes`
+        self.run_max_steps: float = math.inf
 
     # ---- hooks ----------------------------------------------------------------------
     def on_arrival(self, req: Request) -> None:
@@ -163,7 +166,8 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
     # ---- one step -------------------------------------------------------------------
     def schedule(self, plan: StepPlan) -> None:
         if self.stationary:  # the decode runs since the last decision are replayed
-            self.stationary = False
+            self.stationary = self._queued_decodes = False
+            self.run_max_steps = math.inf
         self._since_solve += 1
         if not plan.running:
             self.latency.idle()
@@ -184,8 +188,10 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         self._carry_out(plan, decision)
         if not decision.victims and empties_queue(plan):
             self._declare_stationary(plan, float(view.streams.inv.min()))
-        else:
+        elif self._prefilling:
             self._declare_queued_run(plan, view)
+        else:
+            self._declare_queued_decodes(plan, view)
 
     def _decode_all(self, plan: StepPlan) -> bool:
         """Nothing queued and the knapsack not due: what `_order_queue` decides (decode
@@ -423,6 +429,42 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         self.decode_run_reserve_blocks = reserve
         self.run_step_limit = min_inv * (1.0 - 1e-9)  # (a margin over rounding)
 
+    def _declare_queued_decodes(self, plan: StepPlan, view: View) -> None:
+        """A chunked step that decoded every running request, admitted nobody and
+        preempted nobody while requests wait (memory pressure: the queue waits for
+        blocks): its next steps decide the same (`_order_queue`: the decodes, nobody
+        admitted, no victim) while (1) the knapsack is not due (`solver_interval`, the
+        only trigger check), (2) no queued request can get even one token's blocks,
+        whatever the priority order (`StepPlan.admits_none_of`: the free blocks only
+        shrink in a decode run, and nothing is registered that a waiting request's hit
+        could grow by), so `_fits` fails for the first of them and the pause of buffered
+        streams does not apply, and (3) with the pacer-aware preemption, no running
+        reader's buffer exceeds Δt: a token adds at most 1/tds to it (the reader's
+        schedule moves on by 1/tds; a late token resets it to 0), so after j more tokens
+        it is at most its value now plus j/tds. So `stationary` holds for the
+        `run_max_steps` steps these bounds give, which `on_decode_run` counts down (the
+        decode order then only matters at a block shortage, which ends a run)."""
+        o = self.options
+        nr = view.num_running
+        if not (self.chunks_prefill and o.refiner) or self.refine_admissions or not nr:
+            return
+        if plan.preemptions or plan.swap_ins or len(plan.scheduled) != nr:
+            return
+        steps = o.solver_interval - 1 - self._since_solve
+        if steps < 1 or any(req.status != RequestStatus.RUNNING for req in plan.scheduled):
+            return
+        inv = view.streams.inv[:nr]
+        if o.pacer_aware:
+            room = o.delta_t - _BUFFER_MARGIN - view.streams.buffered(plan.now, nr)
+            steps = min(steps, math.floor(float((room / inv).min())))
+            if steps < 1:
+                return
+        if not plan.admits_none_of([*plan.waiting, *plan.swapped], plan.running):
+            return
+        self.stationary = self._queued_decodes = True
+        self.run_max_steps = steps
+        self._run_min_inv = float(inv.min())
+
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
         """What `on_step_end` and `schedule` would have recorded for each step of a
         decode run: the tokens' QoE state, the latency estimates and the solver's
@@ -432,6 +474,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         times = self.latency.run_times(reqs[0].timeline.token_times) if reqs else []
         if not times:
             return
+        self.run_max_steps -= len(times)
         self._record_run(reqs, times)
         # each request holds its tokens at the run's end less one per step of the run
         context = sum(map(_NUM_COMPUTED, reqs)) - len(reqs) * len(times)
@@ -495,7 +538,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         first, and a prompt's chunk takes what is left (andante.sim.prefill_run); so
         while a chunk spends the budget with requests queued, if the token-latency
         estimate is below every reader's pace (`_declare_queued_run`)."""
-        if not (self.chunks_prefill and self.options.refiner):
+        if not (self.chunks_prefill and self.options.refiner) or self._queued_decodes:
             return 0
         if self.stationary or (self._queued_run and self._prefilling and (
                 self.latency.token_latency <= self.run_step_limit)):
