@@ -34,6 +34,10 @@ ONE_TOKEN_TAIL = WorkloadConfig(kind="poisson", rate=0.5, num_requests=40,
 GROWING = WorkloadConfig(kind="gamma", rate=100.0, cv=1.0, num_requests=20,
                          lengths="uniform:400:600:1000:1500", seed=4)
 
+# ShareGPT lengths on a small KV: the queue waits for blocks while the running decode
+PRESSURE = WorkloadConfig(kind="poisson", rate=1.5, num_requests=150, lengths="sharegpt",
+                          max_context=8192, seed=0)
+
 
 def _run(policy: str, workload: WorkloadConfig, hardware: str, runs: bool,
          options: dict[str, object] | None = None,
@@ -85,7 +89,9 @@ CASES = [("andes", LONG_PROMPTS, "a100-80g", None), ("andes", BURSTS, "a10-24g",
          ("andes", MID_READERS, "a100-80g", None),
          ("andes", GROWING, "a10-24g", None), ("andes", ONE_TOKEN_TAIL, "a100-80g", None),
          ("lqsf", LONG_PROMPTS, "a100-80g", None), ("lqsf", BURSTS, "a10-24g", None),
-         ("lqsf", GROWING, "a10-24g", {"solver_interval": 1})]
+         ("lqsf", GROWING, "a10-24g", {"solver_interval": 1}),
+         ("andes", PRESSURE, "a10-24g", None),
+         ("andes", PRESSURE, "a10-24g", {"pacer_aware": False})]
 
 
 @pytest.mark.parametrize(("policy", "workload", "hardware", "options"), CASES)
@@ -186,3 +192,33 @@ def test_runs_while_requests_wait_keep_andes_deciding_the_same(
     _run("andes", workload, hardware, True)
     if workload is LONG_PROMPTS:
         assert checked  # such runs happen
+
+
+def test_decode_runs_while_the_queue_waits_for_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under memory pressure Andes decodes in runs while requests wait (checked from the
+    scheduler's state, not the policy's): at the end of each such run's blocks no queued
+    request finds the blocks for one token, and the run ends before the knapsack is due."""
+    from andante.core.request import RequestStatus
+    from andante.sim.simulator import SimInstance
+
+    queued_runs: list[int] = []
+    begin = SimInstance.begin_decode_run
+
+    def begin_checked(self, runs, batch, times, durations):  # type: ignore[no-untyped-def]
+        s = self.engine.scheduler
+        queued = [*s.waiting, *s.swapped]
+        begin(self, runs, batch, times, durations)
+        if queued:
+            kv, p = s.kv, s.policy
+            for r in queued:
+                if r.status == RequestStatus.SWAPPED:
+                    need = kv.num_new_blocks_needed(r.request_id, r.num_computed_tokens + 1)
+                    assert not kv.can_swap_in(r.request_id, need)
+                else:
+                    assert not kv.can_allocate(r.request_id, r.num_computed_tokens + 1)
+            assert p._since_solve + len(times) < p.options.solver_interval
+            queued_runs.append(len(times))
+
+    monkeypatch.setattr(SimInstance, "begin_decode_run", begin_checked)
+    _run("andes", PRESSURE, "a10-24g", True, {"pacer_aware": False})
+    assert len(queued_runs) > 20 and max(queued_runs) > 1
