@@ -366,15 +366,19 @@ class KVBlockManager:
         free device blocks only shrink and no block is registered in the prefix cache
         (`registers_more`)? Not sure where its tentative hit is stale or due for a
         lookup: the next lookup may leave it needing fewer blocks."""
-        table = self._host_tables.get(request_id)
-        if table is not None:
+        if request_id in self._host_tables:
             need = self.num_new_blocks_needed(request_id, num_total_tokens)
             return not self.can_swap_in(request_id, need)
+        return self.hit_is_settled(request_id) and not self.can_allocate(request_id,
+                                                                         num_total_tokens)
+
+    def hit_is_settled(self, request_id: str) -> bool:
+        """Is the tentative prefix hit of a request holding no device KV neither stale
+        nor due for a lookup (so that, while nothing is registered, it can only shrink
+        by evictions)?"""
         if self._pending.hits and self._valid_hit(request_id) is None:
             return False
-        if request_id in self._pending.dirty:
-            return False
-        return not self.can_allocate(request_id, num_total_tokens)
+        return request_id not in self._pending.dirty
 
     def registers_more(self, request_ids: Iterable[str]) -> bool:
         """Would computing more tokens of any of these requests register blocks in the

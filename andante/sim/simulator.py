@@ -31,6 +31,7 @@ weights have loaded.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -581,6 +582,10 @@ class Simulator(SimHooks):
         durations = executor.decode_run_durations(batch, max_steps,
                                                   min(stop_at, self._until) - now)
         times = self._run_times(durations, inst)
+        if not next_batch:
+            del times[steps_within_limit(durations, fast.run_step_limit):]
+        if fast.run_until < math.inf:
+            del times[bisect_left(times, fast.run_until):]
         del times[fit_blocks(scheduler, batch, len(times), fast.decode_run_reserve_blocks):]
         if not times:
             return False

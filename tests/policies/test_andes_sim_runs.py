@@ -194,11 +194,16 @@ def test_runs_while_requests_wait_keep_andes_deciding_the_same(
         assert checked  # such runs happen
 
 
-def test_decode_runs_while_the_queue_waits_for_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under memory pressure Andes decodes in runs while requests wait (checked from the
-    scheduler's state, not the policy's): at the end of each such run's blocks no queued
-    request finds the blocks for one token, and the run ends before the knapsack is due."""
+@pytest.mark.parametrize("options", [None, {"pacer_aware": False}])
+def test_decode_runs_while_the_queue_waits_for_blocks(
+        options: dict[str, object] | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under memory pressure Andes decodes in runs while requests wait (the stepped
+    timelines and state: `CASES`); checked from the scheduler's state, not the
+    policy's: at the start of each such run the request first in line (the one longest
+    past its TTFT target) finds no room for all its tokens, or more of them than a step
+    may compute."""
     from andante.core.request import RequestStatus
+    from andante.policies.andes.qoe import DEFAULT_TTFT_TARGET
     from andante.sim.simulator import SimInstance
 
     queued_runs: list[int] = []
@@ -207,18 +212,21 @@ def test_decode_runs_while_the_queue_waits_for_blocks(monkeypatch: pytest.Monkey
     def begin_checked(self, runs, batch, times, durations):  # type: ignore[no-untyped-def]
         s = self.engine.scheduler
         queued = [*s.waiting, *s.swapped]
-        begin(self, runs, batch, times, durations)
         if queued:
-            kv, p = s.kv, s.policy
-            for r in queued:
-                if r.status == RequestStatus.SWAPPED:
-                    need = kv.num_new_blocks_needed(r.request_id, r.num_computed_tokens + 1)
-                    assert not kv.can_swap_in(r.request_id, need)
+            never_served = [r for r in queued if not r.timeline.token_times]
+            if never_served:
+                first = min(never_served, key=lambda r: r.arrival_time + (
+                    r.slo.ttft if r.slo.ttft is not None else DEFAULT_TTFT_TARGET))
+                kv, rid = s.kv, first.request_id
+                if first.status == RequestStatus.SWAPPED:
+                    need = kv.num_new_blocks_needed(rid, first.num_tokens)
+                    assert not kv.can_swap_in(rid, need)
                 else:
-                    assert not kv.can_allocate(r.request_id, r.num_computed_tokens + 1)
-            assert p._since_solve + len(times) < p.options.solver_interval
+                    assert not kv.can_allocate(rid, first.num_tokens) or (
+                        first.num_uncomputed_tokens > s.config.max_num_batched_tokens)
             queued_runs.append(len(times))
+        begin(self, runs, batch, times, durations)
 
     monkeypatch.setattr(SimInstance, "begin_decode_run", begin_checked)
-    _run("andes", PRESSURE, "a10-24g", True, {"pacer_aware": False})
+    _run("andes", PRESSURE, "a10-24g", True, options)
     assert len(queued_runs) > 20 and max(queued_runs) > 1
