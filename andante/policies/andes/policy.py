@@ -439,11 +439,11 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         preempted nobody while requests wait (memory pressure: the queue waits for
         blocks): its next steps decide the same (`_order_queue`: the decodes, nobody
         admitted, no victim) while
-        (1) no queued request can get even one token's blocks, whatever the priority
-        order (`StepPlan.admits_none_of`: the free blocks only shrink in a decode run,
-        and nothing is registered that a waiting request's hit could grow by), so
-        `_fits` fails for the first of them, the pause of buffered streams does not
-        apply, and the refiner pairs nobody without a victim;
+        (1) the request first in line (or, where the gains decide who that is, every
+        queued one) is not admitted, nor paired by the refiner (`_queue_stays_out`;
+        `StepPlan.admits_none_of`: the free blocks only shrink in a decode run, and
+        nothing is registered that a waiting request's hit could grow by), and the
+        pause of buffered streams does not apply (`_fits` fails for it);
         (2) the knapsack is not triggered: until it is due (`solver_interval`), or,
         once due, while the run leaves the usage below the memory trigger's watermark
         (`decode_run_reserve_blocks`) and every step is shorter than the most
@@ -454,6 +454,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         or no running reader's buffer exceeds Δt (a token adds at most 1/tds to it:
         the reader's schedule moves on by 1/tds, a late token resets it to 0; so after
         j more tokens it is at most its value now plus j/tds).
+        No decision reads the gains then, so none is computed for these steps.
         `stationary` then holds for the `run_max_steps` steps these bounds give, which
         `on_decode_run` counts down, and which (4) end before a step that finishes a
         request (the decode order, the pacer buffers', may change from step to step:
