@@ -32,7 +32,11 @@ what stepping gives (a test per policy compares both modes). The members:
   start after a finish without a scheduled step first;
 - `arrivals_commute_with_runs`: `on_arrival` neither reads nor writes what a run's
   replay does, so a run may hold the step that straddles an arrival (a policy without
-  an `on_arrival` of its own commutes anyway).
+  an `on_arrival` of its own commutes anyway);
+- `run_max_steps`: at most this many steps of decode runs may follow the policy's last
+  decision (math.inf: no cap; a policy whose decision stays the same only for a known
+  number of steps, e.g. until its solver is due, counts them down in `on_decode_run`);
+  `run_until`: the steps of those runs end before this simulated time (math.inf: any).
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ class SimFastPath(Protocol):
     stationary: bool
     decode_run_reserve_blocks: int
     run_step_limit: float
+    run_until: float
+
+    @property
+    def run_max_steps(self) -> float: ...
     arrivals_commute_with_runs: bool
 
     @property
@@ -79,7 +87,13 @@ class FastPathDefaults:
     stationary = False
     decode_run_reserve_blocks = 0
     run_step_limit = math.inf
+    run_until = math.inf
     arrivals_commute_with_runs = False
+
+    @property
+    def run_max_steps(self) -> float:
+        """math.inf: no cap on a decode run's steps."""
+        return math.inf
 
     @property
     def prefill_run_budget(self) -> int:

@@ -22,7 +22,8 @@ its `num_computed_tokens`): the block manager's figures for it count the shared 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterable, Set
+from operator import attrgetter
 from typing import TYPE_CHECKING, overload
 
 from andante.core.request import PreemptionMode, Request, RequestStatus
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 _RUNNING = RequestStatus.RUNNING
 _SWAPPED = RequestStatus.SWAPPED
+_request_id = attrgetter("request_id")
 _HOLDS_NO_KV = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
@@ -49,8 +51,10 @@ class StepPlan:
         swapped: list[Request],
         in_flight_ids: Set[str] = frozenset(),
         mode_of: Callable[[Request], PreemptionMode] | None = None,
+        max_num_tokens: int | None = None,
     ) -> None:
         self.now = now
+        self._max_num_tokens = max_num_tokens  # the scheduler's length limit, if given
         self._mode_of = mode_of  # each request's preemption mode by cost (QLM), if set
         self.in_flight_ids = in_flight_ids  # requests of batches still in the pipeline
         self.config = config
@@ -209,6 +213,35 @@ class StepPlan:
         if rid in self.in_flight_ids:
             return False
         return mode != PreemptionMode.SWAP or self._kv.can_swap_out(rid)
+
+    @property
+    def max_num_tokens(self) -> int:
+        """The most tokens a request may hold: the context, or the whole KV cache
+        (`Scheduler.max_num_tokens`, the length limit of `check_stop`, where the
+        scheduler gives it; else as it computes it)."""
+        if self._max_num_tokens is not None:
+            return self._max_num_tokens
+        kv = self._kv
+        return min(self.config.max_model_len, kv.num_device_blocks * kv.block_size)
+
+    def admits_none_of(self, queued: Iterable[Request], running: Iterable[Request],
+                       whole_within: int | None = None) -> bool:
+        """Is no request of `queued` (waiting or swapped) admissible, even for one token,
+        by its device blocks (`whole_within`: for all its tokens, within this token
+        budget), in this step and in the next ones for as long as they only advance
+        `running` (the free blocks only shrink, and `running` register no block in
+        the prefix cache that a waiting request's hit could grow by)? Other budgets
+        aside (a sufficient condition: the policy's order among them decides nothing)."""
+        kv = self._kv
+        if kv.registers_more(map(_request_id, running)):
+            return False
+        refuses = kv.refuses_for_now
+        if whole_within is None:
+            return all(refuses(req.request_id, req.num_computed_tokens + 1) for req in queued)
+        settled = kv.hit_is_settled
+        return all(refuses(req.request_id, req.num_tokens) or (
+            req.status != _SWAPPED and req.num_uncomputed_tokens > whole_within
+            and settled(req.request_id)) for req in queued)
 
     def can_swap_in(self, req: Request, num_tokens: int = 0) -> bool:
         """Could the swapped request come back (with room to advance `num_tokens`)?"""

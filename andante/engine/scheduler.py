@@ -272,7 +272,7 @@ class Scheduler:
             self._refresh_prefix_hits()
         plan = StepPlan(
             self.kv, self.config, now, self.waiting, running, self.swapped, in_flight,
-            self.preemption_mode_of,
+            self.preemption_mode_of, self.max_num_tokens,
         )
         if self._evictions:
             self._evict(plan)

@@ -360,6 +360,32 @@ class KVBlockManager:
         need = self.num_new_blocks_needed(request_id, num_total_tokens)
         return need <= self.num_free_blocks_for(request_id)
 
+    def refuses_for_now(self, request_id: str, num_total_tokens: int) -> bool:
+        """Is the request, holding no KV or swapped out, sure to find no room for
+        `num_total_tokens` (an admission, or a swap-in growing to them) for as long as the
+        free device blocks only shrink and no block is registered in the prefix cache
+        (`registers_more`)? Not sure where its tentative hit is stale or due for a
+        lookup: the next lookup may leave it needing fewer blocks."""
+        if request_id in self._host_tables:
+            need = self.num_new_blocks_needed(request_id, num_total_tokens)
+            return not self.can_swap_in(request_id, need)
+        return self.hit_is_settled(request_id) and not self.can_allocate(request_id,
+                                                                         num_total_tokens)
+
+    def hit_is_settled(self, request_id: str) -> bool:
+        """Is the tentative prefix hit of a request holding no device KV neither stale
+        nor due for a lookup (so that, while nothing is registered, it can only shrink
+        by evictions)?"""
+        if self._pending.hits and self._valid_hit(request_id) is None:
+            return False
+        return request_id not in self._pending.dirty
+
+    def registers_more(self, request_ids: Iterable[str]) -> bool:
+        """Would computing more tokens of any of these requests register blocks in the
+        prefix cache (where a waiting request's tentative hit may grow)?"""
+        next_to_cache = self._next_to_cache
+        return bool(next_to_cache) and any(rid in next_to_cache for rid in request_ids)
+
     def allocate_slots(self, request_id: str, num_total_tokens: int) -> list[int] | None:
         """Grow (or create) the request's device table to cover `num_total_tokens`;
         returns the new block ids, or None (nothing allocated) if they do not fit.

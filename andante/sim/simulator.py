@@ -31,6 +31,7 @@ weights have loaded.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -571,7 +572,9 @@ class Simulator(SimHooks):
             return False
         max_steps = num_tokens_before_length_stop(batch.requests, scheduler.max_num_tokens) \
             if next_batch else decode_run_limit(scheduler, fast, batch)
-        if max_steps == 0:
+        if fast.run_max_steps < max_steps:
+            max_steps = int(fast.run_max_steps)
+        if max_steps <= 0:
             return False
         now = self.clock.now()
         stop_at = self._run_horizon(inst)
@@ -579,6 +582,10 @@ class Simulator(SimHooks):
         durations = executor.decode_run_durations(batch, max_steps,
                                                   min(stop_at, self._until) - now)
         times = self._run_times(durations, inst)
+        if not next_batch:
+            del times[steps_within_limit(durations, fast.run_step_limit):]
+        if fast.run_until < math.inf:
+            del times[bisect_left(times, fast.run_until):]
         del times[fit_blocks(scheduler, batch, len(times), fast.decode_run_reserve_blocks):]
         if not times:
             return False

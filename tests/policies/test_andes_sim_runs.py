@@ -34,6 +34,10 @@ ONE_TOKEN_TAIL = WorkloadConfig(kind="poisson", rate=0.5, num_requests=40,
 GROWING = WorkloadConfig(kind="gamma", rate=100.0, cv=1.0, num_requests=20,
                          lengths="uniform:400:600:1000:1500", seed=4)
 
+# ShareGPT lengths on a small KV: the queue waits for blocks while the running decode
+PRESSURE = WorkloadConfig(kind="poisson", rate=1.5, num_requests=150, lengths="sharegpt",
+                          max_context=8192, seed=0)
+
 
 def _run(policy: str, workload: WorkloadConfig, hardware: str, runs: bool,
          options: dict[str, object] | None = None,
@@ -85,7 +89,9 @@ CASES = [("andes", LONG_PROMPTS, "a100-80g", None), ("andes", BURSTS, "a10-24g",
          ("andes", MID_READERS, "a100-80g", None),
          ("andes", GROWING, "a10-24g", None), ("andes", ONE_TOKEN_TAIL, "a100-80g", None),
          ("lqsf", LONG_PROMPTS, "a100-80g", None), ("lqsf", BURSTS, "a10-24g", None),
-         ("lqsf", GROWING, "a10-24g", {"solver_interval": 1})]
+         ("lqsf", GROWING, "a10-24g", {"solver_interval": 1}),
+         ("andes", PRESSURE, "a10-24g", None),
+         ("andes", PRESSURE, "a10-24g", {"pacer_aware": False})]
 
 
 @pytest.mark.parametrize(("policy", "workload", "hardware", "options"), CASES)
@@ -186,3 +192,41 @@ def test_runs_while_requests_wait_keep_andes_deciding_the_same(
     _run("andes", workload, hardware, True)
     if workload is LONG_PROMPTS:
         assert checked  # such runs happen
+
+
+@pytest.mark.parametrize("options", [None, {"pacer_aware": False}])
+def test_decode_runs_while_the_queue_waits_for_blocks(
+        options: dict[str, object] | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under memory pressure Andes decodes in runs while requests wait (the stepped
+    timelines and state: `CASES`); checked from the scheduler's state, not the
+    policy's: at the start of each such run the request first in line (the one longest
+    past its TTFT target) finds no room for all its tokens, or more of them than a step
+    may compute."""
+    from andante.core.request import RequestStatus
+    from andante.policies.andes.qoe import DEFAULT_TTFT_TARGET
+    from andante.sim.simulator import SimInstance
+
+    queued_runs: list[int] = []
+    begin = SimInstance.begin_decode_run
+
+    def begin_checked(self, runs, batch, times, durations):  # type: ignore[no-untyped-def]
+        s = self.engine.scheduler
+        queued = [*s.waiting, *s.swapped]
+        if queued:
+            never_served = [r for r in queued if not r.timeline.token_times]
+            if never_served:
+                first = min(never_served, key=lambda r: r.arrival_time + (
+                    r.slo.ttft if r.slo.ttft is not None else DEFAULT_TTFT_TARGET))
+                kv, rid = s.kv, first.request_id
+                if first.status == RequestStatus.SWAPPED:
+                    need = kv.num_new_blocks_needed(rid, first.num_tokens)
+                    assert not kv.can_swap_in(rid, need)
+                else:
+                    assert not kv.can_allocate(rid, first.num_tokens) or (
+                        first.num_uncomputed_tokens > s.config.max_num_batched_tokens)
+            queued_runs.append(len(times))
+        begin(self, runs, batch, times, durations)
+
+    monkeypatch.setattr(SimInstance, "begin_decode_run", begin_checked)
+    _run("andes", PRESSURE, "a10-24g", True, options)
+    assert len(queued_runs) > 20 and max(queued_runs) > 1

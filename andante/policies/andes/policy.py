@@ -51,10 +51,12 @@ from andante.core.request import PreemptionMode, Request, RequestStatus
 from andante.engine.fast_path import FastPathDefaults
 from andante.engine.plan import StepPlan
 from andante.engine.policy import BasePolicy, PolicyContext
+from andante.engine.stopping import num_tokens_before_length_stop
 from andante.exec.batch import StepBatch, StepResult
 from andante.kv.block_manager import max_new_blocks_for
 from andante.policies.andes.knapsack import (
     RUNNING,
+    STARVED,
     LatencyModel,
     Solution,
     View,
@@ -80,6 +82,8 @@ from andante.policies.phases import (
 )
 
 _NUM_COMPUTED = attrgetter("num_computed_tokens")
+_BUFFER_MARGIN = 1e-6  # seconds: a pacer-buffer bound's margin over rounding
+_PRIORITY_GAP = 1e-6  # seconds of starvation: a lead that rounding never closes
 
 
 @dataclass(slots=True)
@@ -136,6 +140,10 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         self._run_token_budget = 0  # the token budget of the steps a run stands for
         self._queued_run = False  # see `_declare_queued_run`
         self.run_step_limit = math.inf
+        self._queued_decodes = False  # see `_declare_queued_decodes`
+        self._run_steps: float = math.inf  # (its bounds, counted down by runs)
+        self._run_steps_before_due: float = math.inf
+        self.run_until = math.inf
 
     # ---- hooks ----------------------------------------------------------------------
     def on_arrival(self, req: Request) -> None:
@@ -163,7 +171,8 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
     # ---- one step -------------------------------------------------------------------
     def schedule(self, plan: StepPlan) -> None:
         if self.stationary:  # the decode runs since the last decision are replayed
-            self.stationary = False
+            self.stationary = self._queued_decodes = False
+            self._run_steps = self._run_steps_before_due = self.run_until = math.inf
         self._since_solve += 1
         if not plan.running:
             self.latency.idle()
@@ -184,8 +193,10 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         self._carry_out(plan, decision)
         if not decision.victims and empties_queue(plan):
             self._declare_stationary(plan, float(view.streams.inv.min()))
-        else:
+        elif self._prefilling:
             self._declare_queued_run(plan, view)
+        else:
+            self._declare_queued_decodes(plan, view)
 
     def _decode_all(self, plan: StepPlan) -> bool:
         """Nothing queued and the knapsack not due: what `_order_queue` decides (decode
@@ -423,6 +434,144 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         self.decode_run_reserve_blocks = reserve
         self.run_step_limit = min_inv * (1.0 - 1e-9)  # (a margin over rounding)
 
+    def _declare_queued_decodes(self, plan: StepPlan, view: View) -> None:
+        """A chunked step that decoded every running request, admitted nobody and
+        preempted nobody while requests wait (memory pressure: the queue waits for
+        blocks): its next steps decide the same (`_order_queue`: the decodes, nobody
+        admitted, no victim) while
+        (1) the request first in line (or, where the gains decide who that is, every
+        queued one) is not admitted, nor paired by the refiner (`_queue_stays_out`;
+        `StepPlan.admits_none_of`: the free blocks only shrink in a decode run, and
+        nothing is registered that a waiting request's hit could grow by), and the
+        pause of buffered streams does not apply (`_fits` fails for it);
+        (2) the knapsack is not triggered: until it is due (`solver_interval`), or,
+        once due, while the run leaves the usage below the memory trigger's watermark
+        (`decode_run_reserve_blocks`) and every step is shorter than the most
+        stringent reader's pace, so the token-latency estimate, an average of the
+        steps' gaps that is below it now, stays below it (`run_step_limit`);
+        (3) with the pacer-aware preemption, no victim is kept: either the refiner's
+        slack budget stays <= 0 (`_budget_stays_spent`: it then drops every victim),
+        or no running reader's buffer exceeds Δt (a token adds at most 1/tds to it:
+        the reader's schedule moves on by 1/tds, a late token resets it to 0; so after
+        j more tokens it is at most its value now plus j/tds).
+        No decision reads the gains then, so none is computed for these steps.
+        `stationary` then holds for the `run_max_steps` steps these bounds give, which
+        `on_decode_run` counts down, and which (4) end before a step that finishes a
+        request (the decode order, the pacer buffers', may change from step to step:
+        it decides only the order of a step's finishes, and who is preempted at a block
+        shortage, which ends a run)."""
+        o = self.options
+        nr = view.num_running
+        if not (self.chunks_prefill and o.refiner) or self.refine_admissions or not nr:
+            return
+        if plan.preemptions or plan.swap_ins or len(plan.scheduled) != nr:
+            return
+        if any(req.status != RequestStatus.RUNNING for req in plan.scheduled):
+            return
+        before_due = o.solver_interval - 1 - self._since_solve
+        min_inv = float(view.streams.inv.min())
+        reserve = plan.min_free_blocks_below_usage(o.watermark)
+        # never triggered (2) if the usage stays below the watermark; the latency
+        # estimate is read when a run would start (`run_max_steps`)
+        steps: float = math.inf if plan.num_free_blocks > reserve else before_due
+        if steps < 1:
+            return
+        # (4) a run ends before a request finishes: the finishing step decodes in its
+        # own pacer order (its finishes' order), which may differ from this step's
+        steps = min(steps, num_tokens_before_length_stop(plan.running,
+                                                         plan.max_num_tokens) - 2)
+        stays_out = self._queue_stays_out(plan, view) if steps >= 1 else None
+        if stays_out is None or min(steps, stays_out[0]) < 1:
+            return
+        steps, self.run_until = min(steps, stays_out[0]), stays_out[1]
+        self.stationary = self._queued_decodes = True
+        self._run_steps, self._run_steps_before_due = steps, before_due
+        self._run_min_inv = min_inv
+        if plan.num_free_blocks > reserve:
+            self.decode_run_reserve_blocks = reserve
+            self.run_step_limit = min_inv * (1.0 - 1e-9)  # (a margin over rounding)
+
+    @property
+    def run_max_steps(self) -> float:
+        """The steps of decode runs that may follow while requests wait
+        (`_declare_queued_decodes`): past the knapsack's due step only while the
+        token-latency estimate (the last step's gap included) is below every reader's
+        pace, and the run's steps are (`run_step_limit`, with the watermark's reserve)."""
+        if not self._queued_decodes or self.latency.token_latency <= self.run_step_limit:
+            return self._run_steps
+        return min(self._run_steps, self._run_steps_before_due)
+
+    def _queue_stays_out(self, plan: StepPlan, view: View) -> tuple[float, float] | None:
+        """For how many steps, and until when, the decisions of steps that only decode
+        the running requests admit nobody and preempt nobody ((1) and (3) of
+        `_declare_queued_decodes`); None: not sure. Only the first queued request in
+        priority order is ever tried (admissions stop at the first that does not fit;
+        the refiner pairs in that order and stops alike): which one is known without
+        the gains when a queued request is starved (`_first_in_line`); else every
+        queued request must qualify. Either the first gets no token's blocks, and no
+        victim is kept (the refiner's budget stays spent, or no pacer passes Δt: a
+        number of steps), or, with the budget spent, it fits neither whole (its blocks
+        or the token budget refuse it: `_fits` fails, so the pacer-aware branch runs)
+        nor in the free blocks beside the watermark (so the refiner pairs it with
+        nobody), while some pacer holds more than Δt (a victim, so the refiner
+        decides): until a time, as a buffer shrinks at most by the time passed (each
+        token adds 1/tds to what its reader has, `qoe.RequestTable.record`)."""
+        o = self.options
+        nr = view.num_running
+        first = self._first_in_line(plan, view)
+        if first is None:
+            queued, positions = [*plan.waiting, *plan.swapped], view.queued
+        else:
+            queued, positions = [view.reqs[first]], slice(first, first + 1)
+        running = plan.running
+        spent = o.pacer_aware and self._budget_stays_spent(plan, view)
+        if plan.admits_none_of(queued, running):
+            if not o.pacer_aware or spent:
+                return math.inf, math.inf
+            room = o.delta_t - _BUFFER_MARGIN - view.streams.buffered(plan.now, nr)
+            return math.floor(float((room / view.streams.inv[:nr]).min())), math.inf
+        budget = self._step_token_budget(nr)  # (the budget `_fits` reads)
+        if not spent or not plan.admits_none_of(queued, running, whole_within=budget):
+            return None
+        if float(view.weight[positions].min()) <= plan.num_free_blocks_above_watermark:
+            return None
+        most = float(view.streams.buffered(plan.now, nr).max())
+        until = plan.now + (most - o.delta_t) - _BUFFER_MARGIN
+        return (math.inf, until) if until > plan.now else None
+
+    def _first_in_line(self, plan: StepPlan, view: View) -> int | None:
+        """The view position of the queued request first in priority order whatever
+        the gains, now and while time passes with the queue unchanged: the one that
+        has waited longest past the starvation limit (`knapsack.priority`: STARVED plus
+        the wait, above any gain per block, a QoE difference of at most 1), if it leads
+        the next by more than rounding could ever close; None if nobody is starved."""
+        starved = starvation(view, plan.now, self.starvation_limit)
+        if starved is None:
+            return None
+        waits = starved[view.num_running:]
+        best = int(np.argmax(waits))
+        if not waits[best] > 0:
+            return None
+        prio = STARVED + waits  # (as `knapsack.priority` computes it)
+        if len(prio) > 1 and float(np.partition(prio, -2)[-2]) > prio[best] - _PRIORITY_GAP:
+            return None  # a near tie: rounding at a later time could reorder them
+        return view.num_running + best
+
+    def _budget_stays_spent(self, plan: StepPlan, view: View) -> bool:
+        """Does the refiner's slack budget (§4.3: a low percentile of every viewed
+        request's slack, `OverheadRefiner._slack_budget`) stay <= 0 while only the
+        running requests get tokens? A queued request's slack only shrinks as time
+        passes (a running one's may grow), so it does if more queued requests than the
+        percentile's rank have none left now."""
+        q = self.options.slack_percentile
+        if q >= 1.0:
+            return False
+        size = len(view)
+        rank = min(size - 1, int(q * size))
+        s = view.streams.select(view.queued)
+        slack = s.start + s.n * s.inv + np.maximum(s.late, 0.0) - plan.now
+        return int(np.count_nonzero(slack <= 0.0)) > rank
+
     def on_decode_run(self, batch: StepBatch, durations: Sequence[float]) -> None:
         """What `on_step_end` and `schedule` would have recorded for each step of a
         decode run: the tokens' QoE state, the latency estimates and the solver's
@@ -432,6 +581,8 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         times = self.latency.run_times(reqs[0].timeline.token_times) if reqs else []
         if not times:
             return
+        self._run_steps -= len(times)
+        self._run_steps_before_due -= len(times)
         self._record_run(reqs, times)
         # each request holds its tokens at the run's end less one per step of the run
         context = sum(map(_NUM_COMPUTED, reqs)) - len(reqs) * len(times)
@@ -495,7 +646,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         first, and a prompt's chunk takes what is left (andante.sim.prefill_run); so
         while a chunk spends the budget with requests queued, if the token-latency
         estimate is below every reader's pace (`_declare_queued_run`)."""
-        if not (self.chunks_prefill and self.options.refiner):
+        if not (self.chunks_prefill and self.options.refiner) or self._queued_decodes:
             return 0
         if self.stationary or (self._queued_run and self._prefilling and (
                 self.latency.token_latency <= self.run_step_limit)):
