@@ -197,12 +197,16 @@ class RCTEstimator:
         return self.outputs.sample(group.key, (num_samples, group.num_requests), rng)
 
     def group_times(self, view: InstanceView, group: RequestGroup, num_samples: int,
-                    rng: np.random.Generator, outputs: np.ndarray | None = None) -> GroupTimes:
+                    rng: np.random.Generator, outputs: np.ndarray | None = None,
+                    memo: dict[tuple[object, ...], Any] | None = None) -> GroupTimes:
         """S samples of eqs. 1-5 for `group` run at the head of `view`'s queue; pass
-        `outputs` ([S, members], from `sample_outputs`) to reuse one draw across instances."""
+        `outputs` ([S, members], from `sample_outputs`) to reuse one draw across instances
+        and `memo` to share the cost model's answers across the groups of one queue."""
+        memo = {} if memo is None else memo
         outs = self.sample_outputs(group, num_samples, rng) if outputs is None else outputs
-        drain, completion = self.times_across([view], group, outs)
-        waiting = (np.cumsum(outs, axis=1) - outs) / self.throughput(view, group.model)
+        drain, completion = self.times_across([view], group, outs, memo)
+        theta = memo[("theta", view.instance_id, group.model)]  # set by times_across
+        waiting = (np.cumsum(outs, axis=1) - outs) / theta
         return GroupTimes(drain=drain[0], completion=completion[0], waiting=waiting)
 
     def times_across(self, views: Sequence[InstanceView], group: RequestGroup,
@@ -214,25 +218,32 @@ class RCTEstimator:
         answers (Θ, prefill and decode steps) across the groups of one plan."""
         memo = {} if memo is None else memo
         model = group.model
-        lengths, where = np.unique(group.prompt_tokens, return_inverse=True)
-        context = max(1, int(np.mean(group.prompt_tokens) + self.outputs.mean(group.key) / 2))
-        key = ("views", model, context, tuple(lengths.tolist()),
-               tuple(v.instance_id for v in views))
+        prompts = group.prompt_tokens
+        lengths = sorted(set(prompts))  # np.unique's values and inverse, without its cost
+        index = {p: i for i, p in enumerate(lengths)}
+        where = np.fromiter((index[p] for p in prompts), dtype=np.intp, count=len(prompts))
+        mean_key = ("output mean", group.key)
+        if mean_key not in memo:
+            memo[mean_key] = self.outputs.mean(group.key)
+        # an int tuple's float sum is exact: the same value as np.mean's
+        context = max(1, int(sum(prompts) / len(prompts) + memo[mean_key] / 2))
+        key = ("views", model, context, tuple(lengths), tuple(v.instance_id for v in views))
         costs = memo.get(key)
         if costs is None:  # groups of one model and prompt shape share the views' costs
             rows = [self._view_costs(v, model, context, lengths, memo) for v in views]
             costs = memo[key] = (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
                                  np.array([r[2] for r in rows]).reshape(len(views), -1))
+            if self.epsilon is not None:
+                costs = memo[key] = (costs[0], costs[1] * np.array(
+                    [self.epsilon(v.instance_id, model) for v in views]), costs[2])
         theta, step, prefill = costs
-        if self.epsilon is not None:
-            step = step * np.array([self.epsilon(v.instance_id, model) for v in views])
         ahead = np.cumsum(outputs, axis=1) - outputs  # eq. 2 inside the group (FCFS)
         completion = (ahead[None] / theta[:, None, None] + prefill[:, where][:, None, :]
                       + outputs[None] * (self.inefficiency * step)[:, None, None])  # eq. 4
         drain = outputs.sum(axis=1)[None, :] / theta[:, None]
         return drain, completion.max(axis=2)  # eqs. 1, 5
 
-    def _view_costs(self, view: InstanceView, model: str, context: int, lengths: np.ndarray,
+    def _view_costs(self, view: InstanceView, model: str, context: int, lengths: Sequence[int],
                     memo: dict[tuple[object, ...], Any]) -> tuple[float, float, list[float]]:
         """Θ, one decode step at `context` and the prefill of each prompt length, for
         `model` on `view` (memoised by instance id)."""
@@ -243,7 +254,7 @@ class RCTEstimator:
         if keys[1] not in memo:
             memo[keys[1]] = self.cost.decode_time(iid, model, view.avg_batch_size, context)
         prefill = []
-        for p in lengths.tolist():
+        for p in lengths:
             key = ("prefill", iid, model, p)
             if key not in memo:
                 memo[key] = self.cost.prefill_time(iid, model, p)
@@ -257,8 +268,9 @@ class RCTEstimator:
         out = np.zeros((len(groups), num_samples))
         previous: str | None = None
         waits: dict[str, float] = {}
+        memo: dict[tuple[object, ...], Any] = {}
         for j, group in enumerate(groups):
-            times = self.group_times(view, group, num_samples, rng)
+            times = self.group_times(view, group, num_samples, rng, memo=memo)
             if previous is None:
                 swap = self.model_load_time(view, group.model)
             else:
