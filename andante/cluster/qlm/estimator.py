@@ -115,7 +115,9 @@ class OutputLengthModel:
     def expected(self, key: Hashable, max_tokens: int | None) -> float:
         """A request's expected output: its key's mean, capped where `caps` says."""
         mean = self.mean(key)
-        return min(mean, float(max_tokens)) if self.caps(key, max_tokens) else mean
+        if max_tokens is None or not self.caps(key, max_tokens):
+            return mean
+        return min(mean, float(max_tokens))
 
     def distribution(self, key: Hashable) -> tuple[float, float]:
         """(μ_o, σ_o) after the observations so far (the prior alone before any)."""
@@ -140,9 +142,9 @@ class OutputLengthModel:
         mu, sigma = self.distribution(key)
         upper = min(cap, self.max_tokens) if cap is not None else self.max_tokens
         draws = np.clip(rng.normal(mu, sigma, size=shape), 1.0, float(upper))
-        own = [(i, c) for i, c in enumerate(member_caps) if self.caps(key, c)]
-        for i, c in own:
-            np.minimum(draws[..., i], float(c), out=draws[..., i])
+        for i, c in enumerate(member_caps):
+            if c is not None and self.caps(key, c):
+                np.minimum(draws[..., i], float(c), out=draws[..., i])
         return draws
 
 
