@@ -32,26 +32,44 @@ def kmeans(points: np.ndarray, k: int) -> np.ndarray:
         if _ and np.array_equal(new, labels):
             break
         labels = new
-        for c in range(k):
-            members = points[labels == c]
-            if len(members):
-                centers[c] = members.mean(axis=0)
+        for c, members in _members(points, labels):
+            centers[c] = members.mean(axis=0)
     _, first = np.unique(labels, return_index=True)
-    remap = {int(labels[i]): rank for rank, i in enumerate(sorted(first))}
-    return np.array([remap[int(label)] for label in labels], dtype=int)
+    rank = np.empty(int(labels.max()) + 1, dtype=int)
+    rank[labels[np.sort(first)]] = np.arange(len(first))
+    return rank[labels]
+
+
+def _members(points: np.ndarray, labels: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(label, its points in index order) per label present: one stable sort, the same
+    arrays as `points[labels == c]`."""
+    order = np.argsort(labels, kind="stable")
+    cuts = np.flatnonzero(np.diff(labels[order])) + 1
+    return [(int(labels[chunk[0]]), points[chunk]) for chunk in np.split(order, cuts)]
 
 
 def _tight(points: np.ndarray, labels: np.ndarray, max_spread: float) -> bool:
-    for c in np.unique(labels):
-        members = points[labels == c]
-        if (members.max(axis=0) - members.min(axis=0)).max() > max_spread:
-            return False
-    return True
+    return all((members.max(axis=0) - members.min(axis=0)).max() <= max_spread
+               for _, members in _members(points, labels))
+
+
+def _min_clusters(points: np.ndarray, max_spread: float) -> int:
+    """A lower bound on the clusters of span <= `max_spread`: per feature, the fewest
+    intervals of that length covering its values (greedy, exact in one dimension)."""
+    need = 1
+    for values in np.sort(points, axis=0).T:
+        count, start = 0, -np.inf
+        for v in values.tolist():
+            if v - start > max_spread:
+                count, start = count + 1, v
+        need = max(need, count)
+    return need
 
 
 def length_clusters(input_tokens: np.ndarray, output_tokens: np.ndarray,
                     max_spread: float = 2.0) -> np.ndarray:
-    """Cluster labels of requests by (input, output) length (module note)."""
+    """Cluster labels of requests by (input, output) length (module note). A k below
+    `_min_clusters` cannot be tight, so its k-means is skipped: the same labels."""
     if max_spread <= 0:
         raise ValueError(f"max_spread must be > 0, got {max_spread!r}")
     points = np.log2(np.column_stack([np.maximum(input_tokens, 1),
@@ -60,7 +78,9 @@ def length_clusters(input_tokens: np.ndarray, output_tokens: np.ndarray,
     if n == 0:
         return np.zeros(0, dtype=int)
     labels = np.zeros(n, dtype=int)
-    for k in _candidate_ks(min(n, MAX_CLUSTERS)):
+    ks = _candidate_ks(min(n, MAX_CLUSTERS))
+    floor = _min_clusters(points, max_spread)
+    for k in [k for k in ks[:-1] if k >= floor] + ks[-1:]:
         labels = kmeans(points, k)
         if _tight(points, labels, max_spread):
             break

@@ -70,13 +70,24 @@ class CostModelTable:
 
 @dataclass(slots=True)
 class OutputLengthModel:
-    """Online normal fit of output lengths per group key (eq. 3), with a prior."""
+    """Online normal fit of output lengths per group key (eq. 3), with a prior.
+
+    The fit is on the capped scale: an observed output ended at its EOS or at its own
+    max_tokens, so the moments already hold the caps of the key's requests. A request's
+    own max_tokens therefore caps its estimate only where it is below every cap the key
+    has seen (`caps`): there min(draw, cap) is exact, since each observed output was
+    min(its length, a cap >= this one); above it, capping again counts caps twice (on
+    the estimator burst, where every request runs to its max_tokens, capped draws
+    averaged 279 tokens against 416 observed). Before any observation the prior is of
+    uncapped lengths, so the cap applies.
+    """
 
     prior_mean: float = 256.0
     prior_std: float = 128.0
     prior_weight: float = 8.0
     max_tokens: int = 32768
     _stats: dict[Hashable, Moments] = field(default_factory=dict)
+    _least_cap: dict[Hashable, float] = field(default_factory=dict)  # key -> its least cap
     num_observed: int = 0  # outputs observed so far: equal counts, equal moments
 
     def __post_init__(self) -> None:
@@ -86,12 +97,27 @@ class OutputLengthModel:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
 
-    def observe(self, key: Hashable, num_output_tokens: int) -> None:
-        """Record one finished request's output length (Welford's update)."""
+    def observe(self, key: Hashable, num_output_tokens: int,
+                max_tokens: int | None = None) -> None:
+        """Record one finished request's output length (Welford's update) and its cap
+        (None: the model's limit)."""
         if num_output_tokens < 0:
             raise ValueError(f"num_output_tokens must be >= 0, got {num_output_tokens!r}")
         self._stats.setdefault(key, Moments()).observe(num_output_tokens)
+        cap = float(self.max_tokens if max_tokens is None else max_tokens)
+        self._least_cap[key] = min(self._least_cap.get(key, math.inf), cap)
         self.num_observed += 1
+
+    def caps(self, key: Hashable, max_tokens: int | None) -> bool:
+        """Does a request's own `max_tokens` cap its estimate under `key` (class note)?"""
+        return max_tokens is not None and max_tokens < self._least_cap.get(key, math.inf)
+
+    def expected(self, key: Hashable, max_tokens: int | None) -> float:
+        """A request's expected output: its key's mean, capped where `caps` says."""
+        mean = self.mean(key)
+        if max_tokens is None or not self.caps(key, max_tokens):
+            return mean
+        return min(mean, float(max_tokens))
 
     def distribution(self, key: Hashable) -> tuple[float, float]:
         """(μ_o, σ_o) after the observations so far (the prior alone before any)."""
@@ -108,11 +134,18 @@ class OutputLengthModel:
         return self.distribution(key)[0]
 
     def sample(self, key: Hashable, shape: tuple[int, ...], rng: np.random.Generator,
-               cap: int | None = None) -> np.ndarray:
-        """Output lengths drawn from N(μ_o, σ_o), clipped to [1, cap or max_tokens]."""
+               cap: int | None = None,
+               member_caps: Sequence[int | None] = ()) -> np.ndarray:
+        """Output lengths drawn from N(μ_o, σ_o), clipped to [1, cap or max_tokens];
+        `member_caps` (one per column of `shape`): each member's max_tokens, which caps
+        its column where `caps` says (class note)."""
         mu, sigma = self.distribution(key)
         upper = min(cap, self.max_tokens) if cap is not None else self.max_tokens
-        return np.clip(rng.normal(mu, sigma, size=shape), 1.0, float(upper))
+        draws = np.clip(rng.normal(mu, sigma, size=shape), 1.0, float(upper))
+        for i, c in enumerate(member_caps):
+            if c is not None and self.caps(key, c):
+                np.minimum(draws[..., i], float(c), out=draws[..., i])
+        return draws
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,22 +220,24 @@ class RCTEstimator:
     def sample_outputs(self, group: RequestGroup, num_samples: int,
                        rng: np.random.Generator) -> np.ndarray:
         """[S, members] output lengths of `group` drawn from its key's learned N(μ_o, σ_o)
-        (eq. 3). A member's max_tokens does not cap its draws: the learned moments are
-        of observed outputs, which already ended at their caps, so capping the draws
-        again counted each cap twice (measured on the estimator burst, where every
-        request runs to its max_tokens: E[min(draw, cap)] = 279 tokens against 416
-        observed, and waiting times predicted 25% short)."""
+        (eq. 3), each member's capped at its max_tokens where that is below every cap
+        the key has seen (`OutputLengthModel`)."""
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples!r}")
-        return self.outputs.sample(group.key, (num_samples, group.num_requests), rng)
+        return self.outputs.sample(group.key, (num_samples, group.num_requests), rng,
+                                   member_caps=group.max_output_tokens)
 
     def group_times(self, view: InstanceView, group: RequestGroup, num_samples: int,
-                    rng: np.random.Generator, outputs: np.ndarray | None = None) -> GroupTimes:
+                    rng: np.random.Generator, outputs: np.ndarray | None = None,
+                    memo: dict[tuple[object, ...], Any] | None = None) -> GroupTimes:
         """S samples of eqs. 1-5 for `group` run at the head of `view`'s queue; pass
-        `outputs` ([S, members], from `sample_outputs`) to reuse one draw across instances."""
+        `outputs` ([S, members], from `sample_outputs`) to reuse one draw across instances
+        and `memo` to share the cost model's answers across the groups of one queue."""
+        memo = {} if memo is None else memo
         outs = self.sample_outputs(group, num_samples, rng) if outputs is None else outputs
-        drain, completion = self.times_across([view], group, outs)
-        waiting = (np.cumsum(outs, axis=1) - outs) / self.throughput(view, group.model)
+        drain, completion = self.times_across([view], group, outs, memo)
+        theta = memo[("theta", view.instance_id, group.model)]  # set by times_across
+        waiting = (np.cumsum(outs, axis=1) - outs) / theta
         return GroupTimes(drain=drain[0], completion=completion[0], waiting=waiting)
 
     def times_across(self, views: Sequence[InstanceView], group: RequestGroup,
@@ -212,27 +247,47 @@ class RCTEstimator:
         for one draw of its `outputs` ([S, members]) shared by every view (common random
         numbers), in one array computation over the views. `memo` keeps the cost model's
         answers (Θ, prefill and decode steps) across the groups of one plan."""
+        drain, completion = self.member_times(views, group, outputs, memo)
+        return drain, completion.max(axis=2)  # eq. 5
+
+    def member_times(self, views: Sequence[InstanceView], group: RequestGroup,
+                     outputs: np.ndarray, memo: dict[tuple[object, ...], Any] | None = None,
+                     started: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(drain [views, S], completion [views, S, members]) of `times_across`, per
+        member; the first `started` members take free batch slots: they start at once,
+        so they wait for no output (eq. 2 counts the queue ahead, and they are not in
+        it) and hold no one back (the drain is the other members')."""
         memo = {} if memo is None else memo
         model = group.model
-        lengths, where = np.unique(group.prompt_tokens, return_inverse=True)
-        context = max(1, int(np.mean(group.prompt_tokens) + self.outputs.mean(group.key) / 2))
-        key = ("views", model, context, tuple(lengths.tolist()),
-               tuple(v.instance_id for v in views))
+        prompts = group.prompt_tokens
+        lengths = sorted(set(prompts))  # np.unique's values and inverse, without its cost
+        index = {p: i for i, p in enumerate(lengths)}
+        where = np.fromiter((index[p] for p in prompts), dtype=np.intp, count=len(prompts))
+        mean_key = ("output mean", group.key)
+        if mean_key not in memo:
+            memo[mean_key] = self.outputs.mean(group.key)
+        # an int tuple's float sum is exact: the same value as np.mean's
+        context = max(1, int(sum(prompts) / len(prompts) + memo[mean_key] / 2))
+        key = ("views", model, context, tuple(lengths), tuple(v.instance_id for v in views))
         costs = memo.get(key)
         if costs is None:  # groups of one model and prompt shape share the views' costs
             rows = [self._view_costs(v, model, context, lengths, memo) for v in views]
             costs = memo[key] = (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
                                  np.array([r[2] for r in rows]).reshape(len(views), -1))
+            if self.epsilon is not None:
+                costs = memo[key] = (costs[0], costs[1] * np.array(
+                    [self.epsilon(v.instance_id, model) for v in views]), costs[2])
         theta, step, prefill = costs
-        if self.epsilon is not None:
-            step = step * np.array([self.epsilon(v.instance_id, model) for v in views])
-        ahead = np.cumsum(outputs, axis=1) - outputs  # eq. 2 inside the group (FCFS)
+        queued = outputs[:, started:] if started else outputs
+        ahead = np.cumsum(queued, axis=1) - queued  # eq. 2 inside the group (FCFS)
+        if started:
+            ahead = np.concatenate([np.zeros((len(outputs), started)), ahead], axis=1)
         completion = (ahead[None] / theta[:, None, None] + prefill[:, where][:, None, :]
                       + outputs[None] * (self.inefficiency * step)[:, None, None])  # eq. 4
-        drain = outputs.sum(axis=1)[None, :] / theta[:, None]
-        return drain, completion.max(axis=2)  # eqs. 1, 5
+        drain = queued.sum(axis=1)[None, :] / theta[:, None]
+        return drain, completion  # eq. 1
 
-    def _view_costs(self, view: InstanceView, model: str, context: int, lengths: np.ndarray,
+    def _view_costs(self, view: InstanceView, model: str, context: int, lengths: Sequence[int],
                     memo: dict[tuple[object, ...], Any]) -> tuple[float, float, list[float]]:
         """Θ, one decode step at `context` and the prefill of each prompt length, for
         `model` on `view` (memoised by instance id)."""
@@ -243,7 +298,7 @@ class RCTEstimator:
         if keys[1] not in memo:
             memo[keys[1]] = self.cost.decode_time(iid, model, view.avg_batch_size, context)
         prefill = []
-        for p in lengths.tolist():
+        for p in lengths:
             key = ("prefill", iid, model, p)
             if key not in memo:
                 memo[key] = self.cost.prefill_time(iid, model, p)
@@ -252,22 +307,36 @@ class RCTEstimator:
 
     def queue_times(self, view: InstanceView, groups: Sequence[RequestGroup], num_samples: int,
                     rng: np.random.Generator) -> QueueEstimate:
-        """Completion times (from now) of `groups` served in this order on `view` (eq. 10)."""
+        """Completion times (from now) of `groups` served in this order on `view` (eq. 10).
+        The first `view.free_slots` requests of the queue start at once (continuous
+        batching admits them into the running batch: `member_times`), unless their model
+        must be loaded first; every later request waits for the instance's current work
+        (`busy_s`) and, by eq. 2, the output of the queued requests ahead of it."""
         ahead = np.full(num_samples, view.busy_s)
         out = np.zeros((len(groups), num_samples))
         previous: str | None = None
         waits: dict[str, float] = {}
+        memo: dict[tuple[object, ...], Any] = {}
+        free = view.free_slots
         for j, group in enumerate(groups):
-            times = self.group_times(view, group, num_samples, rng)
             if previous is None:
                 swap = self.model_load_time(view, group.model)
             else:
                 swap = 0.0 if group.model == previous else self.swap_in_time(view, group.model)
-            out[j] = ahead + swap + times.completion
-            if times.waiting is not None:  # eq. 2 over every request ahead, from now
-                member = (ahead + swap)[:, None] + times.waiting
-                waits.update(zip(group.request_ids, member.mean(axis=0).tolist(), strict=True))
-            ahead = ahead + swap + times.drain
+            started = min(free, group.num_requests) if swap == 0.0 else 0
+            free = free - started if swap == 0.0 else 0
+            outs = self.sample_outputs(group, num_samples, rng)
+            drain, member = self.member_times([view], group, outs, memo, started)
+            theta = memo[("theta", view.instance_id, group.model)]
+            start = np.repeat((ahead + swap)[:, None], group.num_requests, axis=1)
+            start[:, :started] = swap
+            out[j] = (start + member[0]).max(axis=1)
+            queued = outs[:, started:]
+            within = np.zeros_like(outs)
+            within[:, started:] = (np.cumsum(queued, axis=1) - queued) / theta
+            member_wait = start + within  # eq. 2 over every queued request ahead, from now
+            waits.update(zip(group.request_ids, member_wait.mean(axis=0).tolist(), strict=True))
+            ahead = ahead + swap + drain[0]
             previous = group.model
         return QueueEstimate(tuple(g.group_id for g in groups), out, waits)
 

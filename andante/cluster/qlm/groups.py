@@ -93,6 +93,8 @@ class GroupTable:
     _revision: int = 0  # bumped by every add and remove
     _arrivals: int = 0  # bumped by every add: the clusters' cache key
     _clustered: tuple[object, list[list[QueuedRequest]]] | None = None  # (for, clusters)
+    _part_labels: dict[tuple[str, str], tuple[bytes, np.ndarray]] = field(
+        default_factory=dict)  # (model, SLO class) -> (its lengths, their k-means labels)
 
     def __post_init__(self) -> None:
         _check_edges(self.length_edges)
@@ -192,10 +194,23 @@ class GroupTable:
             inputs = np.array([r.num_prompt_tokens for r in part])
             outputs = np.array([_expected_output(r, self._key_of[r.request_id],
                                                  mean_output_tokens) for r in part])
-            labels = length_clusters(inputs, outputs)
+            labels = self._labels((part[0].model, part[0].slo_class), inputs, outputs)
             for label in range(int(labels.max()) + 1):
                 clusters.append([r for r, lab in zip(part, labels, strict=True) if lab == label])
         return clusters
+
+
+    def _labels(self, part: tuple[str, str], inputs: np.ndarray, outputs: np.ndarray
+                ) -> np.ndarray:
+        """k-means labels of one (model, SLO class): reused while its lengths (in FCFS
+        order) are unchanged, e.g. after an arrival of another model or class."""
+        lengths = inputs.astype(float).tobytes() + outputs.astype(float).tobytes()
+        cached = self._part_labels.get(part)
+        if cached is not None and cached[0] == lengths:
+            return cached[1]
+        labels = length_clusters(inputs, outputs)
+        self._part_labels[part] = (lengths, labels)
+        return labels
 
 
 def _expected_output(request: QueuedRequest, key: GroupKey,

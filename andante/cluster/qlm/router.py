@@ -162,6 +162,7 @@ class QLMRouter:
         self._deadlines: dict[int, dict[str, float]] = {}  # instance -> its requests'
         self._requests: dict[str, Request] = {}  # placed request id -> the request
         self._first_predicted: dict[str, float] = {}  # request id -> when (`_predict_new`)
+        self._finished_tokens: dict[int, int] = {}  # instance -> outputs since its report
         self.agents = QLMAgents(self.agent_options, self.outputs)
 
     # ---- Router -----------------------------------------------------------------------
@@ -175,9 +176,12 @@ class QLMRouter:
         self._revision += 1
         key = self._keys.pop(req.request_id, None)
         placed = self._unplace(req.request_id)
+        if placed is not None:  # Θ counts the tokens it generated there (speed.py)
+            self._finished_tokens[placed] = (self._finished_tokens.get(placed, 0)
+                                             + req.num_output_tokens)
         if key is None or not req.num_output_tokens or req.timeline.finish_time is None:
             return
-        self.outputs.observe(key, req.num_output_tokens)
+        self.outputs.observe(key, req.num_output_tokens, req.sampling.max_tokens)
         if placed is None:
             return
         timeline = req.timeline
@@ -273,7 +277,8 @@ class QLMRouter:
         for view in views:
             state = states[view.index]
             self.speed.observe_report(self._base_cost, (str(view.index), state.device),
-                                      view.load.stats, state.loading_s > 0)
+                                      view.load.stats, state.loading_s > 0,
+                                      self._finished_tokens.pop(view.index, 0))
 
     # ---- groups and virtual queues ------------------------------------------------------
     def _sync(self, queue: Sequence[Request], default_model: str, now: float) -> None:
@@ -290,7 +295,8 @@ class QLMRouter:
     def _running(self, index: int, step_s: float) -> tuple[RunningRequest, ...]:
         """The requests placed on instance `index` that run there now (hold KV), each
         with its expected remaining time: its own expected output (its key's learned
-        mean, capped by its max_tokens) less what it has produced, at `step_s` a step."""
+        mean, capped by its max_tokens as the draws are: OutputLengthModel) less what it
+        has produced, at `step_s` a step."""
         deadlines = self._deadlines.get(index, {})
         return tuple(RunningRequest(rid, deadline, req.num_computed_tokens,
                                     self._remaining_tokens(rid, req) * step_s)
@@ -300,9 +306,7 @@ class QLMRouter:
 
     def _remaining_tokens(self, request_id: str, req: Request) -> float:
         """Output tokens `req` is expected still to produce (at least one)."""
-        expected = self.outputs.mean(self._keys[request_id])
-        if req.sampling.max_tokens is not None:
-            expected = min(expected, float(req.sampling.max_tokens))
+        expected = self.outputs.expected(self._keys[request_id], req.sampling.max_tokens)
         return max(1.0, expected - req.num_output_tokens)
 
     def _step_s(self, view: ModelView, state: ModelState, estimator: RCTEstimator) -> float:
@@ -334,13 +338,29 @@ class QLMRouter:
             instance_id=str(view.index), models_on_device=(state.device,),
             models_on_host=state.host,
             token_capacity=max(1, stats.num_blocks * state.block_size),
-            throughput={},  # Θ from the (learned) cost model: `_estimator`
+            throughput=self._throughput(view, state, share),
             device_memory_bytes=state.device_memory_bytes,
             host_link_bandwidth=state.host_link_bandwidth,
             disk_bandwidth=state.disk_bandwidth, num_running_tokens=max(0, used),
             busy_s=self._blocking_s(view, state) + state.loading_s,
             avg_batch_size=self._batch_size(stats, share),
-            host_memory_bytes=state.host_memory_bytes or None)
+            host_memory_bytes=state.host_memory_bytes or None,
+            free_slots=max(0, stats.max_num_seqs - stats.num_requests))
+
+    def _throughput(self, view: ModelView, state: ModelState, share: int
+                    ) -> dict[str, float]:
+        """Θ (eq. 2) of each model the instance has generated tokens of, as measured
+        (speed.py), at the batch it will run; the others' Θ comes from the cost model."""
+        if not self.learn_speed or self._base_cost is None:
+            return {}
+        iid, batch = str(view.index), self._batch_size(view.load.stats, share)
+        out = {}
+        for model in state.costs:
+            factor = self.speed.throughput_factor((iid, model))
+            if factor is not None:
+                step = self._base_cost.decode_time(iid, model, batch, DEFAULT_CONTEXT_TOKENS)
+                out[model] = batch / (step * factor)
+        return out
 
     def _drain_s(self, view: ModelView, state: ModelState) -> float:
         """The instance's own drain-time prediction at its learned speed."""

@@ -9,13 +9,20 @@ estimator then underestimates every completion time by that factor, so the plann
 no violation until it is too late. We learn, per (instance, model), by how much the
 instance is slower (or faster) than its cost model, separately for decode and prefill,
 from what the controller already sees:
-- decode (d and Θ = b / d): between two consecutive load reports of a busy instance,
-  the engine steps it ran and the seconds they took, against the seconds the cost
-  model gives as many decode steps at the batch it ran (b the mean of the two
-  reports' running requests). The other work of those steps (prefill chunks mixed
-  into the batch) counts as slowdown: Θ is the throughput of generated tokens. Load
-  reports are `SchedulerStats`, the same in the simulator, in-process and from a Ray
-  actor;
+- decode (d): between two consecutive load reports of a busy instance, the engine
+  steps it ran and the seconds they took, against the seconds the cost model gives as
+  many decode steps at the batch it ran (b the mean of the two reports' running
+  requests). Load reports are `SchedulerStats`, the same in the simulator, in-process
+  and from a Ray actor;
+- Θ (eq. 2: the instance's token generation throughput): over the same windows, the
+  output tokens generated (the unfinished requests' output tokens, their change, plus
+  the outputs of the requests that finished in the window) against the seconds the
+  cost model takes to generate as many at the batch it ran, a step of b tokens at
+  the estimator's
+  `DEFAULT_CONTEXT_TOKENS`. Θ at a batch b' is then b' / d(b') over this factor. (Θ was
+  b / d at the decode factor: the steps' prefill chunks and the running requests that
+  do not advance in a step went uncounted, and Θ came out 14% above the tokens the
+  estimator burst generated while its batch was full: 1,434 against 1,257 tokens/s);
 - prefill: each finished request that ran unpreempted gives the time from its first
   scheduling to its first token, against the cost model's prefill of its prompt.
 - ε (eq. 4, the inefficiency of continuous batching: a running request does not advance
@@ -37,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from andante.cluster.qlm.estimator import ExecutionCost
+from andante.cluster.qlm.estimator import DEFAULT_CONTEXT_TOKENS, ExecutionCost
 from andante.cluster.qlm.types import check_non_negative, check_positive
 from andante.engine.stats import SchedulerStats
 
@@ -70,6 +77,7 @@ class ReportPoint:
     num_running: int
     model: str
     context: int
+    output_tokens: int = 0  # the unfinished requests' output tokens
 
 
 @dataclass(slots=True)
@@ -82,6 +90,7 @@ class SpeedLearner:
     _prefill: dict[SpeedKey, FadingRatio] = field(default_factory=dict)
     _decode: dict[SpeedKey, FadingRatio] = field(default_factory=dict)
     _epsilon: dict[SpeedKey, FadingRatio] = field(default_factory=dict)
+    _theta: dict[SpeedKey, FadingRatio] = field(default_factory=dict)
     _batch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σ batch·s, Σ s
     _last: dict[str, ReportPoint] = field(default_factory=dict)  # instance -> point
 
@@ -127,12 +136,15 @@ class SpeedLearner:
         self.observe_decode(key, seconds, num_steps * step)
 
     def observe_report(self, cost: ExecutionCost, key: SpeedKey, stats: SchedulerStats,
-                       loading: bool = False) -> None:
+                       loading: bool = False, finished_tokens: int | None = None) -> None:
         """The latest load report of `key`'s instance (serving `key`'s model): a decode
-        window since its previous report, if it stayed busy on the same model."""
+        window since its previous report, if it stayed busy on the same model.
+        `finished_tokens`: the output tokens of the requests the instance finished
+        since its previous report (None: Θ is not measured from this report)."""
         iid, model = key
         point = ReportPoint(stats.time, stats.num_steps, stats.num_running, model,
-                            stats.num_tokens // max(1, stats.num_requests))
+                            stats.num_tokens // max(1, stats.num_requests),
+                            stats.num_output_tokens)
         last = self._last.get(iid)
         if last is not None and point.time <= last.time:
             return  # no step since: keep the older point
@@ -148,6 +160,25 @@ class SpeedLearner:
         self.observe_window(cost, key, point.time - last.time,
                             point.num_steps - last.num_steps,
                             (last.num_running + point.num_running) / 2, point.context)
+        if finished_tokens is not None:
+            generated = point.output_tokens - last.output_tokens + finished_tokens
+            self.observe_generated(cost, key, seconds, generated, batch)
+
+    def observe_generated(self, cost: ExecutionCost, key: SpeedKey, seconds: float,
+                          num_tokens: int, batch_size: float) -> None:
+        """Θ: a busy instance generated `num_tokens` output tokens in `seconds` at a mean
+        batch of `batch_size` sequences."""
+        if num_tokens <= 0 or seconds <= 0:
+            return
+        iid, model = key
+        batch = max(1, round(batch_size))
+        step = cost.decode_time(iid, model, batch, DEFAULT_CONTEXT_TOKENS)
+        self._observe(self._theta, key, seconds, num_tokens * step / batch)
+
+    def throughput_factor(self, key: SpeedKey) -> float | None:
+        """How much slower than its cost model `key` generates tokens (None: unmeasured)."""
+        ratio = self._theta.get(key)
+        return None if ratio is None else ratio.factor(self.prior_s)
 
     def observe_first_token(self, cost: ExecutionCost, key: SpeedKey, num_prompt_tokens: int,
                             scheduled: float, token_times: Sequence[float]) -> None:
@@ -183,7 +214,7 @@ class SpeedLearner:
         """Each key's factors, for logs and experiment reports."""
         out: dict[str, float] = {}
         for name, table in (("decode", self._decode), ("prefill", self._prefill),
-                            ("epsilon", self._epsilon)):
+                            ("epsilon", self._epsilon), ("throughput", self._theta)):
             for (iid, model), ratio in table.items():
                 out[f"{name}[{iid},{model}]"] = ratio.factor(self.prior_s)
         return out

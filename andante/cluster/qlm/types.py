@@ -70,6 +70,7 @@ class InstanceView:
     busy_s: float = 0.0
     avg_batch_size: int = 32
     host_memory_bytes: int | None = None  # None: no limit known
+    free_slots: int = 0  # batch slots free now: queued requests that start at once
 
     def __post_init__(self) -> None:
         if not self.instance_id:
@@ -83,6 +84,8 @@ class InstanceView:
         check_positive("host_link_bandwidth", self.host_link_bandwidth)
         check_positive("disk_bandwidth", self.disk_bandwidth)
         check_non_negative("busy_s", self.busy_s)
+        if self.free_slots < 0:
+            raise ValueError(f"free_slots must be >= 0, got {self.free_slots!r}")
         for model, theta in self.throughput.items():
             check_positive(f"throughput[{model!r}]", theta)
 

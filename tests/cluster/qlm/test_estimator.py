@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -82,15 +84,28 @@ def test_group_completion_is_the_max_over_members_and_drain_the_sum():
     assert np.all(times.completion >= times.drain - 1e-9)  # last request waits for the rest
 
 
-def test_sampled_outputs_follow_the_learned_lengths_not_each_requests_cap():
-    outputs = OutputLengthModel(prior_mean=500.0, prior_std=100.0)
+def test_a_cap_below_every_cap_the_key_has_seen_caps_the_draws_and_no_other():
+    outputs = OutputLengthModel(prior_mean=500.0, prior_std=100.0, prior_weight=1.0)
     est = estimator(outputs)
-    capped = QueuedRequest("c", "m1", "interactive", 0.0, 30.0, 100, max_output_tokens=450)
-    group = form_groups([request("a"), capped], 8, cluster=False)[0]  # one group
-    outs = est.sample_outputs(group, 4000, np.random.default_rng(3))
-    # the learned moments already describe capped outputs: a cap must not bias them down
-    assert outs[:, 1].mean() == pytest.approx(500.0, rel=0.02)
-    assert outs[:, 1].max() > 450 and outs.max() <= outputs.max_tokens
+    key = form_groups([request("a")], 8, cluster=False)[0].key
+
+    def draws(cap: int) -> np.ndarray:
+        capped = QueuedRequest("c", "m1", "interactive", 0.0, 30.0, 100,
+                               max_output_tokens=cap)
+        group = form_groups([request("a"), capped], 8, cluster=False)[0]  # one group
+        return est.sample_outputs(group, 4000, np.random.default_rng(3))[:, 1]
+
+    assert draws(450).max() == 450  # the prior is of uncapped lengths: the cap applies
+    for n in (400, 600, 500, 450, 550):
+        outputs.observe(key, n, max_tokens=n)  # each ran to its cap (least cap 400)
+    # the moments already describe outputs capped at 400..600: a cap of 450 must not
+    # bias them down again ...
+    assert draws(450).mean() == pytest.approx(outputs.mean(key), rel=0.03)
+    assert draws(450).max() > 450
+    # ... but a cap below every cap seen bounds the request (a running one too)
+    assert draws(40).max() == 40
+    assert outputs.expected(key, 40) == 40 and outputs.expected(key, 450) == outputs.mean(key)
+    assert outputs.caps(key, 399) and not outputs.caps(key, 400) and not outputs.caps(key, None)
 
 
 def test_cost_model_table_adapts_the_perf_cost_model():
@@ -117,3 +132,18 @@ def test_r_squared():
         r_squared([1.0], [1.0])
     with pytest.raises(ValueError, match="equal"):
         r_squared([1.0, 2.0], [3.0, 3.0])
+
+
+def test_requests_that_take_free_batch_slots_start_at_once_and_hold_no_one_back():
+    # Θ = 100 tok/s, 100 output tokens each, prefill 0.5 s, step 10 ms; 2 free slots.
+    group = form_groups([request(f"r{k}") for k in range(4)], 8)[0]
+    v = dataclasses.replace(view(busy_s=2.0), free_slots=2)
+    q = estimator().queue_times(v, [group], num_samples=2, rng=np.random.default_rng(0))
+    # r0 and r1 start now; r2 waits for the busy 2 s, r3 1 s more (eq. 2 over the queue
+    # ahead of it: r2's 100 tokens, not the running r0's and r1's)
+    assert q.waits == pytest.approx({"r0": 0.0, "r1": 0.0, "r2": 2.0, "r3": 3.0})
+    assert q.mean[0] == pytest.approx(3.0 + 0.5 + 1.0)
+    # a model to load first: no slot is free for it before the load
+    other = form_groups([request("x", model="m2")], 8)[0]
+    q = estimator().queue_times(v, [other], num_samples=1, rng=np.random.default_rng(0))
+    assert q.waits["x"] == pytest.approx(2.0 + 1 * GB / (10 * GB) + 1 * GB / (1 * GB))

@@ -208,3 +208,22 @@ def test_the_learned_estimator_beats_the_fixed_one_on_slower_instances() -> None
     assert math.isfinite(fixed_r2) and math.isfinite(learned_r2)
     assert learned_r2 > fixed_r2
     assert learned_error < 0.75 * fixed_error
+
+
+def test_theta_is_the_output_tokens_generated_per_busy_second() -> None:
+    speed = SpeedLearner(prior_s=1e-9)
+    flat = FlatCost(step_s=0.01)  # the cost model: 4 sequences -> 400 tokens/s
+
+    def report(time: float, running: int, outputs: int) -> SchedulerStats:
+        return SchedulerStats(time=time, num_steps=int(time * 100), num_running=running,
+                              num_tokens=400 * running, num_output_tokens=outputs,
+                              max_num_seqs=16)
+
+    speed.observe_report(flat, KEY, report(10.0, 4, 1000), finished_tokens=0)
+    assert speed.throughput_factor(KEY) is None  # one report: no window yet
+    # 1 s: the unfinished requests' outputs grew by 50 and 150 tokens finished: 200 tok/s
+    speed.observe_report(flat, KEY, report(11.0, 4, 1050), finished_tokens=150)
+    assert speed.throughput_factor(KEY) == pytest.approx(2.0)  # half the model's 400
+    assert speed.decode_factor(KEY) == pytest.approx(1.0)  # every step at its cost
+    speed.observe_report(flat, ("0", "m2"), report(12.0, 4, 0))  # not measured
+    assert speed.throughput_factor(("0", "m2")) is None
