@@ -59,6 +59,15 @@ def check_plan(batch: StepBatch, plan: Sequence[Sequence[Piece]]) -> None:
         raise ValueError("microbatch plan: some rows' tokens are not covered")
 
 
+def completing_rows(batch: StepBatch, plan: Sequence[Sequence[Piece]]
+                    ) -> list[tuple[int, ...]]:
+    """For each microbatch, the step rows whose last piece it holds: their requests have
+    their step's tokens once it leaves the last stage (per-microbatch completion)."""
+    ends = [c + n for c, n in zip(batch.num_cached_tokens, batch.num_new_tokens, strict=True)]
+    return [tuple(p.row for p in micro if p.prefix + p.tokens == ends[p.row])
+            for micro in plan]
+
+
 def sub_batch(batch: StepBatch, pieces: Sequence[Piece]) -> tuple[StepBatch, list[int]]:
     """The step batch of one microbatch, and the step row of each of its rows."""
     sub = StepBatch()
