@@ -43,7 +43,7 @@ from andante.engine.config import SchedulerConfig
 from andante.engine.engine import Engine, StepOutput
 from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
-from andante.exec.microbatch import MicrobatchPlanner, by_rows, completing_rows, sub_batch
+from andante.exec.microbatch import MicrobatchPlanner, by_rows, completion_rows, sub_batch
 from andante.exec.sim_executor import SimExecutor
 from andante.perf.cost_model import CostModel
 from andante.perf.links import LinkSpec
@@ -151,12 +151,10 @@ class KunSimInstance(PipelineSimInstance):
         executor = cast(SimExecutor, self.engine.executor)
         plan = self.planner(batch, self._slots)
         micro = []
-        for pieces, rows in zip(plan, completing_rows(batch, plan), strict=True):
+        for pieces, rows in zip(plan, completion_rows(batch, plan), strict=True):
             sub, _ = sub_batch(batch, pieces)
-            micro.append(Microbatch(  # a prompt's inner chunk needs no token to go on
-                executor.forward_time(sub), sub.num_tokens,
-                tuple(r for r in rows if batch.samples[r]),
-                tuple(r for r in rows if not batch.samples[r])))
+            micro.append(Microbatch(executor.forward_time(sub), sub.num_tokens,
+                                    rows.sampling, rows.ordered))
         if micro:
             extra = max(0.0, result.duration - executor.forward_time(batch))
             micro[0] = dataclasses.replace(micro[0], seconds=micro[0].seconds + extra)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from andante.core.clock import ManualClock
 from andante.engine.engine import Engine, StepOutput
 from andante.exec.batch import StepBatch, StepResult
+from andante.exec.microbatch import rows_step
 from andante.exec.sim_executor import GIB, SimExecutor
 from andante.llm import build_engine
 from andante.perf.catalog import get_hardware, get_model
@@ -79,21 +80,6 @@ class Completion:
     batch: StepBatch = field(compare=False)
     result: StepResult = field(compare=False)
     retires: int = field(compare=False)
-
-
-def rows_batch(batch: StepBatch, result: StepResult, rows: tuple[int, ...], seconds: float,
-               first: bool) -> tuple[StepBatch, StepResult]:
-    """The step restricted to `rows` (whole rows), as the engine applies it when their
-    microbatch completes; the step's swaps and releases go with its `first` part."""
-    sub = StepBatch()
-    if first:
-        sub.swap_out, sub.swap_in = batch.swap_out, batch.swap_in
-        sub.released_ids = batch.released_ids
-    for row in rows:
-        sub.add(batch.requests[row], batch.num_new_tokens[row], batch.num_cached_tokens[row],
-                batch.samples[row], batch.block_tables[row])
-    tokens = [result.sampled_token_ids[row] for row in rows]
-    return sub, StepResult(tokens, seconds, result.swap_time if first else 0.0)
 
 
 class PipelineSimInstance(SimInstance):
@@ -158,10 +144,12 @@ class PipelineSimInstance(SimInstance):
         out: list[tuple[float, StepBatch, StepResult, int]] = []
         for m, (first_out, last_out) in zip(micro, crossings, strict=True):
             assert m.completes is not None
+            tokens, swap = result.sampled_token_ids, result.swap_time
             if m.ordered:
-                out.append((first_out, *rows_batch(batch, result, m.ordered, 0.0, not out), 0))
-            out.append((last_out, *rows_batch(batch, result, m.completes, m.seconds, not out),
-                        1))
+                out.append((first_out, *rows_step(batch, tokens, m.ordered, 0.0, not out, swap),
+                            0))
+            out.append((last_out, *rows_step(batch, tokens, m.completes, m.seconds, not out,
+                                             swap), 1))
         return out
 
     def microbatches(self, batch: StepBatch, result: StepResult) -> list[Microbatch]:

@@ -46,7 +46,7 @@ import numpy as np
 
 from andante.engine.config import SchedulerConfig
 from andante.exec.batch import StepBatch
-from andante.exec.microbatch import Piece
+from andante.exec.microbatch import Piece, free_slots
 from andante.perf.cost_model import CostModel
 from andante.perf.shape import BatchShape
 
@@ -189,12 +189,6 @@ def group_config(base: SchedulerConfig, num_stages: int) -> SchedulerConfig:
     return dataclasses.replace(
         base, max_num_seqs=base.max_num_seqs * num_stages,
         max_num_batched_tokens=base.max_num_batched_tokens * num_stages)
-
-
-def free_slots(num_stages: int, in_flight: int) -> int:
-    """Microbatches a step formed now may hold: one per stage not already holding one
-    (at least one: a step is formed only when stage 0 is free)."""
-    return max(1, num_stages - in_flight)
 
 
 def slot_config(base: SchedulerConfig, num_stages: int, in_flight: int) -> SchedulerConfig:
