@@ -26,11 +26,13 @@ P50/P99 TTFT, P99 TPOT and output throughput per system, and kunserve's groups f
 and restored.
 
 Then (unless `--skip-pipeline`) the decode throughput of one two-stage group run
-pipelined (each stage on its own thread, microbatches in flight: andante.exec.
-torch_microbatch) against the same group run stage after stage on the same cores,
-rounds interleaved: `pipelined_vs_sequential` is the median throughput ratio, with the
-bubble share of the pipelined runs, with KunServe's lookahead cutting the microbatches
-and with plain row cuts (`bubble_share_lookahead`, `bubble_share_rows`). On this
+pipelined (each stage on its own thread, microbatches in flight, each completing on its
+own so that steps overlap: andante.exec.torch_microbatch, andante.engine.overlap)
+against the same group run stage after stage on the same cores, rounds interleaved:
+`pipelined_vs_sequential` is the median throughput ratio, with the bubble share of the
+pipelined runs, with KunServe's lookahead cutting the microbatches and with plain row
+cuts (`bubble_share_lookahead`, `bubble_share_rows`); `drained_ratio` is the same
+pipeline draining at every step (`Engine.step`), as before steps overlapped. On this
 machine both stages share 2 cores, so the overlap cannot add compute: the gain to show
 here is in TTFT under pressure (the burst comparison), not in raw speed.
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -55,6 +58,7 @@ from andante.bench.load import BenchConfig, run_bench
 from andante.cluster.kunserve.lookahead import fit_chunk_cost, lookahead_planner
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.core import MonotonicClock, Request, SamplingParams
+from andante.engine.overlap import OverlappedLoop
 from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
 from andante.exec.torch_pipeline import device_kv_bytes, pipeline_executor
 from andante.llm import build_engine
@@ -275,22 +279,29 @@ def form_restore(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argparse.Namespace,
-                  pipelined: bool, lookahead: bool
+                  mode: str, lookahead: bool
                   ) -> tuple[float, float | None, list[list[int]], float]:
     """Output tokens/s of one two-stage group decoding `--pipeline-requests` requests,
     its bubble share (pipelined only), the outputs, and the cores it got (process CPU
-    seconds per wall second while decoding: at most 1 sequential, 2 pipelined)."""
-    unsplit = TorchExecutor(model, options)
+    seconds per wall second while decoding: at most 1 sequential, 2 pipelined). `mode`:
+    "sequential" (stage after stage), "drained" (microbatches in flight, the pipeline
+    drains at every step: `Engine.step`) or "overlapped" (each microbatch completes on its
+    own, the next step enters stage 0 meanwhile: andante.engine.overlap)."""
+    # (the unsplit executor only sizes the group: its step warm-up is not needed)
+    unsplit = TorchExecutor(model, dataclasses.replace(options, warmup_tokens=None))
     half = model.config.num_layers // 2
     kv = device_kv_bytes(unsplit.kv.num_device_blocks, model, options)
     planner = lookahead_planner(fit_chunk_cost(unsplit.cost_model)) \
         if lookahead else None
+    pipelined = mode != "sequential"
     group = pipeline_executor(model, options, [(0, half), (half, model.config.num_layers)],
                               [kv, kv], unsplit.cost_model, unsplit.max_model_len, 0,
                               pipelined, planner)
     del unsplit
     config = SchedulerConfig(max_model_len=1024, max_num_batched_tokens=1024)
     engine = build_engine(group, MonotonicClock(), "vllm", config)
+    loop = OverlappedLoop(engine, group) if mode == "overlapped" else None
+    step: Callable[[], object] = loop.step if loop is not None else engine.step
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     vocab = model.config.vocab_size
     requests = [Request(f"p{i}", [(11 * i + 5 * j) % (vocab - 200) + 100
@@ -299,13 +310,14 @@ def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argpa
     for req in requests:
         engine.add_request(req)
     while any(r.num_output_tokens == 0 for r in requests):  # prefill, not timed
-        engine.step()
+        step()
     made = sum(r.num_output_tokens for r in requests)
     started, cpu_started = time.perf_counter(), time.process_time()
-    while engine.has_work:
-        engine.step()
+    while engine.has_work or (loop is not None and loop.has_work):
+        step()
     seconds = time.perf_counter() - started
     cores = (time.process_time() - cpu_started) / seconds
+    group.close()
     tokens = sum(r.num_output_tokens for r in requests) - made
     return tokens / seconds, group.pipeline_times.bubble_share if pipelined else None, \
         [list(r.output_token_ids) for r in requests], cores
@@ -318,14 +330,21 @@ def pipelined_vs_sequential(args: argparse.Namespace) -> dict[str, Any]:
     rounds = []
     for _ in range(args.pipeline_rounds):  # interleaved
         load = os.getloadavg()[0]
-        seq, _, seq_out, seq_cores = _group_decode(model, options, args, False, False)
-        pipe, bubble, pipe_out, pipe_cores = _group_decode(model, options, args, True, True)
-        rows, bubble_rows, rows_out, _ = _group_decode(model, options, args, True, False)
+        seq, _, seq_out, seq_cores = _group_decode(model, options, args, "sequential", False)
+        pipe, bubble, pipe_out, pipe_cores = _group_decode(model, options, args,
+                                                           "overlapped", True)
+        rows, bubble_rows, rows_out, _ = _group_decode(model, options, args, "overlapped",
+                                                       False)
+        drained, bubble_drained, drained_out, _ = _group_decode(model, options, args,
+                                                                "drained", True)
         rounds.append({"sequential_tok_s": seq, "pipelined_tok_s": pipe,
-                       "pipelined_rows_tok_s": rows, "ratio": pipe / seq,
+                       "pipelined_rows_tok_s": rows, "drained_tok_s": drained,
+                       "ratio": pipe / seq, "drained_ratio": drained / seq,
                        "bubble_share_lookahead": bubble, "bubble_share_rows": bubble_rows,
+                       "bubble_share_drained": bubble_drained,
                        "sequential_cores": seq_cores, "pipelined_cores": pipe_cores,
-                       "identical": seq_out == pipe_out == rows_out, "load_avg": load})
+                       "identical": seq_out == pipe_out == rows_out == drained_out,
+                       "load_avg": load})
     median = _medians(rounds)
     return {"pipelined_vs_sequential": median["ratio"],
             "bubble_share": median["bubble_share_lookahead"],

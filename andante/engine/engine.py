@@ -140,12 +140,18 @@ class Engine:
     # ---- stepping -------------------------------------------------------------------
     def begin_step(self) -> tuple[StepBatch, StepResult]:
         """Schedule and execute; the result's duration is modeled or measured."""
-        batch = self.scheduler.schedule()
-        if batch.is_empty and is_stalled(self.scheduler):
-            batch = self._resolve_stall()
+        batch = self.schedule_step()
         if batch.is_empty:
             return batch, StepResult(sampled_token_ids=[], duration=0.0)
         return batch, self.executor.execute(batch)
+
+    def schedule_step(self) -> StepBatch:
+        """The next step's batch, not executed (a stall resolved as `begin_step` does):
+        for a caller that runs it itself (andante.engine.overlap)."""
+        batch = self.scheduler.schedule()
+        if batch.is_empty and is_stalled(self.scheduler):
+            batch = self._resolve_stall()
+        return batch
 
     def _resolve_stall(self) -> StepBatch:
         """Work, none in flight, an empty step: schedule once more, then refuse one

@@ -11,10 +11,13 @@ microbatches from its inbox in order, running its layers, and handing the hidden
 to the next stage's inbox: stage k works on microbatch m while stage k+1 works on
 m - 1. Every stage sees the microbatches in the same order, so a chunk's second piece
 reads, at every layer, the KV its first piece wrote there: the arithmetic is the
-unsplit model's and greedy outputs are token-identical. The step returns once the last
-microbatch left the last stage (the pipeline drains at each step: a decode step's
-tokens feed the next step). The bubble share is the idle share of the stages over the
-step's span: 1 - Σ busy / (stages x span).
+unsplit model's and greedy outputs are token-identical. `StageWorkers.run` returns once the last
+microbatch left the last stage (the pipeline drains at each step). `StageStream` keeps
+the stage threads running across steps instead: microbatches are fed one by one and it
+reports each one leaving stage 0 and the last stage, so the engine can apply each
+microbatch's rows as it completes and feed the next step while earlier microbatches are
+still in later stages (andante.engine.overlap). The bubble share is the idle share of
+the stages over the span the pipeline held work: 1 - Σ busy / (stages x span).
 """
 
 from __future__ import annotations
@@ -24,14 +27,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from andante.exec.microbatch import MicrobatchPlanner, Piece, by_rows, check_plan, sub_batch
 
-__all__ = ["MicrobatchPlanner", "Piece", "PipelineTimes", "StageWorkers", "by_rows",
-           "check_plan", "sub_batch"]
+__all__ = ["MicrobatchPlanner", "Piece", "PipelineTimes", "StageStream", "StageWorkers",
+           "by_rows", "check_plan", "sub_batch"]
 
 
 StageFn = Callable[[int, Any, Any], Any]  # (stage index, hidden, inputs) -> hidden
@@ -136,3 +139,82 @@ class StageWorkers:
         t.num_steps += 1
         for k, b in enumerate(busy):
             t.per_stage[k] += b
+
+
+class StageStream:
+    """One long-lived thread per stage; microbatches fed one at a time flow through in
+    order, and `next_event` reports each leaving stage 0 and the last stage (module
+    note). Stage-seconds go to `times` (`busy`, `per_stage`)."""
+
+    def __init__(self, num_stages: int, run_stage: StageFn, times: PipelineTimes) -> None:
+        if num_stages < 1:
+            raise ValueError(f"num_stages must be >= 1, got {num_stages}")
+        self.num_stages = num_stages
+        self._run_stage = run_stage
+        self.times = times
+        self._lock = threading.Lock()
+        self._events: queue.Queue[Any] = queue.Queue()
+        self._inboxes: list[queue.Queue[Any]] = []
+        self._threads: list[threading.Thread] = []
+
+    def feed(self, index: int, item: Any) -> None:
+        """Microbatch `index` enters stage 0's inbox (threads start on first use)."""
+        if not self._threads:
+            self._start()
+        self._inboxes[0].put((index, None, item))
+
+    def next_event(self) -> tuple[int, bool, Any]:
+        """(microbatch index, whether it left the last stage, the last stage's output or
+        None); a stage's error is raised here, on the caller's thread."""
+        got = self._events.get()
+        if isinstance(got, BaseException):
+            raise got
+        return cast(tuple[int, bool, Any], got)
+
+    def close(self) -> None:
+        """Stop the threads once what was fed has gone through."""
+        if not self._threads:
+            return
+        self._inboxes[0].put(_STOP)
+        for t in self._threads:
+            t.join()
+        self._threads, self._inboxes = [], []
+
+    def _start(self) -> None:
+        self._inboxes = [queue.Queue() for _ in range(self.num_stages)]
+        self._threads = [threading.Thread(target=self._loop, args=(k,),
+                                          name=f"pipeline-stream-{k}", daemon=True)
+                         for k in range(self.num_stages)]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self, k: int) -> None:
+        inbox = self._inboxes[k]
+        last = k == self.num_stages - 1
+        outbox = None if last else self._inboxes[k + 1]
+        with torch.inference_mode():
+            while True:
+                got = inbox.get()
+                if got is _STOP:
+                    if outbox is not None:
+                        outbox.put(_STOP)
+                    return
+                index, hidden, item = got
+                began = time.perf_counter()
+                try:
+                    hidden = self._run_stage(k, hidden, item)
+                except BaseException as exc:  # surfaced by `next_event`
+                    self._events.put(exc)
+                    continue
+                self._count(k, time.perf_counter() - began)
+                if k == 0:
+                    self._events.put((index, False, None))
+                if outbox is not None:
+                    outbox.put((index, hidden, item))
+                else:
+                    self._events.put((index, True, hidden))
+
+    def _count(self, k: int, seconds: float) -> None:
+        with self._lock:
+            self.times.busy += seconds
+            self.times.per_stage[k] += seconds

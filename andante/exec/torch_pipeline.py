@@ -20,9 +20,14 @@ the sampled rows. Sequential (the default), all stages run on the calling thread
 order; `pipelined`, the step is cut into microbatches (`planner`, andante.exec.
 torch_microbatch) that flow through one worker thread per stage, stage k on one
 microbatch while stage k+1 runs the previous one (on a CPU the stages share its cores:
-the overlap is real, the extra compute is not). Either way the split changes where the
-memory goes, not the arithmetic. The layers are the unsplit engine's (`ExactLayer`/`FusedLayer`,
-`LMHead`, the same RoPE tables), so greedy outputs are token-identical.
+the overlap is real, the extra compute is not). Overlapped (`submit` / `next_event`,
+driven by andante.engine.overlap's `OverlappedLoop`), the stage threads live across steps
+(`StageStream`) and each microbatch's rows complete when it leaves the last stage (its
+sampled tokens) or stage 0 (a prompt's inner chunk), so the next step's microbatches
+enter stage 0 while earlier ones are still in later stages. Either way the split changes
+where the memory goes, not the arithmetic. The layers are the unsplit engine's
+(`ExactLayer`/`FusedLayer`, `LMHead`, the same RoPE tables), so greedy outputs are
+token-identical.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from andante.exec.batch import StepBatch, StepResult
+from andante.exec.microbatch import PipelineEvent, RowsDone, completion_rows, rows_step
 from andante.exec.torch_attention import decode_matmul_choice
 from andante.exec.torch_executor import TorchExecutorOptions
 from andante.exec.torch_inputs import InputBuilder, StepInputs
@@ -51,6 +57,7 @@ from andante.exec.torch_layers import (
 from andante.exec.torch_microbatch import (
     MicrobatchPlanner,
     PipelineTimes,
+    StageStream,
     StageWorkers,
     by_rows,
     check_plan,
@@ -180,6 +187,28 @@ class PipelineStage:
         return self.lm_head(x.index_select(0, inputs.sample_rows))
 
 
+@dataclass(slots=True)
+class _OpenStep:
+    """A step fed to the overlapped pipeline: its tokens as they are sampled."""
+
+    batch: StepBatch
+    tokens: list[int | None]
+    started: float
+    swap_time: float
+    parts_sent: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Fed:
+    """One microbatch in the overlapped pipeline."""
+
+    step: _OpenStep
+    sub: StepBatch
+    rows: list[int]  # the step row of each of its rows
+    inputs: StepInputs
+    done: RowsDone
+
+
 class PipelineExecutor:
     """Runs a model split into `stages` (contiguous, in order, covering every layer);
     see the module note. Counts the activation bytes passed between stages."""
@@ -207,11 +236,25 @@ class PipelineExecutor:
         self.sampler = Sampler(options.seed)
         self.activation_bytes = 0
         self.num_activation_transfers = 0
+        self._init_overlap()
+
+    def _init_overlap(self) -> None:
+        self._stream: StageStream | None = None
+        self._fed: dict[int, _Fed] = {}
+        self._next_index = 0
+        self._open_since = 0.0
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
 
     def replace_stages(self, stages: Sequence[PipelineStage]) -> None:
         """Run on `stages` from the next step (a group grew or shrank: andante.exec.
         torch_regroup); the pipeline's times so far are kept."""
         times = self.workers.times
+        if self._fed:
+            raise RuntimeError("replace_stages with microbatches in flight")
+        self.close()
         self._init_stages(self.model, stages)
         self.workers = StageWorkers(len(self.stages), self._run_stage)
         self.workers.times.carry(times)
@@ -282,6 +325,76 @@ class PipelineExecutor:
                 for i, token in zip(step_inputs.sample_index,
                                     self.sampler.sample(x, owners), strict=True):
                     sampled[rows[i]] = token
+
+    # ---- overlapped steps (andante.engine.overlap's MicrobatchPipeline) --------------
+    def submit(self, batch: StepBatch, num_slots: int) -> int:
+        """Swap, cut `batch` into at most `num_slots` microbatches (`planner`) and feed
+        them to stage 0; returns how many."""
+        started = time.perf_counter()
+        swap_time = sum(s.kv.swap(batch.swap_out, batch.swap_in) for s in self.stages)
+        if not batch.requests:
+            return 0
+        plan = self.planner(batch, num_slots)
+        check_plan(batch, plan)
+        step = _OpenStep(batch, [None] * len(batch.requests), started, swap_time)
+        if self._stream is None:
+            self._stream = StageStream(len(self.stages), self._run_stage, self.workers.times)
+        if not self._fed:
+            self._open_since = started
+        with torch.inference_mode():
+            for pieces, done in zip(plan, completion_rows(batch, plan), strict=True):
+                sub, rows = sub_batch(batch, pieces)
+                fed = _Fed(step, sub, rows, self.inputs.build(sub), done)
+                index, self._next_index = self._next_index, self._next_index + 1
+                self._fed[index] = fed
+                self._stream.feed(index, fed.inputs)
+        times = self.workers.times
+        times.num_steps += 1
+        times.num_microbatches += len(plan)
+        return len(plan)
+
+    def next_event(self) -> PipelineEvent:
+        """The next microbatch out of stage 0 or the last stage, with the step rows it
+        completes (andante.exec.microbatch's `completion_rows`)."""
+        if self._stream is None or not self._fed:
+            raise RuntimeError("next_event with nothing in the pipeline")
+        index, last_stage, logits = self._stream.next_event()
+        fed = self._fed[index]
+        step = fed.step
+        if last_stage:
+            del self._fed[index]
+            self._sample(fed, logits)
+            rows = fed.done.sampling
+        else:
+            rows = fed.done.ordered
+        now = time.perf_counter()
+        sub, result = rows_step(step.batch, step.tokens, rows, now - step.started,
+                                step.parts_sent == 0, step.swap_time)
+        step.parts_sent += bool(rows)
+        if not self._fed:
+            self._close_span(now)
+        return PipelineEvent(sub, result, last_stage)
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def _sample(self, fed: _Fed, logits: torch.Tensor) -> None:
+        index = fed.inputs.sample_index
+        if not index:
+            return
+        owners = [fed.sub.requests[i] for i in index]
+        with torch.inference_mode():
+            tokens = self.sampler.sample(logits, owners)
+        for i, token in zip(index, tokens, strict=True):
+            fed.step.tokens[fed.rows[i]] = token
+
+    def _close_span(self, now: float) -> None:
+        times = self.workers.times
+        span = now - self._open_since
+        times.span += span
+        times.capacity += span * len(self.stages)
 
     def _run_stage(self, k: int, hidden: torch.Tensor | None, inputs: StepInputs
                    ) -> torch.Tensor:

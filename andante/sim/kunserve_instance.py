@@ -11,13 +11,14 @@ stages. A grouped step holds a cycle's worth of work (`group_config`) and is cut
 microbatches by the real engine's decision code: with lookahead (§4.3) andante.cluster.
 kunserve.lookahead's `step_microbatches` (balanced by eq. (1)), without it andante.exec.
 microbatch's `by_rows`; each microbatch costs, on every stage, the stage cost model's time
-for its sub-batch, and the microbatches flow through the stages one after another (the
-pipeline fills and drains; the next step's first microbatch enters stage 0 once it is
-free, without the requests still in flight). Fill, drain and unbalanced microbatches
-leave bubbles, which the groups' `bubble_ratio` reports from this instance's
-stage-seconds. While a KV exchange (§4.2)
-occupies the link, the requests whose KV is on its way are held (`hold`); coordinated
-(the paper's design), an activation waits at most for the chunk on the wire (a chunk
+for its sub-batch, and the microbatches flow through the stages one after another. Each
+completes on its own (andante.sim.pipeline): the requests whose last tokens it carries
+get them when it leaves the last stage, and the next step, formed once stage 0 is free
+from the requests not in flight, fills the free slots (lookahead's `slot_config`). Fill,
+drain and unbalanced microbatches leave bubbles, which the groups' `bubble_ratio`
+reports from this instance's stage-seconds. While a KV exchange (§4.2) occupies the link,
+the requests whose KV is on its way are held (`hold`); coordinated (the paper's design),
+an activation waits at most for the chunk on the wire (a chunk
 lasts about one stage step), uncoordinated it queues behind the whole exchange. A member
 forwards aborts and withdrawals to its leader; at each step boundary the instance tells
 its groups, which apply the formations and restores that waited for it.
@@ -30,17 +31,23 @@ import math
 from collections.abc import Sequence
 from typing import Protocol, cast
 
-from andante.cluster.kunserve.lookahead import fit_chunk_cost, group_config, lookahead_planner
+from andante.cluster.kunserve.lookahead import (
+    fit_chunk_cost,
+    free_slots,
+    group_config,
+    lookahead_planner,
+    slot_config,
+)
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.engine.config import SchedulerConfig
 from andante.engine.engine import Engine, StepOutput
 from andante.exec.base import DecodeRunExecutor
 from andante.exec.batch import StepBatch, StepResult
-from andante.exec.microbatch import MicrobatchPlanner, by_rows, sub_batch
+from andante.exec.microbatch import MicrobatchPlanner, by_rows, completion_rows, sub_batch
 from andante.exec.sim_executor import SimExecutor
 from andante.perf.cost_model import CostModel
 from andante.perf.links import LinkSpec
-from andante.sim.pipeline import PipelineSimInstance
+from andante.sim.pipeline import Microbatch, PipelineSimInstance
 
 
 class GroupBoundaries(Protocol):
@@ -85,6 +92,7 @@ class KunSimInstance(PipelineSimInstance):
         self.stage_busy = 0.0  # stage-seconds computed while grouped
         self.stage_capacity = 0.0  # stage-seconds while the grouped pipeline held work
         self._open_since: float | None = None
+        self._slots = 1  # microbatches the step being formed may hold
 
     # ---- the Instance seam ----------------------------------------------------------
     @property
@@ -110,7 +118,7 @@ class KunSimInstance(PipelineSimInstance):
             return True
         # (a tolerance: a batch's return and a stage's release computed along
         # different sums must not read as "stage still busy" and idle the pipeline)
-        return len(self._pipeline) >= self.num_stages or now + 1e-9 < self._stage_free[0]
+        return self.num_in_flight >= self.num_stages or now + 1e-9 < self._stage_free[0]
 
     def begin_step(self, now: float) -> float | None:
         if self.groups is not None and not self._pipeline:
@@ -120,28 +128,37 @@ class KunSimInstance(PipelineSimInstance):
         self._release_ready(now)
         was_empty = not self._pipeline
         busy_before = self.stats.busy_time
+        if self.grouped:  # the step fills the free slots (lookahead's slot_config)
+            self._slots = free_slots(self.num_stages, self.num_in_flight)
+            self.engine.scheduler.config = slot_config(
+                self.base_config, self.num_stages, self.num_in_flight)
         done = super().begin_step(now)
+        if self.grouped:
+            self.engine.scheduler.config = self.group_config()
         if done is not None and self.grouped:
             self.stage_busy += (self.stats.busy_time - busy_before) * self.num_stages
             if was_empty:
                 self._open_since = now
         return done
 
-    def stage_times(self, batch: StepBatch, result: StepResult) -> list[tuple[float, int]]:
-        """A grouped step's microbatches (`planner`, the real engine's decision code),
-        each timed on one stage by the stage cost model; the step's swaps go before
-        the first."""
+    def microbatches(self, batch: StepBatch, result: StepResult) -> list[Microbatch]:
+        """A grouped step's microbatches (`planner` over the free slots, the real
+        engine's decision code), each timed on one stage by the stage cost model and
+        completing the rows whose last piece it holds (andante.sim.pipeline's
+        `Microbatch`); the step's swaps go before the first."""
         if not self.grouped:
-            return super().stage_times(batch, result)
+            return super().microbatches(batch, result)
         executor = cast(SimExecutor, self.engine.executor)
-        times = []
-        for pieces in self.planner(batch, self.num_stages):
+        plan = self.planner(batch, self._slots)
+        micro = []
+        for pieces, rows in zip(plan, completion_rows(batch, plan), strict=True):
             sub, _ = sub_batch(batch, pieces)
-            times.append((executor.forward_time(sub), sub.num_tokens))
-        if times:
+            micro.append(Microbatch(executor.forward_time(sub), sub.num_tokens,
+                                    rows.sampling, rows.ordered))
+        if micro:
             extra = max(0.0, result.duration - executor.forward_time(batch))
-            times[0] = (times[0][0] + extra, times[0][1])
-        return times
+            micro[0] = dataclasses.replace(micro[0], seconds=micro[0].seconds + extra)
+        return micro
 
     def finish_step(self) -> tuple[StepBatch, StepOutput]:
         if self.decode_run is not None:

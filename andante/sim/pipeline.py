@@ -15,16 +15,26 @@ of the last, slowest stage), plus the point-to-point hop of the hidden states be
 stages. Each stage swaps its own KV shard over its own host link, in parallel, so a
 swap costs what it costs one stage. The policy's cost model is the stage's: its step
 times measure the pipeline's throughput (one batch per d), not a batch's latency (pp·d).
+
+A step may be cut into microbatches (`microbatches`; KunServe's groups do,
+andante.sim.kunserve_instance). Each microbatch crosses the stages after the previous one;
+where a microbatch says which step rows it completes (the rows whose last tokens it
+carries), those requests get their tokens, and may be scheduled again, when *it* leaves
+the last stage, not when the step's last microbatch does (KunServe §4.3: microbatches in
+flight, no drain between steps). A new step enters stage 0 once stage 0 is free and fewer
+than `pp` microbatches are in flight.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
+import heapq
+from dataclasses import dataclass, field
 
 from andante.core.clock import ManualClock
 from andante.engine.engine import Engine, StepOutput
 from andante.exec.batch import StepBatch, StepResult
+from andante.exec.microbatch import rows_step
 from andante.exec.sim_executor import GIB, SimExecutor
 from andante.llm import build_engine
 from andante.perf.catalog import get_hardware, get_model
@@ -44,6 +54,34 @@ def stage_model(model: ModelSpec, pp: int) -> ModelSpec:
     return dataclasses.replace(model, name=f"{model.name}/pp{pp}", num_layers=layers)
 
 
+@dataclass(frozen=True, slots=True)
+class Microbatch:
+    """Part of a step as it crosses the stages: `seconds` on each stage, `num_tokens`
+    (the hidden states it sends on), `completes`, the step rows whose last tokens it
+    carries and that wait for its last stage (their sampled token; None: the whole step
+    completes with its last microbatch), and `ordered`, the rows whose last piece it
+    holds but that sample nothing (a prompt's inner chunk): their next chunk needs no
+    token, only to follow this one through every stage, so they are applied when it
+    leaves stage 0."""
+
+    seconds: float
+    num_tokens: int
+    completes: tuple[int, ...] | None = None
+    ordered: tuple[int, ...] = ()
+
+
+@dataclass(order=True, slots=True)
+class Completion:
+    """Step rows the engine applies at `when` (ties: in the order they were made), and
+    how many microbatches leave the pipeline then."""
+
+    when: float
+    seq: int
+    batch: StepBatch = field(compare=False)
+    result: StepResult = field(compare=False)
+    retires: int = field(compare=False)
+
+
 class PipelineSimInstance(SimInstance):
     """A `SimInstance` that keeps up to `num_stages` batches in flight. It has no decode
     runs: consecutive steps overlap, so runs of identical steps do not apply."""
@@ -57,15 +95,22 @@ class PipelineSimInstance(SimInstance):
         self._hop_per_token = hop_per_token
         self._hop_latency = hop_latency
         self._stage_free = [0.0] * num_stages  # when each stage finishes its last batch
-        self._pipeline: deque[tuple[StepBatch, StepResult]] = deque()
+        self._pipeline: list[Completion] = []  # a heap: what the engine applies next
+        self._seq = 0
+        self._num_micro = 0  # microbatches in flight
 
     @property
     def num_in_flight(self) -> int:
-        return len(self._pipeline)
+        """Microbatches in the pipeline (entered stage 0, not yet out of the last)."""
+        return self._num_micro
+
+    def completions(self) -> list[Completion]:
+        """What the engine will apply, earliest first."""
+        return sorted(self._pipeline)
 
     @property
     def busy(self) -> bool:
-        if len(self._pipeline) >= self.num_stages:
+        if self._num_micro >= self.num_stages:
             return True
         return self.engine.clock.now() < self._stage_free[0]
 
@@ -73,22 +118,53 @@ class PipelineSimInstance(SimInstance):
         batch, result = self.engine.begin_step()
         if batch.is_empty:
             return None
-        micro = self.stage_times(batch, result)
-        done = now
-        for per_stage, num_tokens in micro:
-            done = self._through_stages(now, per_stage, num_tokens)
-        self._pipeline.append((batch, result))
-        self.stats.busy_time += sum(t for t, _ in micro)
-        return done
+        micro = self.microbatches(batch, result)
+        crossings = [self._through_stages(now, m.seconds, m.num_tokens) for m in micro]
+        self.stats.busy_time += sum(m.seconds for m in micro)
+        parts = self._completions(batch, result, micro, crossings) if micro \
+            else [(now, batch, result, 0)]
+        last = max(when for when, *_ in parts)
+        for when, sub, sub_result, retires in parts:
+            heapq.heappush(self._pipeline, Completion(when, self._seq, sub, sub_result,
+                                                      retires))
+            self._seq += 1
+            if when != last:  # the caller waits for `last`
+                self.hooks.step_done_at(self, when)
+        self._num_micro += len(micro)
+        return last
+
+    def _completions(self, batch: StepBatch, result: StepResult, micro: list[Microbatch],
+                     crossings: list[tuple[float, float]]
+                     ) -> list[tuple[float, StepBatch, StepResult, int]]:
+        """(when, rows' batch, their result, microbatches retired): per microbatch, its
+        rows waiting for the last stage (it retires then) and its `ordered` rows at its
+        stage-0 exit; one for the whole step where microbatches do not say."""
+        if any(m.completes is None for m in micro):
+            return [(crossings[-1][1], batch, result, len(micro))]
+        out: list[tuple[float, StepBatch, StepResult, int]] = []
+        for m, (first_out, last_out) in zip(micro, crossings, strict=True):
+            assert m.completes is not None
+            tokens, swap = result.sampled_token_ids, result.swap_time
+            if m.ordered:
+                out.append((first_out, *rows_step(batch, tokens, m.ordered, 0.0, not out, swap),
+                            0))
+            out.append((last_out, *rows_step(batch, tokens, m.completes, m.seconds, not out,
+                                             swap), 1))
+        return out
+
+    def microbatches(self, batch: StepBatch, result: StepResult) -> list[Microbatch]:
+        """The step's microbatches in the order they enter stage 0 (here the whole step
+        is one, completing with it)."""
+        return [Microbatch(result.duration, batch.num_tokens)]
 
     def stage_times(self, batch: StepBatch, result: StepResult) -> list[tuple[float, int]]:
-        """The step's microbatches in the order they enter stage 0: each one's time on
-        a stage and its token count (here the whole step is one microbatch)."""
-        return [(result.duration, batch.num_tokens)]
+        """Each microbatch's time on a stage and its token count."""
+        return [(m.seconds, m.num_tokens) for m in self.microbatches(batch, result)]
 
-    def _through_stages(self, now: float, per_stage: float, num_tokens: int) -> float:
+    def _through_stages(self, now: float, per_stage: float, num_tokens: int
+                        ) -> tuple[float, float]:
         """Send a microbatch through the stages (each takes it when free, after the
-        previous one); returns when it leaves the last stage."""
+        previous one); returns when it leaves stage 0 and the last stage."""
         hop = self._hop_latency + self._hop_per_token * num_tokens
         t = now
         for stage in range(self.num_stages):
@@ -96,7 +172,7 @@ class PipelineSimInstance(SimInstance):
                 t = self._hop_done(t, hop)
             t = max(t, self._stage_free[stage]) + per_stage
             self._stage_free[stage] = t
-        return t
+        return self._stage_free[0], t
 
     def _hop_done(self, start: float, hop: float) -> float:
         """When hidden states sent at `start` reach the next stage (KunServe's groups
@@ -104,7 +180,9 @@ class PipelineSimInstance(SimInstance):
         return start + hop
 
     def finish_step(self) -> tuple[StepBatch, StepOutput]:
-        batch, result = self._pipeline.popleft()  # batches leave in the order they entered
+        done = heapq.heappop(self._pipeline)  # the earliest: its event fires now
+        batch, result = done.batch, done.result
+        self._num_micro -= done.retires
         if self._stage_free[0] > self.engine.clock.now():  # stage 0 still busy: the
             self.hooks.wake_at(self, self._stage_free[0])  # freed slot starts then
         output = self.engine.finish_step(batch, result)
@@ -112,7 +190,7 @@ class PipelineSimInstance(SimInstance):
         return batch, output
 
     def next_start_time(self) -> float | None:
-        return self._stage_free[0] if len(self._pipeline) < self.num_stages else None
+        return self._stage_free[0] if self._num_micro < self.num_stages else None
 
 
 def build_pipeline_instance(spec: ClusterSpec, index: int, clock: ManualClock) -> SimInstance:

@@ -94,6 +94,10 @@ class SimHooks:
 
     def wake_at(self, inst: SimInstance, when: float) -> None: ...
 
+    def step_done_at(self, inst: SimInstance, when: float) -> None:
+        """Part of a step completes at `when` (a pipeline's microbatch, besides the
+        completion its `begin_step` returns)."""
+
 
 class SimInstance(LaterOperations):
     """An `andante.cluster.Instance` on the simulated clock. `runs`: the engine's
@@ -501,6 +505,9 @@ class Simulator(SimHooks):
 
     def wake_at(self, inst: SimInstance, when: float) -> None:
         self._events.push(max(when, self.clock.now()), EventKind.KICK, inst)
+
+    def step_done_at(self, inst: SimInstance, when: float) -> None:
+        self._events.push(when, EventKind.STEP_DONE, inst)
 
     # ---- stepping ---------------------------------------------------------------------
     def _start_step(self, inst: SimInstance) -> None:

@@ -58,7 +58,7 @@ def _watch_pipeline(inst: PipelineSimInstance) -> list[int]:
         depth = inst.num_in_flight
         done = begin(now)
         if done is not None:
-            ids = {r.request_id for r in inst._pipeline[-1][0].requests}
+            ids = {r.request_id for r in max(inst._pipeline, key=lambda c: c.seq).batch.requests}
             assert all(not ids & other for other in flying)
             flying.append(ids)
             depths.append(depth)

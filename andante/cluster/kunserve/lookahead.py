@@ -20,9 +20,18 @@ requires) and returns the idle share of the stages, the figure §5.3 reports.
 A grouped leader's budgets (`group_config`): a step holds a cycle's worth of work,
 `num_stages` x one instance's token budget and `num_stages` x max_num_seqs (the members'
 requests were adopted); `step_microbatches` cuts it into up to `num_stages` balanced
-microbatches. The real engine's pipelined stages (andante.exec.torch_microbatch) and the
-simulator's grouped instances (andante.sim.kunserve_instance, which times the step as
-the pipeline of those microbatches) both call it. Eq. (1)'s coefficients are fitted to
+microbatches. Microbatches complete one by one (a request's tokens arrive when the
+microbatch holding its last piece leaves the last stage), so steps overlap: a step formed
+while `j` microbatches are still in flight fills the `num_stages - j` free slots
+(`free_slots`), with that many instances' budgets (`slot_config`) cut into that many
+microbatches. From an empty pipeline this is the whole cycle; in steady decoding each
+returning microbatch's requests go round again as one microbatch, so the pipeline holds
+`num_stages` microbatches without draining and none is cut smaller than it must be
+(a prompt's inner chunk, which samples nothing, frees its request for its next chunk
+once it has left stage 0: the next chunk follows it through every stage). The real
+engine's pipelined stages (andante.exec.torch_microbatch) and the simulator's grouped
+instances (andante.sim.kunserve_instance, which times the step as the pipeline of those
+microbatches) both call these. Eq. (1)'s coefficients are fitted to
 the cost model (`fit_chunk_cost`): the paper profiles them offline.
 """
 
@@ -37,7 +46,7 @@ import numpy as np
 
 from andante.engine.config import SchedulerConfig
 from andante.exec.batch import StepBatch
-from andante.exec.microbatch import Piece
+from andante.exec.microbatch import Piece, free_slots
 from andante.perf.cost_model import CostModel
 from andante.perf.shape import BatchShape
 
@@ -180,6 +189,12 @@ def group_config(base: SchedulerConfig, num_stages: int) -> SchedulerConfig:
     return dataclasses.replace(
         base, max_num_seqs=base.max_num_seqs * num_stages,
         max_num_batched_tokens=base.max_num_batched_tokens * num_stages)
+
+
+def slot_config(base: SchedulerConfig, num_stages: int, in_flight: int) -> SchedulerConfig:
+    """The budgets of a step formed while `in_flight` microbatches are in the pipeline:
+    `group_config` over its free slots (see the module note)."""
+    return group_config(base, free_slots(num_stages, in_flight))
 
 
 def step_microbatches(batch: StepBatch, num_stages: int, model: ChunkCostModel,

@@ -11,8 +11,13 @@ from andante.cluster.kunserve.lookahead import (
     bubble_ratio,
     form_microbatches,
     microbatch_cost,
+    slot_config,
     split_half,
 )
+from andante.core import Request, SamplingParams
+from andante.engine.config import SchedulerConfig
+from andante.exec.batch import StepBatch
+from andante.exec.microbatch import Piece, completion_rows, free_slots
 
 MODEL = ChunkCostModel(alpha=1e-6, beta=1e-4, gamma=1e-3)
 
@@ -54,3 +59,24 @@ def test_balanced_microbatches_have_fewer_bubbles() -> None:
     greedy = [microbatch_cost(items[:1], MODEL), microbatch_cost(items[1:], MODEL)]
     balanced = [microbatch_cost(b, MODEL) for b in form_microbatches(items, MODEL, 2)]
     assert bubble_ratio(balanced, 2) < bubble_ratio(greedy, 2)
+
+
+def test_a_step_fills_the_free_slots_with_one_instances_budgets_each() -> None:
+    base = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256)
+    assert [free_slots(3, j) for j in range(4)] == [3, 2, 1, 1]
+    empty = slot_config(base, 3, 0)  # an empty pipeline: the whole cycle
+    assert (empty.max_num_batched_tokens, empty.max_num_seqs) == (3 * 2048, 3 * 256)
+    one = slot_config(base, 3, 2)
+    assert (one.max_num_batched_tokens, one.max_num_seqs) == (2048, 256)
+
+
+def test_rows_complete_with_their_last_piece_and_inner_chunks_need_no_token() -> None:
+    batch = StepBatch()
+    params = SamplingParams(max_tokens=4)
+    batch.add(Request("long", list(range(1, 801)), params, 0.0), 500, 0, False, [0])
+    batch.add(Request("end", list(range(1, 101)), params, 0.0), 100, 0, True, [1])
+    batch.add(Request("dec", list(range(1, 41)), params, 0.0), 1, 39, True, [2])
+    plan = [[Piece(0, 0, 300), Piece(2, 39, 1)], [Piece(0, 300, 200), Piece(1, 0, 100)]]
+    done = completion_rows(batch, plan)
+    assert (done[0].sampling, done[0].ordered) == ((2,), ())
+    assert (done[1].sampling, done[1].ordered) == ((1,), (0,))

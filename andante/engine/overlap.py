@@ -1,0 +1,126 @@
+"""The engine loop over a pipeline whose microbatches complete on their own, so that
+consecutive steps overlap (KunServe §4.3, §5; the simulator's clock does the same in
+andante.sim.pipeline).
+
+Design note. `Engine.step` drains: it returns once its whole step ran. A pipeline group
+instead keeps its stages busy: `OverlappedLoop` forms a step (the engine's scheduler, its
+budgets for the free slots: `budgets`) as soon as stage 0 is free and fewer than
+`num_stages` microbatches are in flight, hands it to the pipeline (`submit`: the
+pipeline cuts it into `free_slots` microbatches, its planner's decision, and feeds them
+to stage 0), and applies each pipeline event as it comes: a microbatch that left the last
+stage completes its sampling rows (their tokens; those requests may be scheduled again),
+one that left stage 0 completes its rows that sample nothing (a prompt's inner chunk:
+its next chunk follows it through every stage, andante.exec.microbatch). Requests in
+flight are the scheduler's in-flight set, so a request's decode never enters before its
+previous token exists; other requests' microbatches do. A step that swaps KV waits for
+the pipeline to be empty (a swap copies every stage's blocks at once, which the order of
+the stages does not protect).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from andante.engine.config import SchedulerConfig
+from andante.engine.engine import Engine, StepOutput
+from andante.exec.batch import StepBatch, StepResult
+from andante.exec.microbatch import PipelineEvent, free_slots
+
+
+class MicrobatchPipeline(Protocol):
+    """What `OverlappedLoop` drives (andante.exec.torch_pipeline's `PipelineExecutor`)."""
+
+    @property
+    def num_stages(self) -> int: ...
+
+    def submit(self, batch: StepBatch, num_slots: int) -> int:
+        """Cut `batch` into at most `num_slots` microbatches and feed them to stage 0
+        (swaps first); returns how many."""
+
+    def next_event(self) -> PipelineEvent:
+        """Wait for the next microbatch to leave stage 0 or the last stage."""
+
+    def close(self) -> None:
+        """Stop the stages' workers (the pipeline is empty)."""
+
+
+class OverlappedLoop:
+    """Steps `engine` over `pipeline` with steps overlapping (module note). `budgets`:
+    the scheduler's config for a step formed with `in_flight` microbatches in the
+    pipeline (None: the engine's own config for every step)."""
+
+    def __init__(self, engine: Engine, pipeline: MicrobatchPipeline,
+                 budgets: Callable[[int], SchedulerConfig] | None = None) -> None:
+        self.engine = engine
+        self.pipeline = pipeline
+        self.budgets = budgets
+        self.in_flight = 0  # microbatches fed, not yet out of the last stage
+        self.in_stage0 = 0  # microbatches fed, not yet out of stage 0
+        self.num_steps = 0
+        self.num_overlapped = 0  # steps that entered with microbatches in flight
+
+    @property
+    def has_work(self) -> bool:
+        return self.engine.has_work or self.in_flight > 0
+
+    def step(self) -> list[StepOutput]:
+        """Form and feed a step if one may enter now, else apply the next event; the
+        outputs applied (none when a step entered)."""
+        if self.in_stage0 == 0 and self.in_flight < self.pipeline.num_stages:
+            entered, outputs = self._enter()
+            if entered:
+                return outputs
+        if self.in_flight == 0:
+            return []
+        return self._apply(self.pipeline.next_event())
+
+    def run(self) -> None:
+        """Step until no work is left (nothing may arrive meanwhile)."""
+        try:
+            while self.has_work:
+                idle, steps = self.in_flight == 0, self.num_steps
+                self.step()
+                if idle and self.num_steps == steps:
+                    break  # nothing schedulable and nothing in flight
+        finally:
+            self.pipeline.close()
+
+    def _enter(self) -> tuple[bool, list[StepOutput]]:
+        batch = self._schedule()
+        if batch.is_empty:
+            return False, []
+        outputs: list[StepOutput] = []
+        if batch.swap_out or batch.swap_in:
+            while self.in_flight:  # module note: swaps wait for an empty pipeline
+                outputs += self._apply(self.pipeline.next_event())
+        slots = free_slots(self.pipeline.num_stages, self.in_flight)
+        if self.in_flight:
+            self.num_overlapped += 1
+        fed = self.pipeline.submit(batch, slots)
+        self.num_steps += 1
+        if fed == 0:  # swaps only
+            outputs.append(self.engine.finish_step(batch, StepResult([], 0.0)))
+        self.in_flight += fed
+        self.in_stage0 += fed
+        return True, outputs
+
+    def _schedule(self) -> StepBatch:
+        scheduler = self.engine.scheduler
+        if self.budgets is None:
+            return self.engine.schedule_step()
+        own = scheduler.config
+        scheduler.config = self.budgets(self.in_flight)
+        try:
+            return self.engine.schedule_step()
+        finally:
+            scheduler.config = own
+
+    def _apply(self, event: PipelineEvent) -> list[StepOutput]:
+        if event.last_stage:
+            self.in_flight -= 1
+        else:
+            self.in_stage0 -= 1
+        if event.batch.is_empty:  # it completed no rows
+            return []
+        return [self.engine.finish_step(event.batch, event.result)]
