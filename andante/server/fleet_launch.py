@@ -13,9 +13,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from andante.runtime.upstream.discovery import FleetError, discover
+from andante.server.fast_protocol import fast_protocol
 from andante.server.fleet_app import FleetServeOptions, create_fleet_app
 from andante.server.listen import ThreadedServer, bind, log_to_stderr
-from andante.server.timeouts import fast_protocol
 
 
 def _server(app: FastAPI, options: FleetServeOptions) -> uvicorn.Server:

@@ -120,12 +120,3 @@ def h11_protocol(limits: HTTPLimits) -> type[H11Protocol]:
     """uvicorn's `http` protocol class with these timeouts."""
     return type("TimedH11", (TimedH11,), {"limits": limits})
 
-
-def fast_protocol(limits: HTTPLimits) -> type[asyncio.Protocol]:
-    """The timed httptools protocol where httptools is installed (the `server` extra:
-    its parser is C, the fleet front's hot path), else the timed h11 one."""
-    try:
-        from andante.server.timeouts_httptools import httptools_protocol
-    except ImportError:  # no httptools
-        return h11_protocol(limits)
-    return httptools_protocol(limits)

@@ -16,9 +16,9 @@ import pytest
 from andante.runtime.upstream.discovery import UpstreamSpec
 from andante.runtime.upstream.fleet import FleetOptions
 from andante.server.config import HTTPLimits
+from andante.server.fast_protocol import fast_protocol
 from andante.server.fleet_app import FleetServeOptions
 from andante.server.fleet_launch import FleetServerThread
-from andante.server.timeouts import fast_protocol
 from tests.fleet.helpers import FakeUpstream, fake_upstream
 
 SHORT = HTTPLimits(header_timeout=0.3, body_timeout=0.3, upload_timeout=0.6)
