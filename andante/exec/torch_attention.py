@@ -40,6 +40,27 @@ took 35 / 292 / 701 us, within one bf16 rounding of the kernel's output (the ker
 computes in float32). So the executor times both at start-up on its own shapes and
 uses the faster (`choose_decode_path`; the step's `decode_matmul`).
 
+Fresh prompts meet the same CPU question. Without AMX the fused kernel's bf16 prefill
+took about 2.1 ms per layer for a 256-token prompt (one thread, thread CPU time; 60 ms
+of a 30-layer prefill, for ~4% of its FLOPs), while oneDNN's bf16 batched GEMMs run the
+same products at the dense projections' rate. So `prefill_attention_matmul` computes
+it as batched matmuls in the model dtype: each KV head's query group stacked into one
+GEMM (GQA without replicating K/V), PREFILL_BLOCK query rows at a time so a block
+scores only the keys up to its own last row (the causal half is skipped block-wise and
+the [T, T] scores are never whole), an additive mask on the diagonal block only, and a
+softmax that computes in float32 and rounds the probabilities once, as the kernel does
+before its value GEMM. The scores are rounded to bf16 before the softmax (the kernel
+keeps them in float32); measured on SmolLM2 (four 256-token prompts of this README,
+relative L2 of the last logits from float32's) that is not worse overall: 1.54 / 5.22 /
+0.58 / 1.00% by the kernel, 1.09 / 1.39 / 0.36 / 0.44% by the matmuls (greedy
+agreement with float32 over 12 prompts x 24 tokens, tokens before the first divergence:
+0.83 and 0.77; near-ties flip either way). A 256-token prefill step (process CPU,
+benchmarks/prefill_step.py, load 10-13) took 244 -> 206 ms on one thread and 259 ->
+226 ms on two; eight 128-token prompts 808 -> 737 ms. As for decode rows, the executor
+times both paths at start-up (`choose_prefill_path`, bf16 only: float32 keeps the
+kernel, whose arithmetic is transformers') and uses the faster; a chunk after a cached
+prefix still runs the kernel under its mask.
+
 The functions here are TorchScript (`torch.jit.script`), so that the fused layer stack
 (andante.exec.torch_layers) runs a whole step's layers in one scripted call; what they
 need of the step is an `AttentionPlan` of plain tensors and ints, built once per step
@@ -78,6 +99,8 @@ class AttentionPlan(NamedTuple):
     group_rows: list[Optional[torch.Tensor]]  # noqa: UP045 (TorchScript needs Optional)
     group_masks: list[Optional[torch.Tensor]]  # noqa: UP045
     decode_matmul: bool  # decode rows by `decode_attention_matmul`
+    prefill_matmul: bool  # fresh prompts by `prefill_attention_matmul`
+    causal_block: torch.Tensor  # its additive causal mask, [PREFILL_BLOCK]*2 (or empty)
 
 
 def flat_rows(index: torch.Tensor, heads: int, per_head: int) -> torch.Tensor:
@@ -88,6 +111,14 @@ def flat_rows(index: torch.Tensor, heads: int, per_head: int) -> torch.Tensor:
 
 
 _EMPTY = torch.empty(0)
+#: Query rows per head that `prefill_attention_matmul` scores at once.
+PREFILL_BLOCK = 128
+
+
+def causal_block(size: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive causal mask of a diagonal block, [size, size]: 0 on and below the
+    diagonal, -inf above."""
+    return torch.full((size, size), float("-inf"), dtype=dtype).triu_(1)
 
 
 def attention_plan(inputs: StepInputs, pool: torch.Tensor) -> AttentionPlan:
@@ -106,7 +137,8 @@ def attention_plan(inputs: StepInputs, pool: torch.Tensor) -> AttentionPlan:
         [g.start for g in groups], [g.num_seqs for g in groups],
         [g.num_tokens for g in groups], [g.num_cached for g in groups],
         [None if g.blocks is None else flat_rows(g.blocks, heads, blocks) for g in groups],
-        [g.mask for g in groups], inputs.decode_matmul)
+        [g.mask for g in groups], inputs.decode_matmul, inputs.prefill_matmul,
+        causal_block(PREFILL_BLOCK, pool.dtype) if inputs.prefill_matmul else _EMPTY)
     return plan
 
 
@@ -175,13 +207,53 @@ def decode_attention_matmul(q: torch.Tensor, pool: torch.Tensor, rows: torch.Ten
 
 
 @script
+def prefill_attention_matmul(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int,
+                             c: int, num_kv_heads: int, causal: torch.Tensor,
+                             scale: float | None) -> torch.Tensor:
+    """Causal attention of `n` fresh prompts of `c` tokens over their own K/V, as batched
+    matmuls in the model dtype (each KV head's query group stacked into one GEMM) and a
+    softmax, PREFILL_BLOCK query rows at a time: a block's queries score only the keys
+    up to its last row, and only its diagonal [b, b] part takes the additive `causal`
+    mask ([PREFILL_BLOCK, PREFILL_BLOCK], `causal_block`). q [n*c, heads, D], k/v
+    [n*c, kvh, D] -> [n*c, heads * D]. The scores are rounded to the model dtype before
+    the softmax (which computes in float32) and the probabilities before the value
+    GEMM; see the module note for what that costs in accuracy."""
+    heads, dim = q.shape[1], q.shape[2]
+    group = heads // num_kv_heads
+    nk = n * num_kv_heads
+    queries = q.view(n, c, num_kv_heads, group, dim).permute(0, 2, 3, 1, 4)
+    keys = k.view(n, c, num_kv_heads, dim).permute(0, 2, 3, 1)  # [n, kvh, D, c]
+    values = v.view(n, c, num_kv_heads, dim).transpose(1, 2)  # [n, kvh, c, D]
+    out = torch.empty(n, c, num_kv_heads, group, dim, dtype=q.dtype)
+    blocks_out = out.permute(0, 2, 3, 1, 4)  # [n, kvh, group, c, D], out's memory
+    block = causal.shape[0]
+    for start in range(0, c, block):
+        end = min(c, start + block)
+        b = end - start
+        scores = torch.matmul(queries[:, :, :, start:end].reshape(nk, group * b, dim),
+                              keys[:, :, :, :end].reshape(nk, dim, end))
+        if scale is not None:
+            scores = scores * scale
+        scores = scores.view(nk, group, b, end)
+        scores[:, :, :, start:].add_(causal[:b, :b])
+        probs = scores.softmax(dim=-1).view(nk, group * b, end)
+        part = torch.matmul(probs, values[:, :, :end].reshape(nk, end, dim))
+        blocks_out[:, :, :, start:end] = part.view(n, num_kv_heads, group, b, dim)
+    return out.view(n * c, heads * dim)
+
+
+@script
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       pool: torch.Tensor, n: int, c: int, cached: int,
                       rows: torch.Tensor | None, mask: torch.Tensor | None,
-                      num_kv_heads: int, scale: float | None) -> torch.Tensor:
+                      num_kv_heads: int, scale: float | None,
+                      causal: torch.Tensor) -> torch.Tensor:
     """q [n*c, heads, D], k/v [n*c, kvh, D] of a group of `n` sequences of `c` new
-    tokens after `cached` cached ones -> [n*c, heads * D]."""
+    tokens after `cached` cached ones -> [n*c, heads * D]. Fresh prompts go through
+    `prefill_attention_matmul` when `causal` (its block mask) is not empty."""
     heads, dim = q.shape[1], q.shape[2]
+    if rows is None and causal.numel() > 0:
+        return prefill_attention_matmul(q, k, v, n, c, num_kv_heads, causal, scale)
     queries = q.view(n, c, heads, dim).transpose(1, 2)
     if rows is None:  # fresh prompts: their own K/V, causal
         keys = k.view(n, c, num_kv_heads, dim).transpose(1, 2)
@@ -211,7 +283,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Ten
         end = start + n * c
         parts.append(prefill_attention(q[start:end], k[start:end], v[start:end], pool, n, c,
                                        plan.group_cached[i], plan.group_rows[i],
-                                       plan.group_masks[i], num_kv_heads, scale))
+                                       plan.group_masks[i], num_kv_heads, scale,
+                                       plan.causal_block))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -257,4 +330,47 @@ def decode_matmul_choice(option: str, heads: int, kv_heads: int, head_dim: int,
     if option != "auto":
         return option == "matmul", {}
     timings = choose_decode_path(heads, kv_heads, head_dim, dtype, block_size)
+    return timings["matmul"] < timings["sdpa"], timings
+
+
+#: Fresh prompts (sequences x tokens) the start-up choice times both prefill paths at.
+PREFILL_CHOICE_SHAPES = ((1, 256), (4, 128))
+
+
+def choose_prefill_path(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                        rounds: int = 3, reps: int = 3) -> dict[str, float]:
+    """Time `prefill_attention` by the fused kernel and by `prefill_attention_matmul`
+    on random data of the model's shapes at PREFILL_CHOICE_SHAPES, interleaved rounds at
+    the current thread count; the median microseconds per call of each, summed over the
+    shapes: {"sdpa": us, "matmul": us}."""
+    totals = {"sdpa": 0.0, "matmul": 0.0}
+    causal = causal_block(PREFILL_BLOCK, dtype)
+    for n, c in PREFILL_CHOICE_SHAPES:
+        q = torch.randn(n * c, heads, head_dim, dtype=dtype)
+        k = torch.randn(n * c, kv_heads, head_dim, dtype=dtype)
+        v = torch.randn(n * c, kv_heads, head_dim, dtype=dtype)
+        masks = {"sdpa": _EMPTY, "matmul": causal}
+        samples: dict[str, list[float]] = {name: [] for name in masks}
+        for _ in range(rounds + 1):  # the first round warms up
+            for name, mask in masks.items():
+                started = time.perf_counter()
+                for _ in range(reps):
+                    prefill_attention(q, k, v, _EMPTY, n, c, 0, None, None, kv_heads, None,
+                                      mask)
+                samples[name].append((time.perf_counter() - started) / reps * 1e6)
+        for name, times in samples.items():
+            totals[name] += statistics.median(times[1:])
+    return {name: round(us, 1) for name, us in totals.items()}
+
+
+def prefill_matmul_choice(option: str, heads: int, kv_heads: int, head_dim: int,
+                          dtype: torch.dtype) -> tuple[bool, dict[str, float]]:
+    """Whether fresh prompts use `prefill_attention_matmul`: "matmul" / "sdpa" as set,
+    or ("auto") the faster of the two timed now in bfloat16; float32 keeps the fused
+    kernel (its arithmetic is transformers' own), with no timing."""
+    if option != "auto":
+        return option == "matmul", {}
+    if dtype == torch.float32:
+        return False, {}
+    timings = choose_prefill_path(heads, kv_heads, head_dim, dtype)
     return timings["matmul"] < timings["sdpa"], timings

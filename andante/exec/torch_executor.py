@@ -49,7 +49,11 @@ import torch
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.malloc_tuning import keep_freed_memory, release_freed_memory
 from andante.exec.thread_adapter import ThreadAdapter, adaptive_class, class_range
-from andante.exec.torch_attention import decode_matmul_choice
+from andante.exec.torch_attention import (
+    PREFILL_CHOICE_SHAPES,
+    decode_matmul_choice,
+    prefill_matmul_choice,
+)
 from andante.exec.torch_cost import CPU_PROFILE, engine_cost_model
 from andante.exec.torch_inputs import InputBuilder
 from andante.exec.torch_kv import KVPools
@@ -98,6 +102,9 @@ class TorchExecutorOptions:
     the engine gets while it runs (andante.exec.thread_adapter);
     decode_attention: decode rows' attention by PyTorch's fused kernel ("sdpa"), by
     float32 matmuls ("matmul"), or ("auto") whichever is faster here, timed at start-up;
+    prefill_attention: fresh prompts' attention by the fused kernel ("sdpa"), by
+    matmuls in the model dtype ("matmul"), or ("auto") whichever is faster here, timed
+    at start-up in bfloat16 (float32 keeps the fused kernel);
     layer_form: the bf16 fused layers with oneDNN epilogues ("epilogue"), plain
     ("plain"), or ("auto") whichever is faster here, timed at start-up
     (andante.exec.torch_layer_form);
@@ -119,6 +126,7 @@ class TorchExecutorOptions:
     reprobe_threads: bool = False
     adapt_threads: bool = True
     decode_attention: Literal["auto", "sdpa", "matmul"] = "auto"
+    prefill_attention: Literal["auto", "sdpa", "matmul"] = "auto"
     layer_form: Literal["auto", "epilogue", "plain"] = "auto"
     seed: int = 0
     hardware: str = CPU_PROFILE
@@ -153,9 +161,10 @@ class TorchExecutorOptions:
         if self.layer_form not in LAYER_FORMS:
             raise ValueError(f"layer_form must be one of {LAYER_FORMS}, got "
                              f"{self.layer_form!r}")
-        if self.decode_attention not in ("auto", "sdpa", "matmul"):
-            raise ValueError("decode_attention must be 'auto', 'sdpa' or 'matmul', got "
-                             f"{self.decode_attention!r}")
+        for name in ("decode_attention", "prefill_attention"):
+            if getattr(self, name) not in ("auto", "sdpa", "matmul"):
+                raise ValueError(f"{name} must be 'auto', 'sdpa' or 'matmul', got "
+                                 f"{getattr(self, name)!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
@@ -198,6 +207,14 @@ class TorchExecutor:
         if self.decode_path_us:
             log.info("decode attention: %s (us per layer call summed over batches 1, 8, "
                      "16: %s)", "matmul" if matmul else "sdpa", self.decode_path_us)
+        prefill, self.prefill_path_us = prefill_matmul_choice(
+            self.options.prefill_attention, c.num_heads, c.num_kv_heads, c.head_dim,
+            self.dtype)
+        self.inputs.prefill_matmul = prefill
+        if self.prefill_path_us:
+            log.info("prefill attention: %s (us per layer call summed over %s: %s)",
+                     "matmul" if prefill else "sdpa", PREFILL_CHOICE_SHAPES,
+                     self.prefill_path_us)
 
     def _init_thread_choice(self) -> None:
         self.thread_adapter: ThreadAdapter | None = None

@@ -59,6 +59,7 @@ class StepInputs:
     # layer that attends, reused by the others (andante.exec.torch_attention)
     plans: dict[int, AttentionPlan] = field(default_factory=dict)
     decode_matmul: bool = False  # the executor's decode attention path (torch_attention)
+    prefill_matmul: bool = False  # its fresh prompts' attention path (torch_attention)
 
 
 def token_slice(req: Request, start: int, end: int) -> list[int]:
@@ -85,6 +86,7 @@ class InputBuilder:
         self.group_size = group_size
         self.dtype = dtype
         self.decode_matmul = False  # set by the executor's start-up choice
+        self.prefill_matmul = False  # likewise
 
     def build(self, batch: StepBatch) -> StepInputs:
         n_new, n_cached = batch.num_new_tokens, batch.num_cached_tokens
@@ -116,6 +118,7 @@ class InputBuilder:
             prefill_groups=self._prefill_groups(batch, prefills, len(decodes)),
             sample_rows=torch.tensor([rows[i] for i in sampled], dtype=torch.long),
             sample_index=sampled, decode_matmul=self.decode_matmul,
+            prefill_matmul=self.prefill_matmul,
         )
 
     def _decode_tables(self, batch: StepBatch, decodes: list[int]
