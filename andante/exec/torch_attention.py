@@ -38,7 +38,13 @@ AVX-512 BF16 CPU without AMX (issue 32; one thread, process CPU time per layer, 
 arithmetic as two float32 batched matmuls and a softmax (`decode_attention_matmul`)
 took 35 / 292 / 701 us, within one bf16 rounding of the kernel's output (the kernel also
 computes in float32). So the executor times both at start-up on its own shapes and
-uses the faster (`choose_decode_path`; the step's `decode_matmul`).
+uses the faster (`choose_decode_path`; the step's `decode_matmul`). A third path runs
+those matmuls in the model dtype (`native`: oneDNN's bf16 GEMMs, no float32 copy of the
+gathered K/V; the scores and probabilities rounded to bf16 as the prefill path below
+does): one thread, thread CPU per layer call, context 128, load 11-14: 41 -> 62 us at
+batch 1, 206 -> 154 us at batch 8, 367 -> 213 us at batch 16; a whole decode step
+(process CPU, SmolLM2, same executor, interleaved) 25.5 -> 24.6 ms at batch 8 and 37.0
+-> 34.3 ms at batch 16 on one thread. The start-up choice times all three in bf16.
 
 Fresh prompts meet the same CPU question. Without AMX the fused kernel's bf16 prefill
 took about 2.1 ms per layer for a 256-token prompt (one thread, thread CPU time; 60 ms
@@ -99,6 +105,7 @@ class AttentionPlan(NamedTuple):
     group_rows: list[Optional[torch.Tensor]]  # noqa: UP045 (TorchScript needs Optional)
     group_masks: list[Optional[torch.Tensor]]  # noqa: UP045
     decode_matmul: bool  # decode rows by `decode_attention_matmul`
+    decode_native: bool  # ... in the model dtype (its `native`)
     prefill_matmul: bool  # fresh prompts by `prefill_attention_matmul`
     causal_block: torch.Tensor  # its additive causal mask, [PREFILL_BLOCK]*2 (or empty)
 
@@ -137,7 +144,8 @@ def attention_plan(inputs: StepInputs, pool: torch.Tensor) -> AttentionPlan:
         [g.start for g in groups], [g.num_seqs for g in groups],
         [g.num_tokens for g in groups], [g.num_cached for g in groups],
         [None if g.blocks is None else flat_rows(g.blocks, heads, blocks) for g in groups],
-        [g.mask for g in groups], inputs.decode_matmul, inputs.prefill_matmul,
+        [g.mask for g in groups], inputs.decode_matmul, inputs.decode_native,
+        inputs.prefill_matmul,
         causal_block(PREFILL_BLOCK, pool.dtype) if inputs.prefill_matmul else _EMPTY)
     return plan
 
@@ -188,16 +196,20 @@ def decode_attention(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor,
 @script
 def decode_attention_matmul(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor,
                             mask: torch.Tensor, num_kv_heads: int,
-                            scale: float | None) -> torch.Tensor:
+                            scale: float | None, native: bool = False) -> torch.Tensor:
     """`decode_attention` as two float32 batched matmuls and a softmax (each KV head's
     query group against its keys): the same float32 arithmetic as the fused kernel's,
     with the output rounded to the model dtype once, in another order. The matmuls run
     in the gathered blocks' own head-major order ([kvh, B, L, D], the queries permuted
-    to match), so no K/V is copied again after the gather and its float32 conversion."""
+    to match), so no K/V is copied again after the gather and its float32 conversion.
+    `native`: the same in the model dtype, no conversion (oneDNN's bf16 GEMMs; the
+    scores and probabilities are rounded to bf16, the softmax computes in float32)."""
     batch, heads, dim = q.shape[0], q.shape[1], q.shape[2]
     group = heads // num_kv_heads
-    kv = gather_blocks(pool, rows).view(2, num_kv_heads, batch, -1, dim).float()
-    queries = q.view(batch, num_kv_heads, group, dim).transpose(0, 1).float()
+    kv = gather_blocks(pool, rows).view(2, num_kv_heads, batch, -1, dim)
+    queries = q.view(batch, num_kv_heads, group, dim).transpose(0, 1)
+    if not native:
+        kv, queries = kv.float(), queries.float()
     scores = torch.matmul(queries, kv[0].transpose(2, 3))  # [kvh, B, group, L]
     if scale is not None:
         scores = scores * scale
@@ -274,7 +286,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Ten
     nd = plan.num_decode
     if nd > 0 and plan.decode_matmul:
         parts.append(decode_attention_matmul(q[:nd], pool, plan.decode_rows,
-                                             plan.decode_mask, num_kv_heads, scale))
+                                             plan.decode_mask, num_kv_heads, scale,
+                                             plan.decode_native))
     elif nd > 0:
         parts.append(decode_attention(q[:nd], pool, plan.decode_rows, plan.decode_mask,
                                       num_kv_heads, scale))
@@ -293,14 +306,27 @@ CHOICE_BATCHES = (1, 8, 16)
 CHOICE_CONTEXT = 128
 
 
+DECODE_PATHS = ("sdpa", "matmul", "matmul_native")
+
+
+def _native_decode(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor,
+                   mask: torch.Tensor, num_kv_heads: int, scale: float | None) -> torch.Tensor:
+    return decode_attention_matmul(q, pool, rows, mask, num_kv_heads, scale, True)
+
+
 def choose_decode_path(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                       block_size: int, rounds: int = 5, reps: int = 20) -> dict[str, float]:
-    """Time `decode_attention` (the fused kernel) and `decode_attention_matmul` on random
-    data of the model's shapes, at CHOICE_BATCHES x CHOICE_CONTEXT, interleaved rounds
-    at the current thread count; the median microseconds per call of each, summed over
-    the batch sizes: {"sdpa": us, "matmul": us}."""
+                       block_size: int, rounds: int = 5, reps: int = 20,
+                       paths: tuple[str, ...] = ("sdpa", "matmul")) -> dict[str, float]:
+    """Time `paths` of DECODE_PATHS (`decode_attention`, the fused kernel;
+    `decode_attention_matmul` in float32 or `native`ly) on random data of the model's
+    shapes, at CHOICE_BATCHES x CHOICE_CONTEXT, interleaved rounds at the current thread
+    count; the median microseconds per call of each, summed over the batch sizes:
+    {"sdpa": us, "matmul": us, ...}."""
     blocks_per_seq = -(-(CHOICE_CONTEXT + 1) // block_size)
-    totals = {"sdpa": 0.0, "matmul": 0.0}
+    every = {"sdpa": decode_attention, "matmul": decode_attention_matmul,
+             "matmul_native": _native_decode}
+    runs = {name: every[name] for name in paths}
+    totals = dict.fromkeys(runs, 0.0)
     for batch in CHOICE_BATCHES:
         pool = torch.randn(2 * kv_heads, batch * blocks_per_seq, block_size, head_dim,
                            dtype=dtype)
@@ -309,7 +335,6 @@ def choose_decode_path(heads: int, kv_heads: int, head_dim: int, dtype: torch.dt
         mask = torch.zeros(batch, 1, 1, blocks_per_seq * block_size, dtype=dtype)
         mask[..., CHOICE_CONTEXT + 1:] = float("-inf")
         q = torch.randn(batch, heads, head_dim, dtype=dtype)
-        runs = {"sdpa": decode_attention, "matmul": decode_attention_matmul}
         samples: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(rounds + 1):  # the first round warms up
             for name, fn in runs.items():
@@ -325,12 +350,25 @@ def choose_decode_path(heads: int, kv_heads: int, head_dim: int, dtype: torch.dt
 def decode_matmul_choice(option: str, heads: int, kv_heads: int, head_dim: int,
                          dtype: torch.dtype, block_size: int
                          ) -> tuple[bool, dict[str, float]]:
-    """Whether decode rows use `decode_attention_matmul`: "matmul" / "sdpa" as set, or
-    ("auto") the faster of the two timed now; with the timings (empty when set)."""
+    """Whether decode rows use `decode_attention_matmul`: "matmul" (or "matmul_native")
+    / "sdpa" as set, or ("auto") the faster of the two timed now; with the timings
+    (empty when set)."""
     if option != "auto":
-        return option == "matmul", {}
+        return option != "sdpa", {}
     timings = choose_decode_path(heads, kv_heads, head_dim, dtype, block_size)
     return timings["matmul"] < timings["sdpa"], timings
+
+
+def decode_path_choice(option: str, heads: int, kv_heads: int, head_dim: int,
+                       dtype: torch.dtype, block_size: int) -> tuple[str, dict[str, float]]:
+    """The decode rows' path of DECODE_PATHS: the option as set, or ("auto") the fastest
+    timed now; "matmul_native" is timed in bfloat16 only (in float32 it is "matmul").
+    With the timings (empty when set)."""
+    if option != "auto":
+        return option, {}
+    paths = DECODE_PATHS if dtype != torch.float32 else DECODE_PATHS[:2]
+    timings = choose_decode_path(heads, kv_heads, head_dim, dtype, block_size, paths=paths)
+    return min(timings, key=lambda name: timings[name]), timings
 
 
 #: Fresh prompts (sequences x tokens) the start-up choice times both prefill paths at.
