@@ -65,7 +65,8 @@ benchmarks/prefill_step.py, load 10-13) took 244 -> 206 ms on one thread and 259
 226 ms on two; eight 128-token prompts 808 -> 737 ms. As for decode rows, the executor
 times both paths at start-up (`choose_prefill_path`, bf16 only: float32 keeps the
 kernel, whose arithmetic is transformers') and uses the faster; a chunk after a cached
-prefix still runs the kernel under its mask.
+prefix takes the same path over its gathered blocks (its blocks score the prefix and
+their own causal part; the group's mask is then unused).
 
 The functions here are TorchScript (`torch.jit.script`), so that the fused layer stack
 (andante.exec.torch_layers) runs a whole step's layers in one scripted call; what they
@@ -106,7 +107,7 @@ class AttentionPlan(NamedTuple):
     group_masks: list[Optional[torch.Tensor]]  # noqa: UP045
     decode_matmul: bool  # decode rows by `decode_attention_matmul`
     decode_native: bool  # ... in the model dtype (its `native`)
-    prefill_matmul: bool  # fresh prompts by `prefill_attention_matmul`
+    prefill_matmul: bool  # prefill groups by `prefill_attention_matmul`
     causal_block: torch.Tensor  # its additive causal mask, [PREFILL_BLOCK]*2 (or empty)
 
 
@@ -219,37 +220,35 @@ def decode_attention_matmul(q: torch.Tensor, pool: torch.Tensor, rows: torch.Ten
 
 
 @script
-def prefill_attention_matmul(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int,
-                             c: int, num_kv_heads: int, causal: torch.Tensor,
-                             scale: float | None) -> torch.Tensor:
-    """Causal attention of `n` fresh prompts of `c` tokens over their own K/V, as batched
-    matmuls in the model dtype (each KV head's query group stacked into one GEMM) and a
-    softmax, PREFILL_BLOCK query rows at a time: a block's queries score only the keys
-    up to its last row, and only its diagonal [b, b] part takes the additive `causal`
-    mask ([PREFILL_BLOCK, PREFILL_BLOCK], `causal_block`). q [n*c, heads, D], k/v
-    [n*c, kvh, D] -> [n*c, heads * D]. The scores are rounded to the model dtype before
-    the softmax (which computes in float32) and the probabilities before the value
-    GEMM; see the module note for what that costs in accuracy."""
+def prefill_attention_matmul(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                             n: int, c: int, cached: int, num_kv_heads: int,
+                             causal: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """Causal attention of `n` sequences' `c` new tokens after `cached` earlier ones, as
+    batched matmuls in the model dtype (each KV head's query group stacked into one
+    GEMM) and a softmax, PREFILL_BLOCK query rows at a time: a block's queries score
+    only the keys up to its own last row, and only its diagonal [b, b] part takes the
+    additive `causal` mask ([PREFILL_BLOCK, PREFILL_BLOCK], `causal_block`). q [n*c,
+    heads, D]; keys/values [n, kvh, >= cached + c, D] (head-major views) -> [n*c, heads
+    * D]. The scores are rounded to the model dtype before the softmax (which computes
+    in float32) and the probabilities before the value GEMM; see the module note."""
     heads, dim = q.shape[1], q.shape[2]
     group = heads // num_kv_heads
     nk = n * num_kv_heads
     queries = q.view(n, c, num_kv_heads, group, dim).permute(0, 2, 3, 1, 4)
-    keys = k.view(n, c, num_kv_heads, dim).permute(0, 2, 3, 1)  # [n, kvh, D, c]
-    values = v.view(n, c, num_kv_heads, dim).transpose(1, 2)  # [n, kvh, c, D]
     out = torch.empty(n, c, num_kv_heads, group, dim, dtype=q.dtype)
     blocks_out = out.permute(0, 2, 3, 1, 4)  # [n, kvh, group, c, D], out's memory
     block = causal.shape[0]
     for start in range(0, c, block):
         end = min(c, start + block)
-        b = end - start
+        b, visible = end - start, cached + end
         scores = torch.matmul(queries[:, :, :, start:end].reshape(nk, group * b, dim),
-                              keys[:, :, :, :end].reshape(nk, dim, end))
+                              keys[:, :, :visible].transpose(2, 3).reshape(nk, dim, visible))
         if scale is not None:
             scores = scores * scale
-        scores = scores.view(nk, group, b, end)
-        scores[:, :, :, start:].add_(causal[:b, :b])
-        probs = scores.softmax(dim=-1).view(nk, group * b, end)
-        part = torch.matmul(probs, values[:, :, :end].reshape(nk, end, dim))
+        scores = scores.view(nk, group, b, visible)
+        scores[:, :, :, cached + start:].add_(causal[:b, :b])
+        probs = scores.softmax(dim=-1).view(nk, group * b, visible)
+        part = torch.matmul(probs, values[:, :, :visible].reshape(nk, visible, dim))
         blocks_out[:, :, :, start:end] = part.view(n, num_kv_heads, group, b, dim)
     return out.view(n * c, heads * dim)
 
@@ -261,11 +260,19 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       num_kv_heads: int, scale: float | None,
                       causal: torch.Tensor) -> torch.Tensor:
     """q [n*c, heads, D], k/v [n*c, kvh, D] of a group of `n` sequences of `c` new
-    tokens after `cached` cached ones -> [n*c, heads * D]. Fresh prompts go through
-    `prefill_attention_matmul` when `causal` (its block mask) is not empty."""
+    tokens after `cached` cached ones -> [n*c, heads * D]. By
+    `prefill_attention_matmul` when `causal` (its block mask) is not empty, else by the
+    fused kernel."""
     heads, dim = q.shape[1], q.shape[2]
-    if rows is None and causal.numel() > 0:
-        return prefill_attention_matmul(q, k, v, n, c, num_kv_heads, causal, scale)
+    if causal.numel() > 0:
+        if rows is None:  # fresh prompts: their own K/V
+            keys = k.view(n, c, num_kv_heads, dim).transpose(1, 2)
+            values = v.view(n, c, num_kv_heads, dim).transpose(1, 2)
+            return prefill_attention_matmul(q, keys, values, n, c, 0, num_kv_heads,
+                                            causal, scale)
+        kv = gather_blocks(pool, rows).view(2, num_kv_heads, -1, dim)
+        return prefill_attention_matmul(q, kv[0].unsqueeze(0), kv[1].unsqueeze(0), 1, c,
+                                        cached, num_kv_heads, causal, scale)
     queries = q.view(n, c, heads, dim).transpose(1, 2)
     if rows is None:  # fresh prompts: their own K/V, causal
         keys = k.view(n, c, num_kv_heads, dim).transpose(1, 2)
@@ -403,7 +410,7 @@ def choose_prefill_path(heads: int, kv_heads: int, head_dim: int, dtype: torch.d
 
 def prefill_matmul_choice(option: str, heads: int, kv_heads: int, head_dim: int,
                           dtype: torch.dtype) -> tuple[bool, dict[str, float]]:
-    """Whether fresh prompts use `prefill_attention_matmul`: "matmul" / "sdpa" as set,
+    """Whether prefill groups use `prefill_attention_matmul`: "matmul" / "sdpa" as set,
     or ("auto") the faster of the two timed now in bfloat16; float32 keeps the fused
     kernel (its arithmetic is transformers' own), with no timing."""
     if option != "auto":

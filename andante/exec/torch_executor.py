@@ -104,7 +104,7 @@ class TorchExecutorOptions:
     decode_attention: decode rows' attention by PyTorch's fused kernel ("sdpa"), by
     float32 matmuls ("matmul"), by matmuls in the model dtype ("matmul_native"), or
     ("auto") whichever is fastest here, timed at start-up;
-    prefill_attention: fresh prompts' attention by the fused kernel ("sdpa"), by
+    prefill_attention: prefill chunks' attention by the fused kernel ("sdpa"), by
     matmuls in the model dtype ("matmul"), or ("auto") whichever is faster here, timed
     at start-up in bfloat16 (float32 keeps the fused kernel);
     layer_form: the bf16 fused layers with oneDNN epilogues ("epilogue"), plain

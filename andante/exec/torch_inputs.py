@@ -60,7 +60,7 @@ class StepInputs:
     plans: dict[int, AttentionPlan] = field(default_factory=dict)
     decode_matmul: bool = False  # the executor's decode attention path (torch_attention)
     decode_native: bool = False  # ... its matmuls in the model dtype
-    prefill_matmul: bool = False  # its fresh prompts' attention path (torch_attention)
+    prefill_matmul: bool = False  # its prefill groups' attention path (torch_attention)
 
 
 def token_slice(req: Request, start: int, end: int) -> list[int]:

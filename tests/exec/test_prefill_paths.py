@@ -1,6 +1,7 @@
-"""Fresh prompts' attention by the fused kernel or by matmuls in the model dtype
+"""Prefill attention by the fused kernel or by matmuls in the model dtype
 (andante.exec.torch_attention): the same results within one rounding of the model dtype,
-over whole and partial query blocks and groups of prompts, and a start-up choice."""
+over whole and partial query blocks, groups of fresh prompts and chunks after a cached
+prefix, and a start-up choice."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from andante.exec.torch_attention import (
     PREFILL_BLOCK,
     causal_block,
     choose_prefill_path,
+    flat_rows,
     prefill_attention,
     prefill_attention_matmul,
     prefill_matmul_choice,
@@ -42,14 +44,42 @@ def test_both_paths_agree(n: int, c: int, dtype: torch.dtype, tolerance: float,
     assert torch.allclose(fused.float(), matmul.float(), atol=tolerance, rtol=0)
 
 
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("cached,c", [(16, 40), (45, 2 * PREFILL_BLOCK + 3), (200, 1 + 1)])
+def test_a_chunk_after_a_cached_prefix(cached: int, c: int, dtype: torch.dtype,
+                                       tolerance: float) -> None:
+    """Its blocks gathered from the pool (as the step's plan addresses them), under the
+    group's bottom-right causal mask (andante.exec.torch_inputs) by the kernel."""
+    torch.manual_seed(cached + c)
+    kv_heads, heads, dim, block_size, pool_blocks = 3, 9, 64, 16, 40
+    used = -(-(cached + c) // block_size)
+    pool = (torch.randn(2 * kv_heads, pool_blocks, block_size, dim) * 0.4).to(dtype)
+    table = torch.randperm(pool_blocks)[:used]
+    rows = flat_rows(table, 2 * kv_heads, pool_blocks)
+    hidden = torch.ones(c, cached + c, dtype=torch.bool).triu_(cached + 1)
+    mask = torch.zeros(c, cached + c, dtype=dtype).masked_fill_(hidden, float("-inf"))
+    q = (torch.randn(c, heads, dim) * 0.4).to(dtype)
+    unused = torch.empty(c, kv_heads, dim, dtype=dtype)  # the chunk's K/V are in the pool
+    args = (q, unused, unused, pool, 1, c, cached, rows, mask, kv_heads, None)
+    fused = prefill_attention(*args, _EMPTY)
+    matmul = prefill_attention(*args, causal_block(PREFILL_BLOCK, dtype))
+    assert matmul.shape == fused.shape == (c, heads * dim)
+    assert torch.allclose(fused.float(), matmul.float(), atol=tolerance, rtol=0)
+
+
 def test_the_matmul_path_is_causal() -> None:
     """A later token's K/V changes no earlier query's output."""
     n, c, kv_heads = 1, PREFILL_BLOCK + 20, 2
     q, k, v = (torch.randn(c, h, 16) for h in (4, kv_heads, kv_heads))
     causal = causal_block(PREFILL_BLOCK, torch.float32)
-    before = prefill_attention_matmul(q, k, v, n, c, kv_heads, causal, None)
+
+    def run() -> torch.Tensor:
+        keys, values = (t.view(1, c, kv_heads, 16).transpose(1, 2) for t in (k, v))
+        return prefill_attention_matmul(q, keys, values, n, c, 0, kv_heads, causal, None)
+
+    before = run()
     k[-1], v[-1] = k[-1] + 5, v[-1] - 5
-    after = prefill_attention_matmul(q, k, v, n, c, kv_heads, causal, None)
+    after = run()
     assert torch.equal(before[:-1], after[:-1]) and not torch.equal(before[-1], after[-1])
 
 
