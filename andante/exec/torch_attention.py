@@ -44,7 +44,13 @@ gathered K/V; the scores and probabilities rounded to bf16 as the prefill path b
 does): one thread, thread CPU per layer call, context 128, load 11-14: 41 -> 62 us at
 batch 1, 206 -> 154 us at batch 8, 367 -> 213 us at batch 16; a whole decode step
 (process CPU, SmolLM2, same executor, interleaved) 25.5 -> 24.6 ms at batch 8 and 37.0
--> 34.3 ms at batch 16 on one thread. The start-up choice times all three in bf16.
+-> 34.3 ms at batch 16 on one thread. But those are warm shapes: oneDNN builds (and
+JIT-compiles) a bf16 matmul primitive per new shape, 0.37 ms for the first call of a
+batch-8 decode shape against 0.05 ms after (MKL's float32 matmuls have no such setup,
+0.05 vs 0.04 ms), and a server's decode shapes change with every batch size and every
+block of context, each new one also taking entries of the primitive cache sized for the
+step buckets (andante.perf.step_sizes). So "auto" chooses between the kernel and the
+float32 matmuls only; `matmul_native` is there when asked for.
 
 Fresh prompts meet the same CPU question. Without AMX the fused kernel's bf16 prefill
 took about 2.1 ms per layer for a 256-token prompt (one thread, thread CPU time; 60 ms
@@ -66,7 +72,13 @@ benchmarks/prefill_step.py, load 10-13) took 244 -> 206 ms on one thread and 259
 times both paths at start-up (`choose_prefill_path`, bf16 only: float32 keeps the
 kernel, whose arithmetic is transformers') and uses the faster; a chunk after a cached
 prefix takes the same path over its gathered blocks (its blocks score the prefix and
-their own causal part; the group's mask is then unused).
+their own causal part; the group's mask is then unused). The bf16 matmuls' oneDNN
+primitives are built per shape (a bmm of a 256-token block's shape: 0.69 ms the first
+time, 0.06 ms after): the full blocks' shapes recur for every prompt, a new prompt length
+adds its last block's two (about 1.2 ms once, against ~40 ms of CPU the path saves on a
+256-token prompt); those entries share oneDNN's primitive cache with the step buckets'
+GEMMs, so a stream of distinct prompt lengths can evict bucket primitives (not
+measured).
 
 The functions here are TorchScript (`torch.jit.script`), so that the fused layer stack
 (andante.exec.torch_layers) runs a whole step's layers in one scripted call; what they
@@ -314,6 +326,7 @@ CHOICE_CONTEXT = 128
 
 
 DECODE_PATHS = ("sdpa", "matmul", "matmul_native")
+AUTO_DECODE_PATHS = DECODE_PATHS[:2]  # what "auto" chooses from
 
 
 def _native_decode(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor,
@@ -368,13 +381,14 @@ def decode_matmul_choice(option: str, heads: int, kv_heads: int, head_dim: int,
 
 def decode_path_choice(option: str, heads: int, kv_heads: int, head_dim: int,
                        dtype: torch.dtype, block_size: int) -> tuple[str, dict[str, float]]:
-    """The decode rows' path of DECODE_PATHS: the option as set, or ("auto") the fastest
-    timed now; "matmul_native" is timed in bfloat16 only (in float32 it is "matmul").
-    With the timings (empty when set)."""
+    """The decode rows' path of DECODE_PATHS: the option as set, or ("auto") the faster
+    of "sdpa" and "matmul" timed now ("matmul_native" only when asked for: its oneDNN
+    GEMMs pay a setup per new batch x context shape, see the module note). With the
+    timings (empty when set)."""
     if option != "auto":
         return option, {}
-    paths = DECODE_PATHS if dtype != torch.float32 else DECODE_PATHS[:2]
-    timings = choose_decode_path(heads, kv_heads, head_dim, dtype, block_size, paths=paths)
+    timings = choose_decode_path(heads, kv_heads, head_dim, dtype, block_size,
+                                 paths=AUTO_DECODE_PATHS)
     return min(timings, key=lambda name: timings[name]), timings
 
 
