@@ -78,7 +78,9 @@ time, 0.06 ms after): the full blocks' shapes recur for every prompt, a new prom
 adds its last block's two (about 1.2 ms once, against ~40 ms of CPU the path saves on a
 256-token prompt); those entries share oneDNN's primitive cache with the step buckets'
 GEMMs, so a stream of distinct prompt lengths can evict bucket primitives (not
-measured).
+measured). Prompts of 24 distinct lengths in 161-208 tokens, each new to the path, two
+threads, load 7-9: 194 -> 169 ms of process CPU and 392 -> 341 ms wall per prefill
+step, the first and the second run of a length alike.
 
 The functions here are TorchScript (`torch.jit.script`), so that the fused layer stack
 (andante.exec.torch_layers) runs a whole step's layers in one scripted call; what they
