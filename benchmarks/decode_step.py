@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--decode-attention", default="auto", choices=("auto", "sdpa", "matmul"))
+    p.add_argument("--decode-attention", default="auto",
+                   choices=("auto", "sdpa", "matmul", "matmul_native"))
     p.add_argument("--layer-form", default=None, choices=("auto", "epilogue", "plain"),
                    help="the fused layers' form (default: the executor's)")
     p.add_argument("--profile-dir", type=Path, default=None)

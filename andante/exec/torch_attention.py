@@ -38,7 +38,49 @@ AVX-512 BF16 CPU without AMX (issue 32; one thread, process CPU time per layer, 
 arithmetic as two float32 batched matmuls and a softmax (`decode_attention_matmul`)
 took 35 / 292 / 701 us, within one bf16 rounding of the kernel's output (the kernel also
 computes in float32). So the executor times both at start-up on its own shapes and
-uses the faster (`choose_decode_path`; the step's `decode_matmul`).
+uses the faster (`choose_decode_path`; the step's `decode_matmul`). A third path runs
+those matmuls in the model dtype (`native`: oneDNN's bf16 GEMMs, no float32 copy of the
+gathered K/V; the scores and probabilities rounded to bf16 as the prefill path below
+does): one thread, thread CPU per layer call, context 128, load 11-14: 41 -> 62 us at
+batch 1, 206 -> 154 us at batch 8, 367 -> 213 us at batch 16; a whole decode step
+(process CPU, SmolLM2, same executor, interleaved) 25.5 -> 24.6 ms at batch 8 and 37.0
+-> 34.3 ms at batch 16 on one thread. But those are warm shapes: oneDNN builds (and
+JIT-compiles) a bf16 matmul primitive per new shape, 0.37 ms for the first call of a
+batch-8 decode shape against 0.05 ms after (MKL's float32 matmuls have no such setup,
+0.05 vs 0.04 ms), and a server's decode shapes change with every batch size and every
+block of context, each new one also taking entries of the primitive cache sized for the
+step buckets (andante.perf.step_sizes). So "auto" chooses between the kernel and the
+float32 matmuls only; `matmul_native` is there when asked for.
+
+Fresh prompts meet the same CPU question. Without AMX the fused kernel's bf16 prefill
+took about 2.1 ms per layer for a 256-token prompt (one thread, thread CPU time; 60 ms
+of a 30-layer prefill, for ~4% of its FLOPs), while oneDNN's bf16 batched GEMMs run the
+same products at the dense projections' rate. So `prefill_attention_matmul` computes
+it as batched matmuls in the model dtype: each KV head's query group stacked into one
+GEMM (GQA without replicating K/V), PREFILL_BLOCK query rows at a time so a block
+scores only the keys up to its own last row (the causal half is skipped block-wise and
+the [T, T] scores are never whole), an additive mask on the diagonal block only, and a
+softmax that computes in float32 and rounds the probabilities once, as the kernel does
+before its value GEMM. The scores are rounded to bf16 before the softmax (the kernel
+keeps them in float32); measured on SmolLM2 (four 256-token prompts of this README,
+relative L2 of the last logits from float32's) that is not worse overall: 1.54 / 5.22 /
+0.58 / 1.00% by the kernel, 1.09 / 1.39 / 0.36 / 0.44% by the matmuls (greedy
+agreement with float32 over 12 prompts x 24 tokens, tokens before the first divergence:
+0.83 and 0.77; near-ties flip either way). A 256-token prefill step (process CPU,
+benchmarks/prefill_step.py, load 10-13) took 244 -> 206 ms on one thread and 259 ->
+226 ms on two; eight 128-token prompts 808 -> 737 ms. As for decode rows, the executor
+times both paths at start-up (`choose_prefill_path`, bf16 only: float32 keeps the
+kernel, whose arithmetic is transformers') and uses the faster; a chunk after a cached
+prefix takes the same path over its gathered blocks (its blocks score the prefix and
+their own causal part; the group's mask is then unused). The bf16 matmuls' oneDNN
+primitives are built per shape (a bmm of a 256-token block's shape: 0.69 ms the first
+time, 0.06 ms after): the full blocks' shapes recur for every prompt, a new prompt length
+adds its last block's two (about 1.2 ms once, against ~40 ms of CPU the path saves on a
+256-token prompt); those entries share oneDNN's primitive cache with the step buckets'
+GEMMs, so a stream of distinct prompt lengths can evict bucket primitives (not
+measured). Prompts of 24 distinct lengths in 161-208 tokens, each new to the path, two
+threads, load 7-9: 194 -> 169 ms of process CPU and 392 -> 341 ms wall per prefill
+step, the first and the second run of a length alike.
 
 The functions here are TorchScript (`torch.jit.script`), so that the fused layer stack
 (andante.exec.torch_layers) runs a whole step's layers in one scripted call; what they
@@ -78,6 +120,9 @@ class AttentionPlan(NamedTuple):
     group_rows: list[Optional[torch.Tensor]]  # noqa: UP045 (TorchScript needs Optional)
     group_masks: list[Optional[torch.Tensor]]  # noqa: UP045
     decode_matmul: bool  # decode rows by `decode_attention_matmul`
+    decode_native: bool  # ... in the model dtype (its `native`)
+    prefill_matmul: bool  # prefill groups by `prefill_attention_matmul`
+    causal_block: torch.Tensor  # its additive causal mask, [PREFILL_BLOCK]*2 (or empty)
 
 
 def flat_rows(index: torch.Tensor, heads: int, per_head: int) -> torch.Tensor:
@@ -88,6 +133,14 @@ def flat_rows(index: torch.Tensor, heads: int, per_head: int) -> torch.Tensor:
 
 
 _EMPTY = torch.empty(0)
+#: Query rows per head that `prefill_attention_matmul` scores at once.
+PREFILL_BLOCK = 128
+
+
+def causal_block(size: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive causal mask of a diagonal block, [size, size]: 0 on and below the
+    diagonal, -inf above."""
+    return torch.full((size, size), float("-inf"), dtype=dtype).triu_(1)
 
 
 def attention_plan(inputs: StepInputs, pool: torch.Tensor) -> AttentionPlan:
@@ -106,7 +159,9 @@ def attention_plan(inputs: StepInputs, pool: torch.Tensor) -> AttentionPlan:
         [g.start for g in groups], [g.num_seqs for g in groups],
         [g.num_tokens for g in groups], [g.num_cached for g in groups],
         [None if g.blocks is None else flat_rows(g.blocks, heads, blocks) for g in groups],
-        [g.mask for g in groups], inputs.decode_matmul)
+        [g.mask for g in groups], inputs.decode_matmul, inputs.decode_native,
+        inputs.prefill_matmul,
+        causal_block(PREFILL_BLOCK, pool.dtype) if inputs.prefill_matmul else _EMPTY)
     return plan
 
 
@@ -156,16 +211,20 @@ def decode_attention(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor,
 @script
 def decode_attention_matmul(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor,
                             mask: torch.Tensor, num_kv_heads: int,
-                            scale: float | None) -> torch.Tensor:
+                            scale: float | None, native: bool = False) -> torch.Tensor:
     """`decode_attention` as two float32 batched matmuls and a softmax (each KV head's
     query group against its keys): the same float32 arithmetic as the fused kernel's,
     with the output rounded to the model dtype once, in another order. The matmuls run
     in the gathered blocks' own head-major order ([kvh, B, L, D], the queries permuted
-    to match), so no K/V is copied again after the gather and its float32 conversion."""
+    to match), so no K/V is copied again after the gather and its float32 conversion.
+    `native`: the same in the model dtype, no conversion (oneDNN's bf16 GEMMs; the
+    scores and probabilities are rounded to bf16, the softmax computes in float32)."""
     batch, heads, dim = q.shape[0], q.shape[1], q.shape[2]
     group = heads // num_kv_heads
-    kv = gather_blocks(pool, rows).view(2, num_kv_heads, batch, -1, dim).float()
-    queries = q.view(batch, num_kv_heads, group, dim).transpose(0, 1).float()
+    kv = gather_blocks(pool, rows).view(2, num_kv_heads, batch, -1, dim)
+    queries = q.view(batch, num_kv_heads, group, dim).transpose(0, 1)
+    if not native:
+        kv, queries = kv.float(), queries.float()
     scores = torch.matmul(queries, kv[0].transpose(2, 3))  # [kvh, B, group, L]
     if scale is not None:
         scores = scores * scale
@@ -175,13 +234,59 @@ def decode_attention_matmul(q: torch.Tensor, pool: torch.Tensor, rows: torch.Ten
 
 
 @script
+def prefill_attention_matmul(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                             n: int, c: int, cached: int, num_kv_heads: int,
+                             causal: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """Causal attention of `n` sequences' `c` new tokens after `cached` earlier ones, as
+    batched matmuls in the model dtype (each KV head's query group stacked into one
+    GEMM) and a softmax, PREFILL_BLOCK query rows at a time: a block's queries score
+    only the keys up to its own last row, and only its diagonal [b, b] part takes the
+    additive `causal` mask ([PREFILL_BLOCK, PREFILL_BLOCK], `causal_block`). q [n*c,
+    heads, D]; keys/values [n, kvh, >= cached + c, D] (head-major views) -> [n*c, heads
+    * D]. The scores are rounded to the model dtype before the softmax (which computes
+    in float32) and the probabilities before the value GEMM; see the module note."""
+    heads, dim = q.shape[1], q.shape[2]
+    group = heads // num_kv_heads
+    nk = n * num_kv_heads
+    queries = q.view(n, c, num_kv_heads, group, dim).permute(0, 2, 3, 1, 4)
+    out = torch.empty(n, c, num_kv_heads, group, dim, dtype=q.dtype)
+    blocks_out = out.permute(0, 2, 3, 1, 4)  # [n, kvh, group, c, D], out's memory
+    block = causal.shape[0]
+    for start in range(0, c, block):
+        end = min(c, start + block)
+        b, visible = end - start, cached + end
+        scores = torch.matmul(queries[:, :, :, start:end].reshape(nk, group * b, dim),
+                              keys[:, :, :visible].transpose(2, 3).reshape(nk, dim, visible))
+        if scale is not None:
+            scores = scores * scale
+        scores = scores.view(nk, group, b, visible)
+        scores[:, :, :, cached + start:].add_(causal[:b, :b])
+        probs = scores.softmax(dim=-1).view(nk, group * b, visible)
+        part = torch.matmul(probs, values[:, :, :visible].reshape(nk, visible, dim))
+        blocks_out[:, :, :, start:end] = part.view(n, num_kv_heads, group, b, dim)
+    return out.view(n * c, heads * dim)
+
+
+@script
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       pool: torch.Tensor, n: int, c: int, cached: int,
                       rows: torch.Tensor | None, mask: torch.Tensor | None,
-                      num_kv_heads: int, scale: float | None) -> torch.Tensor:
+                      num_kv_heads: int, scale: float | None,
+                      causal: torch.Tensor) -> torch.Tensor:
     """q [n*c, heads, D], k/v [n*c, kvh, D] of a group of `n` sequences of `c` new
-    tokens after `cached` cached ones -> [n*c, heads * D]."""
+    tokens after `cached` cached ones -> [n*c, heads * D]. By
+    `prefill_attention_matmul` when `causal` (its block mask) is not empty, else by the
+    fused kernel."""
     heads, dim = q.shape[1], q.shape[2]
+    if causal.numel() > 0:
+        if rows is None:  # fresh prompts: their own K/V
+            keys = k.view(n, c, num_kv_heads, dim).transpose(1, 2)
+            values = v.view(n, c, num_kv_heads, dim).transpose(1, 2)
+            return prefill_attention_matmul(q, keys, values, n, c, 0, num_kv_heads,
+                                            causal, scale)
+        kv = gather_blocks(pool, rows).view(2, num_kv_heads, -1, dim)
+        return prefill_attention_matmul(q, kv[0].unsqueeze(0), kv[1].unsqueeze(0), 1, c,
+                                        cached, num_kv_heads, causal, scale)
     queries = q.view(n, c, heads, dim).transpose(1, 2)
     if rows is None:  # fresh prompts: their own K/V, causal
         keys = k.view(n, c, num_kv_heads, dim).transpose(1, 2)
@@ -202,7 +307,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Ten
     nd = plan.num_decode
     if nd > 0 and plan.decode_matmul:
         parts.append(decode_attention_matmul(q[:nd], pool, plan.decode_rows,
-                                             plan.decode_mask, num_kv_heads, scale))
+                                             plan.decode_mask, num_kv_heads, scale,
+                                             plan.decode_native))
     elif nd > 0:
         parts.append(decode_attention(q[:nd], pool, plan.decode_rows, plan.decode_mask,
                                       num_kv_heads, scale))
@@ -211,7 +317,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Ten
         end = start + n * c
         parts.append(prefill_attention(q[start:end], k[start:end], v[start:end], pool, n, c,
                                        plan.group_cached[i], plan.group_rows[i],
-                                       plan.group_masks[i], num_kv_heads, scale))
+                                       plan.group_masks[i], num_kv_heads, scale,
+                                       plan.causal_block))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -220,14 +327,28 @@ CHOICE_BATCHES = (1, 8, 16)
 CHOICE_CONTEXT = 128
 
 
+DECODE_PATHS = ("sdpa", "matmul", "matmul_native")
+AUTO_DECODE_PATHS = DECODE_PATHS[:2]  # what "auto" chooses from
+
+
+def _native_decode(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor,
+                   mask: torch.Tensor, num_kv_heads: int, scale: float | None) -> torch.Tensor:
+    return decode_attention_matmul(q, pool, rows, mask, num_kv_heads, scale, True)
+
+
 def choose_decode_path(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                       block_size: int, rounds: int = 5, reps: int = 20) -> dict[str, float]:
-    """Time `decode_attention` (the fused kernel) and `decode_attention_matmul` on random
-    data of the model's shapes, at CHOICE_BATCHES x CHOICE_CONTEXT, interleaved rounds
-    at the current thread count; the median microseconds per call of each, summed over
-    the batch sizes: {"sdpa": us, "matmul": us}."""
+                       block_size: int, rounds: int = 5, reps: int = 20,
+                       paths: tuple[str, ...] = ("sdpa", "matmul")) -> dict[str, float]:
+    """Time `paths` of DECODE_PATHS (`decode_attention`, the fused kernel;
+    `decode_attention_matmul` in float32 or `native`ly) on random data of the model's
+    shapes, at CHOICE_BATCHES x CHOICE_CONTEXT, interleaved rounds at the current thread
+    count; the median microseconds per call of each, summed over the batch sizes:
+    {"sdpa": us, "matmul": us, ...}."""
     blocks_per_seq = -(-(CHOICE_CONTEXT + 1) // block_size)
-    totals = {"sdpa": 0.0, "matmul": 0.0}
+    every = {"sdpa": decode_attention, "matmul": decode_attention_matmul,
+             "matmul_native": _native_decode}
+    runs = {name: every[name] for name in paths}
+    totals = dict.fromkeys(runs, 0.0)
     for batch in CHOICE_BATCHES:
         pool = torch.randn(2 * kv_heads, batch * blocks_per_seq, block_size, head_dim,
                            dtype=dtype)
@@ -236,7 +357,6 @@ def choose_decode_path(heads: int, kv_heads: int, head_dim: int, dtype: torch.dt
         mask = torch.zeros(batch, 1, 1, blocks_per_seq * block_size, dtype=dtype)
         mask[..., CHOICE_CONTEXT + 1:] = float("-inf")
         q = torch.randn(batch, heads, head_dim, dtype=dtype)
-        runs = {"sdpa": decode_attention, "matmul": decode_attention_matmul}
         samples: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(rounds + 1):  # the first round warms up
             for name, fn in runs.items():
@@ -252,9 +372,66 @@ def choose_decode_path(heads: int, kv_heads: int, head_dim: int, dtype: torch.dt
 def decode_matmul_choice(option: str, heads: int, kv_heads: int, head_dim: int,
                          dtype: torch.dtype, block_size: int
                          ) -> tuple[bool, dict[str, float]]:
-    """Whether decode rows use `decode_attention_matmul`: "matmul" / "sdpa" as set, or
-    ("auto") the faster of the two timed now; with the timings (empty when set)."""
+    """Whether decode rows use `decode_attention_matmul`: "matmul" (or "matmul_native")
+    / "sdpa" as set, or ("auto") the faster of the two timed now; with the timings
+    (empty when set)."""
+    if option != "auto":
+        return option != "sdpa", {}
+    timings = choose_decode_path(heads, kv_heads, head_dim, dtype, block_size)
+    return timings["matmul"] < timings["sdpa"], timings
+
+
+def decode_path_choice(option: str, heads: int, kv_heads: int, head_dim: int,
+                       dtype: torch.dtype, block_size: int) -> tuple[str, dict[str, float]]:
+    """The decode rows' path of DECODE_PATHS: the option as set, or ("auto") the faster
+    of "sdpa" and "matmul" timed now ("matmul_native" only when asked for: its oneDNN
+    GEMMs pay a setup per new batch x context shape, see the module note). With the
+    timings (empty when set)."""
+    if option != "auto":
+        return option, {}
+    timings = choose_decode_path(heads, kv_heads, head_dim, dtype, block_size,
+                                 paths=AUTO_DECODE_PATHS)
+    return min(timings, key=lambda name: timings[name]), timings
+
+
+#: Fresh prompts (sequences x tokens) the start-up choice times both prefill paths at.
+PREFILL_CHOICE_SHAPES = ((1, 256), (4, 128))
+
+
+def choose_prefill_path(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                        rounds: int = 3, reps: int = 3) -> dict[str, float]:
+    """Time `prefill_attention` by the fused kernel and by `prefill_attention_matmul`
+    on random data of the model's shapes at PREFILL_CHOICE_SHAPES, interleaved rounds at
+    the current thread count; the median microseconds per call of each, summed over the
+    shapes: {"sdpa": us, "matmul": us}."""
+    totals = {"sdpa": 0.0, "matmul": 0.0}
+    causal = causal_block(PREFILL_BLOCK, dtype)
+    for n, c in PREFILL_CHOICE_SHAPES:
+        q = torch.randn(n * c, heads, head_dim, dtype=dtype)
+        k = torch.randn(n * c, kv_heads, head_dim, dtype=dtype)
+        v = torch.randn(n * c, kv_heads, head_dim, dtype=dtype)
+        masks = {"sdpa": _EMPTY, "matmul": causal}
+        samples: dict[str, list[float]] = {name: [] for name in masks}
+        for _ in range(rounds + 1):  # the first round warms up
+            for name, mask in masks.items():
+                started = time.perf_counter()
+                for _ in range(reps):
+                    prefill_attention(q, k, v, _EMPTY, n, c, 0, None, None, kv_heads, None,
+                                      mask)
+                samples[name].append((time.perf_counter() - started) / reps * 1e6)
+        for name, times in samples.items():
+            totals[name] += statistics.median(times[1:])
+    return {name: round(us, 1) for name, us in totals.items()}
+
+
+def prefill_matmul_choice(option: str, heads: int, kv_heads: int, head_dim: int,
+                          dtype: torch.dtype) -> tuple[bool, dict[str, float]]:
+    """Whether prefill groups use `prefill_attention_matmul`: "matmul" / "sdpa" as set,
+    or ("auto") the faster of the two timed now in bfloat16; float32 keeps the fused
+    kernel (its arithmetic is transformers' own), with no timing."""
     if option != "auto":
         return option == "matmul", {}
-    timings = choose_decode_path(heads, kv_heads, head_dim, dtype, block_size)
+    if dtype == torch.float32:
+        return False, {}
+    timings = choose_prefill_path(heads, kv_heads, head_dim, dtype)
     return timings["matmul"] < timings["sdpa"], timings

@@ -49,7 +49,12 @@ import torch
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.malloc_tuning import keep_freed_memory, release_freed_memory
 from andante.exec.thread_adapter import ThreadAdapter, adaptive_class, class_range
-from andante.exec.torch_attention import decode_matmul_choice
+from andante.exec.torch_attention import (
+    DECODE_PATHS,
+    PREFILL_CHOICE_SHAPES,
+    decode_path_choice,
+    prefill_matmul_choice,
+)
 from andante.exec.torch_cost import CPU_PROFILE, engine_cost_model
 from andante.exec.torch_inputs import InputBuilder
 from andante.exec.torch_kv import KVPools
@@ -97,7 +102,11 @@ class TorchExecutorOptions:
     adapt_threads: with "auto", keep adapting each step size's thread count to the CPU
     the engine gets while it runs (andante.exec.thread_adapter);
     decode_attention: decode rows' attention by PyTorch's fused kernel ("sdpa"), by
-    float32 matmuls ("matmul"), or ("auto") whichever is faster here, timed at start-up;
+    float32 matmuls ("matmul"), by matmuls in the model dtype ("matmul_native"), or
+    ("auto") whichever is fastest here, timed at start-up;
+    prefill_attention: prefill chunks' attention by the fused kernel ("sdpa"), by
+    matmuls in the model dtype ("matmul"), or ("auto") whichever is faster here, timed
+    at start-up in bfloat16 (float32 keeps the fused kernel);
     layer_form: the bf16 fused layers with oneDNN epilogues ("epilogue"), plain
     ("plain"), or ("auto") whichever is faster here, timed at start-up
     (andante.exec.torch_layer_form);
@@ -118,7 +127,8 @@ class TorchExecutorOptions:
     parallel_min_tokens: int | Literal["auto"] | None = "auto"
     reprobe_threads: bool = False
     adapt_threads: bool = True
-    decode_attention: Literal["auto", "sdpa", "matmul"] = "auto"
+    decode_attention: Literal["auto", "sdpa", "matmul", "matmul_native"] = "auto"
+    prefill_attention: Literal["auto", "sdpa", "matmul"] = "auto"
     layer_form: Literal["auto", "epilogue", "plain"] = "auto"
     seed: int = 0
     hardware: str = CPU_PROFILE
@@ -153,9 +163,12 @@ class TorchExecutorOptions:
         if self.layer_form not in LAYER_FORMS:
             raise ValueError(f"layer_form must be one of {LAYER_FORMS}, got "
                              f"{self.layer_form!r}")
-        if self.decode_attention not in ("auto", "sdpa", "matmul"):
-            raise ValueError("decode_attention must be 'auto', 'sdpa' or 'matmul', got "
-                             f"{self.decode_attention!r}")
+        if self.decode_attention not in ("auto", *DECODE_PATHS):
+            raise ValueError(f"decode_attention must be 'auto' or one of {DECODE_PATHS}, "
+                             f"got {self.decode_attention!r}")
+        if self.prefill_attention not in ("auto", "sdpa", "matmul"):
+            raise ValueError("prefill_attention must be 'auto', 'sdpa' or 'matmul', got "
+                             f"{self.prefill_attention!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
@@ -191,13 +204,22 @@ class TorchExecutor:
         ("auto") whichever is faster on this CPU at the model's shapes
         (andante.exec.torch_attention.choose_decode_path)."""
         c = self.model.config
-        matmul, self.decode_path_us = decode_matmul_choice(
+        path, self.decode_path_us = decode_path_choice(
             self.options.decode_attention, c.num_heads, c.num_kv_heads, c.head_dim,
             self.dtype, self.options.block_size)
-        self.inputs.decode_matmul = matmul
+        self.inputs.decode_matmul = path != "sdpa"
+        self.inputs.decode_native = path == "matmul_native"
         if self.decode_path_us:
             log.info("decode attention: %s (us per layer call summed over batches 1, 8, "
-                     "16: %s)", "matmul" if matmul else "sdpa", self.decode_path_us)
+                     "16: %s)", path, self.decode_path_us)
+        prefill, self.prefill_path_us = prefill_matmul_choice(
+            self.options.prefill_attention, c.num_heads, c.num_kv_heads, c.head_dim,
+            self.dtype)
+        self.inputs.prefill_matmul = prefill
+        if self.prefill_path_us:
+            log.info("prefill attention: %s (us per layer call summed over %s: %s)",
+                     "matmul" if prefill else "sdpa", PREFILL_CHOICE_SHAPES,
+                     self.prefill_path_us)
 
     def _init_thread_choice(self) -> None:
         self.thread_adapter: ThreadAdapter | None = None

@@ -59,6 +59,8 @@ class StepInputs:
     # layer that attends, reused by the others (andante.exec.torch_attention)
     plans: dict[int, AttentionPlan] = field(default_factory=dict)
     decode_matmul: bool = False  # the executor's decode attention path (torch_attention)
+    decode_native: bool = False  # ... its matmuls in the model dtype
+    prefill_matmul: bool = False  # its prefill groups' attention path (torch_attention)
 
 
 def token_slice(req: Request, start: int, end: int) -> list[int]:
@@ -85,6 +87,8 @@ class InputBuilder:
         self.group_size = group_size
         self.dtype = dtype
         self.decode_matmul = False  # set by the executor's start-up choice
+        self.decode_native = False  # likewise
+        self.prefill_matmul = False
 
     def build(self, batch: StepBatch) -> StepInputs:
         n_new, n_cached = batch.num_new_tokens, batch.num_cached_tokens
@@ -116,6 +120,7 @@ class InputBuilder:
             prefill_groups=self._prefill_groups(batch, prefills, len(decodes)),
             sample_rows=torch.tensor([rows[i] for i in sampled], dtype=torch.long),
             sample_index=sampled, decode_matmul=self.decode_matmul,
+            decode_native=self.decode_native, prefill_matmul=self.prefill_matmul,
         )
 
     def _decode_tables(self, batch: StepBatch, decodes: list[int]

