@@ -8,11 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from andante.exec.torch_calibrate import QUICK_SWEEP, SweepConfig, calibrate, synthetic_batch
+from andante.exec.torch_calibrate import (
+    QUICK_SWEEP,
+    Calibration,
+    SweepConfig,
+    calibrate,
+    synthetic_batch,
+)
 from andante.kv.block_manager import KVBlockManager
 from andante.models import load_model
 from andante.perf.catalog import get_hardware, save_hardware
 from andante.perf.cost_model import CostModel
+from andante.perf.specs import ModelSpec
 from andante.perf.step_sizes import default_cache_sizes
 from tests.exec.engine_helpers import tiny_executor
 
@@ -33,15 +40,35 @@ def test_synthetic_batch_allocates_blocks(tiny_llama: Path) -> None:
     assert [len(t) for t in batch.block_tables] == [1, 3]
 
 
+def _fit_and_constant_errors(result: Calibration, spec: ModelSpec) -> tuple[float, float]:
+    """Median relative errors of the fit and of the best single number (the median step
+    time) over the measured steps: medians, so a neighbour's burst does not decide."""
+    durations = [duration for _, duration in result.samples]
+    constant = statistics.median(durations)
+    model = CostModel(spec, result.hardware)
+    return (statistics.median(abs(model.step_time(shape) / d - 1)
+                              for shape, d in result.samples),
+            statistics.median(abs(constant / d - 1) for d in durations))
+
+
 def test_calibrate_fits_and_saves(tiny_llama: Path, tmp_path: Path) -> None:
     # two threads, steps below 8 tokens on one (as the start-up probe may decide)
     threads = torch.get_num_threads()
+    errors: list[tuple[float, float]] = []
     try:
         executor = tiny_executor(load_model(tiny_llama, "float32"), device_blocks=256,
                                  num_threads=2, parallel_min_tokens=8)
-        result = calibrate(executor, QUICK_SWEEP, name="cpu-test")
+        # The fit explains how step time depends on the shape: it predicts the measured
+        # steps far better than the best single number does. A shared machine may spoil
+        # one sweep; three sweeps that all fail it are a defect.
+        for _ in range(3):
+            result = calibrate(executor, QUICK_SWEEP, name="cpu-test")
+            errors.append(_fit_and_constant_errors(result, executor.spec))
+            if errors[-1][0] < 0.6 * errors[-1][1]:
+                break
     finally:
         torch.set_num_threads(threads)
+    assert errors[-1][0] < 0.6 * errors[-1][1], errors
     hw = result.hardware
     assert hw.name == "cpu-test" and len(result.samples) == len(QUICK_SWEEP.shapes())
     # the quick sweep has enough steps in both thread regimes for a set each
@@ -54,18 +81,6 @@ def test_calibrate_fits_and_saves(tiny_llama: Path, tmp_path: Path) -> None:
     assert all(n in warm_sizes for n, _ in result.new_sizes)
     setup = hw.new_size_fixed > 0 or hw.new_size_per_token > 0
     assert hw.new_size_cache == (default_cache_sizes() if setup else 0)
-    # The fit explains how step time depends on the shape: it predicts the measured
-    # steps far better than the best single number does (measured here: 4-8% against
-    # 26-35% for the median step time, while the machine was busy).
-    # Medians of the relative errors, and relative to a constant model, so that a busy
-    # machine's slow steps (a neighbour's burst) do not decide it.
-    durations = [duration for _, duration in result.samples]
-    constant = statistics.median(durations)
-    constant_error = statistics.median(abs(constant / d - 1) for d in durations)
-    model = CostModel(executor.spec, hw)
-    fit_error = statistics.median(abs(model.step_time(shape) / d - 1)
-                                  for shape, d in result.samples)
-    assert fit_error < 0.6 * constant_error
     save_hardware(hw, tmp_path)
     assert get_hardware("cpu-test", tmp_path) == hw
 
