@@ -118,6 +118,8 @@ def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: An
               f"{fe.num_matched} matched to http records)")
         if fe.note:
             print(f"  note: {fe.note}")
+    if fit.idle_wake is not None:
+        _report_wake(fit)
     if fit.num_on_floor:
         print(f"  launch floor: {hw.eager_launch_per_layer * model.num_layers * 1e3:.1f} ms "
               f"per step with prefill tokens ({fit.num_on_floor} steps on it)")
@@ -134,6 +136,25 @@ def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: An
         print("  refused: not saved" if outcome.refused else "  (dry run: not saved)")
     if outcome.previous:
         print(f"  the previous profile is kept as {outcome.previous!r}")
+
+
+def _report_wake(fit: LogFit) -> None:
+    wake = fit.idle_wake
+    assert wake is not None
+    if wake.penalty > 0:
+        print(f"  idle wake: {wake.penalty * 1e3:.1f} ms more for a step after "
+              f"{wake.after:.2f} s or more without one ({wake.num_woken} of "
+              f"{wake.num_idle_steps} steps after an idle gap)")
+    elif wake.note:
+        print(f"  idle wake: {wake.note}")
+
+
+def _wake_json(fit: LogFit) -> dict[str, Any]:
+    wake = fit.idle_wake
+    return {"idle_wake": fit.hardware.idle_wake, "idle_wake_after": fit.hardware.idle_wake_after,
+            "idle_wake_note": wake.note if wake else None,
+            "num_idle_steps": wake.num_idle_steps if wake else 0,
+            "num_woken_steps": wake.num_woken if wake else 0}
 
 
 def run_step_log(args: argparse.Namespace, save_fit: Callable[..., Any]) -> int:
@@ -163,6 +184,7 @@ def run_step_log(args: argparse.Namespace, save_fit: Callable[..., Any]) -> int:
             "frontend_note": fit.frontend.note if fit.frontend else None,
             "num_request_records": fit.frontend.num_requests if fit.frontend else 0,
             "num_matched_http": fit.frontend.num_matched if fit.frontend else 0,
+            **_wake_json(fit),
             "num_on_floor": fit.num_on_floor, "num_stalled": fit.num_stalled,
             "fitted_on": hw.fitted_on,
             "previous_saved_as": outcome.previous, "warning": outcome.message,

@@ -73,10 +73,12 @@ class PipelineSimInstance(SimInstance):
         batch, result = self.engine.begin_step()
         if batch.is_empty:
             return None
+        # no batch in any stage: the instance was idle, and wakes before stage 0 starts
+        start = now + (0.0 if self._pipeline else self.wake_time(now))
         micro = self.stage_times(batch, result)
         done = now
         for per_stage, num_tokens in micro:
-            done = self._through_stages(now, per_stage, num_tokens)
+            done = self._through_stages(start, per_stage, num_tokens)
         self._pipeline.append((batch, result))
         self.stats.busy_time += sum(t for t, _ in micro)
         return done
@@ -105,6 +107,7 @@ class PipelineSimInstance(SimInstance):
 
     def finish_step(self) -> tuple[StepBatch, StepOutput]:
         batch, result = self._pipeline.popleft()  # batches leave in the order they entered
+        self.last_step_end = self.engine.clock.now()
         if self._stage_free[0] > self.engine.clock.now():  # stage 0 still busy: the
             self.hooks.wake_at(self, self._stage_free[0])  # freed slot starts then
         output = self.engine.finish_step(batch, result)
