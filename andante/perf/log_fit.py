@@ -102,6 +102,8 @@ class LogFit:
     samples: list[Sample] = field(default_factory=list)
     frontend: FrontendFit | None = None  # the front end's fit (andante.perf.frontend_log)
     idle_wake: IdleWakeFit | None = None  # a step after idle (andante.perf.idle_wake)
+    by_threads: dict[int, KindError] = field(default_factory=dict)  # where steps say
+    num_other_threads: int = 0  # steps left out as run on other threads (`threads`)
 
 
 def shape_class(step: LoggedStep) -> tuple[int, int, int]:
@@ -232,6 +234,36 @@ def _by_kind(model: CostModel, steps: Sequence[LoggedStep]) -> dict[str, KindErr
     return out
 
 
+def _by_threads(model: CostModel, steps: Sequence[LoggedStep]) -> dict[int, KindError]:
+    """The fit's error over the steps run on each thread count (the log's `threads`)."""
+    counts = sorted({s.threads for s in steps if s.threads is not None})
+    out: dict[int, KindError] = {}
+    for count in counts:
+        part = [s for s in steps if s.threads == count]
+        predicted = [model.step_time(s.shape) for s in part]
+        measured = [s.duration for s in part]
+        out[count] = KindError(
+            len(part),
+            sum(abs(p - m) / m for p, m in zip(predicted, measured, strict=True)) / len(part),
+            sum(predicted) / sum(measured))
+    return out
+
+
+def on_threads(steps: Sequence[LoggedStep], threads: int) -> list[LoggedStep]:
+    """The steps run on `threads` compute threads; LogFitRefused where the log does not
+    record threads, or none ran on that many."""
+    if not any(s.threads is not None for s in steps):
+        raise LogFitRefused("the log's steps do not record their compute threads "
+                            "('threads': andante serve --trace-steps with a torch executor "
+                            "writes them), so they cannot be chosen by thread count")
+    kept = [s for s in steps if s.threads == threads]
+    if not kept:
+        have = sorted({s.threads for s in steps if s.threads is not None})
+        raise LogFitRefused(f"no step of the log ran on {threads} thread(s) (it has "
+                            f"{', '.join(map(str, have))})")
+    return kept
+
+
 def coverage(steps: Sequence[LoggedStep]) -> str:
     """The range of shapes a log covers, in words."""
     prefill = [s.shape.num_tokens - s.shape.num_decode_seqs for s in steps if s.has_prefill]
@@ -269,13 +301,18 @@ def split_stalls(model: CostModel, steps: Sequence[LoggedStep]
 
 def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: HardwareSpec,
                  name: str, tp: int = 1, serial_below_tokens: int | None = None,
-                 source: str = "step log") -> LogFit:
+                 source: str = "step log", threads: int | None = None) -> LogFit:
     """Fit `base`'s coefficients to the logged steps and return the profile `name`:
     `base`'s rates and sizes, the fitted coefficients (two sets where
     `serial_below_tokens` splits the steps, andante.perf.fit.fit_by_threads), a launch
     floor where the log shows one, no new-size setup. LogFitRefused for a thin log, or
     one with too many stalled steps (`split_stalls`; the few others are left out and
-    counted)."""
+    counted). `threads`: fit only the steps run on that many compute threads (the
+    others are counted in `num_other_threads`; `on_threads`)."""
+    num_logged = len(steps)
+    if threads is not None:
+        steps = on_threads(steps, threads)
+    num_other_threads = num_logged - len(steps)
     plain = dataclasses.replace(base, name=name, serial_coefficients=None,
                                 serial_below_tokens=None, eager_launch_per_layer=0.0,
                                 new_size_fixed=0.0, new_size_per_token=0.0, new_size_cache=0,
@@ -298,7 +335,8 @@ def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: Hardw
         fitted, idle_wake=wake.penalty, idle_wake_after=wake.after,
         fitted_on=f"{source} ({', '.join(engines) or 'engine not named'}, "
                   f"{model_spec.name}, tp {tp}): {coverage(steps)}"
-                  + (f"; {len(stalled)} stalled steps left out" if stalled else ""))
+                  + (f"; {len(stalled)} stalled steps left out" if stalled else "")
+                  + (f"; only steps on {threads} thread(s)" if threads is not None else ""))
     fitted_model = CostModel(model_spec, fitted, tp)
     shaped = without_wake(steps, wake)  # what the profile's step times stand for
     samples: list[Sample] = [(s.shape, s.duration) for s in shaped]
@@ -307,7 +345,8 @@ def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: Hardw
                   num_shapes=len({shape_class(s) for s in steps}), engines=engines,
                   num_on_floor=on_floor, num_stalled=len(stalled),
                   num_derived_shapes=sum(not s.exact_shape for s in steps), samples=samples,
-                  idle_wake=wake)
+                  idle_wake=wake, by_threads=_by_threads(fitted_model, shaped),
+                  num_other_threads=num_other_threads)
 
 
 def _fit_shapes(model: CostModel, steps: Sequence[LoggedStep],

@@ -37,7 +37,11 @@ scheduler class (`{"andante": {"step_log": PATH}}`) and the GPU step benchmark
   before it: its start (`t` - duration - overhead) less the previous step's `t`, about
   0 for a step that follows another at once (andante.perf.idle_wake fits what a step
   after an idle engine costs more). None for the first step, without `t`, or where
-  `t` goes back (another process appended to the log).
+  `t` goes back (another process appended to the log);
+- `threads`: the compute threads the step ran on (andante's server with a torch
+  executor, which changes them per step size and while it serves): `calibrate
+  --step-threads N` fits only the steps run on N, and the fit reports its error per
+  thread count.
 
 A malformed line, a step without a required field, or a shape that contradicts itself
 is a `StepLogError` naming the line.
@@ -73,6 +77,7 @@ class LoggedStep:
     graph: bool | None = None  # False: launched op by op; None: the log does not say
     exact_shape: bool = True  # False: attention pairs derived from aggregates
     idle_before: float | None = None  # seconds without a step before it (module note)
+    threads: int | None = None  # compute threads it ran on, where the log says
 
     @property
     def kind(self) -> str:
@@ -164,6 +169,16 @@ def _ended(record: dict[str, Any]) -> float | None:
     return float(value)
 
 
+def _threads(record: dict[str, Any], line: int) -> int | None:
+    """The step's `threads` (None if absent); StepLogError unless a positive integer."""
+    if record.get("threads") is None:
+        return None
+    value = _count(record, "threads", line)
+    if value == 0:
+        raise StepLogError(f"line {line}: threads must be a positive integer, got 0")
+    return value
+
+
 def _idle_before(ended: float | None, duration: float, previous_end: float | None
                  ) -> float | None:
     """Seconds between the previous step's end and this step's start (`duration`: the
@@ -196,7 +211,8 @@ def parse_steps(lines: Iterable[str]) -> list[LoggedStep]:
         steps.append(LoggedStep(shape, duration, number,
                                 str(engine) if engine is not None else None,
                                 bool(graph) if graph is not None else None, exact,
-                                _idle_before(ended, duration, previous_end)))
+                                _idle_before(ended, duration, previous_end),
+                                _threads(record, number)))
         previous_end = ended
     return steps
 

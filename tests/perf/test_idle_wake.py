@@ -108,3 +108,4 @@ def test_the_log_fit_saves_the_wake_in_the_profile():
     assert fit.hardware.idle_wake == pytest.approx(0.015, rel=0.05)
     assert 0.8 < fit.hardware.idle_wake_after <= 1.2
     assert fit.error < 0.01  # the coefficients still fit the steps' shapes
+
