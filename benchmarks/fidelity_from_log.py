@@ -171,7 +171,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--calibration-lengths", default="uniform:16:512:8:96")
     p.add_argument("--calibration-idle-rate", type=float, default=0.4,
                    help="requests/s of the light calibration load (idle gaps: the wake)")
-    p.add_argument("--calibration-idle-requests", type=int, default=16,
+    p.add_argument("--calibration-idle-requests", type=int, default=24,
                    help="requests of the light calibration load (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=int, default=2048)

@@ -109,3 +109,14 @@ def test_the_log_fit_saves_the_wake_in_the_profile():
     assert 0.8 < fit.hardware.idle_wake_after <= 1.2
     assert fit.error < 0.01  # the coefficients still fit the steps' shapes
 
+
+
+def test_a_few_slow_steps_after_idle_on_a_busy_machine_make_no_wake():
+    """Stalls, not a wake: three of the prompts after 1 s idle or more 0.3 s slower,
+    the other five as predicted."""
+    lines = _log(GAPS, 0.0, 1.0, decodes=6)
+    slow = {7 * i for i in (5, 8, 12)}  # the prompt lines after gaps of 1.2, 3 and 6 s
+    lines = [json.dumps({**json.loads(line), "duration": json.loads(line)["duration"] + 0.3})
+             if number in slow else line for number, line in enumerate(lines)]
+    wake = fit_idle_wake(parse_steps(lines), MODEL.step_time)
+    assert wake.penalty == 0.0 and wake.note is not None
