@@ -82,13 +82,12 @@ def fit_idle_wake(steps: Sequence[LoggedStep], predict: Callable[[BatchShape], f
                   ) -> IdleWakeFit:
     """The idle-wake penalty of `steps` against the step-time model `predict` (the
     module note); never raises on a log without gaps: it fits 0 and says so."""
-    idle = [(s.idle_before, s.duration - predict(s.shape)) for s in steps
-            if s.idle_before is not None and s.idle_before >= MIN_IDLE_GAP]
-    busy = [s.duration - predict(s.shape) for s in steps
-            if s.idle_before is not None and s.idle_before < MIN_IDLE_GAP]
+    known = [(s.idle_before, s.duration - predict(s.shape)) for s in steps
+             if s.idle_before is not None]
+    pairs = [(g, r) for g, r in known if g >= MIN_IDLE_GAP]  # (gap, residual)
+    busy = [r for g, r in known if g < MIN_IDLE_GAP]
     mean_busy = sum(busy) / len(busy) if busy else 0.0
-    pairs: list[tuple[float, float]] = [(g, r) for g, r in idle if g is not None]
-    if not idle and not busy:
+    if not known:
         return IdleWakeFit(0.0, 0.0, 0, 0, mean_busy, "the log's steps carry no end times "
                            "('t'), so the engine's idle gaps are unknown: no wake-up "
                            "cost fitted (0)")
