@@ -6,8 +6,8 @@ scheduler class, which writes the same step log when `{"andante": {"step_log": P
 is in its `--additional-config`). One server, started once:
 
 1. calibration load: a Poisson workload of varied lengths (`--calibration-*`), then a
-   light one (`--calibration-idle-rate`, `--calibration-idle-requests`) where many
-   requests find the engine idle, for the fit of the engine's wake-up
+   light one of short outputs (`--calibration-idle-*`) where most requests find the
+   engine idle, for the fit of the engine's wake-up
    (andante.perf.idle_wake); its steps logged; the log up to its end is fitted by
    `andante calibrate --step-log` (--base-hardware cpu, into a private profiles folder);
 2. for each rate of `--rates` (default 0.5, 1, 2 req/s): a Poisson workload (other
@@ -169,10 +169,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--calibration-rate", type=float, default=2.0)
     p.add_argument("--calibration-requests", type=int, default=80)
     p.add_argument("--calibration-lengths", default="uniform:16:512:8:96")
-    p.add_argument("--calibration-idle-rate", type=float, default=0.4,
+    p.add_argument("--calibration-idle-rate", type=float, default=0.5,
                    help="requests/s of the light calibration load (idle gaps: the wake)")
     p.add_argument("--calibration-idle-requests", type=int, default=24,
                    help="requests of the light calibration load (0: none)")
+    p.add_argument("--calibration-idle-lengths", default="uniform:16:512:4:8",
+                   help="its lengths: short outputs, so that most requests find the "
+                   "engine idle and the log is not swamped by alike one-sequence decodes "
+                   "(they drag the fit's work-duration rank check under its bound)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -204,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                               args.calibration_lengths, args.calibration_requests))
         if args.calibration_idle_requests:
             served(port, workload(args, args.calibration_idle_rate, args.seed + 200,
-                                  args.calibration_lengths, args.calibration_idle_requests))
+                                  args.calibration_idle_lengths,
+                                  args.calibration_idle_requests))
         upto = len(step_log.read_text(encoding="utf-8").splitlines())
         fit = calibrate(step_log, upto, args.log_dir / f"{args.engine}-calibration.jsonl")
         runs = []
