@@ -5,9 +5,11 @@ The check of issue 31 item 2, for whichever engine serves: `--engine andante`
 scheduler class, which writes the same step log when `{"andante": {"step_log": PATH}}`
 is in its `--additional-config`). One server, started once:
 
-1. calibration load: a Poisson workload of varied lengths (`--calibration-*`), its
-   steps logged; the log up to its end is fitted by `andante calibrate --step-log`
-   (--base-hardware cpu, into a private profiles folder);
+1. calibration load: a Poisson workload of varied lengths (`--calibration-*`), then a
+   light one of short outputs (`--calibration-idle-*`) where most requests find the
+   engine idle, for the fit of the engine's wake-up
+   (andante.perf.idle_wake); its steps logged; the log up to its end is fitted by
+   `andante calibrate --step-log` (--base-hardware cpu, into a private profiles folder);
 2. for each rate of `--rates` (default 0.5, 1, 2 req/s): a Poisson workload (other
    seeds than the calibration's) replayed on the server by andante's load generator
    (token-id prompts of exact length, ignore_eos, streaming), and the same workload in
@@ -18,7 +20,9 @@ The real TTFT is the client's (HTTP and streaming included); the simulator's is 
 engine's plus the front end's time the log measured (the step log's request records,
 and the HTTP timing middleware's: andante.perf.frontend_log), which the fitted profile
 carries as `frontend_in` and `frontend_out`; each run also reports the simulation
-without it (`sim_without_frontend`). A served andante step costs its forward
+without it (`sim_without_frontend`), and without the engine's idle wake
+(`sim_without_wake`: the same log fitted without its idle gaps, as before the wake was
+modelled). A served andante step costs its forward
 pass plus the server's overhead between steps (the trace's `overhead`), which the fit
 adds (andante.perf.step_log). Prints one JSON line: the fit (error per step kind,
 steps, shapes, front end), per rate the real and simulated figures and their errors,
@@ -43,10 +47,14 @@ from typing import Any
 
 from andante.bench.load import BenchConfig, run_bench
 from andante.cli.main import main as andante_main
+from andante.exec.torch_cost import cpu_hardware
 from andante.metrics.record import records_from_requests
 from andante.metrics.summary import summarize
-from andante.perf.catalog import get_hardware, save_hardware
+from andante.perf.catalog import get_hardware, get_model, save_hardware
+from andante.perf.log_fit import fit_step_log
 from andante.perf.paths import ANDANTE_HOME_ENV
+from andante.perf.specs import HardwareSpec
+from andante.perf.step_log import read_step_log
 from andante.policies import SchedulerConfig
 from andante.server.http_timing import LOG_ENV as HTTP_LOG_ENV
 from andante.sim import ClusterSpec, build_simulator
@@ -60,6 +68,11 @@ from serve_vs_vllm import free_port, start, stop, warm_up  # noqa: E402
 TARGET = 0.10
 PROFILE = "served"
 BARE_PROFILE = "served-without-frontend"  # the same steps, no front end (for comparison)
+WAKELESS_PROFILE = "served-without-wake"  # the log fitted without its idle gaps
+FIT_FIELDS = ("fit_error", "num_steps", "num_shapes", "by_kind", "engines", "fitted_on",
+              "frontend_in", "frontend_out", "num_request_records", "num_matched_http",
+              "frontend_note", "idle_wake", "idle_wake_after", "idle_wake_note",
+              "num_idle_steps", "num_woken_steps")
 
 
 def server_command(args: argparse.Namespace, port: int, step_log: Path) -> list[str]:
@@ -102,6 +115,11 @@ def simulated(args: argparse.Namespace, config: WorkloadConfig,
     return figures(summarize(records_from_requests(requests, simulator.delivery_delay)))
 
 
+def _errors(sim: dict[str, float], real: dict[str, float]) -> dict[str, float]:
+    return {f"{m}_error": round(abs(sim[f"{m}_mean_ms"] - real[f"{m}_mean_ms"])
+                                / real[f"{m}_mean_ms"], 4) for m in ("ttft", "tpot")}
+
+
 def figures(summary: Any) -> dict[str, float]:
     return {"ttft_mean_ms": round(summary.ttft.mean * 1e3, 2),
             "tpot_mean_ms": round(summary.tpot.mean * 1e3, 2),
@@ -120,9 +138,20 @@ def calibrate(step_log: Path, upto: int, out: Path) -> dict[str, Any]:
         code = andante_main(argv)
     if code != 0 or not (saved / f"{PROFILE}.json").is_file():
         raise RuntimeError(f"calibration failed (exit {code}): {buffer.getvalue()}")
-    save_hardware(dataclasses.replace(get_hardware(PROFILE), name=BARE_PROFILE,
-                                      frontend_in=0.0, frontend_out=0.0))
+    served = get_hardware(PROFILE)
+    save_hardware(dataclasses.replace(served, name=BARE_PROFILE, frontend_in=0.0,
+                                      frontend_out=0.0))
+    save_wakeless(out, served)
     return json.loads(buffer.getvalue())
+
+
+def save_wakeless(log: Path, served: HardwareSpec) -> None:
+    """WAKELESS_PROFILE: `log` fitted as if its steps had no idle gaps (so no wake, and
+    coefficients fitted to every step as it was measured), with `served`'s front end."""
+    steps = [dataclasses.replace(s, idle_before=None) for s in read_step_log(log)]
+    fit = fit_step_log(steps, get_model("smollm2-135m"), cpu_hardware()[0], WAKELESS_PROFILE)
+    save_hardware(dataclasses.replace(fit.hardware, frontend_in=served.frontend_in,
+                                      frontend_out=served.frontend_out))
 
 
 def workload(args: argparse.Namespace, rate: float, seed: int, lengths: str,
@@ -140,6 +169,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--calibration-rate", type=float, default=2.0)
     p.add_argument("--calibration-requests", type=int, default=80)
     p.add_argument("--calibration-lengths", default="uniform:16:512:8:96")
+    p.add_argument("--calibration-idle-rate", type=float, default=0.5,
+                   help="requests/s of the light calibration load (idle gaps: the wake)")
+    p.add_argument("--calibration-idle-requests", type=int, default=24,
+                   help="requests of the light calibration load (0: none)")
+    p.add_argument("--calibration-idle-lengths", default="uniform:16:512:4:8",
+                   help="its lengths: short outputs, so that most requests find the "
+                   "engine idle and the log is not swamped by alike one-sequence decodes "
+                   "(they drag the fit's work-duration rank check under its bound)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -169,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         warm_up(port)
         served(port, workload(args, args.calibration_rate, args.seed + 100,
                               args.calibration_lengths, args.calibration_requests))
+        if args.calibration_idle_requests:
+            served(port, workload(args, args.calibration_idle_rate, args.seed + 200,
+                                  args.calibration_idle_lengths,
+                                  args.calibration_idle_requests))
         upto = len(step_log.read_text(encoding="utf-8").splitlines())
         fit = calibrate(step_log, upto, args.log_dir / f"{args.engine}-calibration.jsonl")
         runs = []
@@ -176,21 +217,18 @@ def main(argv: list[str] | None = None) -> int:
             config = workload(args, rate, args.seed + index, args.lengths, args.num_requests)
             real, sim = served(port, config), simulated(args, config)
             bare = simulated(args, config, BARE_PROFILE)
-            errors = {f"{m}_error": round(abs(sim[f"{m}_mean_ms"] - real[f"{m}_mean_ms"])
-                                          / real[f"{m}_mean_ms"], 4) for m in ("ttft", "tpot")}
+            wakeless = simulated(args, config, WAKELESS_PROFILE)
+            errors = _errors(sim, real)
             runs.append({"rate": rate, "real": real, "sim": sim, **errors,
-                         "sim_without_frontend": bare,
+                         "sim_without_frontend": bare, "sim_without_wake": wakeless,
+                         "without_wake_errors": _errors(wakeless, real),
                          "loadavg": [round(x, 2) for x in os.getloadavg()]})
             print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     finally:
         stop(proc)
     worst = max(max(r["ttft_error"], r["tpot_error"]) for r in runs)
     print(json.dumps({"benchmark": "fidelity_from_log", "engine": args.engine,
-                      "fit": {k: fit[k] for k in ("fit_error", "num_steps", "num_shapes",
-                                                   "by_kind", "engines", "fitted_on",
-                                                   "frontend_in", "frontend_out",
-                                                   "num_request_records",
-                                                   "num_matched_http", "frontend_note")},
+                      "fit": {k: fit[k] for k in FIT_FIELDS},
                       "runs": runs, "worst_error": worst, "target": TARGET,
                       "within_target": worst <= TARGET, "step_log": str(step_log),
                       "wall_s": round(time.perf_counter() - started, 1),

@@ -172,9 +172,10 @@ def _measure(args: argparse.Namespace) -> tuple[str, Calibration]:
 def run(args: argparse.Namespace) -> int:
     if args.step_log:
         return run_step_log(args, save_fit)
-    if args.base_hardware or args.serial_below_tokens is not None or args.tp != 1:
-        print("andante calibrate: error: --base-hardware, --tp and --serial-below-tokens "
-              "go with --step-log", file=sys.stderr)
+    if args.base_hardware or args.serial_below_tokens is not None or args.tp != 1 \
+            or args.step_threads is not None:
+        print("andante calibrate: error: --base-hardware, --tp, --serial-below-tokens and "
+              "--step-threads go with --step-log", file=sys.stderr)
         return 2
     args.name = args.name or CPU_PROFILE_NAME
     model_name, result = _measure(args)

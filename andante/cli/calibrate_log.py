@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "coefficients fitted")
     g.add_argument("--tp", type=positive_int, default=1,
                    help="tensor-parallel GPUs per instance (default 1)")
+    g.add_argument("--step-threads", type=positive_int, metavar="N",
+                   help="fit only the steps run on N compute threads (a log that records "
+                   "them: andante serve --trace-steps with a torch executor); the others "
+                   "are left out and counted")
     g.add_argument("--serial-below-tokens", type=positive_int, metavar="N",
                    help="fit steps of fewer than N tokens their own coefficients (a CPU "
                    "engine that runs small steps on one thread)")
@@ -92,7 +96,7 @@ def fit_log(args: argparse.Namespace) -> tuple[ModelSpec, LogFit]:
     steps = read_step_log(args.step_log)
     frontend = read_frontend(args.step_log)
     fit = fit_step_log(steps, model, base, args.name, args.tp, args.serial_below_tokens,
-                       source=f"step log {args.step_log}")
+                       source=f"step log {args.step_log}", threads=args.step_threads)
     fit.hardware = dataclasses.replace(fit.hardware, frontend_in=frontend.frontend_in,
                                        frontend_out=frontend.frontend_out)
     fit.frontend = frontend
@@ -108,6 +112,12 @@ def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: An
     for kind, err in fit.by_kind.items():
         print(f"  {kind:8s} {err.num_steps:5d} steps: mean |error| {err.mean_error:.1%}, "
               f"predicted/measured {err.ratio:.3f}")
+    for threads, err in fit.by_threads.items():
+        print(f"  {threads} thread(s) {err.num_steps:5d} steps: mean |error| "
+              f"{err.mean_error:.1%}, predicted/measured {err.ratio:.3f}")
+    if fit.num_other_threads:
+        print(f"  {fit.num_other_threads} steps on other thread counts left out "
+              f"(--step-threads {args.step_threads})")
     print(f"  coefficients: {hw.coefficients}")
     if hw.serial_coefficients is not None:
         print(f"  steps below {hw.serial_below_tokens} tokens: {hw.serial_coefficients}")
@@ -118,6 +128,8 @@ def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: An
               f"{fe.num_matched} matched to http records)")
         if fe.note:
             print(f"  note: {fe.note}")
+    if fit.idle_wake is not None:
+        _report_wake(fit)
     if fit.num_on_floor:
         print(f"  launch floor: {hw.eager_launch_per_layer * model.num_layers * 1e3:.1f} ms "
               f"per step with prefill tokens ({fit.num_on_floor} steps on it)")
@@ -134,6 +146,25 @@ def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: An
         print("  refused: not saved" if outcome.refused else "  (dry run: not saved)")
     if outcome.previous:
         print(f"  the previous profile is kept as {outcome.previous!r}")
+
+
+def _report_wake(fit: LogFit) -> None:
+    wake = fit.idle_wake
+    assert wake is not None
+    if wake.penalty > 0:
+        print(f"  idle wake: {wake.penalty * 1e3:.1f} ms more for a step after "
+              f"{wake.after:.2f} s or more without one ({wake.num_woken} of "
+              f"{wake.num_idle_steps} steps after an idle gap)")
+    elif wake.note:
+        print(f"  idle wake: {wake.note}")
+
+
+def _wake_json(fit: LogFit) -> dict[str, Any]:
+    wake = fit.idle_wake
+    return {"idle_wake": fit.hardware.idle_wake, "idle_wake_after": fit.hardware.idle_wake_after,
+            "idle_wake_note": wake.note if wake else None,
+            "num_idle_steps": wake.num_idle_steps if wake else 0,
+            "num_woken_steps": wake.num_woken if wake else 0}
 
 
 def run_step_log(args: argparse.Namespace, save_fit: Callable[..., Any]) -> int:
@@ -163,6 +194,9 @@ def run_step_log(args: argparse.Namespace, save_fit: Callable[..., Any]) -> int:
             "frontend_note": fit.frontend.note if fit.frontend else None,
             "num_request_records": fit.frontend.num_requests if fit.frontend else 0,
             "num_matched_http": fit.frontend.num_matched if fit.frontend else 0,
+            **_wake_json(fit),
+            "by_threads": {str(k): dataclasses.asdict(v) for k, v in fit.by_threads.items()},
+            "num_other_threads": fit.num_other_threads,
             "num_on_floor": fit.num_on_floor, "num_stalled": fit.num_stalled,
             "fitted_on": hw.fitted_on,
             "previous_saved_as": outcome.previous, "warning": outcome.message,

@@ -244,6 +244,15 @@ class CostModel:
             return 0.0
         return hw.new_size_fixed + hw.new_size_per_token * num_tokens
 
+    def wake_time(self, idle_for: float) -> float:
+        """What a step that starts after `idle_for` seconds without a step costs on top
+        of `step_time` (HardwareSpec.idle_wake from idle_wake_after on,
+        andante.perf.idle_wake); 0 by default and for a step that follows another."""
+        hw = self.hardware
+        if hw.idle_wake <= 0 or idle_for <= 0 or idle_for < hw.idle_wake_after:
+            return 0.0
+        return hw.idle_wake
+
     def prefill_time(self, num_tokens: int, num_cached: int = 0) -> float:
         """One step prefilling `num_tokens` new tokens after `num_cached` cached ones."""
         _check_count("num_tokens", num_tokens)

@@ -35,6 +35,15 @@ tries the k least-work such steps on a flat floor (k = 0, 2, 3, ...; their durat
 within FLOOR_SPREAD of its median), fits the coefficients to the other steps, and keeps
 the k with the least mean error over all steps; the floor is stored per layer
 (`eager_launch_per_layer`), the host's launching being proportional to the layers.
+
+Idle wake. A step after the engine sat idle can cost more than its shape (a served
+engine waking up); `fit_idle_wake` (andante.perf.idle_wake) fits that from the
+residuals of the fitted model into `idle_wake` and `idle_wake_after`; where it finds
+one, the coefficients are fitted again to the steps less their wake (`without_wake`:
+on a log where most prompts find the engine idle, the wake would otherwise pass for
+prefill cost), and the wake again to the new coefficients, until it settles (moves by
+under WAKE_SETTLED, at most MAX_WAKE_REFITS times). The fit
+error and the errors per kind are of the steps less their wake.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ import numpy as np
 from andante.perf.cost_model import CostModel
 from andante.perf.fit import MIN_REGIME_SAMPLES, Sample, fit_coefficients, prediction_error
 from andante.perf.frontend_log import FrontendFit
+from andante.perf.idle_wake import IdleWakeFit, fit_idle_wake
 from andante.perf.specs import CostCoefficients, HardwareSpec, ModelSpec
 from andante.perf.step_log import LoggedStep
 
@@ -59,6 +69,8 @@ FLOOR_GAIN = 0.01  # a floor is kept only where it lowers the mean error by this
 REWEIGHTS = 3  # refits weighted by the previous fit's predictions (`fit_means`)
 STALL_FACTOR = 4.0  # a step this far off the others' fit is a stall (`split_stalls`)
 MAX_STALL_SHARE = 0.05  # more stalled steps than this share: the log is refused
+MAX_WAKE_REFITS = 10  # coefficient refits with the idle wake taken out of woken steps
+WAKE_SETTLED = 0.01  # ... until the wake moves by less than this share
 
 
 class LogFitRefused(ValueError):
@@ -89,6 +101,9 @@ class LogFit:
     num_derived_shapes: int = 0  # steps without attn_pairs (pairs estimated)
     samples: list[Sample] = field(default_factory=list)
     frontend: FrontendFit | None = None  # the front end's fit (andante.perf.frontend_log)
+    idle_wake: IdleWakeFit | None = None  # a step after idle (andante.perf.idle_wake)
+    by_threads: dict[int, KindError] = field(default_factory=dict)  # where steps say
+    num_other_threads: int = 0  # steps left out as run on other threads (`threads`)
 
 
 def shape_class(step: LoggedStep) -> tuple[int, int, int]:
@@ -219,6 +234,36 @@ def _by_kind(model: CostModel, steps: Sequence[LoggedStep]) -> dict[str, KindErr
     return out
 
 
+def _by_threads(model: CostModel, steps: Sequence[LoggedStep]) -> dict[int, KindError]:
+    """The fit's error over the steps run on each thread count (the log's `threads`)."""
+    counts = sorted({s.threads for s in steps if s.threads is not None})
+    out: dict[int, KindError] = {}
+    for count in counts:
+        part = [s for s in steps if s.threads == count]
+        predicted = [model.step_time(s.shape) for s in part]
+        measured = [s.duration for s in part]
+        out[count] = KindError(
+            len(part),
+            sum(abs(p - m) / m for p, m in zip(predicted, measured, strict=True)) / len(part),
+            sum(predicted) / sum(measured))
+    return out
+
+
+def on_threads(steps: Sequence[LoggedStep], threads: int) -> list[LoggedStep]:
+    """The steps run on `threads` compute threads; LogFitRefused where the log does not
+    record threads, or none ran on that many."""
+    if not any(s.threads is not None for s in steps):
+        raise LogFitRefused("the log's steps do not record their compute threads "
+                            "('threads': andante serve --trace-steps with a torch executor "
+                            "writes them), so they cannot be chosen by thread count")
+    kept = [s for s in steps if s.threads == threads]
+    if not kept:
+        have = sorted({s.threads for s in steps if s.threads is not None})
+        raise LogFitRefused(f"no step of the log ran on {threads} thread(s) (it has "
+                            f"{', '.join(map(str, have))})")
+    return kept
+
+
 def coverage(steps: Sequence[LoggedStep]) -> str:
     """The range of shapes a log covers, in words."""
     prefill = [s.shape.num_tokens - s.shape.num_decode_seqs for s in steps if s.has_prefill]
@@ -256,13 +301,18 @@ def split_stalls(model: CostModel, steps: Sequence[LoggedStep]
 
 def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: HardwareSpec,
                  name: str, tp: int = 1, serial_below_tokens: int | None = None,
-                 source: str = "step log") -> LogFit:
+                 source: str = "step log", threads: int | None = None) -> LogFit:
     """Fit `base`'s coefficients to the logged steps and return the profile `name`:
     `base`'s rates and sizes, the fitted coefficients (two sets where
     `serial_below_tokens` splits the steps, andante.perf.fit.fit_by_threads), a launch
     floor where the log shows one, no new-size setup. LogFitRefused for a thin log, or
     one with too many stalled steps (`split_stalls`; the few others are left out and
-    counted)."""
+    counted). `threads`: fit only the steps run on that many compute threads (the
+    others are counted in `num_other_threads`; `on_threads`)."""
+    num_logged = len(steps)
+    if threads is not None:
+        steps = on_threads(steps, threads)
+    num_other_threads = num_logged - len(steps)
     plain = dataclasses.replace(base, name=name, serial_coefficients=None,
                                 serial_below_tokens=None, eager_launch_per_layer=0.0,
                                 new_size_fixed=0.0, new_size_per_token=0.0, new_size_cache=0,
@@ -270,22 +320,57 @@ def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: Hardw
     model = CostModel(model_spec, plain, tp)
     check_log(steps, model)
     steps, stalled = split_stalls(model, steps)
+    fitted, on_floor = _fit_shapes(model, steps, serial_below_tokens)
+    wake = fit_idle_wake(steps, CostModel(model_spec, fitted, tp).step_time)
+    for _ in range(MAX_WAKE_REFITS):
+        if wake.penalty <= 0:
+            break
+        fitted, on_floor = _fit_shapes(model, without_wake(steps, wake), serial_below_tokens)
+        previous = wake.penalty
+        wake = fit_idle_wake(steps, CostModel(model_spec, fitted, tp).step_time)
+        if abs(wake.penalty - previous) <= WAKE_SETTLED * previous:
+            break
+    engines = sorted({s.engine for s in steps if s.engine is not None})
+    fitted = dataclasses.replace(
+        fitted, idle_wake=wake.penalty, idle_wake_after=wake.after,
+        fitted_on=f"{source} ({', '.join(engines) or 'engine not named'}, "
+                  f"{model_spec.name}, tp {tp}): {coverage(steps)}"
+                  + (f"; {len(stalled)} stalled steps left out" if stalled else "")
+                  + (f"; only steps on {threads} thread(s)" if threads is not None else ""))
+    fitted_model = CostModel(model_spec, fitted, tp)
+    shaped = without_wake(steps, wake)  # what the profile's step times stand for
+    samples: list[Sample] = [(s.shape, s.duration) for s in shaped]
+    return LogFit(hardware=fitted, error=prediction_error(fitted_model, samples),
+                  by_kind=_by_kind(fitted_model, shaped), num_steps=len(steps),
+                  num_shapes=len({shape_class(s) for s in steps}), engines=engines,
+                  num_on_floor=on_floor, num_stalled=len(stalled),
+                  num_derived_shapes=sum(not s.exact_shape for s in steps), samples=samples,
+                  idle_wake=wake, by_threads=_by_threads(fitted_model, shaped),
+                  num_other_threads=num_other_threads)
+
+
+def _fit_shapes(model: CostModel, steps: Sequence[LoggedStep],
+                serial_below_tokens: int | None) -> tuple[HardwareSpec, int]:
+    """(model's profile with the coefficients and launch floor fitted to `steps`, the
+    steps on the floor)."""
     samples: list[Sample] = [(s.shape, s.duration) for s in steps]
     coefficients, serial = _fit_regimes(model, samples, serial_below_tokens)
     floor, on_floor = 0.0, 0
     if serial is None:
         coefficients, floor, on_floor = fit_launch_floor(model, steps, coefficients)
-    engines = sorted({s.engine for s in steps if s.engine is not None})
-    fitted = dataclasses.replace(
-        _with_floor(plain.with_coefficients(coefficients), model_spec, floor),
+    hardware = dataclasses.replace(
+        _with_floor(model.hardware.with_coefficients(coefficients), model.model, floor),
         serial_coefficients=serial,
-        serial_below_tokens=serial_below_tokens if serial is not None else None,
-        fitted_on=f"{source} ({', '.join(engines) or 'engine not named'}, "
-                  f"{model_spec.name}, tp {tp}): {coverage(steps)}"
-                  + (f"; {len(stalled)} stalled steps left out" if stalled else ""))
-    fitted_model = CostModel(model_spec, fitted, tp)
-    return LogFit(hardware=fitted, error=prediction_error(fitted_model, samples),
-                  by_kind=_by_kind(fitted_model, steps), num_steps=len(steps),
-                  num_shapes=len({shape_class(s) for s in steps}), engines=engines,
-                  num_on_floor=on_floor, num_stalled=len(stalled),
-                  num_derived_shapes=sum(not s.exact_shape for s in steps), samples=samples)
+        serial_below_tokens=serial_below_tokens if serial is not None else None)
+    return hardware, on_floor
+
+
+def without_wake(steps: Sequence[LoggedStep], wake: IdleWakeFit) -> list[LoggedStep]:
+    """The steps as their shapes cost them: those after `wake.after` seconds idle or
+    more less the wake's penalty (kept above a tenth of their measured time), as the
+    simulator adds it (CostModel.wake_time)."""
+    if wake.penalty <= 0:
+        return list(steps)
+    return [dataclasses.replace(s, duration=max(s.duration - wake.penalty, 0.1 * s.duration))
+            if s.idle_before is not None and s.idle_before > 0
+            and s.idle_before >= wake.after else s for s in steps]

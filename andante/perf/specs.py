@@ -237,6 +237,12 @@ class HardwareSpec:
     # end (every built-in profile, and a profile fitted without request records).
     frontend_in: float = 0.0
     frontend_out: float = 0.0
+    # A served engine's wake-up (andante.perf.idle_wake): a step that starts after the
+    # engine ran no step for at least `idle_wake_after` seconds takes `idle_wake` seconds
+    # more than its shape costs (vLLM CPU: threads parked, caches cold). 0: no such cost
+    # (every built-in profile, and a profile fitted from a log without idle gaps).
+    idle_wake: float = 0.0
+    idle_wake_after: float = 0.0
     collective_latency: float = 10e-6  # fixed cost of one small all-reduce, s
     disk_bandwidth: float = 7.0e9  # model weights read from local disk, B/s (hardware.py)
     # A calibrated profile's provenance (`andante calibrate`): the fit's mean |relative
@@ -271,7 +277,7 @@ class HardwareSpec:
             _require_positive_int("HardwareSpec", "serial_below_tokens",
                                   self.serial_below_tokens)
         for name in ("new_size_fixed", "new_size_per_token", "eager_launch_per_layer",
-                     "frontend_in", "frontend_out"):
+                     "frontend_in", "frontend_out", "idle_wake", "idle_wake_after"):
             _require_rate("HardwareSpec", name, getattr(self, name), allow_zero=True)
         if self.new_size_cache != 0:
             _require_positive_int("HardwareSpec", "new_size_cache", self.new_size_cache)
@@ -305,7 +311,8 @@ class HardwareSpec:
                                                "serial_below_tokens", "new_size_fixed",
                                                "new_size_per_token", "new_size_cache",
                                                "eager_launch_per_layer", "fitted_on",
-                                               "frontend_in", "frontend_out"})
+                                               "frontend_in", "frontend_out",
+                                               "idle_wake", "idle_wake_after"})
         if missing:
             raise ValueError(f"hardware profile lacks keys {missing}")
         if "coefficients" in data:

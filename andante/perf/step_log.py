@@ -31,7 +31,17 @@ scheduler class (`{"andante": {"step_log": PATH}}`) and the GPU step benchmark
   decodes alone and for one whole prompt; an estimate for mixed and chunked steps);
 - `graph`: false where the engine launched the step op by op instead of replaying a CUDA
   graph (the GPU step benchmark's prefills): such steps can sit on a launch floor
-  (andante.perf.log_fit).
+  (andante.perf.log_fit);
+- `t`: when the step ended, in seconds on the writer's clock (both servers write it).
+  The reader derives each step's `idle_before`, the seconds the engine ran no step
+  before it: its start (`t` - duration - overhead) less the previous step's `t`, about
+  0 for a step that follows another at once (andante.perf.idle_wake fits what a step
+  after an idle engine costs more). None for the first step, without `t`, or where
+  `t` goes back (another process appended to the log);
+- `threads`: the compute threads the step ran on (andante's server with a torch
+  executor, which changes them per step size and while it serves): `calibrate
+  --step-threads N` fits only the steps run on N, and the fit reports its error per
+  thread count.
 
 A malformed line, a step without a required field, or a shape that contradicts itself
 is a `StepLogError` naming the line.
@@ -66,6 +76,8 @@ class LoggedStep:
     engine: str | None = None
     graph: bool | None = None  # False: launched op by op; None: the log does not say
     exact_shape: bool = True  # False: attention pairs derived from aggregates
+    idle_before: float | None = None  # seconds without a step before it (module note)
+    threads: int | None = None  # compute threads it ran on, where the log says
 
     @property
     def kind(self) -> str:
@@ -148,9 +160,38 @@ def step_shape(record: dict[str, Any], line: int) -> tuple[BatchShape, bool]:
     return shape, exact
 
 
+def _ended(record: dict[str, Any]) -> float | None:
+    """The step's `t` (when it ended), None if absent or not a finite number."""
+    value = record.get("t")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _threads(record: dict[str, Any], line: int) -> int | None:
+    """The step's `threads` (None if absent); StepLogError unless a positive integer."""
+    if record.get("threads") is None:
+        return None
+    value = _count(record, "threads", line)
+    if value == 0:
+        raise StepLogError(f"line {line}: threads must be a positive integer, got 0")
+    return value
+
+
+def _idle_before(ended: float | None, duration: float, previous_end: float | None
+                 ) -> float | None:
+    """Seconds between the previous step's end and this step's start (`duration`: the
+    step's own, overhead included); None where unknown or where the clock went back."""
+    if ended is None or previous_end is None or ended < previous_end:
+        return None
+    return max(0.0, ended - duration - previous_end)
+
+
 def parse_steps(lines: Iterable[str]) -> list[LoggedStep]:
     """The step records of a log's lines, in order (other kinds skipped)."""
     steps: list[LoggedStep] = []
+    previous_end: float | None = None
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
@@ -165,10 +206,14 @@ def parse_steps(lines: Iterable[str]) -> list[LoggedStep]:
         shape, exact = step_shape(record, number)
         engine = record.get("engine")
         graph = record.get("graph")
-        steps.append(LoggedStep(shape, _duration(record, number) + _overhead(record, number),
-                                number,
+        duration = _duration(record, number) + _overhead(record, number)
+        ended = _ended(record)
+        steps.append(LoggedStep(shape, duration, number,
                                 str(engine) if engine is not None else None,
-                                bool(graph) if graph is not None else None, exact))
+                                bool(graph) if graph is not None else None, exact,
+                                _idle_before(ended, duration, previous_end),
+                                _threads(record, number)))
+        previous_end = ended
     return steps
 
 

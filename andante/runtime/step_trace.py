@@ -13,7 +13,10 @@ in, so it sees every step and every request without touching the scheduler:
   prompt chunk, or a recomputation) and the queue left (`num_waiting`); and the step's
   shape as a step log has it (andante.perf.step_log, what `andante calibrate
   --step-log` fits): `num_prefill_tokens`, `num_decode_seqs`, `num_context_tokens`,
-  `num_sampled`, `attn_pairs`, `kv_tokens_read`, and `engine` ("andante").
+  `num_sampled`, `attn_pairs`, `kv_tokens_read`, and `engine` ("andante"); `threads`,
+  where the server gives the trace a reader of them (a torch executor: the intra-op
+  threads the step ran on, which the executor sets per step size and adapts while it
+  serves, andante.exec.thread_adapter; read in the stepping thread, right after it).
 - `{"kind": "request", ...}` per finished request: its arrival at the server, when the
   engine took it in (`seen`), first scheduled, first token, finish; the derived waits
   (`to_engine` = seen - arrival, `queue` = first scheduled - seen, `prefill` = first
@@ -35,6 +38,7 @@ from __future__ import annotations
 import gc
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -65,6 +69,7 @@ class StepTrace:
 
     out: TextIO
     clock: Clock
+    threads: Callable[[], int] | None = None  # the stepping thread's compute threads now
     _last_end: float | None = None
     _pending: dict[str, _Pending] = field(default_factory=dict)
     _gc_started: float | None = None
@@ -108,6 +113,7 @@ class StepTrace:
         self._write({**step_record(batch.shape(), duration, sum(batch.num_cached_tokens),
                                    engine=ENGINE),
                      "t": now, "overhead": overhead, "prefill_ids": prefill_ids,
+                     **({"threads": self.threads()} if self.threads is not None else {}),
                      "num_waiting": stats.num_waiting})
         self._finish_all(output.finished)
 

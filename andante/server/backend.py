@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -139,10 +139,21 @@ def start_trace(engine: Engine, clock: Clock, path: str, index: int) -> StepTrac
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("", encoding="utf-8")  # a new trace; appended to from here on,
     # by the trace and by the HTTP timing middleware (andante.server.http_timing)
-    trace = StepTrace(target.open("a", buffering=1, encoding="utf-8"), clock)
+    trace = StepTrace(target.open("a", buffering=1, encoding="utf-8"), clock,
+                      threads=_step_threads(engine))
     engine.add_observer(trace)
     trace.watch_gc()
     return trace
+
+
+def _step_threads(engine: Engine) -> Callable[[], int] | None:
+    """A reader of the threads a torch executor's last step ran on (it sets them in the
+    stepping thread, where the trace reads them); None for other executors."""
+    if not type(engine.executor).__module__.startswith("andante.exec.torch"):
+        return None
+    import torch
+
+    return torch.get_num_threads
 
 
 def build_engine_for(options: ServeOptions, index: int, clock: Clock, model: str | None,

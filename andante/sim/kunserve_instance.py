@@ -162,6 +162,7 @@ class KunSimInstance(PipelineSimInstance):
 
     def finish_step(self) -> tuple[StepBatch, StepOutput]:
         if self.decode_run is not None:
+            self.last_step_end = self.engine.clock.now()
             out = self._finish_decode_run(*self.decode_run)
         else:
             out = super().finish_step()

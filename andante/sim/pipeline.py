@@ -118,8 +118,10 @@ class PipelineSimInstance(SimInstance):
         batch, result = self.engine.begin_step()
         if batch.is_empty:
             return None
+        # no microbatch in any stage: the instance was idle, and wakes before stage 0
+        start = now + (0.0 if self._pipeline else self.wake_time(now))
         micro = self.microbatches(batch, result)
-        crossings = [self._through_stages(now, m.seconds, m.num_tokens) for m in micro]
+        crossings = [self._through_stages(start, m.seconds, m.num_tokens) for m in micro]
         self.stats.busy_time += sum(m.seconds for m in micro)
         parts = self._completions(batch, result, micro, crossings) if micro \
             else [(now, batch, result, 0)]
@@ -183,6 +185,7 @@ class PipelineSimInstance(SimInstance):
         done = heapq.heappop(self._pipeline)  # the earliest: its event fires now
         batch, result = done.batch, done.result
         self._num_micro -= done.retires
+        self.last_step_end = self.engine.clock.now()
         if self._stage_free[0] > self.engine.clock.now():  # stage 0 still busy: the
             self.hooks.wake_at(self, self._stage_free[0])  # freed slot starts then
         output = self.engine.finish_step(batch, result)

@@ -19,6 +19,9 @@ reaches the controller `frontend_in` after its arrival (its `arrival_time` stays
 client's, as a server stamps it), and the report's `delivery_delay` tells the metrics to
 read each token `frontend_out` after the engine emitted it. Both are 0 in every
 built-in profile.
+A served engine's wake-up (andante.perf.idle_wake) is the profile's `idle_wake`: an
+instance that starts a step after running none for `idle_wake_after` seconds or more
+(`SimInstance.wake_time`) takes that much longer over it; 0 in every built-in profile.
 
 Multi-model instances (QLM §5): the swap itself is andante.cluster.qlm.swap's
 `ModelSwitcher` (parking, flush, release), which a `SimInstance` drives on the simulated
@@ -123,6 +126,7 @@ class SimInstance(LaterOperations):
         self.hooks = SimHooks()
         self._report: tuple[tuple[float, int, int, int, int], LoadReport] | None = None
         self._fast: tuple[object, SimFastPath | None] = (None, None)  # see `fast_path`
+        self.last_step_end = engine.clock.now()  # idle from here until a step starts
         self._init_models()
 
     def _init_models(self) -> None:
@@ -310,9 +314,19 @@ class SimInstance(LaterOperations):
             if ended:
                 self.hooks.finished(self, ended)
             return None
+        result.duration += self.wake_time(now)
         self.in_flight = (batch, result)
         self.stats.busy_time += result.duration
         return now + result.duration
+
+    def wake_time(self, now: float) -> float:
+        """The engine's wake-up, for a step starting `now`, where the instance ran no
+        step since `last_step_end` (HardwareSpec.idle_wake, andante.perf.idle_wake; 0
+        in every built-in profile). Steps that follow another at once (and the runs of
+        andante.sim.decode_run and prefill_run, which start only as a step ends) pay
+        none."""
+        idle_for = now - self.last_step_end
+        return self.engine.executor.cost_model.wake_time(idle_for) if idle_for > 0 else 0.0
 
     def fast_path(self) -> SimFastPath | None:
         """The engine's policy where it implements the simulator's fast paths
@@ -349,6 +363,7 @@ class SimInstance(LaterOperations):
     def finish_step(self) -> tuple[StepBatch, StepOutput]:
         """Apply the step (or decode run) in flight that completes now (the earliest one
         started)."""
+        self.last_step_end = self.engine.clock.now()
         if self.decode_run is not None:
             return self._finish_decode_run(*self.decode_run)
         assert self.in_flight is not None

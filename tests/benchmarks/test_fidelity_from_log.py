@@ -39,6 +39,11 @@ def test_the_calibration_part_of_the_log_is_fitted_and_simulated(
     log = write_log(tmp_path / "steps.jsonl", records + [{"kind": "step", "duration": -1}])
     fit = ffl.calibrate(log, len(records), tmp_path / "calibration.jsonl")  # not the last
     assert fit["fit_error"] == 0.0 and fit["num_steps"] == len(records)
+    assert fit["idle_wake"] == 0.0 and "no end times" in fit["idle_wake_note"]
     args = ffl.parse_args([])
     sim = ffl.simulated(args, ffl.workload(args, 1.0, 0, "uniform:32:64:4:8", 5))
     assert sim["num_finished"] == 5 and sim["ttft_mean_ms"] > 0
+    wakeless = get_hardware(ffl.WAKELESS_PROFILE)  # the comparison: no wake, same steps
+    assert wakeless.idle_wake == 0.0
+    assert wakeless.coefficients == get_hardware(ffl.PROFILE).coefficients
+

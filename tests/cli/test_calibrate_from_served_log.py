@@ -87,6 +87,9 @@ def test_the_embedded_models_served_steps_give_a_profile(tmp_path: Path, capsys)
     assert fit["engines"] == ["andante"] and fit["num_shapes"] >= 6
     assert {"decode", "prefill"} <= set(fit["by_kind"])
     assert get_hardware("served").fitted_on == fit["fitted_on"]
+    # a torch executor's steps carry the threads they ran on, which the fit reports
+    assert fit["by_threads"] and all(int(k) >= 1 for k in fit["by_threads"])
+    assert sum(v["num_steps"] for v in fit["by_threads"].values()) == fit["num_steps"]
     assert main(["simulate", "--no-progress", "--hardware", "served", "--model",
                  "smollm2-135m", "--num-requests", "5", "--lengths",
                  "uniform:16:64:4:8", "--json"]) == 0

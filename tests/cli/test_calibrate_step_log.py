@@ -156,3 +156,39 @@ def test_malformed_front_end_records_are_refused(tmp_path, capsys):
     assert f"line {len(steps) + 1}: a http record needs 'received' as a number" in err
     with pytest.raises(ValueError):
         get_hardware("bad-front")
+
+
+def _timed(records: list[dict], idle: dict[int, float], penalty: float) -> list[dict]:
+    """`records` with end times `t`: back to back, but `idle[i]` seconds before record i,
+    which then takes `penalty` longer (a wake-up from 1 s idle on)."""
+    t, out = 0.0, []
+    for index, record in enumerate(records):
+        gap = idle.get(index, 0.0)
+        duration = record["duration"] + (penalty if gap >= 1.0 else 0.0)
+        t += gap + duration
+        out.append({**record, "duration": duration, "t": t})
+    return out
+
+
+def test_the_idle_wake_is_fitted_into_the_profile_and_reported(tmp_path, capsys):
+    steps = logged_steps(CostModel(LLAMA, TRUTH), engine="vllm") * 4
+    prompts = [i for i, r in enumerate(steps) if r["num_decode_seqs"] == 0]
+    idle = {i: (0.3 if n % 3 == 0 else 2.0) for n, i in enumerate(prompts)}
+    argv = ["calibrate", "--step-log", _log(tmp_path, _timed(steps, idle, 0.004)),
+            "--model", "llama-3.1-8b", "--base-hardware", "h100-80g", "--name", "woken"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "idle wake: 4.0 ms more for a step after 1.15 s or more without one" in out
+    saved = get_hardware("woken")
+    assert saved.idle_wake == pytest.approx(0.004, rel=0.01) and 0.3 < saved.idle_wake_after <= 2.0
+
+
+def test_a_log_without_idle_gaps_fits_no_wake_and_says_so(tmp_path, capsys):
+    steps = _timed(logged_steps(CostModel(LLAMA, TRUTH), engine="vllm") * 2, {}, 0.0)
+    argv = ["calibrate", "--step-log", _log(tmp_path, steps), "--model", "llama-3.1-8b",
+            "--base-hardware", "h100-80g", "--name", "awake", "--json"]
+    assert main(argv) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["idle_wake"] == 0.0 and record["num_idle_steps"] == 0
+    assert "only 0 steps followed an idle gap" in record["idle_wake_note"]
+    assert get_hardware("awake").idle_wake == 0.0

@@ -43,13 +43,13 @@ def _request(rid: str, prompt: int, arrival: float) -> Request:
                    sampling=SamplingParams(max_tokens=3, ignore_eos=True), arrival_time=arrival)
 
 
-def _trace_run(token_budget: int) -> tuple[list[dict], list[dict]]:
+def _trace_run(token_budget: int, threads=None) -> tuple[list[dict], list[dict]]:
     clock = ManualClock()
     config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=token_budget,
                              max_model_len=512)
     engine = build_engine(TimedToy(clock), clock, "vllm", config)
     out = io.StringIO()
-    trace = StepTrace(out, clock)
+    trace = StepTrace(out, clock, threads=threads)
     engine.add_observer(trace)
     for i, prompt in enumerate((40, 100)):
         req = _request(f"r{i}", prompt, arrival=clock.now())
@@ -98,6 +98,17 @@ def test_step_records_carry_the_shape_a_step_log_fit_reads() -> None:
     assert last.shape.kv_tokens_read == 102 and last.duration == pytest.approx(STEP_S)
     assert steps[0]["overhead"] is None and first.duration == pytest.approx(
         STEP_S - OVERHEAD_S)
+    # each step follows the one before at once: no idle gap (andante.perf.idle_wake)
+    assert first.idle_before is None
+    assert all(s.idle_before == pytest.approx(0.0, abs=1e-9) for s in logged[1:])
+
+
+def test_the_trace_records_each_steps_threads_where_it_can_read_them() -> None:
+    counts = iter(range(1, 1000))
+    steps, _ = _trace_run(token_budget=64, threads=lambda: next(counts))
+    assert [s["threads"] for s in steps] == list(range(1, len(steps) + 1))
+    plain, _ = _trace_run(token_budget=64)
+    assert all("threads" not in s for s in plain)
 
 
 def test_a_larger_budget_prefills_in_fewer_steps() -> None:
