@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -45,10 +46,59 @@ def timeout_response(message: str) -> bytes:
     return head.encode() + body
 
 
-class TimedH11(H11Protocol):
+class RequestTimer:
+    """The one timer per request that both timed protocols share: armed at a request's
+    first byte for its head, re-armed for its body once the head is in, a 408 and the
+    connection closed on expiry. A protocol says whether its response has begun."""
+
     limits: HTTPLimits = HTTPLimits()
     _timer: asyncio.TimerHandle | None = None
     _request_start: float | None = None  # loop time of the current request's first byte
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    scope: Any
+    cycle: Any
+
+    def _response_begun(self) -> bool:
+        raise NotImplementedError
+
+    def _start_request(self) -> None:
+        if self._timer is None:
+            self._request_start = self.loop.time()
+            self._timer = self.loop.call_later(self.limits.header_timeout, self._expire,
+                                               "headers")
+
+    def _time_body(self) -> None:
+        """The head is in: the deadline now covers the body."""
+        self._disarm()
+        start = self._request_start if self._request_start is not None else self.loop.time()
+        deadline = start + self.limits.header_timeout + self._body_seconds()
+        self._timer = self.loop.call_at(deadline, self._expire, "body")
+
+    def _body_seconds(self) -> float:
+        upload = self.scope.get("path") == UPLOAD_PATH if self.scope else False
+        return self.limits.upload_timeout if upload else self.limits.body_timeout
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self, part: str) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle  # for "headers": the previous request's, if any
+        if not self._response_begun():
+            self.transport.write(timeout_response(timeout_message(
+                self.limits, part, self._body_seconds())))
+        if part == "body" and cycle is not None:  # the app sees a disconnect, sends no more
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.close()
+
+
+class TimedH11(RequestTimer, H11Protocol):  # type: ignore[misc]
     _timing_body = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -76,11 +126,8 @@ class TimedH11(H11Protocol):
         if state is h11.IDLE:  # a request's head has begun (or a new one after the last)
             self._start_request()
         elif state is h11.SEND_BODY and not self._timing_body:
-            self._timing_body = True  # the head is in: the deadline now covers the body
-            self._disarm()
-            start = self._request_start if self._request_start is not None else self.loop.time()
-            deadline = start + self.limits.header_timeout + self._body_seconds()
-            self._timer = self.loop.call_at(deadline, self._expire, "body")
+            self._timing_body = True
+            self._time_body()
         elif state is not h11.SEND_BODY:
             self._disarm()
             self._request_start = None
@@ -88,32 +135,11 @@ class TimedH11(H11Protocol):
 
     def _start_request(self) -> None:
         if self._timer is None:
-            self._request_start = self.loop.time()
             self._timing_body = False
-            self._timer = self.loop.call_later(self.limits.header_timeout, self._expire,
-                                               "headers")
+        super()._start_request()
 
-    def _body_seconds(self) -> float:
-        upload = self.scope.get("path") == UPLOAD_PATH if self.scope else False
-        return self.limits.upload_timeout if upload else self.limits.body_timeout
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _expire(self, part: str) -> None:
-        self._timer = None
-        if self.transport.is_closing():
-            return
-        cycle = self.cycle
-        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # no response begun
-            self.transport.write(timeout_response(timeout_message(
-                self.limits, part, self._body_seconds())))
-        if part == "body" and cycle is not None:  # the app sees a disconnect, sends no more
-            cycle.disconnected = True
-            cycle.message_event.set()
-        self.transport.close()
+    def _response_begun(self) -> bool:
+        return self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE)
 
 
 def h11_protocol(limits: HTTPLimits) -> type[H11Protocol]:

@@ -19,13 +19,10 @@ import asyncio
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from andante.server.config import HTTPLimits
-from andante.server.timeouts import UPLOAD_PATH, timeout_message, timeout_response
+from andante.server.timeouts import RequestTimer
 
 
-class TimedHttpTools(HttpToolsProtocol):
-    limits: HTTPLimits = HTTPLimits()
-    _timer: asyncio.TimerHandle | None = None
-    _request_start: float | None = None  # loop time of the current request's first byte
+class TimedHttpTools(RequestTimer, HttpToolsProtocol):  # type: ignore[misc]
     _body_unread = False  # a request's head is in, its body not all
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -42,11 +39,8 @@ class TimedHttpTools(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
-        self._body_unread = True  # the deadline now covers the body
-        self._disarm()
-        start = self._request_start if self._request_start is not None else self.loop.time()
-        self._timer = self.loop.call_at(start + self.limits.header_timeout
-                                        + self._body_seconds(), self._expire, "body")
+        self._body_unread = True
+        self._time_body()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -60,34 +54,9 @@ class TimedHttpTools(HttpToolsProtocol):
             self.transport.close()
         super().on_response_complete()
 
-    # ---- the timer ----------------------------------------------------------------
-    def _start_request(self) -> None:
-        if self._timer is None:
-            self._request_start = self.loop.time()
-            self._timer = self.loop.call_later(self.limits.header_timeout, self._expire,
-                                               "headers")
-
-    def _body_seconds(self) -> float:
-        upload = self.scope.get("path") == UPLOAD_PATH if self.scope else False
-        return self.limits.upload_timeout if upload else self.limits.body_timeout
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _expire(self, part: str) -> None:
-        self._timer = None
-        if self.transport.is_closing():
-            return
-        cycle = self.cycle  # for "headers": the previous request's, if any
-        if cycle is None or not cycle.response_started or cycle.response_complete:
-            self.transport.write(timeout_response(timeout_message(
-                self.limits, part, self._body_seconds())))
-        if part == "body" and cycle is not None:  # the app sees a disconnect, sends no more
-            cycle.disconnected = True
-            cycle.message_event.set()
-        self.transport.close()
+    def _response_begun(self) -> bool:
+        cycle = self.cycle  # the current request's, or the previous one's
+        return cycle is not None and cycle.response_started and not cycle.response_complete
 
 
 def httptools_protocol(limits: HTTPLimits) -> type[HttpToolsProtocol]:
