@@ -369,18 +369,6 @@ def choose_decode_path(heads: int, kv_heads: int, head_dim: int, dtype: torch.dt
     return {name: round(us, 1) for name, us in totals.items()}
 
 
-def decode_matmul_choice(option: str, heads: int, kv_heads: int, head_dim: int,
-                         dtype: torch.dtype, block_size: int
-                         ) -> tuple[bool, dict[str, float]]:
-    """Whether decode rows use `decode_attention_matmul`: "matmul" (or "matmul_native")
-    / "sdpa" as set, or ("auto") the faster of the two timed now; with the timings
-    (empty when set)."""
-    if option != "auto":
-        return option != "sdpa", {}
-    timings = choose_decode_path(heads, kv_heads, head_dim, dtype, block_size)
-    return timings["matmul"] < timings["sdpa"], timings
-
-
 def decode_path_choice(option: str, heads: int, kv_heads: int, head_dim: int,
                        dtype: torch.dtype, block_size: int) -> tuple[str, dict[str, float]]:
     """The decode rows' path of DECODE_PATHS: the option as set, or ("auto") the faster

@@ -90,6 +90,12 @@ class InputBuilder:
         self.decode_native = False  # likewise
         self.prefill_matmul = False
 
+    def copy_attention_paths(self, other: InputBuilder) -> None:
+        """Take `other`'s attention paths (a pipeline of an executor's layers)."""
+        self.decode_matmul = other.decode_matmul
+        self.decode_native = other.decode_native
+        self.prefill_matmul = other.prefill_matmul
+
     def build(self, batch: StepBatch) -> StepInputs:
         n_new, n_cached = batch.num_new_tokens, batch.num_cached_tokens
         for i, req in enumerate(batch.requests):

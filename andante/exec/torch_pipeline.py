@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.microbatch import PipelineEvent, RowsDone, completion_rows, rows_step
-from andante.exec.torch_attention import decode_matmul_choice
+from andante.exec.torch_attention import decode_path_choice, prefill_matmul_choice
 from andante.exec.torch_executor import TorchExecutorOptions
 from andante.exec.torch_inputs import InputBuilder, StepInputs
 from andante.exec.torch_kv import KVPools
@@ -216,7 +216,8 @@ class PipelineExecutor:
     def __init__(self, model: LoadedModel, options: TorchExecutorOptions,
                  stages: Sequence[PipelineStage], cost_model: CostModel,
                  max_model_len: int, pipelined: bool = False,
-                 planner: MicrobatchPlanner | None = None) -> None:
+                 planner: MicrobatchPlanner | None = None,
+                 attention_from: InputBuilder | None = None) -> None:
         self._init_stages(model, stages)
         self.pipelined = pipelined
         self.planner: MicrobatchPlanner = planner or by_rows
@@ -230,9 +231,17 @@ class PipelineExecutor:
         config = model.config
         self.inputs = InputBuilder(options.block_size, max_model_len, config.num_kv_heads,
                                    config.num_heads // config.num_kv_heads, self.dtype)
-        self.inputs.decode_matmul = decode_matmul_choice(
-            options.decode_attention, config.num_heads, config.num_kv_heads, config.head_dim,
-            self.dtype, options.block_size)[0]
+        if attention_from is not None:  # the members' own paths: token-identical to them
+            self.inputs.copy_attention_paths(attention_from)
+        else:  # chosen as an unsplit executor chooses them
+            path = decode_path_choice(options.decode_attention, config.num_heads,
+                                      config.num_kv_heads, config.head_dim, self.dtype,
+                                      options.block_size)[0]
+            self.inputs.decode_matmul = path != "sdpa"
+            self.inputs.decode_native = path == "matmul_native"
+            self.inputs.prefill_matmul = prefill_matmul_choice(
+                options.prefill_attention, config.num_heads, config.num_kv_heads,
+                config.head_dim, self.dtype)[0]
         self.sampler = Sampler(options.seed)
         self.activation_bytes = 0
         self.num_activation_transfers = 0
@@ -241,6 +250,7 @@ class PipelineExecutor:
     def _init_overlap(self) -> None:
         self._stream: StageStream | None = None
         self._fed: dict[int, _Fed] = {}
+        self._failure: BaseException | None = None  # a stage's error (`_fail`)
         self._next_index = 0
         self._open_since = 0.0
 
@@ -330,6 +340,8 @@ class PipelineExecutor:
     def submit(self, batch: StepBatch, num_slots: int) -> int:
         """Swap, cut `batch` into at most `num_slots` microbatches (`planner`) and feed
         them to stage 0; returns how many."""
+        if self._failure is not None:
+            raise self._failure
         started = time.perf_counter()
         swap_time = sum(s.kv.swap(batch.swap_out, batch.swap_in) for s in self.stages)
         if not batch.requests:
@@ -356,9 +368,15 @@ class PipelineExecutor:
     def next_event(self) -> PipelineEvent:
         """The next microbatch out of stage 0 or the last stage, with the step rows it
         completes (andante.exec.microbatch's `completion_rows`)."""
+        if self._failure is not None:
+            raise self._failure
         if self._stream is None or not self._fed:
             raise RuntimeError("next_event with nothing in the pipeline")
-        index, last_stage, logits = self._stream.next_event()
+        try:
+            index, last_stage, logits = self._stream.next_event()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
         fed = self._fed[index]
         step = fed.step
         if last_stage:
@@ -370,7 +388,7 @@ class PipelineExecutor:
         now = time.perf_counter()
         sub, result = rows_step(step.batch, step.tokens, rows, now - step.started,
                                 step.parts_sent == 0, step.swap_time)
-        step.parts_sent += bool(rows)
+        step.parts_sent += 1  # the step's swaps went with its first part, rows or not
         if not self._fed:
             self._close_span(now)
         return PipelineEvent(sub, result, last_stage)
@@ -379,6 +397,14 @@ class PipelineExecutor:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+
+    def _fail(self, exc: BaseException) -> None:
+        """A stage raised: the pipeline is broken for good. Every later `submit` or
+        `next_event` raises the same error at once (none waits for a microbatch that the
+        failed stage dropped), and what was in flight is forgotten."""
+        self._failure = exc
+        self._fed.clear()
+        self.close()
 
     def _sample(self, fed: _Fed, logits: torch.Tensor) -> None:
         index = fed.inputs.sample_index
@@ -425,15 +451,18 @@ def pipeline_executor(model: LoadedModel, options: TorchExecutorOptions,
                       slices: Sequence[LayerSlice], kv_bytes: Sequence[int],
                       cost_model: CostModel, max_model_len: int,
                       num_host_blocks: int, pipelined: bool = False,
-                      planner: MicrobatchPlanner | None = None) -> PipelineExecutor:
+                      planner: MicrobatchPlanner | None = None,
+                      attention_from: InputBuilder | None = None) -> PipelineExecutor:
     """A pipeline over `slices`, member k bringing `kv_bytes[k]` of KV memory; every
-    stage gets the group's block count (the smallest stage's, see the module note)."""
+    stage gets the group's block count (the smallest stage's, see the module note).
+    `attention_from`: the members' input builder, whose attention paths the stages take
+    (else they are chosen as an unsplit executor chooses them)."""
     num_blocks = group_num_blocks(model, options, slices, kv_bytes)
     epilogues = stage_layer_form(model, options)  # one form for every stage
     stages = [PipelineStage(model, options, s, num_blocks, num_host_blocks, max_model_len,
                             epilogues) for s in slices]
     return PipelineExecutor(model, options, stages, cost_model, max_model_len, pipelined,
-                            planner)
+                            planner, attention_from)
 
 
 def device_kv_bytes(num_device_blocks: int, model: LoadedModel,

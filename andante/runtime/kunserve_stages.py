@@ -113,7 +113,7 @@ def build_pipeline(plan: GroupPlan, executors: Mapping[int, TorchExecutor],
         if pipelined and lookahead else None
     return pipeline_executor(lead.model, lead.options, plan.layer_slices, kv_bytes,
                              lead.cost_model, lead.max_model_len, lead.kv.num_host_blocks,
-                             pipelined, planner)
+                             pipelined, planner, lead.inputs)
 
 
 def switch_to_pipeline(plan: GroupPlan, workers: Mapping[int, InstanceWorker],

@@ -11,7 +11,6 @@ from andante.exec.torch_attention import (
     choose_decode_path,
     decode_attention,
     decode_attention_matmul,
-    decode_matmul_choice,
     decode_path_choice,
     flat_rows,
 )
@@ -38,10 +37,11 @@ def test_both_paths_agree(dtype: torch.dtype, tolerance: float, scale: float | N
 def test_the_choice_times_both_paths() -> None:
     timings = choose_decode_path(4, 2, 16, torch.float32, 16, rounds=1, reps=1)
     assert set(timings) == {"sdpa", "matmul"} and all(t > 0 for t in timings.values())
-    matmul, measured = decode_matmul_choice("auto", 4, 2, 16, torch.float32, 16)
+    path, measured = decode_path_choice("auto", 4, 2, 16, torch.float32, 16)
+    matmul = path != "sdpa"
     assert matmul == (measured["matmul"] < measured["sdpa"])
-    assert decode_matmul_choice("matmul", 4, 2, 16, torch.float32, 16) == (True, {})
-    assert decode_matmul_choice("sdpa", 4, 2, 16, torch.float32, 16) == (False, {})
+    assert decode_path_choice("matmul", 4, 2, 16, torch.float32, 16) == ("matmul", {})
+    assert decode_path_choice("sdpa", 4, 2, 16, torch.float32, 16) == ("sdpa", {})
 
 
 def test_a_bad_option_is_refused() -> None:
@@ -77,4 +77,3 @@ def test_the_path_choice_names_the_fastest() -> None:
     assert set(both) == set(DECODE_PATHS) and all(t > 0 for t in both.values())
     assert decode_path_choice("matmul_native", 4, 2, 16, torch.float32, 16) == (
         "matmul_native", {})
-    assert decode_matmul_choice("matmul_native", 4, 2, 16, torch.float32, 16) == (True, {})

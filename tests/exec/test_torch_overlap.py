@@ -94,4 +94,9 @@ def test_a_stage_error_surfaces_from_next_event(tiny4: LoadedModel) -> None:
     assert not pipeline.next_event().last_stage  # stage 0 ran
     with pytest.raises(RuntimeError, match="stage failed"):
         pipeline.next_event()
+    # broken for good: later calls raise at once, none waits for the dropped microbatch
+    with pytest.raises(RuntimeError, match="stage failed"):
+        pipeline.next_event()
+    with pytest.raises(RuntimeError, match="stage failed"):
+        pipeline.submit(batch, 2)
     pipeline.close()

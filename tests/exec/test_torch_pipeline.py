@@ -83,19 +83,19 @@ def test_dropped_weights_become_kv_blocks(tiny4: LoadedModel) -> None:
 
 @pytest.mark.parametrize("layer_form", ["epilogue", "plain"])
 def test_bfloat16_split_matches_unsplit(tiny4: LoadedModel, layer_form: str) -> None:
-    """The fused bf16 path (prepacked layers, either form) splits identically too."""
-    # the paths the stages' input builder runs (the fused prefill kernel, float32 decode
-    # matmuls), unsplit too
+    """The fused bf16 path (prepacked layers, either form) splits identically too: the
+    stages take the attention paths the unsplit executor chose at start-up."""
     options = TorchExecutorOptions(dtype="bfloat16", kv_cache_gib=0.01, swap_space_gib=0.0,
-                                   layer_form=layer_form,  # type: ignore[arg-type]
-                                   prefill_attention="sdpa", decode_attention="matmul")
+                                   layer_form=layer_form)  # type: ignore[arg-type]
     unsplit = TorchExecutor(tiny4, options)
     reference, _ = run_engine(unsplit, PROMPTS, NUM_TOKENS)
     blocks, _ = unsplit.num_kv_blocks(16)
     stages = [PipelineStage(tiny4, options, s, blocks, 0, unsplit.max_model_len)
               for s in [(0, 3), (3, 4)]]
     pipeline = PipelineExecutor(tiny4, options, stages, unsplit.cost_model,
-                                unsplit.max_model_len)
+                                unsplit.max_model_len, attention_from=unsplit.inputs)
+    assert pipeline.inputs.prefill_matmul == unsplit.inputs.prefill_matmul
+    assert pipeline.inputs.decode_native == unsplit.inputs.decode_native
     split, _ = run_engine(pipeline, PROMPTS, NUM_TOKENS)
     assert _outputs(split) == _outputs(reference)
 
