@@ -157,7 +157,7 @@ async def receive_body(receive: Receive, limits: HTTPLimits) -> bytes:
     that came with its head (most) is returned without arming a timer: the protocol's
     own (andante.server.timeouts) bounds the wait for the first part."""
     message: Message = await receive()
-    if message["type"] == "http.body" and not message.get("more_body", False):
+    if message["type"] == "http.request" and not message.get("more_body", False):
         chunk: bytes = message.get("body", b"")
         if len(chunk) > limits.max_body_bytes:
             raise too_large(len(chunk), limits.max_body_bytes)
@@ -250,7 +250,7 @@ def new_call(fleet: Fleet, options: FleetOptions, body: dict[str, Any], path: st
     prompt's estimated length and its max_tokens. The body goes to the upstream as the
     client sent it (`raw`) unless there is something to rewrite: an SLO (`slo`,
     `vllm_xargs`) or the model left out."""
-    as_sent = "model" in body and "slo" not in body and "vllm_xargs" not in body
+    as_sent = body.get("model") is not None and "slo" not in body and "vllm_xargs" not in body
     model = _model(fleet, body)
     slo = _slo(body)
     max_tokens = _max_tokens(body)

@@ -39,13 +39,15 @@ def test_a_body_without_anything_to_rewrite_goes_as_sent() -> None:
     sent = (b'{ "prompt" : "caf\\u00e9", "model": "fake", "extra": [1, 2.50],'
             b' "max_tokens": 3 }')
     with fake_upstream(fake) as a, fleet_server([a]) as fleet:
-        for body in (sent, b'{"prompt": "x"}', b'{"model": "fake", "slo": {"ttft": 1}}'):
+        for body in (sent, b'{"prompt": "x"}', b'{"model": "fake", "slo": {"ttft": 1}}',
+                     b'{"prompt": "y", "model": null}'):
             r = httpx.post(f"{fleet.url}/v1/completions", timeout=10, content=body,
                            headers={"content-type": "application/json"})
             assert r.status_code == 200, r.text
     assert fake.raw_bodies[0] == sent
     assert fake.bodies[1] == {"prompt": "x", "model": "fake"}
     assert fake.bodies[2] == {"model": "fake", "vllm_xargs": {"ttft": 1.0}}
+    assert fake.bodies[3] == {"prompt": "y", "model": "fake"}  # a null model is filled in
 
 
 def test_429_and_5xx_are_retried_elsewhere() -> None:
