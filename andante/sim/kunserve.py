@@ -156,7 +156,12 @@ class SimPipelineGroups:
         if inst.index in self._failures and not inst._pipeline:
             self._apply_failure(inst.index)
             return
+        group = self.book.groups.get(inst.index)
         self._try_pending()
+        if inst.index in self._shrinking and self.book.groups.get(inst.index) is not group:
+            self._shrinking.discard(inst.index)  # a grow just re-formed the group: the
+            inst.draining = False  # shrink was decided for the old one (the coordinator
+            # decides again on the new group)
         if inst.index in self._shrinking and not inst._pipeline:
             self._shrinking.discard(inst.index)
             self.book.shrink(inst.index)  # (None: no longer fits; the group stays)

@@ -126,11 +126,12 @@ class PipelineSimInstance(SimInstance):
         parts = self._completions(batch, result, micro, crossings) if micro \
             else [(now, batch, result, 0)]
         last = max(when for when, *_ in parts)
-        for when, sub, sub_result, retires in parts:
+        waited = max(i for i, (when, *_) in enumerate(parts) if when == last)
+        for i, (when, sub, sub_result, retires) in enumerate(parts):
             heapq.heappush(self._pipeline, Completion(when, self._seq, sub, sub_result,
                                                       retires))
             self._seq += 1
-            if when != last:  # the caller waits for `last`
+            if i != waited:  # the caller waits for `last`, one event per other part
                 self.hooks.step_done_at(self, when)
         self._num_micro += len(micro)
         return last
