@@ -17,6 +17,7 @@ vllm:num_preemptions) are vLLM's.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -176,6 +177,18 @@ class VllmKVView:
         held = self.num_device_blocks_of(request_id)
         self.preempter.preempt(request_id)
         return held
+
+    # ---- run-ahead proofs (the simulator's; vLLM steps every step) --------------------
+    def registers_more(self, request_ids: Iterable[str]) -> bool:
+        """Always "may": vLLM's prefix cache is not followed here, so no run of steps is
+        proven to admit nobody (StepPlan.admits_none_of is then False)."""
+        return True
+
+    def refuses_for_now(self, request_id: str, num_total_tokens: int) -> bool:
+        return False  # not sure (see registers_more)
+
+    def hit_is_settled(self, request_id: str) -> bool:
+        return False  # not followed (see registers_more)
 
     # ---- no host tier in vLLM v1 ----------------------------------------------------
     def can_swap_out(self, request_id: str) -> bool:
