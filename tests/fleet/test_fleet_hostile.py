@@ -20,6 +20,7 @@ from andante.server.fast_protocol import fast_protocol
 from andante.server.fleet_app import FleetServeOptions
 from andante.server.fleet_launch import FleetServerThread
 from tests.fleet.helpers import FakeUpstream, fake_upstream
+from tests.server.helpers import closed_while_trickling, connect_raw
 
 SHORT = HTTPLimits(header_timeout=0.3, body_timeout=0.3, upload_timeout=0.6)
 POST_HEAD = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -37,29 +38,7 @@ def _fleet(limits: HTTPLimits) -> Iterator[FleetServerThread]:
 
 def _connect(server: FleetServerThread, data: bytes) -> socket.socket:
     host, port = server.url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)), timeout=3)
-    sock.sendall(data)
-    return sock
-
-
-def _closed_while_trickling(sock: socket.socket, seconds: float = 2.0) -> tuple[bytes, bool]:
-    """Send a byte every 50 ms while reading: what came back, and whether the server
-    closed the connection within `seconds`."""
-    reply = b""
-    sock.settimeout(0.05)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            sock.sendall(b"x")
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            continue
-        except OSError:
-            return reply, True  # reset: closed
-        if not chunk:
-            return reply, True
-        reply += chunk
-    return reply, False
+    return connect_raw(host, int(port), data)
 
 
 def test_the_fleet_serves_with_httptools_where_installed() -> None:
@@ -69,16 +48,16 @@ def test_the_fleet_serves_with_httptools_where_installed() -> None:
 
 def test_a_trickled_body_or_head_gets_a_408_and_is_closed() -> None:
     with _fleet(SHORT) as server:
-        reply, closed = _closed_while_trickling(_connect(server, POST_HEAD))
+        reply, closed = closed_while_trickling(_connect(server, POST_HEAD))
         assert reply.startswith(b"HTTP/1.1 408") and b"--body-timeout" in reply, reply
         assert closed
-        reply, closed = _closed_while_trickling(_connect(server, b"GET /health HTTP/1.1\r\n"))
+        reply, closed = closed_while_trickling(_connect(server, b"GET /health HTTP/1.1\r\n"))
         assert reply.startswith(b"HTTP/1.1 408") and b"--header-timeout" in reply, reply
         assert closed
         upload = (b"POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
                   b"boundary=b\r\nContent-Length: 100000\r\n\r\n")
         started = time.monotonic()
-        reply, closed = _closed_while_trickling(_connect(server, upload), seconds=3.0)
+        reply, closed = closed_while_trickling(_connect(server, upload), seconds=3.0)
         assert reply.startswith(b"HTTP/1.1 408") and b"--upload-timeout" in reply, reply
         assert closed and time.monotonic() - started < 2.5
         assert httpx.get(server.url + "/health").status_code == 200
@@ -89,7 +68,7 @@ def test_an_unread_body_closes_the_connection_after_the_answer() -> None:
     with _fleet(HTTPLimits(header_timeout=5, body_timeout=5)) as server:
         for request in (b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n",
                         b"GET /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n"):
-            reply, closed = _closed_while_trickling(_connect(server, request), seconds=1.0)
+            reply, closed = closed_while_trickling(_connect(server, request), seconds=1.0)
             assert reply.split(b"\r\n")[0] in (b"HTTP/1.1 200 OK", b"HTTP/1.1 404 Not Found")
             assert closed
 

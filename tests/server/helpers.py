@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -77,3 +78,33 @@ def serve_process(*args: str, env: dict[str, str] | None = None) -> Iterator[str
 def toy_serve_process(*args: str) -> AbstractContextManager[str]:
     """`serve_process` on the toy model with 1 ms steps."""
     return serve_process("--model", "toy", "--toy-step-ms", "1", *args)
+
+
+def connect_raw(host: str, port: int, data: bytes) -> socket.socket:
+    """A TCP connection to a server under test with `data` already sent on it."""
+    sock = socket.create_connection((host, port), timeout=3)
+    sock.sendall(data)
+    return sock
+
+
+def closed_while_trickling(sock: socket.socket, seconds: float = 2.0) -> tuple[bytes, bool]:
+    """Send a byte every 50 ms while reading: what came back, and whether the server
+    closed the connection within `seconds`."""
+    reply = b""
+    sock.settimeout(0.05)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            sock.sendall(b"x")
+        except OSError:
+            return reply, True  # reset: closed
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            return reply, True
+        if not chunk:
+            return reply, True
+        reply += chunk
+    return reply, False

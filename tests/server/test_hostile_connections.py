@@ -3,55 +3,25 @@ test fails with its fix reverted."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import httpx
 
-from andante.server import ServerThread
 from andante.server.config import HTTPLimits
 from tests.server.batch_helpers import batch_lines, finished, submit, wait_batch
-from tests.server.helpers import toy_server
+from tests.server.helpers import closed_while_trickling, connect_raw, toy_server
 
 SHORT = HTTPLimits(header_timeout=0.3, body_timeout=0.3, upload_timeout=0.5)
 
-
-def _connect(srv: ServerThread, data: bytes) -> socket.socket:
-    sock = socket.create_connection((srv.host, srv.port), timeout=3)
-    sock.sendall(data)
-    return sock
-
-
-def _closed_while_trickling(sock: socket.socket, seconds: float = 2.0) -> tuple[bytes, bool]:
-    """Send a byte every 50 ms while reading: what came back, and whether the server
-    closed the connection within `seconds`."""
-    reply = b""
-    sock.settimeout(0.05)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            sock.sendall(b"x")
-        except OSError:
-            return reply, True  # reset: closed
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            continue
-        except OSError:
-            return reply, True
-        if not chunk:
-            return reply, True
-        reply += chunk
-    return reply, False
 
 
 def test_a_request_whose_body_trickles_gets_a_408_and_is_closed() -> None:
     head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: 100000\r\n\r\n")
     with toy_server(limits=SHORT) as srv:
-        sock = _connect(srv, head)
-        reply, closed = _closed_while_trickling(sock)
+        sock = connect_raw(srv.host, srv.port, head)
+        reply, closed = closed_while_trickling(sock)
         assert reply.startswith(b"HTTP/1.1 408"), reply
         assert closed  # not held open by the trickle
 
@@ -61,8 +31,8 @@ def test_an_unread_body_closes_the_connection_after_the_answer() -> None:
     with toy_server(limits=HTTPLimits(header_timeout=5, body_timeout=5)) as srv:
         for request in (b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n",
                         b"GET /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n"):
-            sock = _connect(srv, request)
-            reply, closed = _closed_while_trickling(sock, seconds=1.0)
+            sock = connect_raw(srv.host, srv.port, request)
+            reply, closed = closed_while_trickling(sock, seconds=1.0)
             assert reply.split(b"\r\n")[0] in (b"HTTP/1.1 200 OK", b"HTTP/1.1 404 Not Found")
             assert closed
 
@@ -72,8 +42,8 @@ def test_an_upload_obeys_its_own_timeout() -> None:
             b"boundary=b\r\nContent-Length: 100000\r\n\r\n")
     with toy_server(limits=SHORT) as srv:
         start = time.monotonic()
-        sock = _connect(srv, head)
-        reply, closed = _closed_while_trickling(sock, seconds=3.0)
+        sock = connect_raw(srv.host, srv.port, head)
+        reply, closed = closed_while_trickling(sock, seconds=3.0)
         assert reply.startswith(b"HTTP/1.1 408") and b"--upload-timeout" in reply, reply
         assert closed and time.monotonic() - start < 2.0
 
