@@ -121,13 +121,55 @@ def test_a_server_down_gives_back_the_parked_and_stops_the_switch() -> None:
         await asyncio.sleep(0.02)
         assert [r.request_id for r in device.parked] == ["r2"] and device.alive
         b.alive = False  # the sleeping server stops answering
-        assert not device.alive  # it cannot swap: no new request until b is back
         assert [r.request_id for r in device.server_down(b)] == ["r2"] and not device.parked
         await asyncio.sleep(0.05)
         assert calls == [] and device.awake is a and device.target is None  # a never slept
         await asyncio.sleep(FAILED_SWAP_BACKOFF_S + 0.1)
         assert not back  # nothing handed back twice
-        b.alive = True
+
+    asyncio.run(main())
+
+
+def test_a_sleeping_server_down_takes_out_only_its_model() -> None:
+    async def main() -> None:
+        held: list[Request] = []
+        device, (a, b), calls, back = _device()
+        device._hold = held.append
+        b.alive = False
+        device.server_down(b)
+        # the awake model is routed on; the down one is nowhere on the device
         assert device.alive
+        state = device.model_state()
+        assert state.device == "alpha" and state.host == () and set(state.costs) == {"alpha"}
+        device.submit(_req("r1", "alpha"))
+        assert a.got == ["r1"]
+        device.swap_model("beta")  # no swap to a server that is down
+        device.submit(_req("r2", "beta"))  # placed here all the same: held, never parked
+        await asyncio.sleep(0.05)
+        assert calls == [] and not device.parked and [r.request_id for r in held] == ["r2"]
+        assert device.switcher.pending is None and not b.got
+        # back: put to sleep (it may have restarted awake), then its model returns
+        b.alive = True
+        assert await device.server_back(b)  # type: ignore[arg-type]
+        assert calls == ["http://b/sleep?level=1"]
+        assert device.model_state().host == ("beta",)
+        assert await device.server_back(a)  # type: ignore[arg-type]
+        assert calls[-1] == "http://a/wake_up"  # the awake one is woken (a no-op if awake)
+
+    asyncio.run(main())
+
+
+def test_the_awake_server_down_takes_the_device_out() -> None:
+    device, (a, b), calls, back = _device()
+    a.alive = False
+    assert not device.alive
+    a.alive = True
+    assert device.alive
+
+
+def test_a_server_back_that_will_not_sleep_stays_out() -> None:
+    async def main() -> None:
+        device, (a, b), calls, back = _device(post_status=500, failing="http://b/sleep?level=1")
+        assert not await device.server_back(b)  # type: ignore[arg-type]
 
     asyncio.run(main())

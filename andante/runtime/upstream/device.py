@@ -15,11 +15,19 @@ awake one gets `POST /sleep?level=1`, the incoming one `POST /wake_up`, whose me
 time is the install's. Requests for a sleeping model wait (in the global queue, or
 parked here) and never fail for it; a switch that fails hands the parked requests back
 to the controller. The load the router sees is the awake server's, the parked requests
-counted as waiting. A server that goes down takes the device out of routing until it is
-back (`alive`: a device that cannot swap serves no new request); the parked requests
-leave for the queue at once (`server_down`: never both re-queued and released here), and
-a switch under way stops before it puts the awake server to sleep or at the next drain
-poll.
+counted as waiting.
+
+Faults. The device routes while its awake server is up (`alive`). A sleeping server that
+goes down takes only its own model out: the model leaves the device's `model_state` (the
+router sees it nowhere here, so it re-queues its requests to another upstream that serves
+it, or the fleet holds them against their deadline: `hold`), no swap goes to it, and the
+awake model's requests are routed as before. Requests parked here when a server goes down
+leave for the queue at once (`server_down`: never both re-queued and released here); a
+switch under way stops before it puts the awake server to sleep or at the next drain poll.
+The awake server down takes the whole device out until it is back. A server that returns
+(after a restart it is awake, whatever it was before: two awake servers on one GPU run out
+of memory) is put back in the device's current choice before it is routed to
+(`server_back`: the awake one woken, any other put to sleep).
 """
 
 from __future__ import annotations
@@ -66,7 +74,8 @@ class SharedDevice(LaterOperations):
 
     def __init__(self, index: int, name: str, upstreams: Sequence[UpstreamInstance],
                  awake: int, post: PostFn, on_swapped: Callable[[SharedDevice], None],
-                 hand_back: Callable[[SharedDevice, list[Request]], None]) -> None:
+                 hand_back: Callable[[SharedDevice, list[Request]], None],
+                 hold: Callable[[Request], None] | None = None) -> None:
         self.index = index
         self.name = name
         self.upstreams = list(upstreams)
@@ -76,6 +85,7 @@ class SharedDevice(LaterOperations):
         self._post = post
         self._on_swapped = on_swapped
         self._hand_back = hand_back
+        self._hold = hold or (lambda req: hand_back(self, [req]))
         self._costs = {u.models[0]: CostModel(get_model(u.info.spec.cost_model),
                                               get_hardware(u.info.spec.hardware))
                        for u in self.upstreams}
@@ -109,10 +119,11 @@ class SharedDevice(LaterOperations):
             elapsed = asyncio.get_running_loop().time() - self._switch_started
             loading = max(1e-3, self.swap_s - elapsed)
         hardware = self._costs[device].hardware
+        held = [m for m in self.by_model if m == device or self.serves(m)]
         return ModelState(
-            device=device, host=tuple(m for m in self.by_model if m != device),
-            loading_s=loading, costs=dict(self._costs),
-            weight_bytes={m: c.model.weight_bytes for m, c in self._costs.items()},
+            device=device, host=tuple(m for m in held if m != device),
+            loading_s=loading, costs={m: self._costs[m] for m in held},
+            weight_bytes={m: self._costs[m].model.weight_bytes for m in held},
             host_link_bandwidth=hardware.host_link_bandwidth,
             disk_bandwidth=hardware.disk_bandwidth, device_memory_bytes=0,
             host_memory_bytes=0, block_size=BLOCK_SIZE)
@@ -123,10 +134,13 @@ class SharedDevice(LaterOperations):
     # ---- the Instance seam -----------------------------------------------------------------
     @property
     def alive(self) -> bool:
-        """Every server up: a device one of whose servers is down cannot swap, so it
-        takes no request until that server is back (its awake server's requests in
-        flight go on meanwhile, unless it is the one down)."""
-        return all(u.alive for u in self.upstreams)
+        """The awake server is up (a sleeping one down takes out only its model)."""
+        return self.awake.alive
+
+    def serves(self, model: str) -> bool:
+        """`model`'s server here is up (so the device can serve or swap to it)."""
+        upstream = self.by_model.get(model)
+        return upstream is not None and upstream.alive
 
     def server_down(self, upstream: UpstreamInstance) -> list[Request]:
         """`upstream`, one of this device's servers, is down: the parked requests
@@ -138,8 +152,27 @@ class SharedDevice(LaterOperations):
                   "awake" if upstream is self.awake else "asleep", len(parked))
         return parked
 
+    async def server_back(self, upstream: UpstreamInstance) -> bool:
+        """`upstream`, down until now, answers again: put it in the state this device
+        chose for it before it is routed to (a server restarted after a crash comes back
+        awake: asleep unless it is the awake one). False: it did not comply (it stays
+        down; the next probe tries again)."""
+        path = "/wake_up" if upstream is self.awake else f"/sleep?level={SLEEP_LEVEL}"
+        try:
+            await self._call(upstream, path)
+        except Exception as exc:
+            log.error("device %s: server %s is back but %s failed (%s); it stays out",
+                      self.name, upstream.url, path, exc)
+            return False
+        log.warning("device %s: server %s is back, %s", self.name, upstream.url,
+                    "awake" if upstream is self.awake else "put to sleep")
+        return True
+
     def submit(self, req: Request) -> None:
         self.num_received += 1
+        if req.model and not self.serves(req.model):  # its server went down meanwhile
+            asyncio.get_running_loop().call_soon(self._hold, req)
+            return
         if self.target is not None or self.switcher.must_park(req):
             self.switcher.park(req)
             self._drive()  # the parked head may need a swap
@@ -169,7 +202,11 @@ class SharedDevice(LaterOperations):
                           drain_time=max(report.drain_time, self.swap_s))
 
     def swap_model(self, model: str) -> None:
-        self.switcher.ask(model)  # ValueError: not one of this device's models
+        self.switcher.tiers.check(model)  # ValueError: not one of this device's models
+        if not self.serves(model):
+            log.info("device %s: no swap to %s, whose server is down", self.name, model)
+            return
+        self.switcher.ask(model)
         self._drive()
 
     # ---- SwapSite (the switcher's side) ------------------------------------------------------

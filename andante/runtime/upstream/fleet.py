@@ -27,10 +27,13 @@ and Ray instances (one controller per model: `members`), and an upstream is an
   queue-holding router) past their deadline end with a 503;
 - upstreams that share a device (a fleet file's `device`; each in sleep mode) are one
   instance of one controller over their models, whose qlm router swaps them through
-  their `/sleep` and `/wake_up` (andante.runtime.upstream.device); one of its servers
-  down takes the device out of routing until it is back: its parked requests go back to
-  the queue, and only if it was the awake server are the requests in flight there
-  re-queued or ended (a sleeping server's fault leaves the awake one's streams alone).
+  their `/sleep` and `/wake_up` (andante.runtime.upstream.device); its awake server
+  down takes the device out of routing until it is back, a sleeping one down takes out
+  only its model (the awake model is routed on); a server that returns is put back in
+  the device's choice (asleep, or awake) before it is routed to;
+- a request the router placed where its model cannot be served now (every server of it
+  down: QLM refuses it onto an instance) is *held* here: it goes back to its controller
+  when an upstream comes back, and ends with a 503 at its deadline.
 """
 
 from __future__ import annotations
@@ -100,6 +103,8 @@ class Fleet:
         self.num_retries = 0
         self.num_offloads = 0
         self.num_failed = 0
+        self.held: list[Request] = []  # placed where their model's servers are down
+        self._restoring: set[int] = set()  # upstreams being put back in their state
         self._probe_client: httpx.AsyncClient | None = None
         self._pools: list[UpstreamPool] = []
         self._poller: asyncio.Task[None] | None = None
@@ -120,7 +125,8 @@ class Fleet:
                 index_of.update((u.index, len(members)) for u in ups)
                 awake = next((i for i, u in enumerate(ups) if not u.info.sleeping), 0)
                 members.append(SharedDevice(len(members), device, ups, awake,
-                                            self._post_to, self._swapped, self._parked_back))
+                                            self._post_to, self._swapped, self._parked_back,
+                                            self._hold))
             for model in models:
                 for u in self.upstreams:
                     if model in u.models and not u.info.spec.device:
@@ -128,7 +134,7 @@ class Fleet:
                             raise FleetError(f"upstream {u.url} serves several models of "
                                              "a device's set: give each its own server")
                         index_of[u.index] = len(members)
-                        members.append(Member(len(members), u, model))
+                        members.append(Member(len(members), u, model, self._hold))
             router = make_router(self.options.router, dict(self.options.router_options))
             group = ModelGroup(models[0], Controller(members, router), index_of)
             groups.update((m, group) for m in models)
@@ -204,12 +210,14 @@ class Fleet:
         """Requests known to wait for their first token: queued here, or streaming
         without a first byte yet (a non-streamed answer's start is not seen)."""
         queued = {req.request_id for g in self.unique_groups for req in g.controller.queue}
+        queued.update(req.request_id for req in self.held)
         return len(queued) + sum(1 for c in self.calls.values()
                                  if c.stream and not c.started and c.request_id not in queued)
 
     @property
     def num_queued(self) -> int:
-        return sum(len(g.controller.queue) for g in self.unique_groups)
+        """Requests waiting for an upstream: in a controller's queue, or held."""
+        return sum(len(g.controller.queue) for g in self.unique_groups) + len(self.held)
 
     # ---- one attempt on one upstream ------------------------------------------------------
     async def _forward(self, upstream: UpstreamInstance, req: Request) -> None:
@@ -342,6 +350,27 @@ class Fleet:
             group.controller.on_finished(call.request_id)
             group.controller.submit(req)
 
+    def _hold(self, req: Request) -> None:
+        """`req` was placed where its model cannot be served now (its servers are
+        down): it waits here, out of the router's way, for an upstream to come back
+        (`_release_held`) or for its deadline (`_expire_held`)."""
+        call = self.calls.get(req.request_id)
+        self.groups[req.model].controller.on_finished(req.request_id)
+        if call is None or call.finished:
+            return
+        log.warning("request %s waits: no upstream serving %r is up", req.request_id,
+                    req.model)
+        self.held.append(req)
+
+    def _release_held(self) -> None:
+        """An upstream came back: the held requests go to their controllers again
+        (those whose model is still unserved come back here)."""
+        held, self.held = self.held, []
+        for req in held:
+            call = self.calls.get(req.request_id)
+            if call is not None and not call.finished:
+                self.groups[call.model].controller.submit(req)
+
     def _hand_back(self, index: int, reqs: list[Request]) -> None:
         """Requests an upstream withdrew (offloads): their router places them again."""
         upstream = self.upstreams[index]
@@ -364,6 +393,7 @@ class Fleet:
     async def _poll_once(self) -> None:
         await asyncio.gather(*(self._probe(u) for u in self.upstreams))
         now = self.clock.now()
+        self._expire_held(now)
         for group in self.unique_groups:
             self._expire(group, now)
             if group.controller.queue:
@@ -387,7 +417,7 @@ class Fleet:
         if ok:
             upstream.observe_poll(parse_load(resp.text))
             upstream.num_failed_probes = 0
-            if not upstream.up:
+            if not upstream.up and await self._restore(upstream):
                 self._recovered(upstream)
             return
         upstream.num_failed_probes += 1
@@ -419,11 +449,33 @@ class Fleet:
         log.error("upstream %s is down (%s): %d request(s) re-queued, %d failed",
                   upstream.url, reason, requeued, failed)
 
+    async def _restore(self, upstream: UpstreamInstance) -> bool:
+        """A down upstream answers: a device's server is first put back in the state
+        its device chose (one call at a time; False: not yet, it stays down)."""
+        device = self._device_of(upstream)
+        if device is None:
+            return True
+        if upstream.index in self._restoring:
+            return False
+        self._restoring.add(upstream.index)
+        try:
+            return await device.server_back(upstream) and not upstream.up
+        finally:
+            self._restoring.discard(upstream.index)
+
+    def _device_of(self, upstream: UpstreamInstance) -> SharedDevice | None:
+        return next((d for d in self.devices if upstream in d.upstreams), None)
+
     def _recovered(self, upstream: UpstreamInstance) -> None:
         upstream.up = True
         log.warning("upstream %s is back", upstream.url)
         for group in self._groups_of(upstream):
-            group.controller.instance_recovered(group.member_of(upstream))
+            slot = group.controller.slots[group.member_of(upstream)]
+            if slot.down and slot.instance.alive:
+                group.controller.instance_recovered(slot.index)
+            else:  # a device's sleeping server: its model is servable again
+                group.controller.dispatch_queue()
+        self._release_held()
 
     def _groups_of(self, upstream: UpstreamInstance) -> Iterator[ModelGroup]:
         return (g for g in self.unique_groups if upstream.index in g.members)
@@ -434,8 +486,24 @@ class Fleet:
             call = self.calls.get(req.request_id)
             if call is not None and now >= call.deadline:
                 group.controller.abort(req.request_id)
-                self._fail(call, 503, f"no upstream serving {call.model!r} could take the "
-                           "request before its deadline", "upstream_unavailable")
+                self._fail_unplaced(call)
+
+    def _expire_held(self, now: float) -> None:
+        """Held requests past their deadline end with a 503; gone clients' leave."""
+        kept = []
+        for req in self.held:
+            call = self.calls.get(req.request_id)
+            if call is None or call.finished:
+                continue
+            if now >= call.deadline:
+                self._fail_unplaced(call)
+            else:
+                kept.append(req)
+        self.held = kept
+
+    def _fail_unplaced(self, call: Call) -> None:
+        self._fail(call, 503, f"no upstream serving {call.model!r} could take the request "
+                   "before its deadline", "upstream_unavailable")
 
     def _offload(self, now: float) -> None:
         """Ascendra §5.3 on upstreams: withdraw LP requests about to miss their TTFT."""

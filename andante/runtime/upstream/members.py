@@ -14,7 +14,7 @@ controller (`linked_models`), whose qlm router swaps them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from andante.cluster.controller import Controller
@@ -32,10 +32,13 @@ class Member(LaterOperations):
     """Upstream `upstream` as instance `index` of model `model`'s controller. It reports
     its model (`MultiModel`, for QLM's estimates): the one model, always on the device
     (an upstream neither swaps nor warms models), with the catalog cost model its spec
-    names."""
+    names. A request for another model (the router placed it here as refused: no
+    upstream of its model is up) goes to `hold`, never to the upstream."""
 
-    def __init__(self, index: int, upstream: UpstreamInstance, model: str) -> None:
+    def __init__(self, index: int, upstream: UpstreamInstance, model: str,
+                 hold: Callable[[Request], None] | None = None) -> None:
         self.index = index
+        self._hold = hold
         self.upstream = upstream
         self.model = model
         self.role = upstream.role
@@ -60,6 +63,10 @@ class Member(LaterOperations):
         return self.upstream.alive
 
     def submit(self, req: Request) -> None:
+        if req.model and req.model != self.model and self._hold is not None:
+            self.upstream.num_received += 1  # received (the controller's in-transit count)
+            self._hold(req)
+            return
         self.upstream.submit(req)
 
     def abort(self, request_id: str) -> None:
