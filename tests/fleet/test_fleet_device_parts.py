@@ -8,8 +8,13 @@ from typing import Any
 
 from andante.cluster.instance import MultiModel
 from andante.core.request import Request, SyntheticTokens
-from andante.core.sampling import SamplingParams
-from andante.runtime.upstream.device import FAILED_SWAP_BACKOFF_S, SharedDevice
+from andante.core.sampling import SLO, SamplingParams
+from andante.runtime.upstream.device import (
+    FAILED_SWAP_BACKOFF_S,
+    MAX_DRAIN_S,
+    SharedDevice,
+    cut_pays,
+)
 from andante.runtime.upstream.discovery import UpstreamSpec
 from andante.runtime.upstream.members import linked_models
 
@@ -20,6 +25,9 @@ class StandIn:
         self.info = SimpleNamespace(spec=UpstreamSpec(url, device=device), sleeping=False)
         self.num_in_flight = 0
         self.got: list[str] = []
+        self.requests: dict[str, Request] = {}  # in flight, by id
+        self.started: set[str] = set()  # of those, the ones with a byte streamed
+        self.withdrawn: list[str] = []
 
     def submit(self, req: Request) -> None:
         self.got.append(req.request_id)
@@ -28,7 +36,10 @@ class StandIn:
         pass
 
     def withdraw(self, request_ids: Any) -> None:
-        pass
+        self.withdrawn += request_ids
+        for rid in request_ids:
+            del self.requests[rid]
+            self.num_in_flight -= 1
 
 
 def _req(rid: str, model: str) -> Request:
@@ -171,5 +182,105 @@ def test_a_server_back_that_will_not_sleep_stays_out() -> None:
     async def main() -> None:
         device, (a, b), calls, back = _device(post_status=500, failing="http://b/sleep?level=1")
         assert not await device.server_back(b)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+
+
+# ---- the drain before a swap: wait for the streams, or cut them (device.cut_pays) ----
+
+def _due(rid: str, model: str, arrival: float, deadline: float | None) -> Request:
+    return Request(rid, SyntheticTokens(4), SamplingParams(max_tokens=4), arrival,
+                   model=model, slo=SLO(deadline=deadline))
+
+
+def test_cut_pays_only_to_save_more_parked_requests_than_it_cuts() -> None:
+    swap = 1.0
+    soon = [_due(f"p{i}", "beta", 0.0, 5.0) for i in range(3)]  # latest start: 4.0
+    assert not cut_pays([], 1, 4.0, swap)
+    assert not cut_pays([_due("n", "beta", 0.0, None)] * 5, 1, 100.0, swap)  # no deadline
+    assert not cut_pays(soon, 1, 3.0, swap)  # they can still wait
+    assert cut_pays(soon, 2, 4.0, swap)  # 3 saved > 2 cut
+    assert not cut_pays(soon, 3, 4.0, swap)  # 3 saved, 3 cut: waiting loses no more
+    assert not cut_pays(soon, 1, 4.5, swap)  # late whatever happens: cutting saves none
+    mixed = soon + [_due("far", "beta", 0.0, 60.0)]  # can wait, but a swap now saves it too
+    assert cut_pays(mixed, 3, 4.0, swap)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.time = 0.0
+
+    def now(self) -> float:
+        return self.time
+
+
+def _draining_device() -> tuple[SharedDevice, StandIn, list[str], list[Any], _Clock]:
+    """Alpha awake with a stream under way (s1) and a request without a byte (u1)."""
+    device, (a, b), calls, back = _device()
+    clock = _Clock()
+    cut: list[str] = []
+
+    def cut_streams(upstream: Any, rids: list[str], model: str) -> None:
+        cut.extend(rids)
+        for rid in rids:
+            del upstream.requests[rid]
+            upstream.started.discard(rid)
+            upstream.num_in_flight -= 1
+
+    device._cut, device._clock = cut_streams, clock
+    for rid in ("s1", "u1"):
+        device.submit(_req(rid, "alpha"))
+        a.requests[rid] = _req(rid, "alpha")
+    a.started.add("s1")
+    a.num_in_flight = 2
+    return device, a, calls, cut, clock
+
+
+def test_a_swap_evicts_the_unstarted_at_once_and_waits_for_the_streams() -> None:
+    async def main() -> None:
+        device, a, calls, cut, clock = _draining_device()
+        device.submit(_due("p1", "beta", 0.0, 30.0))  # parked; can wait for the stream
+        device.swap_model("beta")
+        await asyncio.sleep(0.05)
+        assert a.withdrawn == ["u1"] and device.num_evicted == 1  # placed again elsewhere
+        assert not cut and calls == []  # the stream runs on
+        a.requests.clear(), a.started.clear()
+        a.num_in_flight = 0  # it ended
+        await asyncio.sleep(0.05)
+        assert not cut and calls[:2] == ["http://a/sleep?level=1", "http://b/wake_up"]
+        assert device.model == "beta"
+
+    asyncio.run(main())
+
+
+def test_a_swap_cuts_the_streams_when_that_saves_more_parked_deadlines() -> None:
+    async def main() -> None:
+        device, a, calls, cut, clock = _draining_device()
+        for i in range(2):
+            device.submit(_due(f"p{i}", "beta", 0.0, 3.0))
+        device.swap_model("beta")
+        await asyncio.sleep(0.05)
+        assert not cut  # their latest start (3 s less the 1 s swap) has not come
+        clock.time = 2.0
+        await asyncio.sleep(0.05)
+        assert cut == ["s1"] and device.num_cut == 1  # 2 parked saved > 1 stream cut
+        assert device.model == "beta" and calls[:2] == ["http://a/sleep?level=1",
+                                                        "http://b/wake_up"]
+
+    asyncio.run(main())
+
+
+def test_a_swap_waits_when_cutting_would_lose_as_many_as_it_saves() -> None:
+    async def main() -> None:
+        device, a, calls, cut, clock = _draining_device()
+        device.submit(_due("p1", "beta", 0.0, 3.0))
+        device.swap_model("beta")
+        await asyncio.sleep(0.02)  # the drain started at 0 s
+        clock.time = 2.0
+        await asyncio.sleep(0.05)
+        assert not cut and calls == []  # 1 saved, 1 cut: the stream goes on
+        clock.time = MAX_DRAIN_S + 0.1  # the bound: cut whatever the count
+        await asyncio.sleep(0.05)
+        assert cut == ["s1"] and device.model == "beta"
 
     asyncio.run(main())

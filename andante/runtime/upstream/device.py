@@ -9,13 +9,31 @@ awake server's model is on the device, the sleeping ones' are warm in host memor
 swap's steps are the cluster layer's `ModelSwitcher` (andante.cluster.qlm.swap: park
 the requests for another model, swap when asked or when the parked head needs it,
 release the parked ones in order), driven here on the event loop; this instance is its
-`SwapSite`. Before the switcher's swap, the device is drained (the awake server's
-requests in flight finish: its flush finds none) and the servers are switched: the
-awake one gets `POST /sleep?level=1`, the incoming one `POST /wake_up`, whose measured
-time is the install's. Requests for a sleeping model wait (in the global queue, or
-parked here) and never fail for it; a switch that fails hands the parked requests back
-to the controller. The load the router sees is the awake server's, the parked requests
-counted as waiting.
+`SwapSite`. Before the switcher's swap, the device is drained (its flush then finds
+none) and the servers are switched: the awake one gets `POST /sleep?level=1`, the
+incoming one `POST /wake_up`, whose measured time is the swap's (`swap_s`).
+
+Requests for a sleeping model wait (in the global queue, or parked here) and never fail
+for it; a switch that fails hands the parked requests back to the controller. The load
+the router sees is the awake server's, the parked requests counted as waiting.
+
+The drain: wait or evict (QLM §5, Fig. 7: a model swap flushes the running batch, as
+request eviction does; the agent evicts only for a head group that would miss its SLO
+otherwise). On an
+upstream the two kinds of request in flight differ:
+- a request that has streamed nothing is evicted at once (withdrawn, placed again by the
+  controller: it loses only its upstream's prefill, as QLM's eviction loses its KV);
+- a stream under way cannot move: the client holds part of an answer that no other
+  server resumes bit for bit, so cutting it loses the whole request (it ends with an
+  error event), not its KV. The device waits for the streams to finish, and cuts them
+  only where QLM's rule says waiting is worse, counted in requests: when waiting one poll
+  longer would make a parked request miss a deadline it can still meet by a swap now
+  (its deadline less `swap_s` has come), and the requests waiting for the incoming model
+  (parked here, or in the global queue: QLM pulls into a swapping instance only what its
+  free slots take) that would still meet theirs outnumber the streams to cut
+  (`cut_pays`). Requests without a deadline are never
+  at risk. The wait is bounded: after `MAX_DRAIN_S` the streams are cut whatever the
+  count (an andante upstream's /sleep itself refuses a server busy that long).
 
 Faults. The device routes while its awake server is up (`alive`). A sleeping server that
 goes down takes only its own model out: the model leaves the device's `model_state` (the
@@ -35,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import cast
 
@@ -42,6 +61,7 @@ from andante.cluster.instance import BASIC_CAPABILITIES, SWAP_MODEL, LaterOperat
 from andante.cluster.load import LoadReport
 from andante.cluster.qlm.swap import ModelSwitcher
 from andante.cluster.qlm.tiers import ModelTiers
+from andante.core.clock import Clock, MonotonicClock
 from andante.core.request import Request
 from andante.engine.engine import Engine
 from andante.perf.catalog import get_hardware, get_model
@@ -54,9 +74,26 @@ SLEEP_LEVEL = 1
 DRAIN_POLL_S = 0.01
 INITIAL_SWAP_S = 1.0  # the estimate until a swap has been measured
 FAILED_SWAP_BACKOFF_S = 0.5  # parked requests return to the queue this late after a failed swap
+MAX_DRAIN_S = 30.0  # a swap's wait for the streams under way, at most (then they are cut)
 
 # POST a path (with query) to an upstream's URL; returns the status (raises on failure)
 PostFn = Callable[[str, str], Awaitable[int]]
+# end these streams of an upstream with an error event: evicted for a swap to a model
+CutFn = Callable[[UpstreamInstance, list[str], str], None]
+
+
+def deadline_of(req: Request) -> float:
+    """The clock time by which `req` should be complete (its SLO), else never."""
+    budget = req.slo.deadline
+    return math.inf if budget is None else req.arrival_time + budget
+
+
+def cut_pays(parked: Sequence[Request], num_streams: int, now: float, swap_s: float) -> bool:
+    """Cut the streams under way now rather than wait on (the module note's rule)?"""
+    savable = [d for d in map(deadline_of, parked) if d >= now + swap_s]
+    if not savable or min(savable) - swap_s > now + DRAIN_POLL_S:
+        return False  # nothing parked is about to become late by waiting
+    return len(savable) > num_streams
 
 
 class _Drained:
@@ -75,7 +112,9 @@ class SharedDevice(LaterOperations):
     def __init__(self, index: int, name: str, upstreams: Sequence[UpstreamInstance],
                  awake: int, post: PostFn, on_swapped: Callable[[SharedDevice], None],
                  hand_back: Callable[[SharedDevice, list[Request]], None],
-                 hold: Callable[[Request], None] | None = None) -> None:
+                 hold: Callable[[Request], None] | None = None, cut: CutFn | None = None,
+                 clock: Clock | None = None,
+                 queued: Callable[[str], Sequence[Request]] | None = None) -> None:
         self.index = index
         self.name = name
         self.upstreams = list(upstreams)
@@ -86,6 +125,11 @@ class SharedDevice(LaterOperations):
         self._on_swapped = on_swapped
         self._hand_back = hand_back
         self._hold = hold or (lambda req: hand_back(self, [req]))
+        self._cut = cut or _abort_streams
+        self._clock = clock or MonotonicClock()
+        self._queued = queued or (lambda model: ())  # the global queue's, for a model
+        self.num_evicted = 0  # requests withdrawn from the outgoing server at swaps
+        self.num_cut = 0  # streams cut by swaps
         self._costs = {u.models[0]: CostModel(get_model(u.info.spec.cost_model),
                                               get_hardware(u.info.spec.hardware))
                        for u in self.upstreams}
@@ -265,12 +309,9 @@ class SharedDevice(LaterOperations):
     async def _switch_servers(self, model: str) -> bool:
         """Drain the awake server, put it to sleep, wake `model`'s (False: failed)."""
         outgoing, incoming = self.awake, self.by_model[model]
-        started = asyncio.get_running_loop().time()
         try:
-            while outgoing.num_in_flight:
-                _check_up(outgoing, incoming)
-                await asyncio.sleep(DRAIN_POLL_S)
-            _check_up(outgoing, incoming)  # never put the awake one to sleep for nothing
+            await self._drain(outgoing, incoming, model)
+            started = asyncio.get_running_loop().time()
             await self._call(outgoing, f"/sleep?level={SLEEP_LEVEL}")
         except Exception as exc:
             self._log_failed_swap(model, exc)
@@ -284,6 +325,38 @@ class SharedDevice(LaterOperations):
         self.awake = incoming
         self.swap_s = asyncio.get_running_loop().time() - started
         return True
+
+    async def _drain(self, outgoing: UpstreamInstance, incoming: UpstreamInstance,
+                     model: str) -> None:
+        """The outgoing server's requests leave: the ones without a byte at once, the
+        streams when they end or are cut (the module note's rule). Raises when either
+        server goes down meanwhile."""
+        unstarted = [rid for rid in outgoing.requests if rid not in outgoing.started]
+        if unstarted:
+            self.num_evicted += len(unstarted)
+            log.info("device %s: %d request(s) without a token leave %s for the swap to "
+                     "%s", self.name, len(unstarted), outgoing.url, model)
+            outgoing.withdraw(unstarted)
+        give_up = self._clock.now() + MAX_DRAIN_S
+        cut = False
+        while outgoing.num_in_flight:
+            _check_up(outgoing, incoming)
+            streams = sorted(outgoing.started)
+            now = self._clock.now()
+            if not cut and streams and (now >= give_up or cut_pays(
+                    self._waiting_for(model), len(streams), now, self.swap_s)):
+                cut = True
+                self.num_cut += len(streams)
+                log.warning("device %s: %d stream(s) on %s cut for the swap to %s (%s)",
+                            self.name, len(streams), outgoing.url, model,
+                            "drain bound" if now >= give_up else "parked deadlines")
+                self._cut(outgoing, streams, model)
+            await asyncio.sleep(DRAIN_POLL_S)
+        _check_up(outgoing, incoming)  # never put the awake one to sleep for nothing
+
+    def _waiting_for(self, model: str) -> list[Request]:
+        return [r for r in self.switcher.parked if r.model == model] + [
+            r for r in self._queued(model) if r.model == model]
 
     def _log_failed_swap(self, model: str, exc: Exception) -> None:
         log.error("device %s: swap %s -> %s failed (%s); %d parked request(s) go back to "
@@ -304,6 +377,11 @@ class SharedDevice(LaterOperations):
         status = await self._post(upstream.url, path)
         if status != 200:
             raise RuntimeError(f"{upstream.url}{path} answered {status}")
+
+
+def _abort_streams(upstream: UpstreamInstance, request_ids: list[str], model: str) -> None:
+    for rid in request_ids:
+        upstream.abort(rid)
 
 
 def _check_up(*servers: UpstreamInstance) -> None:

@@ -126,7 +126,8 @@ class Fleet:
                 awake = next((i for i, u in enumerate(ups) if not u.info.sleeping), 0)
                 members.append(SharedDevice(len(members), device, ups, awake,
                                             self._post_to, self._swapped, self._parked_back,
-                                            self._hold))
+                                            self._hold, self._cut_for_swap, self.clock,
+                                            self._queued_for))
             for model in models:
                 for u in self.upstreams:
                     if model in u.models and not u.info.spec.device:
@@ -361,6 +362,26 @@ class Fleet:
         log.warning("request %s waits: no upstream serving %r is up", req.request_id,
                     req.model)
         self.held.append(req)
+
+    def _queued_for(self, model: str) -> list[Request]:
+        """The requests for `model` in its controller's queue."""
+        group = self.groups.get(model)
+        return [] if group is None else [r for r in group.controller.queue
+                                         if r.model == model]
+
+    def _cut_for_swap(self, upstream: UpstreamInstance, request_ids: list[str],
+                      model: str) -> None:
+        """A device cuts these streams of its outgoing server for a swap: each ends
+        with an error event (its client holds part of an answer)."""
+        for rid in request_ids:
+            call = self.calls.get(rid)
+            upstream.abort(rid)
+            if call is None:
+                continue
+            group = self.groups[call.model]
+            group.controller.on_step(group.member_of(upstream), (rid,))
+            self._fail(call, 503, f"evicted: its server {upstream.url} was put to sleep to "
+                       f"serve {model!r} (a swap that could not wait)", "evicted")
 
     def _release_held(self) -> None:
         """An upstream came back: the held requests go to their controllers again
