@@ -17,17 +17,19 @@ order), each on the same requests (seeded).
 
 Figures per router (medians over rounds): SLO attainment (share of requests meeting
 their own SLO), goodput (such requests per second of the round), TTFT p50/p99.
-Then the proxy itself: 100 concurrent streams straight to one upstream (one chunk per
-`--proxy-step-ms`) and through a fleet of that one upstream, interleaved, after a
-warm-up burst each, in two arrival patterns (`--proxy-pattern`): a burst (100 sent at
-once) and a closed loop (100 clients, each sending its next stream when its last ends:
-100 in flight at every moment). The upstream is `benchmarks/sse_upstream.py` (lean:
-little CPU of its own; `--proxy-upstream-kind toy` for an andante toy server) and the
-client a lean keep-alive one, so that on a small machine the comparison shows the
-proxy rather than its neighbours' CPU. For each pattern, the added TTFT and added time
-per token (fleet minus direct, median and p99 of per-request figures; target <= 2 ms),
-and the fleet process's CPU seconds per 1,000 tokens streamed, split into per request
-and per chunk (`--proxy-upstream URL`: in front of a real server instead, e.g. vLLM's
+Then the proxy itself, its added latency measured directly: the same lean client sends
+each stream twice at the same moment, once straight to the upstream and once through a
+fleet of that one upstream (the pair's order alternates), so both copies meet the same
+upstream, the same machine load and the same client; a request's added TTFT and added
+time per token are its fleet copy's minus its direct copy's, and the figures are the
+median and p99 of these per-pair differences (target <= 2 ms). `--streams` pairs are in
+flight (so `--streams` streams through the fleet), in two arrival patterns
+(`--proxy-pattern`): a burst (all sent at once) and a closed loop (each client sends its
+next pair when its last ends). One chunk per `--proxy-step-ms`; the upstream is
+`benchmarks/sse_upstream.py` (lean: little CPU of its own; `--proxy-upstream-kind toy`
+for an andante toy server). Also the fleet process's CPU seconds per 1,000 tokens it
+streamed, split into per request and per chunk (`--proxy-upstream URL`: in front of a
+real server instead, e.g. vLLM's
 CPU build). `--vllm-upstreams N` adds a routing run over N vLLM CPU servers (the peers'
 install, one model): least-loaded, power-of-two and round-robin on the same bursty
 workload, interleaved rounds. Prints ONE JSON line, with the load average.
@@ -39,7 +41,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import random
 import re
@@ -357,48 +358,100 @@ async def concurrent_streams(url: str, count: int, tokens: int) -> list[dict[str
         client.close()
 
 
-async def closed_loop(url: str, count: int, tokens: int, seconds: float
-                      ) -> list[dict[str, Any]]:
-    """`count` clients, each sending its next stream when the last ends, their first
-    starts spread over one stream's length: `count` streams in flight at every moment.
-    The streams of the first and last stream-length are left out (ramp up and down)."""
+Pair = tuple[dict[str, Any], dict[str, Any]]  # (direct, through the fleet)
+
+
+async def _pair(direct: LeanClient, fleet_c: LeanClient, body: dict[str, Any],
+                fleet_first: bool) -> Pair:
+    """One stream sent twice at the same moment: straight and through the fleet."""
+    sent = time.perf_counter()
+    calls = [direct.stream(body, sent), fleet_c.stream(body, sent)]
+    if fleet_first:
+        calls.reverse()
+    got = await asyncio.gather(*calls)
+    return (got[1], got[0]) if fleet_first else (got[0], got[1])
+
+
+async def paired_burst(direct_url: str, fleet_url: str, count: int, tokens: int
+                       ) -> list[Pair]:
+    """`count` pairs sent at once."""
+    direct, fleet_c = LeanClient(direct_url), LeanClient(fleet_url)
     body = {**PROXY_BODY, "max_tokens": tokens}
-    client = LeanClient(url)
     try:
-        probe = await client.stream(body, time.perf_counter())
+        return await asyncio.gather(*(_pair(direct, fleet_c, body, i % 2 == 1)
+                                      for i in range(count)))
+    finally:
+        direct.close()
+        fleet_c.close()
+
+
+async def paired_loop(direct_url: str, fleet_url: str, count: int, tokens: int,
+                      seconds: float) -> tuple[list[Pair], list[Pair]]:
+    """`count` clients, each sending its next pair when its last ends, their first
+    starts spread over one stream's length: `count` pairs in flight at every moment.
+    The pairs but those of the first and last stream-length (ramp up and down), and all
+    the pairs."""
+    direct, fleet_c = LeanClient(direct_url), LeanClient(fleet_url)
+    body = {**PROXY_BODY, "max_tokens": tokens}
+    try:
+        probe = await direct.stream(body, time.perf_counter())
         length = probe["times"][-1] - probe["sent"] if probe["times"] else 1.0
         start_t = time.perf_counter()
         stop_t = start_t + seconds
 
-        async def client_loop(i: int) -> list[dict[str, Any]]:
+        async def client_loop(i: int) -> list[Pair]:
             await asyncio.sleep(length * i / count)
-            out = []
+            out, n = [], i
             while time.perf_counter() < stop_t:
-                out.append(await client.stream(body, time.perf_counter()))
+                out.append(await _pair(direct, fleet_c, body, n % 2 == 1))
+                n += 1
             return out
 
         runs = await asyncio.gather(*(client_loop(i) for i in range(count)))
     finally:
-        client.close()
-    return [r for rs in runs for r in rs
-            if start_t + length <= r["sent"] <= stop_t - length]
+        direct.close()
+        fleet_c.close()
+    pairs = [p for ps in runs for p in ps]
+    return [p for p in pairs if start_t + length <= p[0]["sent"] <= stop_t - length], pairs
 
 
-def _figures(results: list[dict[str, Any]]) -> dict[str, float]:
-    """Median and p99 of TTFT and of each request's mean time per token (s), tokens."""
-    done = [r for r in results if r["status"] == 200 and len(r["times"]) > 1]
-    if not done:  # nothing finished in the window: the figures say so, not a crash
-        return {"ttft": math.inf, "ttft_p99": math.inf, "per_token": math.inf,
-                "per_token_p99": math.inf, "tokens": 0, "requests": 0,
-                "errors": len(results)}
-    ttfts = sorted(r["times"][0] - r["sent"] for r in done)
-    per_token = sorted((r["times"][-1] - r["times"][0]) / (len(r["times"]) - 1)
-                       for r in done)
-    return {"ttft": statistics.median(ttfts), "ttft_p99": _pct(ttfts, 99) or 0.0,
-            "per_token": statistics.median(per_token),
-            "per_token_p99": _pct(per_token, 99) or 0.0,
-            "tokens": sum(len(r["times"]) for r in done), "requests": len(done),
-            "errors": len(results) - len(done)}
+def _stream_figures(r: dict[str, Any]) -> tuple[float, float] | None:
+    """A finished stream's TTFT and mean time per token (s), else None."""
+    if r["status"] != 200 or len(r["times"]) < 2:
+        return None
+    times = r["times"]
+    return times[0] - r["sent"], (times[-1] - times[0]) / (len(times) - 1)
+
+
+def _paired_figures(pairs: list[Pair]) -> dict[str, float]:
+    """Median and p99 (ms) of the per-pair added TTFT and added time per token (fleet
+    copy minus direct copy), each side's medians, and the fleet's tokens."""
+    ttft: list[float] = []
+    per_token: list[float] = []
+    sides: dict[str, list[tuple[float, float]]] = {"direct": [], "fleet": []}
+    errors = 0
+    for direct, through in pairs:
+        d, f = _stream_figures(direct), _stream_figures(through)
+        if d is None or f is None:
+            errors += 1
+            continue
+        sides["direct"].append(d)
+        sides["fleet"].append(f)
+        ttft.append(f[0] - d[0])
+        per_token.append(f[1] - d[1])
+    if not ttft:
+        return {"pairs": 0, "errors": errors, "fleet_tokens": 0}
+    ttft.sort()
+    per_token.sort()
+    out = {"pairs": len(ttft), "errors": errors,
+           "added_ttft_ms": statistics.median(ttft) * 1e3,
+           "added_ttft_p99_ms": (_pct(ttft, 99) or 0.0) * 1e3,
+           "added_per_token_ms": statistics.median(per_token) * 1e3,
+           "added_per_token_p99_ms": (_pct(per_token, 99) or 0.0) * 1e3}
+    for side, values in sides.items():
+        out[f"{side}_ttft_ms"] = statistics.median(v[0] for v in values) * 1e3
+        out[f"{side}_per_token_ms"] = statistics.median(v[1] for v in values) * 1e3
+    return out
 
 
 def cpu_split(front: Server, args: argparse.Namespace, cpu_long: float, chunks_long: int
@@ -409,29 +462,29 @@ def cpu_split(front: Server, args: argparse.Namespace, cpu_long: float, chunks_l
     chunks_short = 0
     for _ in range(SHORT_ROUNDS):  # the CPU clock ticks in 10 ms: enough requests
         results = asyncio.run(concurrent_streams(front.url, args.streams, args.short_tokens))
-        chunks_short += int(_figures(results)["tokens"])
+        chunks_short += sum(len(r["times"]) for r in results if r["status"] == 200)
     cpu_short = (front.cpu_s() - cpu0) / SHORT_ROUNDS
     chunks_short //= SHORT_ROUNDS
     per_chunk = (cpu_long - cpu_short) / max(1, chunks_long - chunks_short)
     return (cpu_short - chunks_short * per_chunk) / args.streams, per_chunk
 
 
-def _run_pattern(pattern: str, url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+def _run_pairs(pattern: str, direct_url: str, fleet_url: str, args: argparse.Namespace
+               ) -> tuple[list[Pair], int]:
+    """The pairs to measure, and the tokens the fleet streamed in all."""
     if pattern == "burst":
-        return asyncio.run(concurrent_streams(url, args.streams, args.tokens))
-    return asyncio.run(closed_loop(url, args.streams, args.tokens, args.closed_loop_s))
+        pairs = asyncio.run(paired_burst(direct_url, fleet_url, args.streams, args.tokens))
+        every = pairs
+    else:
+        pairs, every = asyncio.run(paired_loop(direct_url, fleet_url, args.streams,
+                                               args.tokens, args.closed_loop_s))
+    return pairs, sum(len(f["times"]) for _, f in every if f["status"] == 200)
 
 
-def _added(rows: dict[str, list[dict[str, float]]]) -> dict[str, float]:
-    """Fleet minus direct, ms, for each figure (medians over rounds)."""
-    out: dict[str, float] = {}
-    for key in ("ttft", "ttft_p99", "per_token", "per_token_p99"):
-        direct = statistics.median(r[key] for r in rows["direct"])
-        fleet_v = statistics.median(r[key] for r in rows["fleet"])
-        out[f"direct_{key}_ms"] = direct * 1e3
-        out[f"fleet_{key}_ms"] = fleet_v * 1e3
-        out[f"added_{key}_ms"] = (fleet_v - direct) * 1e3
-    return out
+def _over_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the rounds."""
+    keys = [k for k in rounds[0] if k.endswith("_ms")]
+    return {k: statistics.median(r[k] for r in rounds if k in r) for k in keys}
 
 
 def lean_upstream(step_ms: float) -> Server:
@@ -454,26 +507,27 @@ def proxy_part(args: argparse.Namespace) -> dict[str, Any]:
     front = fleet([url], "least-loaded", 128)
     patterns = ("burst", "closed-loop") if args.proxy_pattern == "both" else (
         args.proxy_pattern,)
-    rows = {p: {"direct": [], "fleet": []} for p in patterns}  # type: ignore[var-annotated]
+    rows: dict[str, list[dict[str, float]]] = {p: [] for p in patterns}
     cpu_per_k: list[float] = []
     splits: list[tuple[float, float]] = []
     try:
         for target in (url, front.url):  # warm: connections open, code paths run once
             asyncio.run(concurrent_streams(target, args.streams, args.short_tokens))
-        for round_no in range(args.proxy_rounds):
-            kinds = ("direct", "fleet") if round_no % 2 == 0 else ("fleet", "direct")
+        for _ in range(args.proxy_rounds):
             for pattern in patterns:
-                for kind in kinds:
-                    target = url if kind == "direct" else front.url
-                    cpu0 = front.cpu_s()
-                    figures = _figures(_run_pattern(pattern, target, args))
-                    figures["load_avg"] = os.getloadavg()[0]
-                    rows[pattern][kind].append(figures)
-                    print(f"proxy {pattern} {kind}: {figures}", file=sys.stderr, flush=True)
-                    if kind == "fleet" and pattern == "burst":
-                        cpu = front.cpu_s() - cpu0
-                        cpu_per_k.append(cpu / max(1, figures["tokens"]) * 1000)
-                        splits.append(cpu_split(front, args, cpu, int(figures["tokens"])))
+                cpu0 = front.cpu_s()
+                pairs, tokens = _run_pairs(pattern, url, front.url, args)
+                cpu = front.cpu_s() - cpu0
+                figures = _paired_figures(pairs)
+                figures["fleet_tokens"] = tokens
+                figures["load_avg"] = os.getloadavg()[0]
+                figures["fleet_cpu_s_per_1k_tokens"] = cpu / max(
+                    1, figures["fleet_tokens"]) * 1000
+                rows[pattern].append(figures)
+                print(f"proxy {pattern}: {figures}", file=sys.stderr, flush=True)
+                cpu_per_k.append(figures["fleet_cpu_s_per_1k_tokens"])
+                if pattern == "burst":
+                    splits.append(cpu_split(front, args, cpu, int(figures["fleet_tokens"])))
     finally:
         front.stop()
         if up is not None:
@@ -484,8 +538,8 @@ def proxy_part(args: argparse.Namespace) -> dict[str, Any]:
             f"{args.proxy_upstream_kind}, {args.proxy_step_ms:g} ms steps"),
         "target_added_ms": 2.0}
     for pattern in patterns:
-        out[pattern] = _added(rows[pattern])
-        out[pattern]["rounds"] = rows[pattern]
+        done = [r for r in rows[pattern] if r["pairs"]]
+        out[pattern] = {**(_over_rounds(done) if done else {}), "rounds": rows[pattern]}
     if cpu_per_k:
         out.update({
             "fleet_cpu_s_per_1k_tokens": statistics.median(cpu_per_k),
