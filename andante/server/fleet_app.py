@@ -62,10 +62,11 @@ def create_fleet_app(options: FleetServeOptions, infos: list[UpstreamInfo]) -> F
     app.state.fleet = fleet
     app.state.batches = batches
     keys = {options.api_key.encode("utf-8"): None} if options.api_key else {}
-    # the proxied routes (fleet_proxy), under the edge guard (added last: outermost)
-    app.add_middleware(FleetProxy, fleet=fleet, limits=options.limits,
-                       fleet_options=options.fleet)
-    app.add_middleware(EdgeGuard, keys=keys, limits=options.limits)
+    # what uvicorn serves: the edge guard, then the proxied routes (fleet_proxy), in
+    # front of FastAPI's own stack (its error, telemetry and body-limit middleware would
+    # cost every proxied request and every chunk sent; the other routes go through it)
+    app.state.front = EdgeGuard(FleetProxy(app, fleet, options.limits, options.fleet),
+                                keys, options.limits)
     install_error_handlers(app)
     _install_routes(app, fleet, options)
     install_batch_routes(app, batches, options.limits)

@@ -20,7 +20,7 @@ from andante.server.listen import ThreadedServer, bind, log_to_stderr
 
 def _server(app: FastAPI, options: FleetServeOptions) -> uvicorn.Server:
     config = uvicorn.Config(
-        app, log_level=options.log_level, timeout_graceful_shutdown=5, access_log=False,
+        app.state.front, log_level=options.log_level, timeout_graceful_shutdown=5, access_log=False,
         timeout_keep_alive=30, lifespan="on", http=fast_protocol(options.limits))
     return uvicorn.Server(config)
 
