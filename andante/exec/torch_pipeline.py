@@ -63,6 +63,7 @@ from andante.exec.torch_microbatch import (
     check_plan,
     sub_batch,
 )
+from andante.exec.torch_pipeline_sleep import PipelineSleep
 from andante.exec.torch_sampler import Sampler
 from andante.models.loader import LoadedModel, parse_dtype
 from andante.models.rope import inverse_frequencies, rope_table
@@ -209,9 +210,10 @@ class _Fed:
     done: RowsDone
 
 
-class PipelineExecutor:
+class PipelineExecutor(PipelineSleep):
     """Runs a model split into `stages` (contiguous, in order, covering every layer);
-    see the module note. Counts the activation bytes passed between stages."""
+    see the module note. Counts the activation bytes passed between stages. Sleep mode:
+    andante.exec.torch_pipeline_sleep."""
 
     def __init__(self, model: LoadedModel, options: TorchExecutorOptions,
                  stages: Sequence[PipelineStage], cost_model: CostModel,
@@ -299,6 +301,7 @@ class PipelineExecutor:
         return self.workers.times
 
     def execute(self, batch: StepBatch) -> StepResult:
+        self._check_awake()
         started = time.perf_counter()
         swap_time = sum(s.kv.swap(batch.swap_out, batch.swap_in) for s in self.stages)
         sampled: list[int | None] = [None] * len(batch.requests)
@@ -340,6 +343,7 @@ class PipelineExecutor:
     def submit(self, batch: StepBatch, num_slots: int) -> int:
         """Swap, cut `batch` into at most `num_slots` microbatches (`planner`) and feed
         them to stage 0; returns how many."""
+        self._check_awake()
         if self._failure is not None:
             raise self._failure
         started = time.perf_counter()

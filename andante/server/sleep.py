@@ -10,7 +10,9 @@ front (andante.runtime.upstream) can swap the models of servers sharing one devi
   its loaded and packed weights). The block manager's prefix cache is reset at the same
   boundary (the KV behind it is gone; if a request still held blocks there, the engines
   that slept wake and the answer is 409). Asleep, the server serves nothing. The pipeline
-  executor (KunServe's merged groups) cannot sleep: /sleep answers 501 naming it.
+  executor (KunServe's merged groups) sleeps stage by stage in the same way
+  (andante.exec.torch_pipeline_sleep); an executor that cannot release its memory gets
+  a 501 naming it.
 - `POST /wake_up`: the executors restore what they released (KV tensors re-allocated
   with the same shapes; dropped weights reloaded from the model's checkpoint); the
   server takes requests again.

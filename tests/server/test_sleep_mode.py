@@ -145,22 +145,60 @@ def test_a_failed_sleep_leaves_the_server_awake(tiny_dev_server: ServerThread,
     assert _greedy(tiny_dev_server.url, [5] * 4)
 
 
-def test_sleep_is_refused_where_the_executor_cannot_release_its_memory(
+def test_a_pipeline_group_sleeps_and_wakes_as_a_single_executor(
         tiny_dev_server: ServerThread) -> None:
-    """A KunServe pipeline group's executor cannot sleep: /sleep answers 501 naming it and
-    the server stays awake, instead of claiming a sleep that frees nothing."""
+    """A KunServe pipeline group's executor sleeps too (andante.exec.torch_pipeline_sleep):
+    its stages' KV is freed, and the woken group answers as before."""
     url = tiny_dev_server.url
     engine = _engine(tiny_dev_server)
     unsplit = engine.executor
     assert isinstance(unsplit, TorchExecutor)
     num_layers = unsplit.model.config.num_layers
     kv = device_kv_bytes(unsplit.kv.num_device_blocks, unsplit.model, unsplit.options)
-    engine.executor = pipeline_executor(  # what a KunServe merge puts in (only read here)
+    pipeline = pipeline_executor(  # what a KunServe merge puts in
         unsplit.model, unsplit.options, [(0, 1), (1, num_layers)], [kv, kv],
         unsplit.cost_model, unsplit.max_model_len, num_host_blocks=1)
+    engine.executor = pipeline
+    try:
+        before = _greedy(url, [5] * 4)
+        for level in (1, 2):
+            slept = httpx.post(f"{url}/sleep", params={"level": level})
+            assert slept.status_code == 200, slept.text
+            assert pipeline.sleeping == level
+            assert all(s.kv.device.numel() == 0 for s in pipeline.stages)
+            assert httpx.post(f"{url}/wake_up").status_code == 200
+            assert pipeline.sleeping is None and _greedy(url, [5] * 4) == before
+    finally:
+        engine.executor = unsplit
+        pipeline.close()
+
+
+class _Unsleepable:
+    """An executor that cannot release its memory (no sleep methods)."""
+
+    def __init__(self, inner: TorchExecutor) -> None:
+        self.inner = inner
+        self.cost_model = inner.cost_model
+
+    def num_kv_blocks(self, block_size: int) -> tuple[int, int]:
+        return self.inner.num_kv_blocks(block_size)
+
+    def execute(self, batch):  # type: ignore[no-untyped-def]
+        return self.inner.execute(batch)
+
+
+def test_sleep_is_refused_where_the_executor_cannot_release_its_memory(
+        tiny_dev_server: ServerThread) -> None:
+    """/sleep answers 501 naming an executor that cannot sleep, and the server stays
+    awake, instead of claiming a sleep that frees nothing."""
+    url = tiny_dev_server.url
+    engine = _engine(tiny_dev_server)
+    unsplit = engine.executor
+    assert isinstance(unsplit, TorchExecutor)
+    engine.executor = _Unsleepable(unsplit)  # type: ignore[assignment]
     try:
         refused = httpx.post(f"{url}/sleep", params={"level": 1})
-        assert refused.status_code == 501 and "PipelineExecutor" in refused.text
+        assert refused.status_code == 501 and "_Unsleepable" in refused.text
         assert httpx.get(f"{url}/is_sleeping").json() == {"is_sleeping": False}
     finally:
         engine.executor = unsplit
