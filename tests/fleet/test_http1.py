@@ -184,3 +184,38 @@ def test_lost_mid_body_and_refused() -> None:
             await UpstreamPool(f"http://127.0.0.1:{port}", 2).post("/x", b"{}")
 
     run(main())
+
+
+def test_early_on_data_gets_a_200_body_before_the_caller_resumes() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                request = await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            if b"busy" in request:  # not a 200: its body is the caller's to read
+                writer.write(b"HTTP/1.1 503 Busy\r\ncontent-length: 4\r\n\r\nbusy")
+                continue
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                         + chunked([b"data: first\n\n"])[:-5])  # with the head
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(chunked([b"data: last\n\n"]))
+
+    async def main() -> None:
+        async with raw_server(handler) as url:
+            pool = UpstreamPool(url, connect_timeout=2)
+            early: list[bytes] = []
+            conn = await pool.post("/v1/completions", b"{}", early.append)
+            await asyncio.sleep(0.01)  # the caller is slow to resume: the bytes went anyway
+            assert early == [b"data: first\n\n"]
+            await conn.stream(early.append)
+            assert b"".join(early) == b"data: first\n\ndata: last\n\n"
+            refused: list[bytes] = []
+            conn = await pool.post("/v1/completions", b'{"busy":1}', refused.append)
+            assert conn.head is not None and conn.head.status == 503
+            assert await conn.read() == b"busy" and not refused
+            assert pool.num_opened == 1
+            pool.close()
+
+    run(main())

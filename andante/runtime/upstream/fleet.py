@@ -228,8 +228,13 @@ class Fleet:
         call.attempts += 1
         sent = self.clock.now()
         payload = call.payload_for(upstream.kind)
+        attempt = asyncio.current_task()
+        relay = None
+        if call.stream:
+            def relay(data: bytes) -> None:
+                self._relay(upstream, call, data, attempt)
         try:
-            conn = await self._pools[upstream.index].post(call.path, payload)
+            conn = await self._pools[upstream.index].post(call.path, payload, relay)
             head = conn.head
             assert head is not None
             if head.status == 429 or head.status >= 500:
@@ -239,8 +244,8 @@ class Fleet:
                 answer = Full(head.status, head.content_type, await conn.read())
                 self._finish(upstream, call, answer)
             else:
-                attempt = asyncio.current_task()
-                await conn.stream(lambda data: self._relay(upstream, call, data, attempt))
+                assert relay is not None
+                await conn.stream(relay)
                 self._finish(upstream, call, End())
             upstream.observe_service(self.clock.now() - sent)
         except UpstreamError as exc:

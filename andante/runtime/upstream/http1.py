@@ -13,7 +13,10 @@ streams with one task switch per layer per chunk. Here, per upstream:
 - the body is read by the protocol itself (`asyncio.Protocol`, no stream reader):
   chunked transfer coding is undone as bytes arrive, and each read's payload goes to the
   caller's `on_data` at once, in the event loop's callback (no task switch per chunk;
-  the SSE bytes are never parsed);
+  the SSE bytes are never parsed); a caller that will stream a 200 answer names its
+  `on_data` with the request (`early`), so the body bytes that come with the head or
+  before the caller has resumed go out at once, not one loop turn later (the first
+  token's added latency);
 - a request whose task is cancelled closes its connection (vLLM and andante abort a
   request whose connection closes); a response that ends cleanly returns its connection
   to the pool unless the upstream said `connection: close`;
@@ -159,9 +162,12 @@ class Connection(asyncio.Protocol):
         self._pending: list[bytes] = []  # body bytes read before the caller asked
         self._left: int | None = None  # body bytes left (content-length framing)
         self._dechunker: Dechunker | None = None
+        self._early: OnData | None = None  # the current exchange's, for a 200 answer
 
     # ---- the caller's side -----------------------------------------------------------
-    def send(self, request: bytes) -> asyncio.Future[Head]:
+    def send(self, request: bytes, early: OnData | None = None) -> asyncio.Future[Head]:
+        """Write `request`; the answer's head comes back. `early`: where a 200
+        answer's body goes from its first byte (the caller then `stream`s to it)."""
         assert self.transport is not None and self._exchange_end is None
         loop = asyncio.get_running_loop()
         self._head_future = loop.create_future()
@@ -170,6 +176,7 @@ class Connection(asyncio.Protocol):
         self._reusable = False
         self._pending = []
         self.head = None
+        self._early = early
         self.transport.write(request)
         return self._head_future
 
@@ -188,7 +195,7 @@ class Connection(asyncio.Protocol):
             self.close()
             raise
         finally:
-            self._on_data = None
+            self._on_data = self._early = None
             self._exchange_end = None
         if self._reusable and not self.closed:
             self._release(self)
@@ -250,6 +257,8 @@ class Connection(asyncio.Protocol):
             self._dechunker = Dechunker()
         else:
             self._left = head.content_length  # None: until the connection closes
+        if head.status == 200 and self._early is not None:
+            self._on_data = self._early
         future = self._head_future
         if future is not None and not future.done():
             future.set_result(head)
@@ -320,9 +329,10 @@ class UpstreamPool:
         self._idle: list[Connection] = []
         self.num_opened = 0
 
-    async def post(self, path: str, body: bytes) -> Connection:
+    async def post(self, path: str, body: bytes, early: OnData | None = None) -> Connection:
         """Send `POST path` with a JSON `body`; the connection, with the answer's head
-        read (`conn.head`): read or stream its body next (or `close` it)."""
+        read (`conn.head`): read or stream its body next (or `close` it). `early`: see
+        `Connection.send`."""
         request = b"".join((
             b"POST ", (self.prefix + path).encode("latin-1"), b" HTTP/1.1\r\n",
             self._host_line,
@@ -333,7 +343,7 @@ class UpstreamPool:
             if conn is None:
                 conn, reused = await self._open(), False
             try:
-                await conn.send(request)
+                await conn.send(request, early)
             except UpstreamError:
                 if reused and not conn.got_bytes:
                     continue  # closed by the upstream while idle: a fresh one
