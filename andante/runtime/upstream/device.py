@@ -19,8 +19,7 @@ the router sees is the awake server's, the parked requests counted as waiting.
 
 The drain: wait or evict (QLM §5, Fig. 7: a model swap flushes the running batch, as
 request eviction does; the agent evicts only for a head group that would miss its SLO
-otherwise). On an
-upstream the two kinds of request in flight differ:
+otherwise). On an upstream the two kinds of request in flight differ:
 - a request that has streamed nothing is evicted at once (withdrawn, placed again by the
   controller: it loses only its upstream's prefill, as QLM's eviction loses its KV);
 - a stream under way cannot move: the client holds part of an answer that no other
@@ -31,9 +30,9 @@ upstream the two kinds of request in flight differ:
   (its deadline less `swap_s` has come), and the requests waiting for the incoming model
   (parked here, or in the global queue: QLM pulls into a swapping instance only what its
   free slots take) that would still meet theirs outnumber the streams to cut
-  (`cut_pays`). Requests without a deadline are never
-  at risk. The wait is bounded: after `MAX_DRAIN_S` the streams are cut whatever the
-  count (an andante upstream's /sleep itself refuses a server busy that long).
+  (`cut_pays`). Requests without a deadline are never at risk. The wait is bounded:
+  after `MAX_DRAIN_S` the streams are cut whatever the count (an andante upstream's
+  /sleep itself refuses a server busy that long).
 
 Faults. The device routes while its awake server is up (`alive`). A sleeping server that
 goes down takes only its own model out: the model leaves the device's `model_state` (the
