@@ -43,6 +43,8 @@ def comparison_text(title: str, results: Mapping[str, RunResult]) -> str:
              f"{_bound_sentence(kind, on_memory)}"]
     lines.append(f"- KunServe: {kun.counters.get('num_drops', 0)} drops, "
                  f"{kun.counters.get('num_restores', 0)} restores, "
+                 f"{kun.counters.get('num_grows', 0)} grows, "
+                 f"{kun.counters.get('num_shrinks', 0)} shrinks, "
                  f"{len(kun.group_lifetimes)} group lives of "
                  f"{_lives(kun.group_lifetimes)}, {kun.groups_alive_at_end} alive at the end;"
                  f" bubble share {_bubble_text(kun)}; P50 TPOT "
