@@ -93,6 +93,8 @@ class KunSimInstance(PipelineSimInstance):
         self.stage_capacity = 0.0  # stage-seconds while the grouped pipeline held work
         self._open_since: float | None = None
         self._slots = 1  # microbatches the step being formed may hold
+        self.solo_blocks = self.engine.scheduler.kv.num_device_blocks  # undropped pool
+        self.scale_seqs = True  # a group's sequence cap follows its KV (group_config)
 
     # ---- the Instance seam ----------------------------------------------------------
     @property
@@ -131,7 +133,7 @@ class KunSimInstance(PipelineSimInstance):
         if self.grouped:  # the step fills the free slots (lookahead's slot_config)
             self._slots = free_slots(self.num_stages, self.num_in_flight)
             self.engine.scheduler.config = slot_config(
-                self.base_config, self.num_stages, self.num_in_flight)
+                self.base_config, self.num_stages, self.num_in_flight, self.seq_scale)
         done = super().begin_step(now)
         if self.grouped:
             self.engine.scheduler.config = self.group_config()
@@ -186,7 +188,16 @@ class KunSimInstance(PipelineSimInstance):
 
     def group_config(self) -> SchedulerConfig:
         """The leader's budgets while grouped (andante.cluster.kunserve.lookahead)."""
-        return group_config(self.base_config, self.num_stages)
+        return group_config(self.base_config, self.num_stages, self.seq_scale)
+
+    @property
+    def seq_scale(self) -> float:
+        """The group's KV blocks per stage over one undropped instance's: how much larger
+        a batch each microbatch slot holds (lookahead's `group_config`)."""
+        if not self.grouped or not self.scale_seqs:
+            return 1.0
+        blocks = self.engine.scheduler.kv.num_device_blocks
+        return max(1.0, blocks / (self.num_stages * self.solo_blocks))
 
     def hold(self, request_ids: Sequence[str], until: float) -> None:
         """Stall these requests until `until` (their KV is on its way)."""

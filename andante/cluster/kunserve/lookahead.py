@@ -19,7 +19,14 @@ requires) and returns the idle share of the stages, the figure §5.3 reports.
 
 A grouped leader's budgets (`group_config`): a step holds a cycle's worth of work,
 `num_stages` x one instance's token budget and `num_stages` x max_num_seqs (the members'
-requests were adopted); `step_microbatches` cuts it into up to `num_stages` balanced
+requests were adopted), the latter scaled by `seq_scale`, the group's KV blocks per
+member over one undropped instance's (the simulator passes it; 1 by default). vLLM's
+pipeline parallelism, which KunServe builds on, gives each of the `num_stages` virtual
+engines max_num_seqs; but max_num_seqs is tuned to what one instance's KV holds, and the
+point of a drop (§5.2: queued requests "served with a larger batch size") is that the
+group's KV holds more: with the sequence cap left at num_stages x max_num_seqs the quick
+experiment's 14B pair sat at 512 running with 100-140 queued while its KV was 70-87%
+used, bound by the cap, not memory; `step_microbatches` cuts it into up to `num_stages` balanced
 microbatches. Microbatches complete one by one (a request's tokens arrive when the
 microbatch holding its last piece leaves the last stage), so steps overlap: a step formed
 while `j` microbatches are still in flight fills the `num_stages - j` free slots
@@ -182,19 +189,25 @@ def fit_chunk_cost(cost: CostModel) -> ChunkCostModel:
     return ChunkCostModel(alpha, beta, gamma)
 
 
-def group_config(base: SchedulerConfig, num_stages: int) -> SchedulerConfig:
+def group_config(base: SchedulerConfig, num_stages: int, seq_scale: float = 1.0
+                 ) -> SchedulerConfig:
     """A grouped leader's budgets (module note): a step holds a cycle's worth of work,
     `num_stages` instances' tokens and sequences (with one instance's sequence cap the
-    group could not admit a queued request until its running set fell below it)."""
+    group could not admit a queued request until its running set fell below it), the
+    sequences times `seq_scale` (the group's KV blocks per member over one instance's:
+    the dropped weights' memory holds a larger batch, see the module note)."""
+    if seq_scale <= 0:
+        raise ValueError(f"seq_scale must be > 0, got {seq_scale}")
     return dataclasses.replace(
-        base, max_num_seqs=base.max_num_seqs * num_stages,
+        base, max_num_seqs=max(1, math.ceil(base.max_num_seqs * num_stages * seq_scale)),
         max_num_batched_tokens=base.max_num_batched_tokens * num_stages)
 
 
-def slot_config(base: SchedulerConfig, num_stages: int, in_flight: int) -> SchedulerConfig:
+def slot_config(base: SchedulerConfig, num_stages: int, in_flight: int,
+                seq_scale: float = 1.0) -> SchedulerConfig:
     """The budgets of a step formed while `in_flight` microbatches are in the pipeline:
     `group_config` over its free slots (see the module note)."""
-    return group_config(base, free_slots(num_stages, in_flight))
+    return group_config(base, free_slots(num_stages, in_flight), seq_scale)
 
 
 def step_microbatches(batch: StepBatch, num_stages: int, model: ChunkCostModel,

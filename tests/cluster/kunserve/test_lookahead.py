@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -10,6 +11,7 @@ from andante.cluster.kunserve.lookahead import (
     WorkItem,
     bubble_ratio,
     form_microbatches,
+    group_config,
     microbatch_cost,
     slot_config,
     split_half,
@@ -68,6 +70,16 @@ def test_a_step_fills_the_free_slots_with_one_instances_budgets_each() -> None:
     assert (empty.max_num_batched_tokens, empty.max_num_seqs) == (3 * 2048, 3 * 256)
     one = slot_config(base, 3, 2)
     assert (one.max_num_batched_tokens, one.max_num_seqs) == (2048, 256)
+
+
+def test_a_groups_sequence_budget_follows_its_kv_not_its_tokens() -> None:
+    base = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256)
+    scaled = slot_config(base, 2, 0, seq_scale=1.29)  # dropped weights: 29% more KV
+    assert (scaled.max_num_batched_tokens, scaled.max_num_seqs) == (2 * 2048, 661)
+    assert slot_config(base, 2, 1, seq_scale=1.29).max_num_seqs == 331
+    assert group_config(base, 2).max_num_seqs == 512  # the default: vLLM PP's budget
+    with pytest.raises(ValueError, match="seq_scale"):
+        group_config(base, 2, seq_scale=0.0)
 
 
 def test_rows_complete_with_their_last_piece_and_inner_chunks_need_no_token() -> None:
