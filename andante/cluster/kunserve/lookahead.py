@@ -38,7 +38,15 @@ returning microbatch's requests go round again as one microbatch, so the pipelin
 once it has left stage 0: the next chunk follows it through every stage). The real
 engine's pipelined stages (andante.exec.torch_microbatch) and the simulator's grouped
 instances (andante.sim.kunserve_instance, which times the step as the pipeline of those
-microbatches) both call these. Eq. (1)'s coefficients are fitted to
+microbatches) both call these.
+
+Lookahead across returning microbatches (`balanced_token_budget`): in steady state a
+step fills one free slot while the other microbatches are still in flight, so halving
+the step cannot balance anything; instead its prefill tokens are chosen by eq. (1) so
+that its cost matches the dearest of the last `num_stages` microbatches (the ones it
+runs beside and the one whose rows it re-forms): the queue's prefill fills what would
+be a bubble, and no microbatch is cut below its partner (which would shrink the whole
+pipeline's work round by round). Eq. (1)'s coefficients are fitted to
 the cost model (`fit_chunk_cost`): the paper profiles them offline.
 """
 
@@ -144,6 +152,36 @@ def form_microbatches(items: Sequence[WorkItem], model: ChunkCostModel, num_stag
             break
         batches = grown
     return batches
+
+
+def balanced_token_budget(cost_with_prefill: Callable[[int], float], num_decodes: int,
+                          target: float, cap: int, min_tokens: int = 1) -> int:
+    """Token budget of a microbatch formed while others are in flight (a free slot of
+    a pipeline whose microbatches are re-formed as they return): its `num_decodes`
+    decodes (they always go) plus the most prefill tokens t whose microbatch cost,
+    `cost_with_prefill(t)` (non-decreasing in t), stays within `target`, the cost of
+    the microbatches it runs beside, so that the stages' times even out (Figure 8's
+    bubbles) instead of the token count doing so; within [decodes + `min_tokens`,
+    `cap`] (see the module note). Bisection: O(log cap) cost evaluations."""
+    room = max(0, cap - num_decodes)
+    low, high = 0, room  # cost(low) <= target or low == 0; find the largest such t
+    if cost_with_prefill(high) <= target:
+        low = high
+    while high - low > 1:
+        mid = (low + high) // 2
+        if cost_with_prefill(mid) <= target:
+            low = mid
+        else:
+            high = mid
+    return max(1, min(cap, num_decodes + max(min_tokens, low)))
+
+
+def eq1_cost_with_prefill(decode_prefixes: Sequence[int], model: ChunkCostModel
+                          ) -> Callable[[int], float]:
+    """Eq. (1)'s cost of a microbatch of decodes (one token after each of
+    `decode_prefixes`) plus a new prompt's first t tokens, as a function of t."""
+    decodes = model.gamma + sum(model.chunk(p, 1) for p in decode_prefixes)
+    return lambda tokens: decodes + model.chunk(0, tokens)
 
 
 def bubble_ratio(costs: Sequence[float], num_stages: int, hop: float = 0.0,

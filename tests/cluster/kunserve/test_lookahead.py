@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 from andante.cluster.kunserve.lookahead import (
     ChunkCostModel,
     WorkItem,
+    balanced_token_budget,
     bubble_ratio,
+    eq1_cost_with_prefill,
     form_microbatches,
     group_config,
     microbatch_cost,
@@ -92,3 +94,16 @@ def test_rows_complete_with_their_last_piece_and_inner_chunks_need_no_token() ->
     done = completion_rows(batch, plan)
     assert (done[0].sampling, done[0].ordered) == ((2,), ())
     assert (done[1].sampling, done[1].ordered) == ((1,), (0,))
+
+
+def test_a_microbatch_formed_beside_others_fills_to_their_cost() -> None:
+    decodes = [800] * 20  # the returning microbatch's decodes, one token each
+    cost = eq1_cost_with_prefill(decodes, MODEL)
+    alone = cost(0)
+    target = 3 * alone  # the microbatch in flight beside it costs three times as much
+    budget = balanced_token_budget(cost, len(decodes), target, cap=4096, min_tokens=16)
+    assert cost(budget - 20) <= target < cost(budget - 19)  # the most that fits
+    assert cost(budget - 20) == pytest.approx(target, rel=0.01)
+    assert balanced_token_budget(cost, 20, target, cap=100) == 100  # the slot's cap
+    # decodes already dearer than the target: they all go, with min_tokens of prefill
+    assert balanced_token_budget(cost, 20, alone / 2, cap=4096, min_tokens=16) == 36
