@@ -151,7 +151,9 @@ class KunSimInstance(PipelineSimInstance):
         return done
 
     def _balanced(self, config: SchedulerConfig) -> SchedulerConfig:
-        """With lookahead, microbatches in flight and prefill work waiting: the step's
+        """With lookahead, microbatches in flight and more prefill queued than the slot's
+        budget takes (a burst: §4.3 looks ahead only where requests queue; with a short
+        queue, holding prompt tokens back would only add to their TTFT): the step's
         token budget whose cost on a stage matches the dearest of the last `num_stages`
         microbatches (lookahead's `balanced_token_budget`, timed by the stage's cost
         model: the simulator's profile); else `config` as it is."""
@@ -162,8 +164,11 @@ class KunSimInstance(PipelineSimInstance):
         free = [r for r in scheduler.running if r.request_id not in in_flight]
         decodes = [r.num_computed_tokens for r in free
                    if r.num_computed_tokens >= r.num_prompt_tokens]
-        if not scheduler.waiting and len(decodes) == len(free):
-            return config  # no prefill to size: every free row is a decode
+        queued = sum(r.num_prompt_tokens - r.num_computed_tokens for r in free
+                     if r.num_computed_tokens < r.num_prompt_tokens)
+        queued += sum(r.num_prompt_tokens - r.num_computed_tokens for r in scheduler.waiting)
+        if queued <= config.max_num_batched_tokens - len(decodes):
+            return config  # the queue fits the slot: nothing to look ahead at (§4.3)
         base = BatchShape()
         for prefix in decodes:
             base.add(1, prefix, True)

@@ -1,18 +1,23 @@
 """`--router kunserve`: KunServe's global dispatcher plus its coordinator's settings.
 
 Design note (KunServe §3, Figure 4): "our dispatcher incorporates the load-balancing
-design from Llumnix": a request goes to the serving unit with the most *freeness*
-(andante.cluster.llumnix's F = (free blocks - queued demand) / running requests), a
-group's leader standing for its group (members are not alive to routers while grouped).
-Requests sent but not yet taken in (`num_in_transit`) count as running requests holding
-the unit's mean blocks per request, so that an arrival burst between two load reports
-does not all go to one unit (the herd Llumnix's freeness alone would cause). Freeness,
-not the predicted drain time of andante.cluster.router's least-loaded: after a restore
-the leader keeps every request of its group, whose remaining decodes make its drain time
-long (~40 s in the quick experiment) while it has memory and sequence slots to spare; by
-drain time every arrival went to the emptied members, which queued 100+ requests on
-their own sequence budget while the leader admitted none (the long run's P50 TTFT rose
-53% with restore on). The coordinator (`KunServeCoordinator`) does the rest. The router carries the
+design from Llumnix". A request goes to a serving unit (a group's leader stands for its
+group; members are not alive to routers while grouped) that would start it at its next
+step (`can_take_now`): nothing queued or in transit ahead of it, a sequence slot free
+and Llumnix's freeness above 0 (andante.cluster.llumnix's F = (free blocks - queued
+demand) / running requests, the requests in transit counted as running ones holding the
+unit's mean blocks per request); among those, and among the others when none can, the
+least-loaded's expected wait (andante.cluster.router: predicted drain time).
+Not the drain time alone: after a restore the leader keeps every request of its group,
+whose remaining decodes make its drain time long (~40 s in the quick experiment) while
+it has memory and sequence slots to spare; by drain time every arrival went to the
+emptied members, which queued 100+ requests on their own sequence budget while the
+leader admitted none (the long run's P50 TTFT rose 53% with restore on). Not freeness
+alone either: it ignores the prefill queue, and under compute-bound load (long prompts,
+memory to spare) it gave P99 TTFT 6.9 s against least-loaded's 4.4 s
+(tests/sim/test_kunserve_sustained.py); ordering by prompt tokens queued ahead instead
+filled units until memory ran out and made groups flap there (5 drops, 3 restores).
+The coordinator (`KunServeCoordinator`) does the rest. The router carries the
 coordinator's options so that `andante simulate --router kunserve --router-option
 KEY=VALUE` reaches them: the paper's thresholds (`drop_threshold` on projected demand,
 `restore_threshold` 0.5), the KV mode, the inter-instance link, and the ablation
@@ -26,7 +31,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from andante.cluster.kunserve.monitor import MonitorOptions
-from andante.cluster.router import InstanceView, LeastLoadedRouter
+from andante.cluster.router import InstanceView, LeastLoadedRouter, expected_wait
 from andante.core.request import Request
 
 KV_MODES = ("exchange", "recompute", "auto")
@@ -94,7 +99,9 @@ class KunServeRouter(LeastLoadedRouter):
 
     def route(self, req: Request, instances: Sequence[InstanceView]) -> int | None:
         alive = [v for v in instances if v.alive]
-        return max(alive, key=_dispatch_key).index if alive else None
+        if not alive:
+            return None
+        return min(alive, key=dispatch_key).index
 
 
 def dispatch_freeness(view: InstanceView) -> float:
@@ -108,7 +115,18 @@ def dispatch_freeness(view: InstanceView) -> float:
     return left / max(1, stats.num_running + transit)
 
 
-def _dispatch_key(view: InstanceView) -> tuple[float, int, int]:
-    """Most free first; ties: fewer requests, then the lower index."""
-    requests = view.load.stats.num_requests + view.num_in_transit
-    return (dispatch_freeness(view), -requests, -view.index)
+def can_take_now(view: InstanceView) -> bool:
+    """Would a request sent now start at the unit's next step: nothing queued or in
+    transit ahead of it, memory (freeness above 0) and a sequence slot free?"""
+    stats = view.load.stats
+    if stats.num_waiting or view.num_in_transit > 0:
+        return False
+    return dispatch_freeness(view) > 0 and (stats.max_num_seqs <= 0
+                                            or stats.num_running < stats.max_num_seqs)
+
+
+def dispatch_key(view: InstanceView) -> tuple[bool, float, int, int]:
+    """Smallest first (see the module note): cannot start it now; expected wait;
+    requests; index."""
+    requests = view.load.stats.num_requests + max(0, view.num_in_transit)
+    return not can_take_now(view), expected_wait(view), requests, view.index

@@ -1,12 +1,18 @@
-"""KunServe's dispatcher balances by Llumnix's freeness (KunServe §3), not by predicted
-drain time: a just-restored leader holding long decodes but free memory gets arrivals
-while an emptied member's queue grows; requests in transit count against a unit."""
+"""KunServe's dispatcher (KunServe §3, with Llumnix's freeness): a unit that would start a
+request at its next step first, then the least-loaded's expected wait; a just-restored
+leader holding long decodes but free memory gets arrivals while an emptied member's
+queue grows; requests in transit count against a unit."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from andante.cluster.kunserve.router import KunServeRouter, dispatch_freeness
+from andante.cluster.kunserve.router import (
+    KunServeRouter,
+    can_take_now,
+    dispatch_freeness,
+    dispatch_key,
+)
 from andante.cluster.load import LoadReport
 from andante.core.request import Request, SamplingParams
 from andante.engine.stats import SchedulerStats
@@ -27,9 +33,11 @@ class View:
 
 
 def _stats(running: int, free: int, queued_blocks: int = 0, waiting: int = 0,
-           blocks: int = 14_000) -> SchedulerStats:
+           blocks: int = 14_000, queued_tokens: int = 0, cap: int = 256) -> SchedulerStats:
     return SchedulerStats(num_running=running, num_waiting=waiting, num_blocks=blocks,
-                          num_free_blocks=free, num_queued_kv_blocks=queued_blocks)
+                          num_free_blocks=free, num_queued_kv_blocks=queued_blocks,
+                          num_uncomputed_tokens=running + waiting + queued_tokens,
+                          max_num_seqs=cap)
 
 
 def _request() -> Request:
@@ -38,8 +46,8 @@ def _request() -> Request:
 
 def test_a_restored_leader_with_free_memory_takes_arrivals_despite_long_drain() -> None:
     leader = View(0, _stats(running=119, free=8_000), drain_time=42.0)
-    member = View(1, _stats(running=160, free=8_000, queued_blocks=3_000, waiting=100),
-                  drain_time=30.0)
+    member = View(1, _stats(running=150, free=8_000, queued_blocks=3_000, waiting=90,
+                            queued_tokens=50_000), drain_time=30.0)
     assert KunServeRouter().route(_request(), [leader, member]) == 0
 
 
@@ -48,6 +56,20 @@ def test_in_transit_requests_count_as_running_ones() -> None:
     base = dispatch_freeness(view)
     view.num_in_transit = 10
     assert dispatch_freeness(view) == (9_000 - 10 * 500) / 20 < base
+
+
+def test_a_unit_that_would_start_it_at_once_wins_then_the_expected_wait() -> None:
+    full = View(0, _stats(running=256, free=5_000), drain_time=1.0)  # no sequence slot
+    queue = View(1, _stats(running=100, free=5_000, waiting=2, queued_tokens=4_000,
+                           queued_blocks=250), drain_time=5.0)
+    free = View(2, _stats(running=100, free=5_000), drain_time=60.0)
+    assert not can_take_now(full) and not can_take_now(queue) and can_take_now(free)
+    assert dispatch_key(free) < dispatch_key(full)
+    assert KunServeRouter().route(_request(), [full, queue, free]) == 2
+    free.num_in_transit = 1  # one sent already: it would queue behind that one
+    assert KunServeRouter().route(_request(), [full, queue, free]) == 0  # least drain
+    no_memory = View(3, _stats(running=10, free=100, queued_blocks=200))
+    assert not can_take_now(no_memory)
 
 
 def test_dead_units_are_skipped_and_none_alive_keeps_the_request_queued() -> None:
