@@ -214,6 +214,7 @@ def _row(r: RunResult) -> dict[str, Any]:
         "drops": r.counters.get("num_drops", 0), "restores": r.counters.get("num_restores", 0),
         "shrinks": r.counters.get("num_shrinks", 0), "grows": r.counters.get("num_grows", 0),
         "bubble_pct": _bubble(r),
+        **{f"queued_{k}_s": v for k, v in r.bound_seconds().items()},
     }
 
 

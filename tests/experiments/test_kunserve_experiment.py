@@ -17,7 +17,7 @@ from experiments.kunserve_runs import (
     demand_scaling,
     system_spec,
 )
-from experiments.kunserve_text import bound_of
+from experiments.kunserve_text import binding_text, bound_of
 from experiments.registry import ExperimentContext, experiment_names, run_experiment
 
 
@@ -96,3 +96,13 @@ def test_the_bound_is_measured_from_queueing_and_memory() -> None:
     assert bound_of(full) == ("memory", 2.0, 1.0)
     calm = RunResult("vllm", [], [], [], memory, {}, 3.0, 0, waiting=[0, 0, 0, 0])
     assert bound_of(calm)[0] == "nothing"
+
+
+def test_queueing_at_the_sequence_budget_is_told_apart_from_memory_and_compute() -> None:
+    memory = [(0.0, 0, 100), (1.0, 95, 100), (2.0, 50, 100), (4.0, 50, 100)]
+    result = RunResult("kunserve", [], [], [], memory, {}, 4.0, 0, waiting=[0, 5, 5, 5],
+                       running=[0, 400, 512, 300], seq_caps=[512, 512, 512, 512])
+    assert result.bound_seconds() == {"memory": 1.0, "sequences": 1.0, "compute": 2.0}
+    assert result.queued_seconds() == (1.0, 3.0)
+    text = binding_text(result)
+    assert "1 s at the sequence budget" in text and text.endswith("compute bound longest")
