@@ -212,7 +212,9 @@ def extreme(rate: float, duration: float, seed: int) -> list[RequestSpec]:
 # ---- runs --------------------------------------------------------------------------
 @dataclass(slots=True)
 class MemorySampler:
-    """A cluster operator sampling the KV blocks in use (and capacity) each second."""
+    """A cluster operator sampling the KV blocks in use (and capacity) each second, the
+    queued and running requests and the sequence budgets (a grouped member's pool is
+    left out: its group's leader counts the group's blocks)."""
 
     every: float = 1.0
     samples: list[tuple[float, int, int]] = field(default_factory=list)
@@ -221,7 +223,10 @@ class MemorySampler:
     seq_caps: list[int] = field(default_factory=list)  # their max_num_seqs, summed
 
     def after_step(self, controller: Controller) -> None:
-        stats = [s.instance.load().stats for s in controller.slots]
+        # a KunServe group's member keeps its own pool, unused, while grouped: the group's
+        # blocks (its leader's) already count it, with the dropped weights' memory
+        stats = [s.instance.load().stats for s in controller.slots
+                 if not getattr(s.instance, "is_member", False)]
         now = max(s.time for s in stats)
         if self.samples and now - self.samples[-1][0] < self.every:
             return

@@ -106,3 +106,24 @@ def test_queueing_at_the_sequence_budget_is_told_apart_from_memory_and_compute()
     assert result.queued_seconds() == (1.0, 3.0)
     text = binding_text(result)
     assert "1 s at the sequence budget" in text and text.endswith("compute bound longest")
+
+
+def test_the_sampler_leaves_a_grouped_members_unused_pool_out() -> None:
+    from types import SimpleNamespace
+
+    from andante.cluster.load import LoadReport
+    from andante.engine.stats import SchedulerStats
+    from experiments.kunserve_runs import MemorySampler
+
+    def slot(blocks: int, free: int, running: int, member: bool, alive: bool) -> object:
+        stats = SchedulerStats(time=1.0, num_blocks=blocks, num_free_blocks=free,
+                               num_running=running, max_num_seqs=512)
+        instance = SimpleNamespace(load=lambda: LoadReport(stats), is_member=member)
+        return SimpleNamespace(instance=instance, alive=alive)
+
+    leader = slot(37_000, 1_000, 600, member=False, alive=True)  # the group's blocks
+    member = slot(14_000, 14_000, 0, member=True, alive=False)  # its own pool, unused
+    sampler = MemorySampler()
+    sampler.after_step(SimpleNamespace(slots=[leader, member], queue=[]))  # type: ignore[arg-type]
+    assert sampler.samples == [(1.0, 36_000, 37_000)]
+    assert (sampler.running, sampler.seq_caps) == ([600], [512])
