@@ -14,7 +14,11 @@ microbatch's `by_rows`; each microbatch costs, on every stage, the stage cost mo
 for its sub-batch, and the microbatches flow through the stages one after another. Each
 completes on its own (andante.sim.pipeline): the requests whose last tokens it carries
 get them when it leaves the last stage, and the next step, formed once stage 0 is free
-from the requests not in flight, fills the free slots (lookahead's `slot_config`). Fill,
+from the requests not in flight, fills the free slots (lookahead's `slot_config`, its
+sequence budget scaled by `seq_scale`, the group's KV blocks per member over one
+undropped instance's); with lookahead and a queue longer than the slot takes, its prefill
+tokens are those whose stage time matches the dearest of the last `num_stages`
+microbatches (`balanced_token_budget`, timed by the stage cost model). Fill,
 drain and unbalanced microbatches leave bubbles, which the groups' `bubble_ratio`
 reports from this instance's stage-seconds. While a KV exchange (§4.2) occupies the link,
 the requests whose KV is on its way are held (`hold`); coordinated (the paper's design),
