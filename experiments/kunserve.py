@@ -212,7 +212,9 @@ def _row(r: RunResult) -> dict[str, Any]:
         "mean_kv_use": sum(used) / len(used) if used else math.nan,
         "peak_kv_use": max(used, default=math.nan), "end_s": r.end_time,
         "drops": r.counters.get("num_drops", 0), "restores": r.counters.get("num_restores", 0),
+        "shrinks": r.counters.get("num_shrinks", 0), "grows": r.counters.get("num_grows", 0),
         "bubble_pct": _bubble(r),
+        **{f"queued_{k}_s": v for k, v in r.bound_seconds().items()},
     }
 
 
@@ -288,7 +290,8 @@ def _long_run(report: Report, spec: ClusterSpec, workload: Sequence[RequestSpec]
     report.section("Long run with restoration (paper Fig. 15)", "group_s: seconds of "
                    "group life in all (formation to restore, or to the end).")
     report.table(rows, ["variant", "p50_ttft_s", "p99_ttft_s", "p50_tpot_ms",
-                        "p99_tpot_ms", "drops", "restores", "group_s", "end_s"])
+                        "p99_tpot_ms", "drops", "grows", "shrinks", "restores", "group_s",
+                        "end_s"])
     report.result("long_run", rows)
     return results
 

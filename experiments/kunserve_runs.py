@@ -35,6 +35,7 @@ from andante.workload.traces import load_trace
 
 SYSTEMS = ("vllm", "vllm-pp", "infercept", "llumnix", "kunserve")
 MEMORY_FULL = 0.9  # share of the KV blocks in use from which queueing is memory-bound
+SEQS_FULL = 0.95  # share of the serving units' max_num_seqs from which it is batch-bound
 AZURE_CODE = Path("azure_llm_2023") / "AzureLLMInferenceTrace_code.csv"
 
 
@@ -211,20 +212,30 @@ def extreme(rate: float, duration: float, seed: int) -> list[RequestSpec]:
 # ---- runs --------------------------------------------------------------------------
 @dataclass(slots=True)
 class MemorySampler:
-    """A cluster operator sampling the KV blocks in use (and capacity) each second."""
+    """A cluster operator sampling the KV blocks in use (and capacity) each second, the
+    queued and running requests and the sequence budgets (a grouped member's pool is
+    left out: its group's leader counts the group's blocks)."""
 
     every: float = 1.0
     samples: list[tuple[float, int, int]] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)  # queued requests at each sample
+    running: list[int] = field(default_factory=list)  # running requests of alive units
+    seq_caps: list[int] = field(default_factory=list)  # their max_num_seqs, summed
 
     def after_step(self, controller: Controller) -> None:
-        stats = [s.instance.load().stats for s in controller.slots]
+        # a KunServe group's member keeps its own pool, unused, while grouped: the group's
+        # blocks (its leader's) already count it, with the dropped weights' memory
+        stats = [s.instance.load().stats for s in controller.slots
+                 if not getattr(s.instance, "is_member", False)]
         now = max(s.time for s in stats)
         if self.samples and now - self.samples[-1][0] < self.every:
             return
         used = sum(s.num_blocks - s.num_free_blocks for s in stats)
         self.samples.append((now, used, sum(s.num_blocks for s in stats)))
         self.waiting.append(sum(s.num_waiting for s in stats) + len(controller.queue))
+        units = [s.instance.load().stats for s in controller.slots if s.alive]
+        self.running.append(sum(s.num_running for s in units))
+        self.seq_caps.append(sum(s.max_num_seqs for s in units))
 
 
 @dataclass(slots=True)
@@ -240,6 +251,8 @@ class RunResult:
     waiting: list[int] = field(default_factory=list)  # aligned with `memory`
     group_lifetimes: list[float] = field(default_factory=list)  # seconds, formed->restored
     groups_alive_at_end: int = 0
+    running: list[int] = field(default_factory=list)  # aligned with `memory`
+    seq_caps: list[int] = field(default_factory=list)  # aligned with `memory`
 
     def percentile(self, metric: str, q: float) -> float:
         values = [v for v in getattr(self, metric) if math.isfinite(v)]
@@ -248,17 +261,29 @@ class RunResult:
     def queued_seconds(self, full: float = MEMORY_FULL) -> tuple[float, float]:
         """Seconds (sampled) during which requests queued with the cluster's KV at least
         `full` in use (memory binds), and with KV to spare (compute or the batch binds)."""
-        on_memory = on_compute = 0.0
+        bound = self.bound_seconds(full)
+        return bound["memory"], bound["sequences"] + bound["compute"]
+
+    def bound_seconds(self, full: float = MEMORY_FULL, seqs_full: float = SEQS_FULL
+                      ) -> dict[str, float]:
+        """Seconds (sampled) during which requests queued, by what bound them then: the
+        KV at least `full` in use ("memory"), else the alive units' running requests at
+        least `seqs_full` of their max_num_seqs ("sequences"), else "compute" (prefill
+        compute, or requests not yet admitted for any other reason)."""
+        out = {"memory": 0.0, "sequences": 0.0, "compute": 0.0}
         for k in range(1, len(self.memory)):
             t, used, total = self.memory[k]
             if k >= len(self.waiting) or not self.waiting[k]:
                 continue
             span = t - self.memory[k - 1][0]
             if total and used >= full * total:
-                on_memory += span
+                out["memory"] += span
+            elif k < len(self.running) and self.seq_caps[k] \
+                    and self.running[k] >= seqs_full * self.seq_caps[k]:
+                out["sequences"] += span
             else:
-                on_compute += span
-        return on_memory, on_compute
+                out["compute"] += span
+        return out
 
 
 def run_system(spec: ClusterSpec, workload: Sequence[RequestSpec], system: str,
@@ -272,7 +297,7 @@ def run_system(spec: ClusterSpec, workload: Sequence[RequestSpec], system: str,
     return RunResult(system, [_ttft(r) for r in requests], [_tpot(r) for r in requests],
                      [r.arrival_time for r in requests], sampler.samples,
                      dict(report.router_counters), report.end_time, len(report.unfinished),
-                     sampler.waiting, lifetimes, alive)
+                     sampler.waiting, lifetimes, alive, sampler.running, sampler.seq_caps)
 
 
 def _group_lifetimes(router: object, end: float) -> tuple[list[float], int]:

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from experiments.kunserve_runs import MEMORY_FULL, RunResult
+from experiments.kunserve_runs import MEMORY_FULL, SEQS_FULL, RunResult
 
 PAPER_TABLE = {
     "p99_vs_vllm_14b": "12.7-72.2x", "p99_vs_infercept_14b": "12.7-72.2x",
@@ -34,21 +34,34 @@ def bound_of(result: RunResult) -> tuple[str, float, float]:
     return ("memory" if on_memory >= on_compute else "compute"), on_memory, on_compute
 
 
+def binding_text(result: RunResult) -> str:
+    """What bound one run while requests queued, in seconds by resource."""
+    bound = result.bound_seconds()
+    if not any(bound.values()):
+        return "nothing queued"
+    top = max(bound, key=lambda k: bound[k])
+    return (f"requests queued {bound['memory']:.0f} s with KV >= {MEMORY_FULL:.0%} in use, "
+            f"{bound['sequences']:.0f} s at the sequence budget (running >= "
+            f"{SEQS_FULL:.0%} of max_num_seqs) and {bound['compute']:.0f} s with both to "
+            f"spare (prefill compute): {top} bound longest")
+
+
 def comparison_text(title: str, results: Mapping[str, RunResult]) -> str:
     """What bound this comparison, and what KunServe and Llumnix did in it."""
     vllm, kun = results["vllm"], results["kunserve"]
     kind, on_memory, on_compute = bound_of(vllm)
-    lines = [f"- vLLM queued requests for {on_memory:.0f} s with the cluster's KV at least "
-             f"{MEMORY_FULL:.0%} in use and {on_compute:.0f} s with KV to spare: "
+    lines = [f"- vLLM: {binding_text(vllm)}; memory against everything else: "
              f"{_bound_sentence(kind, on_memory)}"]
     lines.append(f"- KunServe: {kun.counters.get('num_drops', 0)} drops, "
                  f"{kun.counters.get('num_restores', 0)} restores, "
+                 f"{kun.counters.get('num_grows', 0)} grows, "
+                 f"{kun.counters.get('num_shrinks', 0)} shrinks, "
                  f"{len(kun.group_lifetimes)} group lives of "
                  f"{_lives(kun.group_lifetimes)}, {kun.groups_alive_at_end} alive at the end;"
                  f" bubble share {_bubble_text(kun)}; P50 TPOT "
                  f"{_pct(kun.percentile('tpot', 50) / vllm.percentile('tpot', 50) - 1)} vs "
                  f"vLLM; P99 TTFT {_fmt(kun.percentile('ttft', 99), ' s')} vs "
-                 f"{_fmt(vllm.percentile('ttft', 99), ' s')}.")
+                 f"{_fmt(vllm.percentile('ttft', 99), ' s')}; {binding_text(kun)}.")
     if "llumnix" in results:
         llx = results["llumnix"]
         c = llx.counters
@@ -149,5 +162,6 @@ def differences_text(compared: Mapping[str, Mapping[str, RunResult]]) -> str:
             f"- {title}: {kind}-bound (vLLM queued {on_memory:.0f} s on full KV, "
             f"{on_compute:.0f} s with KV free); KunServe's P99 TTFT is "
             f"{_fmt(multiple(results, 'vllm'), 'x')} lower than vLLM's after "
-            f"{kun.counters.get('num_drops', 0)} drops (bubble {_bubble_text(kun)}).")
+            f"{kun.counters.get('num_drops', 0)} drops (bubble {_bubble_text(kun)}); "
+            f"KunServe's {binding_text(kun)}.")
     return "\n".join(lines)

@@ -66,6 +66,7 @@ class GroupEvent:
     num_requeued: int = 0
     bytes_moved: int = 0
     transfer_seconds: float = 0.0
+    grow: bool = False  # a "form" that added solo members to a formed group
 
 
 @dataclass(slots=True)
@@ -81,6 +82,7 @@ class SimPipelineGroups:
     events: list[GroupEvent] = field(default_factory=list)
     book: PipelineGroupBook = field(init=False)
     _reload_done: dict[int, float] = field(default_factory=dict)  # leader -> time
+    _growing: bool = False  # the formation being joined adds to a formed group
     _failures: dict[int, tuple[int, EvictionCallback]] = field(default_factory=dict)
     _transfer: tuple[int, float] = (0, 0.0)  # the last exchange: bytes, seconds
     _moving_back: list[KVMove] = field(default_factory=list)  # a restore's, held in `leave`
@@ -227,6 +229,7 @@ class SimPipelineGroups:
         self.instances[index].engine.scheduler.kv.resize_device(num_blocks)
 
     def join(self, plan: GroupPlan, moved: Mapping[int, list[Request]]) -> None:
+        self._growing = self.instances[plan.leader].grouped
         for index in plan.members:
             inst = self.instances[index]
             inst.draining = False
@@ -250,7 +253,7 @@ class SimPipelineGroups:
         leader.hold(sorted({m.request_id for m in moves}), now + seconds)
         self.events.append(GroupEvent(now, "form", plan.members, len(adoption.adopted),
                                       len(adoption.recomputed), len(adoption.requeued),
-                                      num_bytes, seconds))
+                                      num_bytes, seconds, self._growing))
         leader.hooks.wake(leader)
 
     def _occupy_link(self, leader: KunSimInstance, moves: list[KVMove], now: float
@@ -358,6 +361,7 @@ class KunServeCounters:
         out["kv_bytes_exchanged"] = sum(e.bytes_moved for e in self.groups.events)
         out["num_adopted_running"] = sum(e.num_adopted for e in forms)
         out["num_recomputed_running"] = sum(e.num_recomputed for e in forms)
+        out["num_grows"] = sum(1 for e in forms if e.grow)
         ratio = self.groups.bubble_ratio()
         out["bubble_permille"] = -1 if ratio is None else round(1000 * ratio)
         out["num_shed_for_restore"] = self.groups.num_shed

@@ -14,7 +14,11 @@ microbatch's `by_rows`; each microbatch costs, on every stage, the stage cost mo
 for its sub-batch, and the microbatches flow through the stages one after another. Each
 completes on its own (andante.sim.pipeline): the requests whose last tokens it carries
 get them when it leaves the last stage, and the next step, formed once stage 0 is free
-from the requests not in flight, fills the free slots (lookahead's `slot_config`). Fill,
+from the requests not in flight, fills the free slots (lookahead's `slot_config`, its
+sequence budget scaled by `seq_scale`, the group's KV blocks per member over one
+undropped instance's); with lookahead and a queue longer than the slot takes, its prefill
+tokens are those whose stage time matches the dearest of the last `num_stages`
+microbatches (`balanced_token_budget`, timed by the stage cost model). Fill,
 drain and unbalanced microbatches leave bubbles, which the groups' `bubble_ratio`
 reports from this instance's stage-seconds. While a KV exchange (§4.2) occupies the link,
 the requests whose KV is on its way are held (`hold`); coordinated (the paper's design),
@@ -28,10 +32,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from collections.abc import Sequence
 from typing import Protocol, cast
 
 from andante.cluster.kunserve.lookahead import (
+    ChunkCostModel,
+    balanced_token_budget,
     fit_chunk_cost,
     free_slots,
     group_config,
@@ -47,6 +54,7 @@ from andante.exec.microbatch import MicrobatchPlanner, by_rows, completion_rows,
 from andante.exec.sim_executor import SimExecutor
 from andante.perf.cost_model import CostModel
 from andante.perf.links import LinkSpec
+from andante.perf.shape import BatchShape
 from andante.sim.pipeline import Microbatch, PipelineSimInstance
 
 
@@ -93,6 +101,10 @@ class KunSimInstance(PipelineSimInstance):
         self.stage_capacity = 0.0  # stage-seconds while the grouped pipeline held work
         self._open_since: float | None = None
         self._slots = 1  # microbatches the step being formed may hold
+        self.solo_blocks = self.engine.scheduler.kv.num_device_blocks  # undropped pool
+        self.scale_seqs = True  # a group's sequence cap follows its KV (group_config)
+        self.chunk_model: ChunkCostModel | None = None  # eq. (1), while grouped with lookahead
+        self._recent: deque[float] = deque(maxlen=1)  # stage seconds of the last microbatches
 
     # ---- the Instance seam ----------------------------------------------------------
     @property
@@ -130,8 +142,9 @@ class KunSimInstance(PipelineSimInstance):
         busy_before = self.stats.busy_time
         if self.grouped:  # the step fills the free slots (lookahead's slot_config)
             self._slots = free_slots(self.num_stages, self.num_in_flight)
-            self.engine.scheduler.config = slot_config(
-                self.base_config, self.num_stages, self.num_in_flight)
+            config = slot_config(self.base_config, self.num_stages, self.num_in_flight,
+                                 self.seq_scale)
+            self.engine.scheduler.config = self._balanced(config)
         done = super().begin_step(now)
         if self.grouped:
             self.engine.scheduler.config = self.group_config()
@@ -140,6 +153,40 @@ class KunSimInstance(PipelineSimInstance):
             if was_empty:
                 self._open_since = now
         return done
+
+    def _balanced(self, config: SchedulerConfig) -> SchedulerConfig:
+        """With lookahead, microbatches in flight and more prefill queued than the slot's
+        budget takes (a burst: §4.3 looks ahead only where requests queue; with a short
+        queue, holding prompt tokens back would only add to their TTFT): the step's
+        token budget whose cost on a stage matches the dearest of the last `num_stages`
+        microbatches (lookahead's `balanced_token_budget`, timed by the stage's cost
+        model: the simulator's profile); else `config` as it is."""
+        scheduler = self.engine.scheduler
+        if self.chunk_model is None or not self.num_in_flight or not self._recent:
+            return config
+        in_flight = {r.request_id for c in self._pipeline for r in c.batch.requests}
+        free = [r for r in scheduler.running if r.request_id not in in_flight]
+        decodes = [r.num_computed_tokens for r in free
+                   if r.num_computed_tokens >= r.num_prompt_tokens]
+        queued = sum(r.num_prompt_tokens - r.num_computed_tokens for r in free
+                     if r.num_computed_tokens < r.num_prompt_tokens)
+        queued += sum(r.num_prompt_tokens - r.num_computed_tokens for r in scheduler.waiting)
+        if queued <= config.max_num_batched_tokens - len(decodes):
+            return config  # the queue fits the slot: nothing to look ahead at (§4.3)
+        base = BatchShape()
+        for prefix in decodes:
+            base.add(1, prefix, True)
+        cost = cast(SimExecutor, self.engine.executor).cost_model
+
+        def with_prefill(tokens: int) -> float:
+            shape = dataclasses.replace(base)
+            if tokens:
+                shape.add(tokens, 0, False)
+            return cost.step_time(shape)
+
+        budget = balanced_token_budget(with_prefill, len(decodes), max(self._recent),
+                                       config.max_num_batched_tokens, config.block_size)
+        return dataclasses.replace(config, max_num_batched_tokens=budget)
 
     def microbatches(self, batch: StepBatch, result: StepResult) -> list[Microbatch]:
         """A grouped step's microbatches (`planner` over the free slots, the real
@@ -158,6 +205,7 @@ class KunSimInstance(PipelineSimInstance):
         if micro:
             extra = max(0.0, result.duration - executor.forward_time(batch))
             micro[0] = dataclasses.replace(micro[0], seconds=micro[0].seconds + extra)
+        self._recent.extend(m.seconds for m in micro)
         return micro
 
     def finish_step(self) -> tuple[StepBatch, StepOutput]:
@@ -186,7 +234,16 @@ class KunSimInstance(PipelineSimInstance):
 
     def group_config(self) -> SchedulerConfig:
         """The leader's budgets while grouped (andante.cluster.kunserve.lookahead)."""
-        return group_config(self.base_config, self.num_stages)
+        return group_config(self.base_config, self.num_stages, self.seq_scale)
+
+    @property
+    def seq_scale(self) -> float:
+        """The group's KV blocks per stage over one undropped instance's: how much larger
+        a batch each microbatch slot holds (lookahead's `group_config`)."""
+        if not self.grouped or not self.scale_seqs:
+            return 1.0
+        blocks = self.engine.scheduler.kv.num_device_blocks
+        return max(1.0, blocks / (self.num_stages * self.solo_blocks))
 
     def hold(self, request_ids: Sequence[str], until: float) -> None:
         """Stall these requests until `until` (their KV is on its way)."""
@@ -242,8 +299,10 @@ class KunSimInstance(PipelineSimInstance):
         self._hop_latency = self.link.latency
         self.leader = self.index
         self.runs = None
-        self.planner = lookahead_planner(fit_chunk_cost(stage_cost), self.base_config.block_size) \
-            if self.use_lookahead else by_rows
+        self.chunk_model = fit_chunk_cost(stage_cost) if self.use_lookahead else None
+        self.planner = by_rows if self.chunk_model is None else lookahead_planner(
+            self.chunk_model, self.base_config.block_size)
+        self._recent = deque(maxlen=self.num_stages)
 
     def become_solo(self, num_blocks: int) -> None:
         """Hold every layer again, with `num_blocks` KV blocks (empty pipeline)."""
@@ -252,6 +311,7 @@ class KunSimInstance(PipelineSimInstance):
         self._stage_free = [0.0]
         self._hop_per_token = self._hop_latency = 0.0
         self.leader = None
+        self.chunk_model = None
         self.runs = self.solo_runs
         self.engine.scheduler.config = self.base_config
         kv = self.engine.scheduler.kv

@@ -17,7 +17,7 @@ from experiments.kunserve_runs import (
     demand_scaling,
     system_spec,
 )
-from experiments.kunserve_text import bound_of
+from experiments.kunserve_text import binding_text, bound_of
 from experiments.registry import ExperimentContext, experiment_names, run_experiment
 
 
@@ -96,3 +96,34 @@ def test_the_bound_is_measured_from_queueing_and_memory() -> None:
     assert bound_of(full) == ("memory", 2.0, 1.0)
     calm = RunResult("vllm", [], [], [], memory, {}, 3.0, 0, waiting=[0, 0, 0, 0])
     assert bound_of(calm)[0] == "nothing"
+
+
+def test_queueing_at_the_sequence_budget_is_told_apart_from_memory_and_compute() -> None:
+    memory = [(0.0, 0, 100), (1.0, 95, 100), (2.0, 50, 100), (4.0, 50, 100)]
+    result = RunResult("kunserve", [], [], [], memory, {}, 4.0, 0, waiting=[0, 5, 5, 5],
+                       running=[0, 400, 512, 300], seq_caps=[512, 512, 512, 512])
+    assert result.bound_seconds() == {"memory": 1.0, "sequences": 1.0, "compute": 2.0}
+    assert result.queued_seconds() == (1.0, 3.0)
+    text = binding_text(result)
+    assert "1 s at the sequence budget" in text and text.endswith("compute bound longest")
+
+
+def test_the_sampler_leaves_a_grouped_members_unused_pool_out() -> None:
+    from types import SimpleNamespace
+
+    from andante.cluster.load import LoadReport
+    from andante.engine.stats import SchedulerStats
+    from experiments.kunserve_runs import MemorySampler
+
+    def slot(blocks: int, free: int, running: int, member: bool, alive: bool) -> object:
+        stats = SchedulerStats(time=1.0, num_blocks=blocks, num_free_blocks=free,
+                               num_running=running, max_num_seqs=512)
+        instance = SimpleNamespace(load=lambda: LoadReport(stats), is_member=member)
+        return SimpleNamespace(instance=instance, alive=alive)
+
+    leader = slot(37_000, 1_000, 600, member=False, alive=True)  # the group's blocks
+    member = slot(14_000, 14_000, 0, member=True, alive=False)  # its own pool, unused
+    sampler = MemorySampler()
+    sampler.after_step(SimpleNamespace(slots=[leader, member], queue=[]))  # type: ignore[arg-type]
+    assert sampler.samples == [(1.0, 36_000, 37_000)]
+    assert (sampler.running, sampler.seq_caps) == ([600], [512])

@@ -52,5 +52,6 @@ def test_a_pressed_group_grows_by_a_solo_then_shrinks_by_one_then_restores() -> 
     assert shrink.members == triple and shrink.bytes_moved > 0  # its layers' KV moved
     counters = report.router_counters
     assert counters["num_shrinks"] == 1 and counters["num_restores"] == 1
+    assert [e.grow for e in forms[:2]] == [False, True] and counters["num_grows"] == 1
     for inst in sim.instances:
         inst.engine.scheduler.kv.check_invariants()

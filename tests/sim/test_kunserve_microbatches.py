@@ -148,3 +148,31 @@ def test_a_prompts_inner_chunk_lets_its_next_chunk_follow_at_once() -> None:
     # its rest enters stage 0 now, behind the first chunk, which is still in stage 1
     assert not leader.busy and leader.begin_step(first.when) is not None
     assert steps[1][0].num_new_tokens == [904] and leader.num_in_flight == 2
+
+
+@pytest.mark.parametrize("lookahead", [True, False])
+def test_a_step_formed_beside_a_microbatch_in_flight_matches_its_cost(lookahead: bool
+                                                                       ) -> None:
+    leader = _leader(lookahead)
+    _fill(leader, [200, 200, 200, 200])
+    steps = _spy_steps(leader)
+    last = leader.begin_step(0.0)
+    assert last is not None and leader.num_in_flight == 2
+    in_flight = leader.stage_times(*steps[0])  # each microbatch's time on a stage
+    _fill_more(leader, "queued", 3000)  # a long prompt queues meanwhile
+    first_done = leader.completions()[0].when
+    leader.engine.clock.advance_to(first_done)  # type: ignore[attr-defined]
+    leader.finish_step()
+    assert leader.begin_step(first_done) is not None and leader.num_in_flight == 2
+    batch = steps[1][0]
+    (seconds, _), = leader.stage_times(*steps[1])
+    beside = max(s for s, _ in in_flight)
+    if lookahead:  # eq. (1) sizes the queued prompt's chunk to even the stages out
+        assert batch.num_tokens < 2048 and seconds == pytest.approx(beside, rel=0.2)
+    else:  # the slot's whole token budget: the stage beside it idles meanwhile
+        assert batch.num_tokens == 2048 and seconds > 2 * beside
+
+
+def _fill_more(leader: KunSimInstance, request_id: str, length: int) -> None:
+    leader.engine.add_request(Request(request_id, list(range(length)),
+                                      SamplingParams(max_tokens=4), arrival_time=0.0))

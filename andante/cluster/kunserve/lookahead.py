@@ -19,7 +19,14 @@ requires) and returns the idle share of the stages, the figure §5.3 reports.
 
 A grouped leader's budgets (`group_config`): a step holds a cycle's worth of work,
 `num_stages` x one instance's token budget and `num_stages` x max_num_seqs (the members'
-requests were adopted); `step_microbatches` cuts it into up to `num_stages` balanced
+requests were adopted), the latter scaled by `seq_scale`, the group's KV blocks per
+member over one undropped instance's (the simulator passes it; 1 by default). vLLM's
+pipeline parallelism, which KunServe builds on, gives each of the `num_stages` virtual
+engines max_num_seqs; but max_num_seqs is tuned to what one instance's KV holds, and the
+point of a drop (§5.2: queued requests "served with a larger batch size") is that the
+group's KV holds more: with the sequence cap left at num_stages x max_num_seqs the quick
+experiment's 14B pair sat at 512 running with 100-140 queued while its KV was 70-87%
+used, bound by the cap, not memory; `step_microbatches` cuts it into up to `num_stages` balanced
 microbatches. Microbatches complete one by one (a request's tokens arrive when the
 microbatch holding its last piece leaves the last stage), so steps overlap: a step formed
 while `j` microbatches are still in flight fills the `num_stages - j` free slots
@@ -31,7 +38,15 @@ returning microbatch's requests go round again as one microbatch, so the pipelin
 once it has left stage 0: the next chunk follows it through every stage). The real
 engine's pipelined stages (andante.exec.torch_microbatch) and the simulator's grouped
 instances (andante.sim.kunserve_instance, which times the step as the pipeline of those
-microbatches) both call these. Eq. (1)'s coefficients are fitted to
+microbatches) both call these.
+
+Lookahead across returning microbatches (`balanced_token_budget`): in steady state a
+step fills one free slot while the other microbatches are still in flight, so halving
+the step cannot balance anything; instead its prefill tokens are chosen by eq. (1) so
+that its cost matches the dearest of the last `num_stages` microbatches (the ones it
+runs beside and the one whose rows it re-forms): the queue's prefill fills what would
+be a bubble, and no microbatch is cut below its partner (which would shrink the whole
+pipeline's work round by round). Eq. (1)'s coefficients are fitted to
 the cost model (`fit_chunk_cost`): the paper profiles them offline.
 """
 
@@ -139,6 +154,36 @@ def form_microbatches(items: Sequence[WorkItem], model: ChunkCostModel, num_stag
     return batches
 
 
+def balanced_token_budget(cost_with_prefill: Callable[[int], float], num_decodes: int,
+                          target: float, cap: int, min_tokens: int = 1) -> int:
+    """Token budget of a microbatch formed while others are in flight (a free slot of
+    a pipeline whose microbatches are re-formed as they return): its `num_decodes`
+    decodes (they always go) plus the most prefill tokens t whose microbatch cost,
+    `cost_with_prefill(t)` (non-decreasing in t), stays within `target`, the cost of
+    the microbatches it runs beside, so that the stages' times even out (Figure 8's
+    bubbles) instead of the token count doing so; within [decodes + `min_tokens`,
+    `cap`] (see the module note). Bisection: O(log cap) cost evaluations."""
+    room = max(0, cap - num_decodes)
+    low, high = 0, room  # cost(low) <= target or low == 0; find the largest such t
+    if cost_with_prefill(high) <= target:
+        low = high
+    while high - low > 1:
+        mid = (low + high) // 2
+        if cost_with_prefill(mid) <= target:
+            low = mid
+        else:
+            high = mid
+    return max(1, min(cap, num_decodes + max(min_tokens, low)))
+
+
+def eq1_cost_with_prefill(decode_prefixes: Sequence[int], model: ChunkCostModel
+                          ) -> Callable[[int], float]:
+    """Eq. (1)'s cost of a microbatch of decodes (one token after each of
+    `decode_prefixes`) plus a new prompt's first t tokens, as a function of t."""
+    decodes = model.gamma + sum(model.chunk(p, 1) for p in decode_prefixes)
+    return lambda tokens: decodes + model.chunk(0, tokens)
+
+
 def bubble_ratio(costs: Sequence[float], num_stages: int, hop: float = 0.0,
                  rounds: int = 4) -> float:
     """Idle share of `num_stages` stages running `rounds` rounds of microbatches that
@@ -182,19 +227,25 @@ def fit_chunk_cost(cost: CostModel) -> ChunkCostModel:
     return ChunkCostModel(alpha, beta, gamma)
 
 
-def group_config(base: SchedulerConfig, num_stages: int) -> SchedulerConfig:
+def group_config(base: SchedulerConfig, num_stages: int, seq_scale: float = 1.0
+                 ) -> SchedulerConfig:
     """A grouped leader's budgets (module note): a step holds a cycle's worth of work,
     `num_stages` instances' tokens and sequences (with one instance's sequence cap the
-    group could not admit a queued request until its running set fell below it)."""
+    group could not admit a queued request until its running set fell below it), the
+    sequences times `seq_scale` (the group's KV blocks per member over one instance's:
+    the dropped weights' memory holds a larger batch, see the module note)."""
+    if seq_scale <= 0:
+        raise ValueError(f"seq_scale must be > 0, got {seq_scale}")
     return dataclasses.replace(
-        base, max_num_seqs=base.max_num_seqs * num_stages,
+        base, max_num_seqs=max(1, math.ceil(base.max_num_seqs * num_stages * seq_scale)),
         max_num_batched_tokens=base.max_num_batched_tokens * num_stages)
 
 
-def slot_config(base: SchedulerConfig, num_stages: int, in_flight: int) -> SchedulerConfig:
+def slot_config(base: SchedulerConfig, num_stages: int, in_flight: int,
+                seq_scale: float = 1.0) -> SchedulerConfig:
     """The budgets of a step formed while `in_flight` microbatches are in the pipeline:
     `group_config` over its free slots (see the module note)."""
-    return group_config(base, free_slots(num_stages, in_flight))
+    return group_config(base, free_slots(num_stages, in_flight), seq_scale)
 
 
 def step_microbatches(batch: StepBatch, num_stages: int, model: ChunkCostModel,

@@ -1,8 +1,23 @@
 """`--router kunserve`: KunServe's global dispatcher plus its coordinator's settings.
 
-Design note (KunServe §3, Figure 4): requests go to the least-loaded serving unit (a
-group's leader stands for its group; members are not alive to routers while grouped);
-the coordinator (`KunServeCoordinator`) does the rest. The router carries the
+Design note (KunServe §3, Figure 4): "our dispatcher incorporates the load-balancing
+design from Llumnix". A request goes to a serving unit (a group's leader stands for its
+group; members are not alive to routers while grouped) that would start it at its next
+step (`can_take_now`): nothing queued or in transit ahead of it, a sequence slot free
+and Llumnix's freeness above 0 (andante.cluster.llumnix's F = (free blocks - queued
+demand) / running requests, the requests in transit counted as running ones holding the
+unit's mean blocks per request); among those, and among the others when none can, the
+least-loaded's expected wait (andante.cluster.router: predicted drain time).
+Not the drain time alone: after a restore the leader keeps every request of its group,
+whose remaining decodes make its drain time long (~40 s in the quick experiment) while
+it has memory and sequence slots to spare; by drain time every arrival went to the
+emptied members, which queued 100+ requests on their own sequence budget while the
+leader admitted none (the long run's P50 TTFT rose 53% with restore on). Not freeness
+alone either: it ignores the prefill queue, and under compute-bound load (long prompts,
+memory to spare) it gave P99 TTFT 6.9 s against least-loaded's 4.4 s
+(tests/sim/test_kunserve_sustained.py); ordering by prompt tokens queued ahead instead
+filled units until memory ran out and made groups flap there (5 drops, 3 restores).
+The coordinator (`KunServeCoordinator`) does the rest. The router carries the
 coordinator's options so that `andante simulate --router kunserve --router-option
 KEY=VALUE` reaches them: the paper's thresholds (`drop_threshold` on projected demand,
 `restore_threshold` 0.5), the KV mode, the inter-instance link, and the ablation
@@ -11,11 +26,13 @@ switches (`drop`, `coordinated`, `lookahead`, `restore`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from andante.cluster.kunserve.monitor import MonitorOptions
-from andante.cluster.router import LeastLoadedRouter
+from andante.cluster.router import InstanceView, LeastLoadedRouter, expected_wait
+from andante.core.request import Request
 
 KV_MODES = ("exchange", "recompute", "auto")
 
@@ -79,3 +96,37 @@ class KunServeRouter(LeastLoadedRouter):
     def __init__(self, **options: Any) -> None:
         super().__init__()
         self.settings = settings_from(options)
+
+    def route(self, req: Request, instances: Sequence[InstanceView]) -> int | None:
+        alive = [v for v in instances if v.alive]
+        if not alive:
+            return None
+        return min(alive, key=dispatch_key).index
+
+
+def dispatch_freeness(view: InstanceView) -> float:
+    """Llumnix's freeness of a serving unit with its requests in transit counted as
+    running ones holding its mean blocks per request (see the module note)."""
+    stats = view.load.stats
+    transit = max(0, view.num_in_transit)
+    used = stats.num_blocks - stats.num_free_blocks
+    per_request = used / stats.num_running if stats.num_running else 0.0
+    left = stats.num_free_blocks - stats.num_queued_kv_blocks - transit * per_request
+    return left / max(1, stats.num_running + transit)
+
+
+def can_take_now(view: InstanceView) -> bool:
+    """Would a request sent now start at the unit's next step: nothing queued or in
+    transit ahead of it, memory (freeness above 0) and a sequence slot free?"""
+    stats = view.load.stats
+    if stats.num_waiting or view.num_in_transit > 0:
+        return False
+    return dispatch_freeness(view) > 0 and (stats.max_num_seqs <= 0
+                                            or stats.num_running < stats.max_num_seqs)
+
+
+def dispatch_key(view: InstanceView) -> tuple[bool, float, int, int]:
+    """Smallest first (see the module note): cannot start it now; expected wait;
+    requests; index."""
+    requests = view.load.stats.num_requests + max(0, view.num_in_transit)
+    return not can_take_now(view), expected_wait(view), requests, view.index

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from andante.cluster.kunserve.lookahead import (
     ChunkCostModel,
     WorkItem,
+    balanced_token_budget,
     bubble_ratio,
+    eq1_cost_with_prefill,
     form_microbatches,
+    group_config,
     microbatch_cost,
     slot_config,
     split_half,
@@ -70,6 +74,16 @@ def test_a_step_fills_the_free_slots_with_one_instances_budgets_each() -> None:
     assert (one.max_num_batched_tokens, one.max_num_seqs) == (2048, 256)
 
 
+def test_a_groups_sequence_budget_follows_its_kv_not_its_tokens() -> None:
+    base = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256)
+    scaled = slot_config(base, 2, 0, seq_scale=1.29)  # dropped weights: 29% more KV
+    assert (scaled.max_num_batched_tokens, scaled.max_num_seqs) == (2 * 2048, 661)
+    assert slot_config(base, 2, 1, seq_scale=1.29).max_num_seqs == 331
+    assert group_config(base, 2).max_num_seqs == 512  # the default: vLLM PP's budget
+    with pytest.raises(ValueError, match="seq_scale"):
+        group_config(base, 2, seq_scale=0.0)
+
+
 def test_rows_complete_with_their_last_piece_and_inner_chunks_need_no_token() -> None:
     batch = StepBatch()
     params = SamplingParams(max_tokens=4)
@@ -80,3 +94,16 @@ def test_rows_complete_with_their_last_piece_and_inner_chunks_need_no_token() ->
     done = completion_rows(batch, plan)
     assert (done[0].sampling, done[0].ordered) == ((2,), ())
     assert (done[1].sampling, done[1].ordered) == ((1,), (0,))
+
+
+def test_a_microbatch_formed_beside_others_fills_to_their_cost() -> None:
+    decodes = [800] * 20  # the returning microbatch's decodes, one token each
+    cost = eq1_cost_with_prefill(decodes, MODEL)
+    alone = cost(0)
+    target = 3 * alone  # the microbatch in flight beside it costs three times as much
+    budget = balanced_token_budget(cost, len(decodes), target, cap=4096, min_tokens=16)
+    assert cost(budget - 20) <= target < cost(budget - 19)  # the most that fits
+    assert cost(budget - 20) == pytest.approx(target, rel=0.01)
+    assert balanced_token_budget(cost, 20, target, cap=100) == 100  # the slot's cap
+    # decodes already dearer than the target: they all go, with min_tokens of prefill
+    assert balanced_token_budget(cost, 20, alone / 2, cap=4096, min_tokens=16) == 36
