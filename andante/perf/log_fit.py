@@ -64,6 +64,7 @@ from andante.perf.cost_model import CostModel
 from andante.perf.fit import MIN_REGIME_SAMPLES, Sample, fit_coefficients, prediction_error
 from andante.perf.frontend_log import FrontendFit
 from andante.perf.idle_wake import IdleWakeFit, fit_idle_wake
+from andante.perf.prefill_factors import divided, fit_prefill_factors
 from andante.perf.specs import CostCoefficients, HardwareSpec, ModelSpec
 from andante.perf.step_log import LoggedStep
 
@@ -77,6 +78,7 @@ STALL_FACTOR = 4.0  # a step this far off the others' fit is a stall (`split_sta
 MAX_STALL_SHARE = 0.05  # more stalled steps than this share: the log is refused
 MAX_WAKE_REFITS = 10  # coefficient refits with the idle wake taken out of woken steps
 WAKE_SETTLED = 0.01  # ... until the wake moves by less than this share
+FACTOR_REFITS = 3  # rounds of prefill factors and coefficients (andante.perf.prefill_factors)
 
 
 class LogFitRefused(ValueError):
@@ -334,6 +336,7 @@ def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: Hardw
     plain = dataclasses.replace(base, name=name, serial_coefficients=None,
                                 serial_below_tokens=None, eager_launch_per_layer=0.0,
                                 new_size_fixed=0.0, new_size_per_token=0.0, new_size_cache=0,
+                                prefill_factors=(),
                                 fit_error=None, calibrated_at=None, fitted_on=None)
     model = CostModel(model_spec, plain, tp)
     check_log(steps, model)
@@ -348,9 +351,11 @@ def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: Hardw
         wake = fit_idle_wake(steps, CostModel(model_spec, fitted, tp).step_time)
         if abs(wake.penalty - previous) <= WAKE_SETTLED * previous:
             break
+    fitted, on_floor, factors = _fit_prefill_factors(
+        model, without_wake(steps, wake), serial_below_tokens, fitted, on_floor)
     engines = sorted({s.engine for s in steps if s.engine is not None})
     fitted = dataclasses.replace(
-        fitted, idle_wake=wake.penalty, idle_wake_after=wake.after,
+        fitted, idle_wake=wake.penalty, idle_wake_after=wake.after, prefill_factors=factors,
         fitted_on=f"{source} ({', '.join(engines) or 'engine not named'}, "
                   f"{model_spec.name}, tp {tp}): {coverage(steps)}"
                   + (f"; {len(stalled)} stalled steps left out" if stalled else "")
@@ -381,6 +386,25 @@ def _fit_shapes(model: CostModel, steps: Sequence[LoggedStep],
         serial_coefficients=serial,
         serial_below_tokens=serial_below_tokens if serial is not None else None)
     return hardware, on_floor
+
+
+def _fit_prefill_factors(model: CostModel, steps: Sequence[LoggedStep],
+                         serial_below_tokens: int | None, fitted: HardwareSpec,
+                         on_floor: int) -> tuple[HardwareSpec, int, tuple[float, ...]]:
+    """(profile, steps on the launch floor, prefill factors): the factors of
+    andante.perf.prefill_factors against `fitted`, then the coefficients refitted to the
+    steps divided by them and the factors again, FACTOR_REFITS times; `fitted` as it is
+    where no factor is found."""
+    linear = (fitted, on_floor)
+    factors: tuple[float, ...] = ()
+    for _ in range(FACTOR_REFITS):
+        found = fit_prefill_factors(steps, CostModel(model.model, fitted, model.tp).step_time)
+        if found == factors:
+            break
+        factors = found
+        fitted, on_floor = (_fit_shapes(model, divided(steps, factors), serial_below_tokens)
+                            if factors else linear)
+    return fitted, on_floor, factors
 
 
 def without_wake(steps: Sequence[LoggedStep], wake: IdleWakeFit) -> list[LoggedStep]:
