@@ -72,13 +72,15 @@ def test_calibration_segments_are_joined_without_a_false_idle_gap():
 
 def _request(rid: str, received: float, seen: float, step_end_t: float, duration: float,
              first_byte: float, origin: float = 1000.0) -> list[str]:
-    return [json.dumps({"kind": "http", "id": rid, "received": received,
-                        "first_byte": first_byte}) + "\n",
-            json.dumps({"kind": "request", "id": rid + "-0", "arrival": received + 0.001,
+    # in a vLLM log's order: the request record as its first token comes, the step, and
+    # the HTTP record (another process) when its first byte is out
+    return [json.dumps({"kind": "request", "id": rid + "-0", "arrival": received + 0.001,
                         "seen": seen, "idle": True, "first_token": origin + step_end_t})
             + "\n",
             json.dumps({"kind": "step", "duration": duration, "num_tokens": 64,
-                        "num_decode_seqs": 2, "t": step_end_t}) + "\n"]
+                        "num_decode_seqs": 2, "t": step_end_t}) + "\n",
+            json.dumps({"kind": "http", "id": rid, "received": received,
+                        "first_byte": first_byte}) + "\n"]
 
 
 def test_a_requests_ttft_is_taken_apart_and_the_clients_share_measured():
@@ -96,3 +98,25 @@ def test_a_requests_ttft_is_taken_apart_and_the_clients_share_measured():
     assert ffl.client_overhead(lines, segments) == pytest.approx(0.005)
     parts = ffd.decomposition(real, [], client_ttft_ms=166.0)
     assert parts["real"]["step"] == 140.0 and parts["client_ms"] == pytest.approx(5.0)
+
+
+def test_a_log_recorded_before_segments_is_split_by_its_request_records(tmp_path: Path):
+    calibration = [_step(1.0, 0.1), _step(1.1, 0.1)]
+    runs = [_request(rid, 1010.0 + i, 1010.001 + i, 10.1 + i, 0.05, 1010.11 + i)
+            for i, rid in enumerate("abcd")]
+    lines = calibration + [line for request in runs for line in request]
+    (tmp_path / "vllm-calibration.jsonl").write_text("".join(calibration))
+    (tmp_path / "vllm-steps.jsonl").write_text("".join(lines))
+    real = {"ttft_mean_ms": 100.0, "tpot_mean_ms": 30.0, "num_finished": 2}
+    (tmp_path / "out.json").write_text(json.dumps(
+        {"runs": [{"rate": 0.5, "real": real}, {"rate": 1.0, "real": real}]}))
+    args = ffl.parse_args(["--engine", "vllm", "--replay", str(tmp_path),
+                           "--num-requests", "2", "--seed", "7"])
+    segments = ffl.recorded_segments(args, lines)
+    assert [s["kind"] for s in segments] == ["calibration", "run", "run"]
+    assert segments[0]["lines"] == [0, 2]
+    assert segments[1]["lines"] == [2, 8] and segments[2]["lines"] == [8, 14]
+    assert [s["seed"] for s in segments[1:]] == [7, 8]
+    with pytest.raises(SystemExit, match="do not make 3 runs"):
+        (tmp_path / "out.json").write_text(json.dumps({"runs": [{"rate": 1, "real": real}] * 3}))
+        ffl.recorded_segments(args, lines)
