@@ -46,11 +46,21 @@ class RealRequest:
         return sum(self.parts.values())
 
 
+def _http_of(rid: str, http: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The HTTP record of engine request `rid` (its id, or a prefix of it: vLLM adds a
+    suffix)."""
+    return http.get(rid) or next((h for key, h in http.items() if rid.startswith(key)), None)
+
+
 def real_requests(lines: Sequence[str]) -> list[RealRequest]:
-    """The requests of `lines` (a step log's) with a request record, an HTTP record and
-    the step record after it, in order of HTTP receipt."""
+    """The requests of `lines` (a step log's) with a request record and an HTTP record,
+    in order of HTTP receipt: vLLM's (written at the first token, wall seconds; the step
+    record after it ran the prefill) or andante's (`andante serve --trace-steps`: written
+    at the end, on the engine's clock with its wall `origin`, with its first scheduling)."""
     records = [json.loads(line) for line in lines if line.strip()]
     http = {r["id"]: r for r in records if r.get("kind") == "http"}
+    if any(r.get("kind") == "request" and "first_scheduled" in r for r in records):
+        return _andante_requests(records, http)
     offsets, found = [], []
     for index, record in enumerate(records):
         if record.get("kind") != "request":
@@ -59,7 +69,7 @@ def real_requests(lines: Sequence[str]) -> list[RealRequest]:
         if step is None or step.get("t") is None:
             continue
         offsets.append(record["first_token"] - step["t"])
-        match = next((h for key, h in http.items() if record["id"].startswith(key)), None)
+        match = _http_of(record["id"], http)
         if match is not None:
             found.append((record, step, match))
     if not offsets:
@@ -72,6 +82,30 @@ def real_requests(lines: Sequence[str]) -> list[RealRequest]:
                  "to_step": start - record["seen"], "step": step["duration"],
                  "to_first_byte": reply["first_byte"] - (origin + step["t"])}
         out.append(RealRequest(reply["received"], bool(record["idle"]), parts,
+                               int(step.get("num_decode_seqs", 0))))
+    return sorted(out, key=lambda r: r.received)
+
+
+def _andante_requests(records: list[dict[str, Any]], http: dict[str, dict[str, Any]]
+                      ) -> list[RealRequest]:
+    prefill_step: dict[str, dict[str, Any]] = {}
+    for record in records:
+        if record.get("kind") == "step":
+            for rid in record.get("prefill_ids") or ():
+                prefill_step[rid] = record  # the last chunk's step
+    out = []
+    for record in records:
+        if record.get("kind") != "request" or record.get("first_token") is None:
+            continue
+        reply, origin = _http_of(record["id"], http), record.get("origin", 0.0)
+        if reply is None or record.get("seen") is None:
+            continue
+        scheduled, first = record["first_scheduled"], record["first_token"]
+        parts = {"to_engine": origin + record["seen"] - reply["received"],
+                 "to_step": scheduled - record["seen"], "step": first - scheduled,
+                 "to_first_byte": reply["first_byte"] - (origin + first)}
+        step = prefill_step.get(record["id"], {})
+        out.append(RealRequest(reply["received"], bool(record.get("idle")), parts,
                                int(step.get("num_decode_seqs", 0))))
     return sorted(out, key=lambda r: r.received)
 

@@ -347,14 +347,18 @@ def serve_segments(args: argparse.Namespace, port: int, step_log: Path
 def recorded_segments(args: argparse.Namespace, lines: list[str]) -> list[dict[str, Any]]:
     """A recorded run's segments (--replay): its out.json's, or, for a log written
     before segments were recorded, the calibration file's lines and then one run per
-    rate of out.json, --num-requests request records each, seeds --seed + index."""
+    rate of out.json, --num-requests requests each, seeds --seed + index."""
     out = json.loads((args.replay / "out.json").read_text(encoding="utf-8"))
     if out.get("segments"):
         return list(out["segments"])
     calibration = _line_count(args.replay / f"{args.engine}-calibration.jsonl")
     segments: list[dict[str, Any]] = [{"kind": "calibration", "lines": [0, calibration]}]
-    requests = [i for i, line in enumerate(lines)
-                if i >= calibration and '"kind": "request"' in line]
+    # a run starts at its first request's first record: vLLM's request record (written
+    # at the first token, before the HTTP one), andante's HTTP record (its request
+    # record is written at the end)
+    kind = '"kind": "http"' if any('"first_scheduled"' in line for line in lines) \
+        else '"kind": "request"'
+    requests = [i for i, line in enumerate(lines) if i >= calibration and kind in line]
     starts = requests[::args.num_requests]
     if len(starts) != len(out["runs"]):
         raise SystemExit(f"{args.replay}: {len(requests)} request records after the "

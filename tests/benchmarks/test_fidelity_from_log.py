@@ -120,3 +120,18 @@ def test_a_log_recorded_before_segments_is_split_by_its_request_records(tmp_path
     with pytest.raises(SystemExit, match="do not make 3 runs"):
         (tmp_path / "out.json").write_text(json.dumps({"runs": [{"rate": 1, "real": real}] * 3}))
         ffl.recorded_segments(args, lines)
+
+
+def test_andantes_request_records_are_taken_apart_on_its_own_clock():
+    origin = 1000.0  # the engine clock's zero on the wall clock
+    lines = [json.dumps({"kind": "http", "id": "r1", "received": 1010.0,
+                         "first_byte": 1010.125}) + "\n",
+             json.dumps({"kind": "step", "duration": 0.09, "num_tokens": 67,
+                         "num_decode_seqs": 3, "t": 10.12, "prefill_ids": ["r1"]}) + "\n",
+             json.dumps({"kind": "request", "id": "r1", "arrival": 10.001, "seen": 10.004,
+                         "first_scheduled": 10.03, "first_token": 10.12, "idle": False,
+                         "origin": origin}) + "\n"]
+    (real,) = ffd.real_requests(lines)
+    assert real.parts == pytest.approx({"to_engine": 0.004, "to_step": 0.026, "step": 0.09,
+                                        "to_first_byte": 0.005})
+    assert real.num_decodes == 3 and not real.idle
