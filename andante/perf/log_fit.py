@@ -353,6 +353,9 @@ def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: Hardw
             break
     fitted, on_floor, factors = _fit_prefill_factors(
         model, without_wake(steps, wake), serial_below_tokens, fitted, on_floor)
+    if factors:  # the wake against what the profile will charge, factors included
+        wake = fit_idle_wake(steps, CostModel(model_spec, dataclasses.replace(
+            fitted, prefill_factors=factors), tp).step_time)
     engines = sorted({s.engine for s in steps if s.engine is not None})
     fitted = dataclasses.replace(
         fitted, idle_wake=wake.penalty, idle_wake_after=wake.after, prefill_factors=factors,
