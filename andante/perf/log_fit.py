@@ -50,6 +50,11 @@ on a log where most prompts find the engine idle, the wake would otherwise pass 
 prefill cost), and the wake again to the new coefficients, until it settles (moves by
 under WAKE_SETTLED, at most MAX_WAKE_REFITS times). The fit
 error and the errors per kind are of the steps less their wake.
+
+Prefill factors. A served engine whose step time bends with the prefill size gets a
+factor per size class of the steps' prefill tokens (andante.perf.prefill_factors), the
+coefficients refitted to the steps divided by them (`_fit_prefill_factors`); where
+factors are found, the wake is fitted once more against the profile with them.
 """
 
 from __future__ import annotations
