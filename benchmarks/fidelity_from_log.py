@@ -185,7 +185,8 @@ def client_overhead(lines: list[str], segments: list[dict[str, Any]]) -> float |
     return max(0.0, (client - server) / count)
 
 
-def calibrate(lines: list[str], segments: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+def calibrate(lines: list[str], segments: list[dict[str, Any]], out: Path,
+              args_client: float | None = None) -> dict[str, Any]:
     """Fit the calibration segments of the log as PROFILE (with the client's overhead
     added to its front end in), and the comparison profiles."""
     out.write_text("".join(calibration_lines(lines, segments)), encoding="utf-8")
@@ -199,6 +200,8 @@ def calibrate(lines: list[str], segments: list[dict[str, Any]], out: Path) -> di
         raise RuntimeError(f"calibration failed (exit {code}): {buffer.getvalue()}")
     fit = json.loads(buffer.getvalue())
     client = client_overhead(lines, segments)
+    if client is None and args_client is not None:  # --client-overhead-ms (replays)
+        client = args_client / 1e3
     fit["client_overhead"] = client
     served = get_hardware(PROFILE)
     served = dataclasses.replace(served, frontend_in=served.frontend_in + (client or 0.0))
@@ -232,7 +235,8 @@ def predict(args: argparse.Namespace, lines: list[str], segments: list[dict[str,
             ) -> dict[str, Any]:
     """Fit the calibration segments; simulate every run segment (never fitted on)."""
     folder = Path(os.environ[ANDANTE_HOME_ENV]) if args.replay else args.log_dir
-    fit = calibrate(lines, segments, folder / f"{args.engine}-calibration.jsonl")
+    fit = calibrate(lines, segments, folder / f"{args.engine}-calibration.jsonl",
+                    args.client_overhead_ms)
     frontend_out = get_hardware(PROFILE).frontend_out
     runs = []
     for segment in (s for s in segments if s["kind"] == "run"):
@@ -294,6 +298,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--replay", type=Path, default=None, metavar="DIR",
                    help="serve nothing: analyse a recorded run's --log-dir (its step "
                    "log, calibration file and out.json, the JSON this script printed)")
+    p.add_argument("--client-overhead-ms", type=float, default=None,
+                   help="the client's own TTFT share where the log's calibration has no "
+                   "client figures (a replay of a log recorded before they were): e.g. "
+                   "what other runs measured")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-batched-tokens", type=int, default=2048)
