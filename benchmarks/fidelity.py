@@ -65,7 +65,7 @@ from andante.metrics.summary import Summary, summarize
 from andante.perf.catalog import get_hardware, save_hardware
 from andante.perf.cost_model import CostModel
 from andante.perf.fit import fit_coefficients, prediction_error
-from andante.perf.log_fit import fit_step_log
+from andante.perf.log_fit import LogFitRefused, fit_step_log
 from andante.perf.paths import ANDANTE_HOME_ENV
 from andante.perf.shape import BatchShape
 from andante.perf.step_log import LoggedStep
@@ -467,7 +467,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.calibrate_from_load:
         if not args.calibrate:  # the private profiles folder the sweep would have made
             os.environ[ANDANTE_HOME_ENV] = tempfile.mkdtemp(prefix="andante-fidelity-")
-        served_fit = _calibrate_from_load(args, model_and_executor, phases[0][1])
+        try:
+            served_fit = _calibrate_from_load(args, model_and_executor, phases[0][1])
+        except LogFitRefused as exc:  # a busy machine's stalls: say so, no traceback
+            print(f"fidelity.py: error: the served calibration load's steps: {exc}",
+                  file=sys.stderr)
+            return 2
     runs = []
     for mode, config in phases:
         for rate in rates:
