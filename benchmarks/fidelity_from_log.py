@@ -228,7 +228,10 @@ def workload(args: argparse.Namespace, rate: float, seed: int, lengths: str,
 
 
 def run_workload(args: argparse.Namespace, segment: dict[str, Any]) -> WorkloadConfig:
-    return workload(args, segment["rate"], segment["seed"], args.lengths, args.num_requests)
+    """The run segment's workload (its own lengths and size where it recorded them)."""
+    return workload(args, segment["rate"], segment["seed"],
+                    segment.get("lengths", args.lengths),
+                    segment.get("num_requests", args.num_requests))
 
 
 def predict(args: argparse.Namespace, lines: list[str], segments: list[dict[str, Any]]
@@ -288,9 +291,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "engine idle and the log is not swamped by alike one-sequence decodes "
                    "(they drag the fit's work-duration rank check under its bound)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--passes", type=int, default=1,
+    p.add_argument("--passes", type=int, default=2,
                    help="passes over the rates (every other one in reverse order); each "
-                   "rate's figures are the means over its passes")
+                   "rate's figures are the means over its passes (one 30-request window "
+                   "per rate is at the mercy of the machine's speed in those seconds)")
     p.add_argument("--interleave-requests", type=int, default=24,
                    help="requests of a short calibration segment (the calibration "
                    "load's rate and lengths) after each run (0: none): the fit sees the "
@@ -327,7 +331,9 @@ def serve_segments(args: argparse.Namespace, port: int, step_log: Path
         first = _line_count(step_log)
         real, ttft_sum = served(port, config)
         segments.append({"kind": kind, "lines": [first, _line_count(step_log)],
-                         "seed": config.seed, "rate": config.rate, "real": real,
+                         "seed": config.seed, "rate": config.rate,
+                         "num_requests": config.num_requests, "lengths": config.lengths,
+                         "real": real,
                          "client_ttft_sum": ttft_sum,
                          "loadavg": [round(x, 2) for x in os.getloadavg()], **extra})
         print(json.dumps({k: v for k, v in segments[-1].items() if k != "lines"}),

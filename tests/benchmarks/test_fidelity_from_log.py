@@ -135,3 +135,14 @@ def test_andantes_request_records_are_taken_apart_on_its_own_clock():
     assert real.parts == pytest.approx({"to_engine": 0.004, "to_step": 0.026, "step": 0.09,
                                         "to_first_byte": 0.005})
     assert real.num_decodes == 3 and not real.idle
+
+
+def test_a_run_segment_is_simulated_with_its_own_workload():
+    args = ffl.parse_args([])
+    assert args.passes == 2 and args.interleave_requests > 0
+    recorded = {"rate": 2.0, "seed": 5, "num_requests": 6, "lengths": "uniform:8:16:2:4"}
+    config = ffl.run_workload(args, recorded)
+    assert (config.rate, config.seed, config.num_requests, config.lengths) == (
+        2.0, 5, 6, "uniform:8:16:2:4")
+    old = ffl.run_workload(args, {"rate": 1.0, "seed": 1})  # a log recorded before
+    assert (old.num_requests, old.lengths) == (args.num_requests, args.lengths)
