@@ -13,7 +13,8 @@ range of the step log's lines:
    (other seeds than the calibration's) replayed by andante's load generator (token-id
    prompts of exact length, ignore_eos, streaming); each run followed by a short
    calibration segment (`--interleave-requests`, the calibration load's rate and
-   lengths); `--passes` repeats the rates, every other pass in reverse order.
+   lengths); `--passes` (2 by default) repeats the rates, every other pass in reverse
+   order.
 Then every calibration segment, and nothing of the runs, is fitted by `andante
 calibrate --step-log` (--base-hardware cpu, into a private profiles folder), and each
 run's workload simulated by `andante simulate`'s engine (`andante.sim`, policy vllm, the
@@ -27,7 +28,7 @@ on the machine's speed then; the segments interleaved with the runs spread the f
 steps over the whole benchmark, so the fit stands for its mean speed, while the
 predicted requests stay out of the fit (their own steps would be an answer key). A
 slowdown inside one run's 30-60 s window is not seen by any held-out segment: passes
-(`--passes 2`) average such windows out, and each run's figures are reported apart.
+(two by default) average such windows out, and each run's figures are reported apart.
 
 The real TTFT is the client's (HTTP and streaming included); the simulator's is the
 engine's plus the front end's time the log measured (the step log's request records,
