@@ -22,8 +22,9 @@ server's limits) on the fitted profile. Target: per rate, mean TTFT and mean TPO
 within 10% (|sim - real| / real; the means over its passes).
 
 Drift (design). The machine's speed moves over minutes (a shared 2-core machine:
-issue 31's runs had decode steps 2-17% and prefill steps 20-35% slower in one run's
-window than in the calibration before it). Fitting only a calibration done first bets
+in two of issue 31's quiet runs, one rate's window had decode steps 6-17% and steps
+with a prefill 24-36% slower than the calibration before it predicted, the other rates'
+windows of the same run within a few percent). Fitting only a calibration done first bets
 on the machine's speed then; the segments interleaved with the runs spread the fitted
 steps over the whole benchmark, so the fit stands for its mean speed, while the
 predicted requests stay out of the fit (their own steps would be an answer key). A
@@ -35,8 +36,8 @@ engine's plus the front end's time the log measured (the step log's request reco
 and the HTTP timing middleware's: andante.perf.frontend_log), which the fitted profile
 carries as `frontend_in` and `frontend_out`, plus the client's own time, which no
 server log sees: the calibration segments' client TTFT less the server's (HTTP receipt
-to first byte) for the same requests, added to `frontend_in` (`client_overhead`; 4-8 ms
-in every recorded run here). Each run also reports the simulation without any front end
+to first byte) for the same requests, added to `frontend_in` (`client_overhead`; 4-5 ms
+in most recorded runs here, up to 10). Each run also reports the simulation without any front end
 (`sim_without_frontend`) and without the engine's idle wake (`sim_without_wake`: the
 same log fitted without its idle gaps), and its TTFT taken apart, real and simulated
 (`ttft_parts_ms`, benchmarks/fidelity_decompose.py). A served andante step costs its
