@@ -62,11 +62,13 @@ from andante.engine.engine import StepOutput
 from andante.engine.stats import SchedulerStats
 from andante.metrics.record import records_from_requests
 from andante.metrics.summary import Summary, summarize
-from andante.perf.catalog import get_hardware
+from andante.perf.catalog import get_hardware, save_hardware
 from andante.perf.cost_model import CostModel
 from andante.perf.fit import fit_coefficients, prediction_error
+from andante.perf.log_fit import LogFitRefused, fit_step_log
 from andante.perf.paths import ANDANTE_HOME_ENV
 from andante.perf.shape import BatchShape
+from andante.perf.step_log import LoggedStep
 from andante.perf.step_sizes import StepSizeCache
 from andante.policies import SchedulerConfig
 from andante.sim import ClusterSpec, build_simulator
@@ -140,6 +142,7 @@ class StepTrace:
         self.clock = clock
         self.wall_loop = wall_loop  # the loop time is wall minus duration: off in CPU time
         self.rows: list[dict[str, Any]] = []
+        self.shapes: list[BatchShape] = []  # each row's step shape (`served_steps`)
         self._last_end: float | None = None
         self._idle_since: float | None = None  # when the engine last ran out of work
 
@@ -156,6 +159,7 @@ class StepTrace:
             return
         new = self.sizes.miss(shape.num_tokens)
         setup = self.cost_model.new_size_time(shape.num_tokens) if new else 0.0
+        self.shapes.append(shape)
         self.rows.append({"kind": step_kind(shape), "seqs": shape.num_seqs,
                           "tokens": shape.num_tokens, "kv_read": shape.kv_tokens_read,
                           "new_size": new, "measured_ms": measured * 1e3,
@@ -198,6 +202,48 @@ class StepTrace:
         if loops:
             out["loop_median_ms"] = round(float(np.median(loops)), 3)
         return out
+
+
+def served_steps(trace: StepTrace) -> list[LoggedStep]:
+    """The trace's steps as a step log's (andante.perf.step_log), each costing what a
+    served token paid for it: its forward pass plus the engine loop's time since the
+    previous step ended (scheduling, bookkeeping, streaming; none after an idle wait),
+    with the idle time before it where the engine had run dry (the wake's fit)."""
+    return [LoggedStep(shape, (row["measured_ms"] + (row["loop_ms"] or 0.0)) / 1e3, line,
+                       engine="andante", idle_before=None if row["idle_before_ms"] is None
+                       else row["idle_before_ms"] / 1e3)
+            for line, (shape, row) in enumerate(zip(trace.shapes, trace.rows, strict=True),
+                                                start=1)]
+
+
+def _calibrate_from_load(args: argparse.Namespace, model_and_executor: tuple[Any, Any],
+                         config: SchedulerConfig) -> dict[str, Any]:
+    """`--calibrate-from-load`: a calibration workload (other seeds than the timed runs',
+    varied lengths) served by the real engine, its steps fitted as a served log is
+    (andante.perf.log_fit: forward pass plus loop time per step, wake, prefill factors),
+    on the base profile `args.hardware` (the sweep's where it ran); the simulator then
+    uses that fit (`args.hardware` becomes its name)."""
+    workload = build_workload(WorkloadConfig(
+        kind="poisson", rate=args.calibration_rate, num_requests=args.calibration_requests,
+        lengths=args.calibration_lengths, seed=args.seed + 100))
+    started, outside = time.perf_counter(), OutsideCpu()
+    _, trace = real_run(args, model_and_executor, workload, config)
+    name, base = f"{args.hardware}-served", get_hardware(args.hardware)
+    fit = fit_step_log(served_steps(trace), model_and_executor[1].spec, base, name,
+                       serial_below_tokens=base.serial_below_tokens,
+                       source="fidelity.py served load")
+    # the setup of a step size new to the engine stays the sweep's (the simulator warms
+    # the sizes the engine ran, as the real engine keeps them)
+    save_hardware(dataclasses.replace(fit.hardware, new_size_fixed=base.new_size_fixed,
+                                      new_size_per_token=base.new_size_per_token,
+                                      new_size_cache=base.new_size_cache))
+    args.hardware = name
+    return {"profile": name, "fit_error": round(fit.error, 4), "num_steps": fit.num_steps,
+            "by_kind": {k: dataclasses.asdict(v) for k, v in fit.by_kind.items()},
+            "idle_wake_ms": round(fit.hardware.idle_wake * 1e3, 2),
+            "prefill_factors": list(fit.hardware.prefill_factors),
+            "loop_median_ms": trace.summary().get("loop_median_ms"),
+            "wall_s": round(time.perf_counter() - started, 1), "outside_cpu": outside.share()}
 
 
 class CpuTimed:
@@ -391,6 +437,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-time", action="store_true",
                    help="time steps in process CPU time (needs --threads 1): per-step "
                    "ratios that a busy machine barely moves")
+    p.add_argument("--calibrate-from-load", action="store_true",
+                   help="fit the simulator's profile to the steps the real engine served "
+                   "under a calibration load (forward pass plus loop time: what a served "
+                   "token pays) instead of the sweep's forward passes alone")
+    p.add_argument("--calibration-rate", type=float, default=2.0)
+    p.add_argument("--calibration-requests", type=int, default=60)
+    p.add_argument("--calibration-lengths", default="uniform:16:512:8:96")
     p.add_argument("--step-log", default=None,
                    help="write every real step (shape, measured, predicted) as JSON lines")
     args = p.parse_args(argv)
@@ -410,6 +463,16 @@ def main(argv: list[str] | None = None) -> int:
         calibration, single_fit = (_calibrate(args, model_and_executor[1]) if args.calibrate
                                    else (None, None))
     warmup = _warm_buckets(executor)
+    served_fit = None
+    if args.calibrate_from_load:
+        if not args.calibrate:  # the private profiles folder the sweep would have made
+            os.environ[ANDANTE_HOME_ENV] = tempfile.mkdtemp(prefix="andante-fidelity-")
+        try:
+            served_fit = _calibrate_from_load(args, model_and_executor, phases[0][1])
+        except LogFitRefused as exc:  # a busy machine's stalls: say so, no traceback
+            print(f"fidelity.py: error: the served calibration load's steps: {exc}",
+                  file=sys.stderr)
+            return 2
     runs = []
     for mode, config in phases:
         for rate in rates:
@@ -424,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed}, "policy": args.policy, "prefix_caching": args.prefix_caching,
         "threads": args.threads, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "cpu_time": args.cpu_time,
-        "calibration": calibration, "bucket_warmup": warmup, "runs": runs,
+        "calibration": calibration, "served_calibration": served_fit,
+        "bucket_warmup": warmup, "runs": runs,
         "worst_error": worst, "target": TARGET,
         "within_target": worst <= TARGET, "wall_s": round(time.perf_counter() - started, 1),
         "loadavg_before": load_before, "loadavg_after": _loadavg()}))

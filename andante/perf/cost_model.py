@@ -28,6 +28,10 @@ work is short the host's launching is the step's time, so a step with prefill to
 takes max(the regression's time, num_layers x that). (Launches overlap the GPU work,
 hence a max and not a sum.)
 
+A profile fitted to a served engine whose step time bends with the prefill size sets
+`prefill_factors` (andante.perf.prefill_factors): a step with p > 0 prefill tokens costs
+the regression's time times the factor of floor(log2 p), before the launch floor.
+
 Everything per step is plain float arithmetic on constants precomputed in __init__:
 the simulator calls `step_time` once per simulated step.
 """
@@ -58,7 +62,7 @@ class CostModel:
         "_bytes_per_sample", "_flops_per_token", "_flops_per_pair", "_flops_per_sample",
         "_inv_bandwidth", "_inv_peak", "_c_sum", "_c_max", "_c_mem", "_c_flop", "_c_fixed",
         "_c_kv_token", "_serial_coeffs", "_serial_below", "_eager_floor",
-        "_comm_fixed", "_comm_per_token",
+        "_comm_fixed", "_comm_per_token", "_prefill_factors",
     )
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
@@ -93,6 +97,8 @@ class CostModel:
             self._serial_below = hardware.serial_below_tokens
         # the least time of a step with prefill tokens (launched op by op); 0: none
         self._eager_floor = hardware.eager_launch_per_layer * model.num_layers
+        # per floor(log2 prefill tokens): a fitted engine's non-linear prefill cost
+        self._prefill_factors = hardware.prefill_factors
 
     def _init_memory_terms(self) -> None:
         m, tp = self.model, self.tp
@@ -183,9 +189,18 @@ class CostModel:
                  + self._c_flop * t_f + self._c_fixed
                  + self._c_kv_token * shape.kv_tokens_read
                  + self._comm_fixed + self._comm_per_token * n)
+        if self._prefill_factors and n > shape.num_decode_seqs:
+            t *= self.prefill_factor(n - shape.num_decode_seqs)
         if t < self._eager_floor and shape.num_decode_seqs < shape.num_seqs:
             return self._eager_floor  # launched op by op: the host's launching takes longer
         return t
+
+    def prefill_factor(self, num_prefill_tokens: int) -> float:
+        """The profile's factor on the regression for a step with `num_prefill_tokens`
+        (> 0) tokens that are not decodes (HardwareSpec.prefill_factors; 1 without)."""
+        index = num_prefill_tokens.bit_length() - 1
+        factors = self._prefill_factors
+        return factors[index] if 0 <= index < len(factors) else 1.0
 
     def decode_step_times(self, shape: BatchShape, max_steps: int,
                           time_budget: float = float("inf")) -> list[float]:
@@ -214,6 +229,9 @@ class CostModel:
         kv, pairs = shape.kv_tokens_read, shape.attn_pairs
         # `step_time`'s floor: only where a sequence of the shape is no decode
         floor = self._eager_floor if shape.num_decode_seqs < seqs else 0.0
+        # and its prefill factor, likewise (the run's shape keeps its token counts)
+        factor = (self.prefill_factor(n - shape.num_decode_seqs)
+                  if self._prefill_factors and n > shape.num_decode_seqs else 1.0)
         durations: list[float] = []
         total = 0.0
         while len(durations) < max_steps and total < time_budget:
@@ -228,6 +246,8 @@ class CostModel:
             kv_term = c_kv * (kv * per_kv * inv_bw) if serial else c_kv * kv
             duration = (c_sum * (t_m + t_f) + c_max * t_max + c_mem * t_m + c_flop * t_f
                         + c_fixed + kv_term + comm_fixed + comm)
+            if factor != 1.0:
+                duration *= factor
             if duration < floor:
                 duration = floor
             durations.append(duration)

@@ -16,9 +16,15 @@ saying so; so before fitting, `check_log` refuses, naming what is missing:
   MIN_SHAPES_PER_KIND among the decode-only steps or among the steps with prefill
   tokens (a log of one kind cannot tell prefill cost from decode cost);
 - durations that do not increase with the step's work (Spearman rank correlation of the
-  roofline time tM + tF with the measured duration below MIN_WORK_CORRELATION): the
+  roofline time tM + tF with the measured duration below MIN_WORK_CORRELATION, over the
+  log's step shapes: each shape class's median work against its median duration): the
   durations are not the steps' own times (idle waits included), or the log is of
-  another model than the one named.
+  another model than the one named. Per shape, not per step: a small model's decode
+  steps of 1-18 sequences differ in work by a few percent, less than one step's noise
+  on a shared CPU, and a served log is mostly such steps, so a per-step correlation
+  fell to 0.43 on a valid vLLM CPU log of SmolLM2-135M (issue 31); the medians per
+  shape of eight such logs correlate at 0.88-0.99, and the same logs with their
+  durations shuffled at 0.26 at most.
 A step that took more than STALL_FACTOR times (or less than 1/STALL_FACTOR of) what a
 fit of the other steps predicts is a stall, not the cost of its shape (a busy machine, a
 paused process: a served log on this project's shared 2-core machine had steps of
@@ -44,6 +50,11 @@ on a log where most prompts find the engine idle, the wake would otherwise pass 
 prefill cost), and the wake again to the new coefficients, until it settles (moves by
 under WAKE_SETTLED, at most MAX_WAKE_REFITS times). The fit
 error and the errors per kind are of the steps less their wake.
+
+Prefill factors. A served engine whose step time bends with the prefill size gets a
+factor per size class of the steps' prefill tokens (andante.perf.prefill_factors), the
+coefficients refitted to the steps divided by them (`_fit_prefill_factors`); where
+factors are found, the wake is fitted once more against the profile with them.
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ from andante.perf.cost_model import CostModel
 from andante.perf.fit import MIN_REGIME_SAMPLES, Sample, fit_coefficients, prediction_error
 from andante.perf.frontend_log import FrontendFit
 from andante.perf.idle_wake import IdleWakeFit, fit_idle_wake
+from andante.perf.prefill_factors import divided, fit_prefill_factors
 from andante.perf.specs import CostCoefficients, HardwareSpec, ModelSpec
 from andante.perf.step_log import LoggedStep
 
@@ -71,6 +83,7 @@ STALL_FACTOR = 4.0  # a step this far off the others' fit is a stall (`split_sta
 MAX_STALL_SHARE = 0.05  # more stalled steps than this share: the log is refused
 MAX_WAKE_REFITS = 10  # coefficient refits with the idle wake taken out of woken steps
 WAKE_SETTLED = 0.01  # ... until the wake moves by less than this share
+FACTOR_REFITS = 3  # rounds of prefill factors and coefficients (andante.perf.prefill_factors)
 
 
 class LogFitRefused(ValueError):
@@ -121,6 +134,18 @@ def _rank_correlation(x: Sequence[float], y: Sequence[float]) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
+def work_correlation(steps: Sequence[LoggedStep], model: CostModel) -> float:
+    """Spearman's rank correlation, over the steps' shape classes (`shape_class`), of
+    each class's median roofline time (tM + tF) with its median measured duration."""
+    by_class: dict[tuple[int, int, int], tuple[list[float], list[float]]] = {}
+    for step in steps:
+        work, durations = by_class.setdefault(shape_class(step), ([], []))
+        work.append(sum(model.terms(step.shape)))
+        durations.append(step.duration)
+    medians = [(float(np.median(w)), float(np.median(d))) for w, d in by_class.values()]
+    return _rank_correlation([w for w, _ in medians], [d for _, d in medians])
+
+
 def check_log(steps: Sequence[LoggedStep], model: CostModel) -> None:
     """Refuse a log too thin or too inconsistent to fit (LogFitRefused, naming why)."""
     if not steps:
@@ -147,12 +172,12 @@ def check_log(steps: Sequence[LoggedStep], model: CostModel) -> None:
                 f"the {kind} steps have only {len(classes)} distinct shape(s); a fit needs "
                 f"at least {MIN_SHAPES_PER_KIND} of each kind (several "
                 f"{'batch sizes' if kind == 'decode-only' else 'prompt lengths'})")
-    work = [sum(model.terms(s.shape)) for s in steps]
-    correlation = _rank_correlation(work, [s.duration for s in steps])
+    correlation = work_correlation(steps, model)
     if correlation < MIN_WORK_CORRELATION:
         raise LogFitRefused(
             f"the step durations do not increase with the steps' work (rank correlation "
-            f"{correlation:.2f} between roofline time and duration, need at least "
+            f"{correlation:.2f} between roofline time and duration over the "
+            f"{num_shapes} step shapes' medians, need at least "
             f"{MIN_WORK_CORRELATION}): the durations may include waits that are not the "
             f"step's own, or the log is of another model than {model.model.name}")
 
@@ -316,6 +341,7 @@ def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: Hardw
     plain = dataclasses.replace(base, name=name, serial_coefficients=None,
                                 serial_below_tokens=None, eager_launch_per_layer=0.0,
                                 new_size_fixed=0.0, new_size_per_token=0.0, new_size_cache=0,
+                                prefill_factors=(),
                                 fit_error=None, calibrated_at=None, fitted_on=None)
     model = CostModel(model_spec, plain, tp)
     check_log(steps, model)
@@ -330,9 +356,14 @@ def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: Hardw
         wake = fit_idle_wake(steps, CostModel(model_spec, fitted, tp).step_time)
         if abs(wake.penalty - previous) <= WAKE_SETTLED * previous:
             break
+    fitted, on_floor, factors = _fit_prefill_factors(
+        model, without_wake(steps, wake), serial_below_tokens, fitted, on_floor)
+    if factors:  # the wake against what the profile will charge, factors included
+        wake = fit_idle_wake(steps, CostModel(model_spec, dataclasses.replace(
+            fitted, prefill_factors=factors), tp).step_time)
     engines = sorted({s.engine for s in steps if s.engine is not None})
     fitted = dataclasses.replace(
-        fitted, idle_wake=wake.penalty, idle_wake_after=wake.after,
+        fitted, idle_wake=wake.penalty, idle_wake_after=wake.after, prefill_factors=factors,
         fitted_on=f"{source} ({', '.join(engines) or 'engine not named'}, "
                   f"{model_spec.name}, tp {tp}): {coverage(steps)}"
                   + (f"; {len(stalled)} stalled steps left out" if stalled else "")
@@ -363,6 +394,25 @@ def _fit_shapes(model: CostModel, steps: Sequence[LoggedStep],
         serial_coefficients=serial,
         serial_below_tokens=serial_below_tokens if serial is not None else None)
     return hardware, on_floor
+
+
+def _fit_prefill_factors(model: CostModel, steps: Sequence[LoggedStep],
+                         serial_below_tokens: int | None, fitted: HardwareSpec,
+                         on_floor: int) -> tuple[HardwareSpec, int, tuple[float, ...]]:
+    """(profile, steps on the launch floor, prefill factors): the factors of
+    andante.perf.prefill_factors against `fitted`, then the coefficients refitted to the
+    steps divided by them and the factors again, FACTOR_REFITS times; `fitted` as it is
+    where no factor is found."""
+    linear = (fitted, on_floor)
+    factors: tuple[float, ...] = ()
+    for _ in range(FACTOR_REFITS):
+        found = fit_prefill_factors(steps, CostModel(model.model, fitted, model.tp).step_time)
+        if found == factors:
+            break
+        factors = found
+        fitted, on_floor = (_fit_shapes(model, divided(steps, factors), serial_below_tokens)
+                            if factors else linear)
+    return fitted, on_floor, factors
 
 
 def without_wake(steps: Sequence[LoggedStep], wake: IdleWakeFit) -> list[LoggedStep]:

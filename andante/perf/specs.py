@@ -243,6 +243,12 @@ class HardwareSpec:
     # (every built-in profile, and a profile fitted from a log without idle gaps).
     idle_wake: float = 0.0
     idle_wake_after: float = 0.0
+    # A served engine whose step time is not linear in a step's prefill tokens (vLLM
+    # CPU: its GEMM kernels change with the token count; andante.perf.prefill_factors):
+    # a step with p > 0 prefill tokens costs `prefill_factors[floor(log2 p)]` times what
+    # the regression predicts (1 past the table's end). Empty: no such factor (every
+    # built-in profile, and a profile fitted from a log with too few prefills per size).
+    prefill_factors: tuple[float, ...] = ()
     collective_latency: float = 10e-6  # fixed cost of one small all-reduce, s
     disk_bandwidth: float = 7.0e9  # model weights read from local disk, B/s (hardware.py)
     # A calibrated profile's provenance (`andante calibrate`): the fit's mean |relative
@@ -281,6 +287,11 @@ class HardwareSpec:
             _require_rate("HardwareSpec", name, getattr(self, name), allow_zero=True)
         if self.new_size_cache != 0:
             _require_positive_int("HardwareSpec", "new_size_cache", self.new_size_cache)
+        if not isinstance(self.prefill_factors, tuple):
+            raise ValueError(f"HardwareSpec.prefill_factors must be a tuple of numbers, got "
+                             f"{self.prefill_factors!r}")
+        for index, factor in enumerate(self.prefill_factors):
+            _require_rate("HardwareSpec", f"prefill_factors[{index}]", factor)
 
     def with_coefficients(self, coefficients: CostCoefficients) -> HardwareSpec:
         return replace(self, coefficients=coefficients)
@@ -312,11 +323,14 @@ class HardwareSpec:
                                                "new_size_per_token", "new_size_cache",
                                                "eager_launch_per_layer", "fitted_on",
                                                "frontend_in", "frontend_out",
-                                               "idle_wake", "idle_wake_after"})
+                                               "idle_wake", "idle_wake_after",
+                                               "prefill_factors"})
         if missing:
             raise ValueError(f"hardware profile lacks keys {missing}")
         if "coefficients" in data:
             data["coefficients"] = CostCoefficients.from_dict(data["coefficients"])
+        if isinstance(data.get("prefill_factors"), list):
+            data["prefill_factors"] = tuple(data["prefill_factors"])
         if data.get("serial_coefficients") is not None:
             data["serial_coefficients"] = CostCoefficients.from_dict(
                 data["serial_coefficients"])

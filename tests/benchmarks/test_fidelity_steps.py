@@ -195,3 +195,28 @@ def test_step_trace_tells_a_tail_from_a_shift() -> None:
     decode = trace.summary()["decode"]
     assert decode["ratio"] == pytest.approx(1.4, abs=1e-3)
     assert decode["ratio_median"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_served_steps_cost_their_forward_pass_and_loop_and_fit_as_a_log() -> None:
+    fidelity = load_benchmark("fidelity")
+    model = CostModel(get_model("smollm2-135m"), get_hardware("a10-24g"))
+    clock = _Clock()
+    trace = fidelity.StepTrace(model, clock)
+    busy, idle = SchedulerStats(num_running=1), SchedulerStats()
+    plan = [([(40 + 16 * i, 0), (1, 90)], busy, 0.0) for i in range(12)]
+    plan += [([(1, 40 + i)] * (1 + i % 6), busy, 0.0) for i in range(40)]
+    plan += [([(1, 30)], idle, 0.0), ([(64, 0)], busy, 0.5)]  # ran dry, then 0.5 s idle
+    for chunks, stats, wait in plan:
+        batch = _step(chunks)
+        duration = model.step_time(batch.shape())
+        clock.t += wait + duration + 0.003  # 3 ms of loop before each step
+        trace(StepOutput(batch, StepResult([1] * len(chunks), duration)), stats)
+    steps = fidelity.served_steps(trace)
+    assert len(steps) == len(plan) and steps[1].engine == "andante"
+    assert steps[1].duration == pytest.approx(model.step_time(steps[1].shape) + 0.003)
+    assert steps[0].duration == pytest.approx(model.step_time(steps[0].shape))  # no loop yet
+    assert steps[-1].idle_before == pytest.approx(0.503)  # the wake's fit sees the gap
+    fit = fidelity.fit_step_log(steps, get_model("smollm2-135m"), get_hardware("a10-24g"), "x")
+    served = CostModel(get_model("smollm2-135m"), fit.hardware)
+    shape = steps[20].shape  # a served decode costs its loop too
+    assert served.step_time(shape) == pytest.approx(model.step_time(shape) + 0.003, rel=0.05)

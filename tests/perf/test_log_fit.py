@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
-from andante.perf.log_fit import LogFitRefused, check_log, fit_step_log
+from andante.perf.log_fit import (
+    MIN_WORK_CORRELATION,
+    LogFitRefused,
+    _rank_correlation,
+    check_log,
+    fit_step_log,
+)
 from andante.perf.specs import CostCoefficients
 from andante.perf.step_log import parse_steps
 from tests.perf.steplogs import CHUNKS, logged_steps
@@ -109,6 +115,34 @@ def test_durations_that_do_not_grow_with_work_are_refused():
     reversed_records = [dict(r, duration=d) for r, d in zip(by_work, durations, strict=True)]
     message = _refusal(reversed_records)
     assert "do not increase with the steps' work" in message and LLAMA.name in message
+
+
+def _served_like_log(seed: int) -> list[dict]:
+    """A served small model's log: mostly decode steps of 1-12 sequences whose work
+    differs by a few percent, each timed with +-15% noise (a shared CPU), and a few
+    prompts of varied length."""
+    timed = CostModel(get_model("smollm2-135m"), A100)
+    rng = random.Random(seed)
+    chunks = [((n, 0),) for n in (24, 60, 100, 150, 230, 300, 420, 500)]
+    chunks += [((1, rng.randrange(20, 400)),) * rng.randint(1, 12) for _ in range(600)]
+    return [dict(r, duration=r["duration"] * rng.uniform(0.85, 1.15))
+            for r in logged_steps(timed, chunks)]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_small_models_noisy_short_decodes_pass_and_shuffled_durations_do_not(seed):
+    records = _served_like_log(seed)
+    steps = _steps(records)
+    model = CostModel(get_model("smollm2-135m"), A100)
+    per_step = _rank_correlation([sum(model.terms(s.shape)) for s in steps],
+                                 [s.duration for s in steps])
+    assert per_step < MIN_WORK_CORRELATION  # what refused a valid vLLM CPU log
+    check_log(steps, model)  # per shape: accepted
+    durations = [r["duration"] for r in records]
+    random.Random(seed + 10).shuffle(durations)
+    shuffled = [dict(r, duration=d) for r, d in zip(records, durations, strict=True)]
+    with pytest.raises(LogFitRefused, match="do not increase with the steps' work"):
+        check_log(_steps(shuffled), model)
 
 
 def test_a_few_stalled_steps_are_left_out_and_counted_many_are_refused():
