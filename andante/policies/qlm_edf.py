@@ -35,7 +35,12 @@ class QLMEDFPolicy(EDFPolicy):
         batch while the agents released arrivals a few at a time: on W_B at 16 req/s,
         20% latency-sensitive, an instance ran 12 prefill steps from 3.1 s to 6.4 s
         and every running request waited 5.7 s for its next token, where the `vllm`
-        policy's longest gap was 0.78 s.)"""
+        policy's longest gap was 0.78 s; with these steps, none is over 1 s. These
+        steps first seemed to cost QLM 4-6% of its W_B throughput: the steps were not
+        slower, at 32 req/s the two instances ran 50.5 s busy against 51.9 s, but one
+        finished at 18.8 s and the other at 31.9 s, because the router's Θ measurement
+        lost the seconds of load reports taken mid-step and the plan then put the whole
+        queue on one instance: andante.cluster.qlm.speed.)"""
         self._order(plan)
         num_tokens = budgeted(plan)
         advance_with_preemption(plan, plan.running, num_tokens)
