@@ -118,9 +118,14 @@ def _ablation_why(variant: str, full: dict[str, Any], row: dict[str, Any],
         return (f"{fm['state swaps']} of the full run's {fm['evictions']} evictions were "
                 "state swaps (the rest recomputed: Insight #2 per request)")
     if "warm start" in variant:
-        return (f"loading weights took {_load_share(fm, num_instances):.0%} of instance "
-                f"time with warm starts, {_load_share(rm, num_instances):.0%} with every "
-                "load cold")
+        cold = _load_share(rm, num_instances)
+        shares = (f"loading weights took {_load_share(fm, num_instances):.0%} of instance "
+                  f"time with warm starts, {cold:.0%} with every load cold")
+        if rm["load seconds"] <= 0:
+            return shares
+        return (f"{shares}: were every load free, the cold run's throughput would rise "
+                f"about {1 / max(1e-9, 1 - cold):.2f}x (loads spread evenly; a 3x gain "
+                "needs them to take 67% of the cold run's instance time)")
     if "plan generator" in variant:
         p = fm["planner"] or {}
         return (f"the full run's planner ran {p.get('invocations', 0)} times: "

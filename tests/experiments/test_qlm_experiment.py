@@ -113,6 +113,7 @@ def test_the_reports_explanations_follow_the_measurements() -> None:
     warm = text.warm_row([full, cold], 2)
     assert warm["ours"] == "2.00x" and "5%" in warm["why (measured)"] \
         and "30%" in warm["why (measured)"]
+    assert "rise about 1.43x" in warm["why (measured)"]  # 1 / (1 - 0.3): loads free
     planner = text.planner_row([_measured()["planner"], None, _measured()["planner"]])
     assert planner["ours"].startswith("6 plans, 2 fallbacks of 8 invocations (75%")
     panel = {"xs": [0.2], "curves": {s: {"slo_attainment": [0.9], "throughput": [2.0],
@@ -127,10 +128,11 @@ def test_the_reports_explanations_follow_the_measurements() -> None:
 def test_the_estimator_predicts_a_bursts_waiting_times() -> None:
     """Fig. 17's setting: the first predictions, made on the queue the burst forms
     (clustered once, predicted once the instant's arrivals are in), explain most of
-    the observed start times (0.13 when re-clustering at every pull reordered it)."""
+    the observed start times (0.13 when re-clustering at every pull reordered it; 0.94
+    before the admissions' prefills and the first free slot were counted: 0.99)."""
     burst = estimator_accuracy(150, 0)
     assert burst["num_requests"] == 150
-    assert burst["r2_waiting"] >= 0.75
+    assert burst["r2_waiting"] >= 0.97
 
 
 def test_eviction_workload_fills_every_batch_slot_before_the_latency_requests() -> None:

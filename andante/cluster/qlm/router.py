@@ -212,8 +212,11 @@ class QLMRouter:
                         for rid in g.request_ids)  # no instance holds the model: refused
         groups = tuple(g for g in groups if g.model in servable)
         share = -(-len(queue) // len(views))  # queued requests per instance
-        qviews = {v.index: self._qlm_view(v, states[v.index], share) for v in views}
         estimator = self._estimator(states)
+        running = {v.index: self._running(v.index, self._step_s(v, states[v.index], estimator))
+                   for v in views}
+        qviews = {v.index: self._qlm_view(v, states[v.index], share, running[v.index])
+                  for v in views}
         holds = {i: frozenset(s.costs) for i, s in states.items()}
         queues = self._queues(groups, qviews, estimator, holds)
         if self.plan and self._checked != self._revision and now >= self._next_plan:
@@ -221,19 +224,18 @@ class QLMRouter:
             if self._plan_if_late(groups, queues, qviews, estimator, now, holds):
                 queues = self._queues(groups, qviews, estimator, holds)
         self._predict_new(queues, qviews, estimator, now)
-        decision = self._act(queue, queues, views, states, qviews, estimator, now)
+        decision = self._act(queue, queues, views, states, qviews, estimator, running, now)
         return dataclasses.replace(decision, placements=decision.placements + refused)
 
     def _act(self, queue: Sequence[Request], queues: dict[int, list[RequestGroup]],
              views: Sequence[ModelView],
              states: dict[int, ModelState], qviews: dict[int, QLMView],
-             estimator: RCTEstimator, now: float) -> QueueDecision:
+             estimator: RCTEstimator, running: dict[int, tuple[RunningRequest, ...]],
+             now: float) -> QueueDecision:
         """The agents' operations (§5); the requests they pull leave the group table."""
         instances = [AgentInstance(v, states[v.index], qviews[v.index],
                                    self._drain_s(v, states[v.index]),
-                                   self._deadlines.get(v.index, {}),
-                                   self._running(v.index,
-                                                 self._step_s(v, states[v.index], estimator)))
+                                   self._deadlines.get(v.index, {}), running[v.index])
                      for v in views]
         decision = self.agents.act(queues, instances, estimator, now)
         self.counters.num_swaps += len(decision.swaps)
@@ -330,7 +332,10 @@ class QLMRouter:
                              req.arrival_time, req.arrival_time + budget,
                              req.num_prompt_tokens, req.sampling.max_tokens)
 
-    def _qlm_view(self, view: ModelView, state: ModelState, share: int) -> QLMView:
+    def _qlm_view(self, view: ModelView, state: ModelState, share: int,
+                  running: Sequence[RunningRequest] = ()) -> QLMView:
+        """The estimator's view of an instance; `running`: the requests placed on it
+        that run now, whose earliest expected finish frees its first batch slot."""
         load = view.load
         stats = load.stats
         used = (stats.num_blocks - stats.num_free_blocks) * state.block_size
@@ -345,7 +350,8 @@ class QLMRouter:
             busy_s=self._blocking_s(view, state) + state.loading_s,
             avg_batch_size=self._batch_size(stats, share),
             host_memory_bytes=state.host_memory_bytes or None,
-            free_slots=max(0, stats.max_num_seqs - stats.num_requests))
+            free_slots=max(0, stats.max_num_seqs - stats.num_requests),
+            first_finish_s=min((r.remaining_s for r in running), default=None))
 
     def _throughput(self, view: ModelView, state: ModelState, share: int
                     ) -> dict[str, float]:
@@ -392,7 +398,8 @@ class QLMRouter:
             if self.learn_speed else self._base_cost
         epsilon = (lambda iid, model: self.speed.epsilon((iid, model))) \
             if self.learn_speed else None
-        return RCTEstimator(cost, self.outputs, sizes, epsilon=epsilon)
+        return RCTEstimator(cost, self.outputs, sizes, epsilon=epsilon,
+                            admission_cost=self._base_cost)
 
     def _queues(self, groups: Sequence[RequestGroup], views: dict[int, QLMView],
                 estimator: RCTEstimator, servable: dict[int, frozenset[str]]

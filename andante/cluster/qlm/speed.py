@@ -93,6 +93,7 @@ class SpeedLearner:
     _theta: dict[SpeedKey, FadingRatio] = field(default_factory=dict)
     _batch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σ batch·s, Σ s
     _last: dict[str, ReportPoint] = field(default_factory=dict)  # instance -> point
+    _pending_tokens: dict[str, int] = field(default_factory=dict)  # finished in the window
 
     def __post_init__(self) -> None:
         check_positive("prior_s", self.prior_s)
@@ -140,15 +141,27 @@ class SpeedLearner:
         """The latest load report of `key`'s instance (serving `key`'s model): a decode
         window since its previous report, if it stayed busy on the same model.
         `finished_tokens`: the output tokens of the requests the instance finished
-        since its previous report (None: Θ is not measured from this report)."""
+        since its previous report (None: Θ is not measured from this report).
+
+        A report's time is the clock's, not its last step's end: a report taken while
+        a step is in flight shows time passing with no step done. Such a report does
+        not end the window (its seconds would be lost, and the next window's tokens
+        credited to too few seconds: measured on W_B at 32 req/s, one instance's Θ
+        factor moved from 1.22 to 1.86 in one second, and the plan then put the whole
+        queue on the other instance); the window, and the finished tokens reported
+        during it, go on until a report that follows a step."""
         iid, model = key
+        if finished_tokens:
+            self._pending_tokens[iid] = self._pending_tokens.get(iid, 0) + finished_tokens
         point = ReportPoint(stats.time, stats.num_steps, stats.num_running, model,
                             stats.num_tokens // max(1, stats.num_requests),
                             stats.num_output_tokens)
         last = self._last.get(iid)
-        if last is not None and point.time <= last.time:
-            return  # no step since: keep the older point
+        if last is not None and (point.time <= last.time
+                                 or point.num_steps == last.num_steps):
+            return  # no step since: the window goes on from the older point
         self._last[iid] = point
+        finished = self._pending_tokens.pop(iid, 0)
         if (last is None or last.model != model or loading
                 or not (last.num_running and point.num_running)):
             return
@@ -161,7 +174,7 @@ class SpeedLearner:
                             point.num_steps - last.num_steps,
                             (last.num_running + point.num_running) / 2, point.context)
         if finished_tokens is not None:
-            generated = point.output_tokens - last.output_tokens + finished_tokens
+            generated = point.output_tokens - last.output_tokens + finished
             self.observe_generated(cost, key, seconds, generated, batch)
 
     def observe_generated(self, cost: ExecutionCost, key: SpeedKey, seconds: float,

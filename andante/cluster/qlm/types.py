@@ -71,6 +71,10 @@ class InstanceView:
     avg_batch_size: int = 32
     host_memory_bytes: int | None = None  # None: no limit known
     free_slots: int = 0  # batch slots free now: queued requests that start at once
+    # seconds from now to the earliest expected finish among the requests running now,
+    # when a slot frees with none free (None: nothing runs; the queued requests that
+    # take the free slots then bound it alone)
+    first_finish_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.instance_id:
@@ -84,6 +88,8 @@ class InstanceView:
         check_positive("host_link_bandwidth", self.host_link_bandwidth)
         check_positive("disk_bandwidth", self.disk_bandwidth)
         check_non_negative("busy_s", self.busy_s)
+        if self.first_finish_s is not None:
+            check_non_negative("first_finish_s", self.first_finish_s)
         if self.free_slots < 0:
             raise ValueError(f"free_slots must be >= 0, got {self.free_slots!r}")
         for model, theta in self.throughput.items():

@@ -139,11 +139,32 @@ def test_requests_that_take_free_batch_slots_start_at_once_and_hold_no_one_back(
     group = form_groups([request(f"r{k}") for k in range(4)], 8)[0]
     v = dataclasses.replace(view(busy_s=2.0), free_slots=2)
     q = estimator().queue_times(v, [group], num_samples=2, rng=np.random.default_rng(0))
-    # r0 and r1 start now; r2 waits for the busy 2 s, r3 1 s more (eq. 2 over the queue
-    # ahead of it: r2's 100 tokens, not the running r0's and r1's)
-    assert q.waits == pytest.approx({"r0": 0.0, "r1": 0.0, "r2": 2.0, "r3": 3.0})
+    # r0 and r1 take the slots (r1 after r0's 0.5 s prefill); r2 waits for the busy
+    # 2 s, r3 1 s more (eq. 2 over the queue ahead of it: r2's 100 tokens, not the
+    # running r0's and r1's)
+    assert q.waits == pytest.approx({"r0": 0.0, "r1": 0.5, "r2": 2.0, "r3": 3.0})
     assert q.mean[0] == pytest.approx(3.0 + 0.5 + 1.0)
     # a model to load first: no slot is free for it before the load
     other = form_groups([request("x", model="m2")], 8)[0]
     q = estimator().queue_times(v, [other], num_samples=1, rng=np.random.default_rng(0))
     assert q.waits["x"] == pytest.approx(2.0 + 1 * GB / (10 * GB) + 1 * GB / (1 * GB))
+
+
+def test_the_queue_waits_for_the_running_batch_to_free_its_first_slot():
+    # Θ = 100 tok/s, 100 output tokens each, prefill 0.5 s, step 10 ms; 2 free slots,
+    # nothing busy: r0 finishes first, at 0.5 + 1 s; r2 starts then (eq. 2 alone: now)
+    group = form_groups([request(f"r{k}") for k in range(4)], 8)[0]
+    v = dataclasses.replace(view(busy_s=0.0), free_slots=2)
+    q = estimator().queue_times(v, [group], num_samples=2, rng=np.random.default_rng(0))
+    assert q.waits == pytest.approx({"r0": 0.0, "r1": 0.5, "r2": 1.5, "r3": 2.5})
+    # a request already running frees a slot at 0.2 s: r2 then waits only for the
+    # admissions ahead of it (r0's and r1's prefills: 1 s)
+    sooner = dataclasses.replace(v, first_finish_s=0.2)
+    q = estimator().queue_times(sooner, [group], num_samples=2, rng=np.random.default_rng(0))
+    assert q.waits["r2"] == pytest.approx(1.0)
+    # no free slot: the queue starts when the running batch frees one
+    full = dataclasses.replace(v, free_slots=0, first_finish_s=4.0)
+    q = estimator().queue_times(full, [group], num_samples=2, rng=np.random.default_rng(0))
+    assert q.waits == pytest.approx({"r0": 4.0, "r1": 5.0, "r2": 6.0, "r3": 7.0})
+    with pytest.raises(ValueError, match="first_finish_s"):
+        dataclasses.replace(v, first_finish_s=-1.0)

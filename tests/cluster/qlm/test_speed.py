@@ -227,3 +227,28 @@ def test_theta_is_the_output_tokens_generated_per_busy_second() -> None:
     assert speed.decode_factor(KEY) == pytest.approx(1.0)  # every step at its cost
     speed.observe_report(flat, ("0", "m2"), report(12.0, 4, 0))  # not measured
     assert speed.throughput_factor(("0", "m2")) is None
+
+
+def test_a_report_taken_while_a_step_is_in_flight_does_not_end_the_window() -> None:
+    """A report's time is the clock's: reports between two step ends show time passing
+    with no step. Their seconds, and the tokens finished meanwhile, stay in the window
+    that the next step ends (they were lost, and the next window's tokens credited to
+    its few seconds alone)."""
+    speed = SpeedLearner(prior_s=1e-9)
+    flat = FlatCost(step_s=0.01)  # the cost model: 4 sequences -> 400 tokens/s
+
+    def report(time: float, steps: int, outputs: int) -> SchedulerStats:
+        return SchedulerStats(time=time, num_steps=steps, num_running=4,
+                              num_tokens=1600, num_output_tokens=outputs, max_num_seqs=16)
+
+    speed.observe_report(flat, KEY, report(10.0, 100, 1000), finished_tokens=0)
+    # 0.9 s of in-flight reports (no step ends), one of them bringing 100 finished tokens
+    speed.observe_report(flat, KEY, report(10.5, 100, 1000), finished_tokens=100)
+    speed.observe_report(flat, KEY, report(10.9, 100, 1000), finished_tokens=0)
+    assert speed.throughput_factor(KEY) is None and speed.decode_factor(KEY) == 1.0
+    # the steps end at 11.0: 50 steps (0.5 s at the cost model) in 1 s; 100 + 100 tokens
+    # in 1 s, against 400 tokens/s: both factors 2 (with the window cut at every
+    # report, they came out 0.2 and 1.2)
+    speed.observe_report(flat, KEY, report(11.0, 150, 1100), finished_tokens=0)
+    assert speed.decode_factor(KEY) == pytest.approx(2.0)
+    assert speed.throughput_factor(KEY) == pytest.approx(2.0)
