@@ -8,8 +8,10 @@ executor's own forward pass and sampler, at each thread count of `--threads`, th
 configurations interleaved over `--rounds` rounds of `--steps` steps each. Per
 configuration: the median wall ms per step, the median process CPU ms per step (all
 threads; moves less than wall time with outside load) and the stepping thread's own CPU
-ms (its serial share: Python, dispatch, small kernels). The 1-minute load average before
-and after. Prints ONE JSON line. `--profile-dir D` also writes D/b{B}_t{N}.txt, the
+ms (its serial share: Python, dispatch, small kernels). `--attention-threads 0 1` also
+compares decode attention on the step's threads (0) and on one (1, andante.exec.
+thread_scope); by default it runs as the executor chose at start-up. The 1-minute load
+average before and after. Prints ONE JSON line. `--profile-dir D` also writes D/b{B}_t{N}.txt, the
 operator table of `--steps` steps. Run it under `nice -n 10` on a shared machine.
 """
 
@@ -81,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                    choices=("auto", "sdpa", "matmul", "matmul_native"))
     p.add_argument("--layer-form", default=None, choices=("auto", "epilogue", "plain"),
                    help="the fused layers' form (default: the executor's)")
+    p.add_argument("--attention-threads", type=int, nargs="+", default=None, choices=(0, 1),
+                   help="decode attention on the step's threads (0) or on one (1), compared "
+                        "(default: the executor's start-up choice)")
     p.add_argument("--profile-dir", type=Path, default=None)
     args = p.parse_args(argv)
     load_before = os.getloadavg()[0]
@@ -90,12 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     block_size = executor.options.block_size
     batches = {b: probe_batch(b, block_size, args.context) for b in args.batches}
     samples: dict[str, list[dict[str, float]]] = {}
+    chosen = executor.inputs.decode_one_thread_below
+    below = {0: 0, 1: 1 << 30}  # decode attention on all threads / on one (thread_scope)
+    attention_threads = args.attention_threads or [None]
     for _ in range(args.rounds):
         for b, batch in batches.items():
             for threads in args.threads:
-                key = f"b{b}_t{threads}"
-                samples.setdefault(key, []).append(
-                    timed_steps(executor, batch, threads, args.steps))
+                for at in attention_threads:
+                    executor.inputs.decode_one_thread_below = chosen if at is None else below[at]
+                    key = f"b{b}_t{threads}" + ("" if at is None else f"_a{at}")
+                    samples.setdefault(key, []).append(
+                        timed_steps(executor, batch, threads, args.steps))
     figures = {key: {name: round(statistics.median(r[name] for r in runs) * 1e3, 2)
                      for name in ("wall", "cpu", "own")} for key, runs in samples.items()}
     if args.profile_dir is not None:
@@ -108,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                       "decode_matmul": executor.inputs.decode_matmul,
                       "epilogues": getattr(executor, "epilogues", True),
                       "layer_form_us": getattr(executor, "layer_form_us", {}),
+                      "decode_one_thread_below": chosen,
+                      "decode_threads_us": {str(b): v for b, v in
+                                            executor.decode_threads_us.items()},
                       "startup_s": round(startup_s, 1),
                       "load_before": round(load_before, 2),
                       "load_after": round(os.getloadavg()[0], 2)}))

@@ -275,6 +275,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-step-buckets", action="store_true",
                    help="andante without step-size buckets (ANDANTE_NO_STEP_BUCKETS=1)")
     p.add_argument("--vllm-eager", action="store_true", help="vLLM with enforce_eager")
+    p.add_argument("--andante-attention-threads", choices=("auto", "one", "all"),
+                   default="auto", help="andante's decode attention threads "
+                   "(TorchExecutorOptions.decode_attention_threads; auto: timed at start-up)")
     p.add_argument("--vllm-shared-machine", action="store_true",
                    help="vLLM in-process with sleeping OpenMP threads (see vllm_peer/README)")
     p.add_argument("--busy-share", type=float, default=0.25,

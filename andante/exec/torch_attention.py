@@ -50,7 +50,10 @@ batch-8 decode shape against 0.05 ms after (MKL's float32 matmuls have no such s
 0.05 vs 0.04 ms), and a server's decode shapes change with every batch size and every
 block of context, each new one also taking entries of the primitive cache sized for the
 step buckets (andante.perf.step_sizes). So "auto" chooses between the kernel and the
-float32 matmuls only; `matmul_native` is there when asked for.
+float32 matmuls only; `matmul_native` is there when asked for. With more than one
+thread, decode attention of small batches may run on one thread while the step's GEMMs
+keep all of them (`decode_threads_choice`, timed at start-up; andante.exec.thread_scope
+says why: each of its ~5 kernels per layer would otherwise open an OpenMP region).
 
 Fresh prompts meet the same CPU question. Without AMX the fused kernel's bf16 prefill
 took about 2.1 ms per layer for a 256-token prompt (one thread, thread CPU time; 60 ms
@@ -97,6 +100,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
+from andante.exec import thread_scope  # noqa: F401 (registers torch.ops.andante.set_threads)
 from andante.exec.torch_inputs import StepInputs
 from andante.models.torchscript import script
 
@@ -122,6 +126,7 @@ class AttentionPlan(NamedTuple):
     decode_matmul: bool  # decode rows by `decode_attention_matmul`
     decode_native: bool  # ... in the model dtype (its `native`)
     prefill_matmul: bool  # prefill groups by `prefill_attention_matmul`
+    decode_threads: int  # decode rows' attention at this many threads (0: the step's)
     causal_block: torch.Tensor  # its additive causal mask, [PREFILL_BLOCK]*2 (or empty)
 
 
@@ -160,7 +165,7 @@ def attention_plan(inputs: StepInputs, pool: torch.Tensor) -> AttentionPlan:
         [g.num_tokens for g in groups], [g.num_cached for g in groups],
         [None if g.blocks is None else flat_rows(g.blocks, heads, blocks) for g in groups],
         [g.mask for g in groups], inputs.decode_matmul, inputs.decode_native,
-        inputs.prefill_matmul,
+        inputs.prefill_matmul, inputs.decode_threads,
         causal_block(PREFILL_BLOCK, pool.dtype) if inputs.prefill_matmul else _EMPTY)
     return plan
 
@@ -305,13 +310,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Ten
     """All rows of the step: decode rows first, then each prefill group."""
     parts: list[torch.Tensor] = []
     nd = plan.num_decode
-    if nd > 0 and plan.decode_matmul:
-        parts.append(decode_attention_matmul(q[:nd], pool, plan.decode_rows,
-                                             plan.decode_mask, num_kv_heads, scale,
-                                             plan.decode_native))
-    elif nd > 0:
-        parts.append(decode_attention(q[:nd], pool, plan.decode_rows, plan.decode_mask,
-                                      num_kv_heads, scale))
+    if nd > 0:
+        step_threads = 0  # the step's thread count, to restore (andante.exec.thread_scope)
+        if plan.decode_threads > 0:
+            step_threads = torch.ops.andante.set_threads(plan.decode_threads)
+        if plan.decode_matmul:
+            parts.append(decode_attention_matmul(q[:nd], pool, plan.decode_rows,
+                                                 plan.decode_mask, num_kv_heads, scale,
+                                                 plan.decode_native))
+        else:
+            parts.append(decode_attention(q[:nd], pool, plan.decode_rows,
+                                          plan.decode_mask, num_kv_heads, scale))
+        if step_threads > 0:
+            torch.ops.andante.set_threads(step_threads)
     for i in range(len(plan.group_start)):
         start, n, c = plan.group_start[i], plan.group_seqs[i], plan.group_tokens[i]
         end = start + n * c
@@ -367,6 +378,72 @@ def choose_decode_path(heads: int, kv_heads: int, head_dim: int, dtype: torch.dt
         for name, times in samples.items():
             totals[name] += statistics.median(times[1:])
     return {name: round(us, 1) for name, us in totals.items()}
+
+
+def choose_decode_threads(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                          block_size: int, path: str, num_threads: int, rounds: int = 5,
+                          reps: int = 20) -> dict[int, tuple[float, float]]:
+    """Time decode attention by `path` (of DECODE_PATHS) on one thread and on
+    `num_threads`, at CHOICE_BATCHES x CHOICE_CONTEXT, interleaved rounds (as
+    `choose_decode_path`): {batch: (median us on one thread, on num_threads)}. Leaves
+    torch's thread count as it found it."""
+    every = {"sdpa": decode_attention, "matmul": decode_attention_matmul,
+             "matmul_native": _native_decode}
+    fn = every[path]
+    blocks_per_seq = -(-(CHOICE_CONTEXT + 1) // block_size)
+    previous = torch.get_num_threads()
+    out: dict[int, tuple[float, float]] = {}
+    try:
+        for batch in CHOICE_BATCHES:
+            pool = torch.randn(2 * kv_heads, batch * blocks_per_seq, block_size, head_dim,
+                               dtype=dtype)
+            rows = flat_rows(torch.arange(batch * blocks_per_seq), 2 * kv_heads,
+                             batch * blocks_per_seq)
+            mask = torch.zeros(batch, 1, 1, blocks_per_seq * block_size, dtype=dtype)
+            mask[..., CHOICE_CONTEXT + 1:] = float("-inf")
+            q = torch.randn(batch, heads, head_dim, dtype=dtype)
+            samples: dict[int, list[float]] = {1: [], num_threads: []}
+            for _ in range(rounds + 1):  # the first round warms up
+                for threads, times in samples.items():
+                    torch.set_num_threads(threads)
+                    started = time.perf_counter()
+                    for _ in range(reps):
+                        fn(q, pool, rows, mask, kv_heads, None)
+                    times.append((time.perf_counter() - started) / reps * 1e6)
+            out[batch] = (round(statistics.median(samples[1][1:]), 1),
+                          round(statistics.median(samples[num_threads][1:]), 1))
+    finally:
+        torch.set_num_threads(previous)
+    return out
+
+
+def one_thread_below(timings: dict[int, tuple[float, float]]) -> int:
+    """Decode batches below this size attend on one thread: the smallest timed batch
+    from which all threads win at every larger timed batch (the smallest timed batch
+    when all threads always win; past the largest when one thread wins there)."""
+    threshold = max(timings, default=0) + 1
+    for batch in sorted(timings, reverse=True):
+        one, every = timings[batch]
+        if every >= one:
+            break
+        threshold = batch
+    return threshold
+
+
+def decode_threads_choice(option: str, heads: int, kv_heads: int, head_dim: int,
+                          dtype: torch.dtype, block_size: int, path: str,
+                          num_threads: int) -> tuple[int, dict[int, tuple[float, float]]]:
+    """Decode batches below the returned size run their attention on one thread
+    (andante.exec.thread_scope): "one" all of them, "all" none, "auto" as timed now at
+    `num_threads` (`choose_decode_threads`, `one_thread_below`); with the timings
+    (empty when set, or with one thread to begin with)."""
+    if option == "all" or num_threads <= 1:
+        return 0, {}
+    if option == "one":
+        return 1 << 30, {}
+    timings = choose_decode_threads(heads, kv_heads, head_dim, dtype, block_size, path,
+                                    num_threads)
+    return one_thread_below(timings), timings
 
 
 def decode_path_choice(option: str, heads: int, kv_heads: int, head_dim: int,

@@ -53,6 +53,7 @@ from andante.exec.torch_attention import (
     DECODE_PATHS,
     PREFILL_CHOICE_SHAPES,
     decode_path_choice,
+    decode_threads_choice,
     prefill_matmul_choice,
 )
 from andante.exec.torch_cost import CPU_PROFILE, engine_cost_model
@@ -104,6 +105,10 @@ class TorchExecutorOptions:
     decode_attention: decode rows' attention by PyTorch's fused kernel ("sdpa"), by
     float32 matmuls ("matmul"), by matmuls in the model dtype ("matmul_native"), or
     ("auto") whichever is fastest here, timed at start-up;
+    decode_attention_threads: with more than one thread, decode attention of small
+    batches on one thread while the step's GEMMs use all ("auto": below the batch size
+    timed at start-up, andante.exec.thread_scope), of every batch ("one"), or never
+    ("all");
     prefill_attention: prefill chunks' attention by the fused kernel ("sdpa"), by
     matmuls in the model dtype ("matmul"), or ("auto") whichever is faster here, timed
     at start-up in bfloat16 (float32 keeps the fused kernel);
@@ -128,6 +133,7 @@ class TorchExecutorOptions:
     reprobe_threads: bool = False
     adapt_threads: bool = True
     decode_attention: Literal["auto", "sdpa", "matmul", "matmul_native"] = "auto"
+    decode_attention_threads: Literal["auto", "one", "all"] = "auto"
     prefill_attention: Literal["auto", "sdpa", "matmul"] = "auto"
     layer_form: Literal["auto", "epilogue", "plain"] = "auto"
     seed: int = 0
@@ -163,6 +169,9 @@ class TorchExecutorOptions:
         if self.layer_form not in LAYER_FORMS:
             raise ValueError(f"layer_form must be one of {LAYER_FORMS}, got "
                              f"{self.layer_form!r}")
+        if self.decode_attention_threads not in ("auto", "one", "all"):
+            raise ValueError("decode_attention_threads must be 'auto', 'one' or 'all', got "
+                             f"{self.decode_attention_threads!r}")
         if self.decode_attention not in ("auto", *DECODE_PATHS):
             raise ValueError(f"decode_attention must be 'auto' or one of {DECODE_PATHS}, "
                              f"got {self.decode_attention!r}")
@@ -212,6 +221,13 @@ class TorchExecutor:
         if self.decode_path_us:
             log.info("decode attention: %s (us per layer call summed over batches 1, 8, "
                      "16: %s)", path, self.decode_path_us)
+        below, self.decode_threads_us = decode_threads_choice(
+            self.options.decode_attention_threads, c.num_heads, c.num_kv_heads, c.head_dim,
+            self.dtype, self.options.block_size, path, self.num_threads)
+        self.inputs.decode_one_thread_below = below
+        if self.decode_threads_us:
+            log.info("decode attention on one thread below batch %d (us per layer call, "
+                     "one thread vs %d: %s)", below, self.num_threads, self.decode_threads_us)
         prefill, self.prefill_path_us = prefill_matmul_choice(
             self.options.prefill_attention, c.num_heads, c.num_kv_heads, c.head_dim,
             self.dtype)

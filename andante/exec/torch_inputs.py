@@ -61,6 +61,7 @@ class StepInputs:
     decode_matmul: bool = False  # the executor's decode attention path (torch_attention)
     decode_native: bool = False  # ... its matmuls in the model dtype
     prefill_matmul: bool = False  # its prefill groups' attention path (torch_attention)
+    decode_threads: int = 0  # decode attention's thread count (0: the step's; thread_scope)
 
 
 def token_slice(req: Request, start: int, end: int) -> list[int]:
@@ -89,12 +90,15 @@ class InputBuilder:
         self.decode_matmul = False  # set by the executor's start-up choice
         self.decode_native = False  # likewise
         self.prefill_matmul = False
+        # decode batches below this size attend on one thread (andante.exec.thread_scope)
+        self.decode_one_thread_below = 0
 
     def copy_attention_paths(self, other: InputBuilder) -> None:
         """Take `other`'s attention paths (a pipeline of an executor's layers)."""
         self.decode_matmul = other.decode_matmul
         self.decode_native = other.decode_native
         self.prefill_matmul = other.prefill_matmul
+        self.decode_one_thread_below = other.decode_one_thread_below
 
     def build(self, batch: StepBatch) -> StepInputs:
         n_new, n_cached = batch.num_new_tokens, batch.num_cached_tokens
@@ -127,6 +131,7 @@ class InputBuilder:
             sample_rows=torch.tensor([rows[i] for i in sampled], dtype=torch.long),
             sample_index=sampled, decode_matmul=self.decode_matmul,
             decode_native=self.decode_native, prefill_matmul=self.prefill_matmul,
+            decode_threads=1 if len(decodes) < self.decode_one_thread_below else 0,
         )
 
     def _decode_tables(self, batch: StepBatch, decodes: list[int]

@@ -59,7 +59,8 @@ from andante.perf.paths import andante_home, env_switch, write_json_atomically
 log = logging.getLogger(__name__)
 
 #: Bump when the probe's method changes, so that older cached choices are measured again.
-PROBE_VERSION = 3  # 2: TorchScript layers; 3: cached only when measured idle (/proc/stat)
+PROBE_VERSION = 4  # 2: TorchScript layers; 3: cached only when measured idle (/proc/stat);
+# 4: small decode batches attend on one thread (andante.exec.thread_scope)
 REPROBE_ENV = "ANDANTE_REPROBE_THREADS"
 
 #: Decode batch sizes probed at start-up, and the context length of each probe.

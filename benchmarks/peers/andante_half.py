@@ -50,7 +50,8 @@ class AndanteHalf:
         # the thread probe measured now, not a choice cached under other load
         self.executor = executor = TorchExecutor(self.model, TorchExecutorOptions(
             num_threads=args.threads, kv_cache_gib=2.0, swap_space_gib=0.0,
-            reprobe_threads=True))
+            reprobe_threads=True,
+            decode_attention_threads=getattr(args, "andante_attention_threads", "auto")))
         # like the vLLM peer's `LLM(...)`: its CPU default step budget for the LLM class
         # (4,096 tokens: the 16 concurrent prompts, 2,048 tokens, prefill in one step on
         # both) and prefix caching off (the prompts share no prefix anyway)
@@ -171,7 +172,10 @@ def run_andante(args: argparse.Namespace) -> dict[str, Any]:
                       "decode_native": half.executor.inputs.decode_native,
                       "prefill_matmul": half.executor.inputs.prefill_matmul,
                       "decode_us": half.executor.decode_path_us,
-                      "prefill_us": half.executor.prefill_path_us},
+                      "prefill_us": half.executor.prefill_path_us,
+                      "decode_one_thread_below": half.executor.inputs.decode_one_thread_below,
+                      "decode_threads_us": {str(b): list(t) for b, t in
+                                            half.executor.decode_threads_us.items()}},
         "warmup_s": round(half.executor.warmup.seconds, 2),
         "warmup_sizes": len(half.executor.warmup.sizes),
         **({"mixed_prefill": mixed} if mixed else {}),
