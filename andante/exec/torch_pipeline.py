@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +64,7 @@ from andante.exec.torch_microbatch import (
     check_plan,
     sub_batch,
 )
+from andante.exec.torch_pipeline_procs import ProcessStageStream
 from andante.exec.torch_sampler import Sampler
 from andante.models.loader import LoadedModel, parse_dtype
 from andante.models.rope import inverse_frequencies, rope_table
@@ -71,6 +73,9 @@ from andante.perf.cost_model import CostModel
 from andante.perf.specs import ModelSpec
 
 LayerSlice = tuple[int, int]
+# the overlapped stages' workers: threads, or processes (andante.exec.torch_pipeline_procs)
+StageWorkerKind = Literal["thread", "process"]
+STAGE_WORKER_KINDS: tuple[str, ...] = ("thread", "process")
 
 
 def tensor_bytes(*tensors: torch.Tensor | None) -> int:
@@ -217,9 +222,14 @@ class PipelineExecutor:
                  stages: Sequence[PipelineStage], cost_model: CostModel,
                  max_model_len: int, pipelined: bool = False,
                  planner: MicrobatchPlanner | None = None,
-                 attention_from: InputBuilder | None = None) -> None:
+                 attention_from: InputBuilder | None = None,
+                 stage_workers: StageWorkerKind = "thread") -> None:
         self._init_stages(model, stages)
         self.pipelined = pipelined
+        if stage_workers not in STAGE_WORKER_KINDS:
+            raise ValueError(f"stage_workers must be one of {STAGE_WORKER_KINDS}, "
+                             f"got {stage_workers!r}")
+        self.stage_workers = stage_workers
         self.planner: MicrobatchPlanner = planner or by_rows
         self.workers = StageWorkers(len(self.stages), self._run_stage)
         self._count_lock = threading.Lock()
@@ -248,7 +258,7 @@ class PipelineExecutor:
         self._init_overlap()
 
     def _init_overlap(self) -> None:
-        self._stream: StageStream | None = None
+        self._stream: StageStream | ProcessStageStream | None = None
         self._fed: dict[int, _Fed] = {}
         self._failure: BaseException | None = None  # a stage's error (`_fail`)
         self._next_index = 0
@@ -350,7 +360,7 @@ class PipelineExecutor:
         check_plan(batch, plan)
         step = _OpenStep(batch, [None] * len(batch.requests), started, swap_time)
         if self._stream is None:
-            self._stream = StageStream(len(self.stages), self._run_stage, self.workers.times)
+            self._stream = self._new_stream()
         if not self._fed:
             self._open_since = started
         with torch.inference_mode():
@@ -391,12 +401,35 @@ class PipelineExecutor:
         step.parts_sent += 1  # the step's swaps went with its first part, rows or not
         if not self._fed:
             self._close_span(now)
+            self._count_process_transfers()
         return PipelineEvent(sub, result, last_stage)
+
+    def _new_stream(self) -> StageStream | ProcessStageStream:
+        if self.stage_workers == "process":
+            return ProcessStageStream(self.stages, self.workers.times,
+                                      max(1, self.options.num_threads or 1))
+        return StageStream(len(self.stages), self._run_stage, self.workers.times)
+
+    def start_workers(self) -> None:
+        """Start the overlapped stages' workers now rather than at the first
+        microbatch (stage processes take seconds to start)."""
+        if self._stream is None:
+            self._stream = self._new_stream()
+        if isinstance(self._stream, ProcessStageStream):
+            self._stream.start()
 
     def close(self) -> None:
         if self._stream is not None:
+            self._count_process_transfers()
             self._stream.close()
             self._stream = None
+
+    def _count_process_transfers(self) -> None:
+        stream = self._stream
+        if isinstance(stream, ProcessStageStream):
+            self.activation_bytes += stream.activation_bytes
+            self.num_activation_transfers += stream.num_activation_transfers
+            stream.activation_bytes = stream.num_activation_transfers = 0
 
     def _fail(self, exc: BaseException) -> None:
         """A stage raised: the pipeline is broken for good. Every later `submit` or
@@ -452,7 +485,8 @@ def pipeline_executor(model: LoadedModel, options: TorchExecutorOptions,
                       cost_model: CostModel, max_model_len: int,
                       num_host_blocks: int, pipelined: bool = False,
                       planner: MicrobatchPlanner | None = None,
-                      attention_from: InputBuilder | None = None) -> PipelineExecutor:
+                      attention_from: InputBuilder | None = None,
+                      stage_workers: StageWorkerKind = "thread") -> PipelineExecutor:
     """A pipeline over `slices`, member k bringing `kv_bytes[k]` of KV memory; every
     stage gets the group's block count (the smallest stage's, see the module note).
     `attention_from`: the members' input builder, whose attention paths the stages take
@@ -462,7 +496,7 @@ def pipeline_executor(model: LoadedModel, options: TorchExecutorOptions,
     stages = [PipelineStage(model, options, s, num_blocks, num_host_blocks, max_model_len,
                             epilogues) for s in slices]
     return PipelineExecutor(model, options, stages, cost_model, max_model_len, pipelined,
-                            planner, attention_from)
+                            planner, attention_from, stage_workers)
 
 
 def device_kv_bytes(num_device_blocks: int, model: LoadedModel,

@@ -163,7 +163,7 @@ class LocalPipelineGroups(GroupResizing):
             m: self._workers[m].engine.executor for m in plan.members}  # type: ignore[misc]
         started = time.perf_counter()
         pipeline = build_pipeline(plan, executors, self.options.pipelined,
-                                  self.options.lookahead)
+                                  self.options.lookahead, self.options.stage_workers)
         return executors, pipeline, time.perf_counter() - started
 
     def _take_prepared(self, plan: GroupPlan) -> _Prepared | None:
