@@ -137,11 +137,16 @@ class PipelineStage:
 
     def __init__(self, model: LoadedModel, options: TorchExecutorOptions, layers: LayerSlice,
                  num_device_blocks: int, num_host_blocks: int, max_len: int,
-                 epilogues: bool | None = None) -> None:
+                 epilogues: bool | None = None, kv: KVPools | None = None) -> None:
         """`epilogues`: the fused layers' form (andante.exec.torch_layer_form); None:
-        the options' `layer_form`, timed now if "auto"."""
+        the options' `layer_form`, timed now if "auto". `kv`: pools to compute on
+        (another process's, in shared memory), else new ones of the given sizes."""
         self.layers_range = layers
-        self._init_kv(model, options, num_device_blocks, num_host_blocks)
+        self.max_len = max_len
+        if kv is None:
+            self._init_kv(model, options, num_device_blocks, num_host_blocks)
+        else:
+            self.dtype, self.kv = parse_dtype(options.dtype), kv
         self._init_weights(model, options, max_len, epilogues)
 
     def _init_kv(self, model: LoadedModel, options: TorchExecutorOptions,
@@ -406,8 +411,8 @@ class PipelineExecutor:
 
     def _new_stream(self) -> StageStream | ProcessStageStream:
         if self.stage_workers == "process":
-            return ProcessStageStream(self.stages, self.workers.times,
-                                      max(1, self.options.num_threads or 1))
+            return ProcessStageStream(self.model, self.options, self.stages,
+                                      self.workers.times)
         return StageStream(len(self.stages), self._run_stage, self.workers.times)
 
     def start_workers(self) -> None:

@@ -4,12 +4,14 @@ not one at a time under the interpreter lock (KunServe §4.3, §5 on this CPU).
 Design note. `ProcessStageStream` is andante.exec.torch_microbatch's `StageStream` with
 one spawned process per stage instead of one thread: microbatches flow through the
 stages in order (stage k on microbatch m while stage k+1 runs m - 1) and the caller is
-told when each leaves stage 0 and the last stage. Each stage keeps its layers and its
-KV pools in shared memory (`share_memory_`, in place: the parent's tensors and every
-view of them see the same bytes), so what the group does between steps on the parent's
-side (swaps, the chunked KV exchange, `regroup`, the copy back at a restore) reads and
-writes the very pools the stage processes compute on; the overlapped loop runs those
-with no microbatch in flight, or on blocks no microbatch in flight touches. A
+told when each leaves stage 0 and the last stage. A stage process builds its stage from
+the model's weights and the parent stage's KV pools, both moved to shared memory
+(`share_memory_`, in place: the parent's tensors and every view of them see the same
+bytes; a packed bf16 GEMM weight is the process's own, packed there), so what the group
+does between steps on the parent's side (swaps, the chunked KV exchange, `regroup`, the
+copy back at a restore) reads and writes the very pools the stage processes compute on;
+the overlapped loop runs those with no microbatch in flight, or on blocks no microbatch
+in flight touches. A
 microbatch's inputs and the hidden states between stages go through pipes, their
 tensors as raw bytes (`pack` / `unpack`); the first stage also gets no hidden states,
 the last returns the sampled rows' logits, and the parent samples. Each message carries
@@ -34,7 +36,10 @@ import torch.multiprocessing as mp
 from andante.exec.torch_microbatch import PipelineTimes
 
 if TYPE_CHECKING:
+    from andante.exec.torch_executor import TorchExecutorOptions
+    from andante.exec.torch_kv import KVPools
     from andante.exec.torch_pipeline import PipelineStage
+    from andante.models.loader import LoadedModel
 
 _STOP = b"stop"
 _JOIN_S = 10.0
@@ -66,9 +71,9 @@ def unpack(raw: bytes) -> Any:
     return pickle.loads(raw)
 
 
-def share_stage(stage: PipelineStage) -> None:
-    """Move the stage's weights, RoPE tables and KV pools to shared memory, in place."""
-    for value in _tensors(stage):
+def share(obj: Any) -> None:
+    """Move every tensor reachable from `obj` to shared memory, in place."""
+    for value in _tensors(obj):
         value.share_memory_()
 
 
@@ -93,10 +98,15 @@ def _tensors(obj: Any, seen: set[int] | None = None) -> list[torch.Tensor]:
     return []
 
 
-def _stage_main(k: int, stage: PipelineStage, inbox: Connection, outbox: Connection | None,
-                events: Connection, num_threads: int) -> None:
-    """A stage process: take microbatches in order, run the stage, pass them on."""
-    torch.set_num_threads(num_threads)
+def _stage_main(k: int, model: LoadedModel, options: TorchExecutorOptions,
+                layers: tuple[int, int], kv: KVPools, max_len: int, epilogues: bool,
+                inbox: Connection, outbox: Connection | None, events: Connection) -> None:
+    """A stage process: build the stage over the shared weights and KV pools, then
+    take microbatches in order, run the stage, pass them on."""
+    from andante.exec.torch_pipeline import PipelineStage
+
+    torch.set_num_threads(max(1, options.num_threads or 1))
+    stage = PipelineStage(model, options, layers, 0, 0, max_len, epilogues, kv)
     last = outbox is None
     with torch.inference_mode():
         while True:
@@ -127,12 +137,12 @@ def _stage_main(k: int, stage: PipelineStage, inbox: Connection, outbox: Connect
 class ProcessStageStream:
     """`StageStream`'s interface over one process per stage (see the module note)."""
 
-    def __init__(self, stages: Sequence[PipelineStage], times: PipelineTimes,
-                 num_threads: int = 1) -> None:
+    def __init__(self, model: LoadedModel, options: TorchExecutorOptions,
+                 stages: Sequence[PipelineStage], times: PipelineTimes) -> None:
+        self.model, self.options = model, options
         self.stages = list(stages)
         self.num_stages = len(self.stages)
         self.times = times
-        self.num_threads = num_threads
         self.activation_bytes = 0
         self.num_activation_transfers = 0
         self._feed: Connection | None = None
@@ -147,13 +157,15 @@ class ProcessStageStream:
         ctx = mp.get_context("spawn")
         pipes = [ctx.Pipe(duplex=False) for _ in range(self.num_stages)]  # (recv, send)
         event_pipes = [ctx.Pipe(duplex=False) for _ in range(self.num_stages)]
+        share(self.model)
         for stage in self.stages:
-            share_stage(stage)
+            share(stage.kv)
         for k, stage in enumerate(self.stages):
             outbox = pipes[k + 1][1] if k + 1 < self.num_stages else None
             proc = ctx.Process(target=_stage_main, name=f"andante-stage-{k}", daemon=True,
-                               args=(k, stage, pipes[k][0], outbox, event_pipes[k][1],
-                                     self.num_threads))
+                               args=(k, self.model, self.options, stage.layers_range,
+                                     stage.kv, stage.max_len, stage.epilogues, pipes[k][0],
+                                     outbox, event_pipes[k][1]))
             proc.start()
             self._procs.append(proc)
         self._feed = pipes[0][1]

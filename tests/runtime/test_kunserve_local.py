@@ -164,6 +164,27 @@ def test_partner_serves_alone_after_restore(tiny4, reference, cluster_factory) -
     assert cluster.finished >= {r.request_id for r in late}
 
 
+@pytest.mark.slow
+def test_a_group_on_stage_processes_keeps_greedy_outputs(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory(tiny4, device_blocks=96)
+    requests = _requests()
+    cluster.submit(0, requests[:2])
+    cluster.submit(1, requests[2:])
+    _wait(lambda: _all_running(requests))
+    groups = LocalPipelineGroups(cluster.instances, LocalGroupOptions(
+        stage_workers="process"))
+    assert groups.form_group(HALVES)
+    leader = cluster.instances[0].worker
+    pipeline = leader.engine.executor
+    assert isinstance(pipeline, PipelineExecutor) and pipeline.stage_workers == "process"
+    _wait(lambda: all(r.num_output_tokens >= 40 for r in requests))
+    assert groups.dissolve_group(0)  # drained, then the KV comes back from shared pools
+    assert groups.restore_reports[-1].num_recomputed == 0
+    _wait(lambda: all(r.is_finished for r in requests))
+    assert [list(r.output_token_ids) for r in requests] == reference
+    assert isinstance(leader.loop, GroupLoop) and leader.loop.num_overlapped > 0
+
+
 def test_an_abort_in_a_served_group_frees_its_blocks(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
     cluster = cluster_factory(tiny4, device_blocks=96)
     requests = _requests()
