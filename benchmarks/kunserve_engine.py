@@ -29,7 +29,10 @@ Then (unless `--skip-pipeline`) the decode throughput of one two-stage group run
 pipelined (each stage on its own thread, microbatches in flight, each completing on its
 own so that steps overlap: andante.exec.torch_microbatch, andante.engine.overlap)
 against the same group run stage after stage on the same cores, rounds interleaved:
-`pipelined_vs_sequential` is the median throughput ratio, with the bubble share of the
+`pipelined_vs_sequential` is the median throughput ratio of the stage workers a served
+group uses (`LocalGroupOptions.stage_workers`; `thread_ratio` and `process_ratio` are
+both: stage threads, or stage processes, andante.exec.torch_pipeline_procs, whose
+`process_cores` count the stage processes' CPU), with the bubble share of the
 pipelined runs, with KunServe's lookahead cutting the microbatches and with plain row
 cuts (`bubble_share_lookahead`, `bubble_share_rows`); `drained_ratio` is the same
 pipeline draining at every step (`Engine.step`), as before steps overlapped. On this

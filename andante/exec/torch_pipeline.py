@@ -24,7 +24,10 @@ the overlap is real, the extra compute is not). Overlapped (`submit` / `next_eve
 driven by andante.engine.overlap's `OverlappedLoop`), the stage threads live across steps
 (`StageStream`) and each microbatch's rows complete when it leaves the last stage (its
 sampled tokens) or stage 0 (a prompt's inner chunk), so the next step's microbatches
-enter stage 0 while earlier ones are still in later stages. Either way the split changes
+enter stage 0 while earlier ones are still in later stages; with `stage_workers=
+"process"` each stage runs in a process of its own instead (andante.exec.
+torch_pipeline_procs: the stages run at once, not under one interpreter lock). Either
+way the split changes
 where the memory goes, not the arithmetic. The layers are the unsplit engine's
 (`ExactLayer`/`FusedLayer`, `LMHead`, the same RoPE tables), so greedy outputs are
 token-identical.
