@@ -26,9 +26,9 @@ from __future__ import annotations
 import io
 import pickle
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.multiprocessing as mp
@@ -38,8 +38,19 @@ from andante.exec.torch_microbatch import PipelineTimes
 if TYPE_CHECKING:
     from andante.exec.torch_executor import TorchExecutorOptions
     from andante.exec.torch_kv import KVPools
-    from andante.exec.torch_pipeline import PipelineStage
     from andante.models.loader import LoadedModel
+
+
+class Stage(Protocol):
+    """What a stage process is built from and runs (andante.exec.torch_pipeline's
+    `PipelineStage`; its class is passed in, so this module does not import it)."""
+
+    layers_range: tuple[int, int]
+    kv: KVPools
+    max_len: int
+    epilogues: bool
+
+    def forward(self, hidden: torch.Tensor | None, inputs: Any) -> torch.Tensor: ...
 
 _STOP = b"stop"
 _JOIN_S = 10.0
@@ -98,15 +109,14 @@ def _tensors(obj: Any, seen: set[int] | None = None) -> list[torch.Tensor]:
     return []
 
 
-def _stage_main(k: int, model: LoadedModel, options: TorchExecutorOptions,
-                layers: tuple[int, int], kv: KVPools, max_len: int, epilogues: bool,
-                inbox: Connection, outbox: Connection | None, events: Connection) -> None:
+def _stage_main(k: int, build: Callable[..., Stage], model: LoadedModel,
+                options: TorchExecutorOptions, layers: tuple[int, int], kv: KVPools,
+                max_len: int, epilogues: bool, inbox: Connection, outbox: Connection | None,
+                events: Connection) -> None:
     """A stage process: build the stage over the shared weights and KV pools, then
     take microbatches in order, run the stage, pass them on."""
-    from andante.exec.torch_pipeline import PipelineStage
-
     torch.set_num_threads(max(1, options.num_threads or 1))
-    stage = PipelineStage(model, options, layers, 0, 0, max_len, epilogues, kv)
+    stage = build(model, options, layers, 0, 0, max_len, epilogues, kv)
     last = outbox is None
     with torch.inference_mode():
         while True:
@@ -138,7 +148,7 @@ class ProcessStageStream:
     """`StageStream`'s interface over one process per stage (see the module note)."""
 
     def __init__(self, model: LoadedModel, options: TorchExecutorOptions,
-                 stages: Sequence[PipelineStage], times: PipelineTimes) -> None:
+                 stages: Sequence[Stage], times: PipelineTimes) -> None:
         self.model, self.options = model, options
         self.stages = list(stages)
         self.num_stages = len(self.stages)
@@ -163,7 +173,8 @@ class ProcessStageStream:
         for k, stage in enumerate(self.stages):
             outbox = pipes[k + 1][1] if k + 1 < self.num_stages else None
             proc = ctx.Process(target=_stage_main, name=f"andante-stage-{k}", daemon=True,
-                               args=(k, self.model, self.options, stage.layers_range,
+                               args=(k, type(stage), self.model, self.options,
+                                     stage.layers_range,
                                      stage.kv, stage.max_len, stage.epilogues, pipes[k][0],
                                      outbox, event_pipes[k][1]))
             proc.start()
