@@ -29,7 +29,10 @@ Then (unless `--skip-pipeline`) the decode throughput of one two-stage group run
 pipelined (each stage on its own thread, microbatches in flight, each completing on its
 own so that steps overlap: andante.exec.torch_microbatch, andante.engine.overlap)
 against the same group run stage after stage on the same cores, rounds interleaved:
-`pipelined_vs_sequential` is the median throughput ratio, with the bubble share of the
+`pipelined_vs_sequential` is the median throughput ratio of the stage workers a served
+group uses (`LocalGroupOptions.stage_workers`; `thread_ratio` and `process_ratio` are
+both: stage threads, or stage processes, andante.exec.torch_pipeline_procs, whose
+`process_cores` count the stage processes' CPU), with the bubble share of the
 pipelined runs, with KunServe's lookahead cutting the microbatches and with plain row
 cuts (`bubble_share_lookahead`, `bubble_share_rows`); `drained_ratio` is the same
 pipeline draining at every step (`Engine.step`), as before steps overlapped. On this
@@ -60,7 +63,13 @@ from andante.cluster.kunserve.seam import GroupPlan
 from andante.core import MonotonicClock, Request, SamplingParams
 from andante.engine.overlap import OverlappedLoop
 from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
-from andante.exec.torch_pipeline import device_kv_bytes, pipeline_executor
+from andante.exec.torch_pipeline import (
+    PipelineExecutor,
+    StageWorkerKind,
+    device_kv_bytes,
+    pipeline_executor,
+)
+from andante.exec.torch_pipeline_procs import ProcessStageStream
 from andante.llm import build_engine
 from andante.models import load_model
 from andante.models.loader import LoadedModel
@@ -278,8 +287,21 @@ def form_restore(args: argparse.Namespace) -> dict[str, Any]:
             "median": _medians(rounds), "rounds": rounds}
 
 
+def _stage_cpu_seconds(group: PipelineExecutor) -> float:
+    """CPU seconds the group's stage processes used so far (0 with thread stages)."""
+    stream = group._stream
+    if not isinstance(stream, ProcessStageStream):
+        return 0.0
+    total = 0.0
+    for proc in stream._procs:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argparse.Namespace,
-                  mode: str, lookahead: bool
+                  mode: str, lookahead: bool, stage_workers: StageWorkerKind = "thread"
                   ) -> tuple[float, float | None, list[list[int]], float]:
     """Output tokens/s of one two-stage group decoding `--pipeline-requests` requests,
     its bubble share (pipelined only), the outputs, and the cores it got (process CPU
@@ -296,7 +318,7 @@ def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argpa
     pipelined = mode != "sequential"
     group = pipeline_executor(model, options, [(0, half), (half, model.config.num_layers)],
                               [kv, kv], unsplit.cost_model, unsplit.max_model_len, 0,
-                              pipelined, planner)
+                              pipelined, planner, stage_workers=stage_workers)
     del unsplit
     config = SchedulerConfig(max_model_len=1024, max_num_batched_tokens=1024)
     engine = build_engine(group, MonotonicClock(), "vllm", config)
@@ -312,11 +334,12 @@ def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argpa
     while any(r.num_output_tokens == 0 for r in requests):  # prefill, not timed
         step()
     made = sum(r.num_output_tokens for r in requests)
-    started, cpu_started = time.perf_counter(), time.process_time()
+    started, cpu_started = time.perf_counter(), time.process_time() + _stage_cpu_seconds(group)
     while engine.has_work or (loop is not None and loop.has_work):
         step()
     seconds = time.perf_counter() - started
-    cores = (time.process_time() - cpu_started) / seconds
+    cpu = time.process_time() + _stage_cpu_seconds(group) - cpu_started
+    cores = cpu / seconds
     group.close()
     tokens = sum(r.num_output_tokens for r in requests) - made
     return tokens / seconds, group.pipeline_times.bubble_share if pipelined else None, \
@@ -333,21 +356,30 @@ def pipelined_vs_sequential(args: argparse.Namespace) -> dict[str, Any]:
         seq, _, seq_out, seq_cores = _group_decode(model, options, args, "sequential", False)
         pipe, bubble, pipe_out, pipe_cores = _group_decode(model, options, args,
                                                            "overlapped", True)
+        procs, bubble_procs, procs_out, procs_cores = _group_decode(
+            model, options, args, "overlapped", True, "process")
         rows, bubble_rows, rows_out, _ = _group_decode(model, options, args, "overlapped",
                                                        False)
         drained, bubble_drained, drained_out, _ = _group_decode(model, options, args,
                                                                 "drained", True)
         rounds.append({"sequential_tok_s": seq, "pipelined_tok_s": pipe,
+                       "process_tok_s": procs, "process_ratio": procs / seq,
+                       "bubble_share_process": bubble_procs, "process_cores": procs_cores,
                        "pipelined_rows_tok_s": rows, "drained_tok_s": drained,
                        "ratio": pipe / seq, "drained_ratio": drained / seq,
                        "bubble_share_lookahead": bubble, "bubble_share_rows": bubble_rows,
                        "bubble_share_drained": bubble_drained,
                        "sequential_cores": seq_cores, "pipelined_cores": pipe_cores,
-                       "identical": seq_out == pipe_out == rows_out == drained_out,
+                       "identical": seq_out == pipe_out == rows_out == drained_out
+                       == procs_out,
                        "load_avg": load})
     median = _medians(rounds)
-    return {"pipelined_vs_sequential": median["ratio"],
-            "bubble_share": median["bubble_share_lookahead"],
+    chosen = LocalGroupOptions().stage_workers  # what a served group runs on
+    ratio, bubble = ("process_ratio", "bubble_share_process") if chosen == "process" \
+        else ("ratio", "bubble_share_lookahead")
+    return {"pipelined_vs_sequential": median[ratio], "stage_workers": chosen,
+            "thread_ratio": median["ratio"], "process_ratio": median["process_ratio"],
+            "bubble_share": median[bubble],
             "pipeline": {"requests": args.pipeline_requests, "median": median,
                          "all_identical": all(r["identical"] for r in rounds),
                          "rounds": rounds}}

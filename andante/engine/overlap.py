@@ -15,13 +15,22 @@ flight are the scheduler's in-flight set, so a request's decode never enters bef
 previous token exists; other requests' microbatches do. A step that swaps KV waits for
 the pipeline to be empty (a swap copies every stage's blocks at once, which the order of
 the stages does not protect).
+
+Mid-flight changes. A request aborted (or stopped) while its microbatch is in flight
+is finished and its blocks freed at once; its microbatch still runs (it writes only
+blocks of its own, freed now: any later owner's writes come after it at every stage,
+which take microbatches in order) and its rows are dropped when they complete (the
+scheduler skips a finished request; the request is reported finished once). An
+operation that needs no microbatch in flight (a group's restore, grow or shrink, at
+a step boundary) first `drain`s the pipeline: every event is applied, no step enters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from andante.core.request import Request
 from andante.engine.config import SchedulerConfig
 from andante.engine.engine import Engine, StepOutput
 from andante.exec.batch import StepBatch, StepResult
@@ -116,6 +125,14 @@ class OverlappedLoop:
         finally:
             scheduler.config = own
 
+    def drain(self) -> list[StepOutput]:
+        """Apply every event until no microbatch is in flight (none enters meanwhile);
+        the outputs applied."""
+        outputs: list[StepOutput] = []
+        while self.in_flight:
+            outputs += self._apply(self.pipeline.next_event())
+        return outputs
+
     def _apply(self, event: PipelineEvent) -> list[StepOutput]:
         if event.last_stage:
             self.in_flight -= 1
@@ -123,4 +140,33 @@ class OverlappedLoop:
             self.in_stage0 -= 1
         if event.batch.is_empty:  # it completed no rows
             return []
-        return [self.engine.finish_step(event.batch, event.result)]
+        # rows of requests finished while in flight (module note) were reported then,
+        # or are among the engine's ended ones, which the output carries once
+        reported = {id(r) for r in event.batch.requests if r.is_finished}
+        ended = self.engine.take_ended() if reported else []
+        output = self.engine.finish_step(event.batch, event.result)
+        if reported:
+            output.finished = [r for r in output.finished if id(r) not in reported] + ended
+        return [output]
+
+
+def merge_outputs(outputs: list[StepOutput]) -> StepOutput:
+    """Several applied outputs as one (what a served instance reports after a loop
+    step): each request once among the updated and the finished; the last batch."""
+    if len(outputs) == 1:
+        return outputs[0]
+    last = outputs[-1]
+    return StepOutput(last.batch, last.result,
+                      _unique(r for o in outputs for r in o.updated),
+                      _unique(r for o in outputs for r in o.finished),
+                      sum(o.num_steps for o in outputs))
+
+
+def _unique(requests: Iterable[Request]) -> list[Request]:
+    seen: set[int] = set()
+    unique: list[Request] = []
+    for req in requests:
+        if id(req) not in seen:
+            seen.add(id(req))
+            unique.append(req)
+    return unique

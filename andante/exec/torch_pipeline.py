@@ -24,7 +24,10 @@ the overlap is real, the extra compute is not). Overlapped (`submit` / `next_eve
 driven by andante.engine.overlap's `OverlappedLoop`), the stage threads live across steps
 (`StageStream`) and each microbatch's rows complete when it leaves the last stage (its
 sampled tokens) or stage 0 (a prompt's inner chunk), so the next step's microbatches
-enter stage 0 while earlier ones are still in later stages. Either way the split changes
+enter stage 0 while earlier ones are still in later stages; with `stage_workers=
+"process"` each stage runs in a process of its own instead (andante.exec.
+torch_pipeline_procs: the stages run at once, not under one interpreter lock). Either
+way the split changes
 where the memory goes, not the arithmetic. The layers are the unsplit engine's
 (`ExactLayer`/`FusedLayer`, `LMHead`, the same RoPE tables), so greedy outputs are
 token-identical.
@@ -36,6 +39,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +67,7 @@ from andante.exec.torch_microbatch import (
     check_plan,
     sub_batch,
 )
+from andante.exec.torch_pipeline_procs import ProcessStageStream
 from andante.exec.torch_pipeline_sleep import PipelineSleep
 from andante.exec.torch_sampler import Sampler
 from andante.models.loader import LoadedModel, parse_dtype
@@ -72,6 +77,9 @@ from andante.perf.cost_model import CostModel
 from andante.perf.specs import ModelSpec
 
 LayerSlice = tuple[int, int]
+# the overlapped stages' workers: threads, or processes (andante.exec.torch_pipeline_procs)
+StageWorkerKind = Literal["thread", "process"]
+STAGE_WORKER_KINDS: tuple[str, ...] = ("thread", "process")
 
 
 def tensor_bytes(*tensors: torch.Tensor | None) -> int:
@@ -133,11 +141,16 @@ class PipelineStage:
 
     def __init__(self, model: LoadedModel, options: TorchExecutorOptions, layers: LayerSlice,
                  num_device_blocks: int, num_host_blocks: int, max_len: int,
-                 epilogues: bool | None = None) -> None:
+                 epilogues: bool | None = None, kv: KVPools | None = None) -> None:
         """`epilogues`: the fused layers' form (andante.exec.torch_layer_form); None:
-        the options' `layer_form`, timed now if "auto"."""
+        the options' `layer_form`, timed now if "auto". `kv`: pools to compute on
+        (another process's, in shared memory), else new ones of the given sizes."""
         self.layers_range = layers
-        self._init_kv(model, options, num_device_blocks, num_host_blocks)
+        self.max_len = max_len
+        if kv is None:
+            self._init_kv(model, options, num_device_blocks, num_host_blocks)
+        else:
+            self.dtype, self.kv = parse_dtype(options.dtype), kv
         self._init_weights(model, options, max_len, epilogues)
 
     def _init_kv(self, model: LoadedModel, options: TorchExecutorOptions,
@@ -219,9 +232,14 @@ class PipelineExecutor(PipelineSleep):
                  stages: Sequence[PipelineStage], cost_model: CostModel,
                  max_model_len: int, pipelined: bool = False,
                  planner: MicrobatchPlanner | None = None,
-                 attention_from: InputBuilder | None = None) -> None:
+                 attention_from: InputBuilder | None = None,
+                 stage_workers: StageWorkerKind = "thread") -> None:
         self._init_stages(model, stages)
         self.pipelined = pipelined
+        if stage_workers not in STAGE_WORKER_KINDS:
+            raise ValueError(f"stage_workers must be one of {STAGE_WORKER_KINDS}, "
+                             f"got {stage_workers!r}")
+        self.stage_workers = stage_workers
         self.planner: MicrobatchPlanner = planner or by_rows
         self.workers = StageWorkers(len(self.stages), self._run_stage)
         self._count_lock = threading.Lock()
@@ -250,7 +268,7 @@ class PipelineExecutor(PipelineSleep):
         self._init_overlap()
 
     def _init_overlap(self) -> None:
-        self._stream: StageStream | None = None
+        self._stream: StageStream | ProcessStageStream | None = None
         self._fed: dict[int, _Fed] = {}
         self._failure: BaseException | None = None  # a stage's error (`_fail`)
         self._next_index = 0
@@ -354,7 +372,7 @@ class PipelineExecutor(PipelineSleep):
         check_plan(batch, plan)
         step = _OpenStep(batch, [None] * len(batch.requests), started, swap_time)
         if self._stream is None:
-            self._stream = StageStream(len(self.stages), self._run_stage, self.workers.times)
+            self._stream = self._new_stream()
         if not self._fed:
             self._open_since = started
         with torch.inference_mode():
@@ -395,12 +413,35 @@ class PipelineExecutor(PipelineSleep):
         step.parts_sent += 1  # the step's swaps went with its first part, rows or not
         if not self._fed:
             self._close_span(now)
+            self._count_process_transfers()
         return PipelineEvent(sub, result, last_stage)
+
+    def _new_stream(self) -> StageStream | ProcessStageStream:
+        if self.stage_workers == "process":
+            return ProcessStageStream(self.model, self.options, self.stages,
+                                      self.workers.times)
+        return StageStream(len(self.stages), self._run_stage, self.workers.times)
+
+    def start_workers(self) -> None:
+        """Start the overlapped stages' workers now rather than at the first
+        microbatch (stage processes take seconds to start)."""
+        if self._stream is None:
+            self._stream = self._new_stream()
+        if isinstance(self._stream, ProcessStageStream):
+            self._stream.start()
 
     def close(self) -> None:
         if self._stream is not None:
+            self._count_process_transfers()
             self._stream.close()
             self._stream = None
+
+    def _count_process_transfers(self) -> None:
+        stream = self._stream
+        if isinstance(stream, ProcessStageStream):
+            self.activation_bytes += stream.activation_bytes
+            self.num_activation_transfers += stream.num_activation_transfers
+            stream.activation_bytes = stream.num_activation_transfers = 0
 
     def _fail(self, exc: BaseException) -> None:
         """A stage raised: the pipeline is broken for good. Every later `submit` or
@@ -456,7 +497,8 @@ def pipeline_executor(model: LoadedModel, options: TorchExecutorOptions,
                       cost_model: CostModel, max_model_len: int,
                       num_host_blocks: int, pipelined: bool = False,
                       planner: MicrobatchPlanner | None = None,
-                      attention_from: InputBuilder | None = None) -> PipelineExecutor:
+                      attention_from: InputBuilder | None = None,
+                      stage_workers: StageWorkerKind = "thread") -> PipelineExecutor:
     """A pipeline over `slices`, member k bringing `kv_bytes[k]` of KV memory; every
     stage gets the group's block count (the smallest stage's, see the module note).
     `attention_from`: the members' input builder, whose attention paths the stages take
@@ -466,7 +508,7 @@ def pipeline_executor(model: LoadedModel, options: TorchExecutorOptions,
     stages = [PipelineStage(model, options, s, num_blocks, num_host_blocks, max_model_len,
                             epilogues) for s in slices]
     return PipelineExecutor(model, options, stages, cost_model, max_model_len, pipelined,
-                            planner, attention_from)
+                            planner, attention_from, stage_workers)
 
 
 def device_kv_bytes(num_device_blocks: int, model: LoadedModel,

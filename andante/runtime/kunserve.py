@@ -19,6 +19,10 @@ and the joiner the stages are re-split (andante.exec.torch_regroup's `regroup`, 
 group's KV carried in bulk) and the joiner's requests adopted, their KV exchanged
 chunk by chunk as in a formation; a group of three or more can release its last member
 (shrink by one). Both are andante.runtime.kunserve_resize's `GroupResizing`.
+With `pipelined` stages the leader's steps overlap in the group's pipeline
+(andante.runtime.kunserve_loop's `GroupLoop`, set as the leader worker's loop when the
+group forms); every group operation of the leader drains the pipeline first, at its
+boundary, so none runs with a microbatch in flight.
 A member whose thread dies makes the leader restore at its next boundary without that
 member's layers: every request holding KV is recomputed there (its output so far kept;
 nothing is lost or failed). A leader that dies leaves its requests to the controller
@@ -47,6 +51,7 @@ from andante.exec.torch_pipeline import (
     stage_memory,
 )
 from andante.exec.torch_regroup import regroup
+from andante.runtime.kunserve_loop import GroupLoop
 from andante.runtime.kunserve_parts import (
     Forming,
     FormReport,
@@ -158,7 +163,7 @@ class LocalPipelineGroups(GroupResizing):
             m: self._workers[m].engine.executor for m in plan.members}  # type: ignore[misc]
         started = time.perf_counter()
         pipeline = build_pipeline(plan, executors, self.options.pipelined,
-                                  self.options.lookahead)
+                                  self.options.lookahead, self.options.stage_workers)
         return executors, pipeline, time.perf_counter() - started
 
     def _take_prepared(self, plan: GroupPlan) -> _Prepared | None:
@@ -223,8 +228,23 @@ class LocalPipelineGroups(GroupResizing):
         rendezvous = Rendezvous(parked, self.options.barrier_timeout_s)
         for member in parked:
             self._workers[member].at_boundary(rendezvous.parker(member))
-        self._workers[leader].at_boundary(rendezvous.leader(operation))
+        lead = rendezvous.leader(operation)
+
+        def drained_lead(worker: InstanceWorker) -> None:
+            if isinstance(worker.loop, GroupLoop):
+                worker.loop.drain()  # no microbatch in flight across the operation
+            lead(worker)
+
+        self._workers[leader].at_boundary(drained_lead)
         return rendezvous
+
+    def leader_loop(self, index: int) -> GroupLoop:
+        """The engine loop of the worker of `index` as a group's leader (created once,
+        kept after a restore: andante.runtime.kunserve_loop)."""
+        worker = self._workers[index]
+        if not isinstance(worker.loop, GroupLoop):
+            worker.loop = GroupLoop(worker.engine)
+        return worker.loop
 
     # ---- forming (the leader's thread, members parked) ---------------------------------
     def _form_at_boundary(self, plan: GroupPlan, executors: dict[int, TorchExecutor],
@@ -340,6 +360,8 @@ class LocalPipelineGroups(GroupResizing):
             release_members(plan.leader, forming.executors, workers, self._instances)
             return
         switch_to_pipeline(plan, workers, self._instances, forming.pipeline)
+        if self.options.pipelined:  # the leader's steps overlap in the stages
+            self.leader_loop(plan.leader).run_on(forming.pipeline)
 
     def exchange(self, plan: GroupPlan, moves: list[KVMove], adoption: Adoption | None
                  ) -> None:
@@ -347,6 +369,7 @@ class LocalPipelineGroups(GroupResizing):
             restoring = self._current_restoring()
             leader = self._workers[plan.leader]
             full = restoring.fresh[plan.leader]
+            self.leader_loop(plan.leader).stop()  # (drained at the boundary)
             copy_back(restoring.group, leader.engine.scheduler, full, restoring.report)
             leader.engine.executor = full
             refresh_max_num_tokens(leader.engine.scheduler)
@@ -432,6 +455,7 @@ class LocalPipelineGroups(GroupResizing):
         with self._lock:
             self.book.drop(group.plan.leader)
             self._state.pop(group.plan.leader, None)
+        group.executor.close()  # its stage threads
         for member in group.plan.members[1:]:
             if self._instances[member].running:
                 # alive again at once (the controller re-queues the leader's requests

@@ -21,7 +21,7 @@ from andante.cluster.kunserve.seam import GroupPlan
 from andante.engine.scheduler import Scheduler
 from andante.exec.batch import StepBatch, StepResult
 from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
-from andante.exec.torch_pipeline import PipelineExecutor
+from andante.exec.torch_pipeline import STAGE_WORKER_KINDS, PipelineExecutor, StageWorkerKind
 from andante.models.loader import LoadedModel
 from andante.perf.cost_model import CostModel
 from andante.runtime.worker import AtBoundary
@@ -44,7 +44,9 @@ class LocalGroupOptions:
     neither for weights to reload nor to be laid out). pipelined: the group's stages run
     on their own threads with a step's microbatches in flight (andante.exec.
     torch_microbatch), else one after another on the leader's thread; lookahead: those
-    microbatches are eq. (1)-balanced by KunServe's lookahead (§4.3), else cut by rows."""
+    microbatches are eq. (1)-balanced by KunServe's lookahead (§4.3), else cut by rows;
+    stage_workers: the overlapped stages run on threads or in processes of their own
+    (andante.exec.torch_pipeline_procs)."""
 
     exchange_bytes_per_step: int = 8 << 20
     exchange_chunk_blocks: int = 16
@@ -53,8 +55,12 @@ class LocalGroupOptions:
     background_prepare: bool = False
     pipelined: bool = True
     lookahead: bool = True
+    stage_workers: StageWorkerKind = "thread"
 
     def __post_init__(self) -> None:
+        if self.stage_workers not in STAGE_WORKER_KINDS:
+            raise ValueError(f"stage_workers must be one of {STAGE_WORKER_KINDS}, "
+                             f"got {self.stage_workers!r}")
         if self.exchange_bytes_per_step < 1 or self.exchange_chunk_blocks < 1:
             raise ValueError("exchange_bytes_per_step and exchange_chunk_blocks must be >= 1")
         if not self.barrier_timeout_s > 0:

@@ -37,6 +37,7 @@ from andante.engine.scheduler import Scheduler
 from andante.exec.torch_executor import TorchExecutor
 from andante.exec.torch_pipeline import (
     PipelineExecutor,
+    StageWorkerKind,
     device_kv_bytes,
     group_num_blocks,
     layer_block_bytes,
@@ -100,20 +101,26 @@ class KVExchange:
 
 # ---- forming ------------------------------------------------------------------------
 def build_pipeline(plan: GroupPlan, executors: Mapping[int, TorchExecutor],
-                   pipelined: bool = True, lookahead: bool = True) -> PipelineExecutor:
+                   pipelined: bool = True, lookahead: bool = True,
+                   stage_workers: StageWorkerKind = "thread") -> PipelineExecutor:
     """The group's executor: each member's stage with the KV pool its memory holds
     once it drops the other layers (their weights are released at the boundary);
     `pipelined`: stages on their own threads, microbatches from KunServe's lookahead
     (`lookahead`; no floor on a microbatch's tokens: the paper's keeps a GPU busy, while
-    on a CPU a decode batch cut in two is what lets the stages overlap) or cut by rows."""
+    on a CPU a decode batch cut in two is what lets the stages overlap) or cut by rows;
+    `stage_workers`: threads, or processes (started now, while the members serve)."""
     lead = executors[plan.leader]
     kv_bytes = [device_kv_bytes(executors[m].kv.num_device_blocks, lead.model, lead.options)
                 for m in plan.members]
     planner = lookahead_planner(fit_chunk_cost(lead.cost_model)) \
         if pipelined and lookahead else None
-    return pipeline_executor(lead.model, lead.options, plan.layer_slices, kv_bytes,
-                             lead.cost_model, lead.max_model_len, lead.kv.num_host_blocks,
-                             pipelined, planner, lead.inputs)
+    pipeline = pipeline_executor(lead.model, lead.options, plan.layer_slices, kv_bytes,
+                                 lead.cost_model, lead.max_model_len,
+                                 lead.kv.num_host_blocks, pipelined, planner, lead.inputs,
+                                 stage_workers)
+    if pipelined:
+        pipeline.start_workers()
+    return pipeline
 
 
 def switch_to_pipeline(plan: GroupPlan, workers: Mapping[int, InstanceWorker],

@@ -130,6 +130,18 @@ class ModelSwitch:
     limits: Mapping[str, EngineLimits] = field(default_factory=dict)
 
 
+class EngineLoop(Protocol):
+    """Steps the engine in place of `Engine.step` (KunServe: a pipeline group's leader,
+    andante.runtime.kunserve_loop). `has_work` counts work still in flight; `step_output`
+    returns what completed (None: nothing did, e.g. a step only entered the pipeline)
+    and whether a batch ran (entered, in flight or completed)."""
+
+    @property
+    def has_work(self) -> bool: ...
+
+    def step_output(self) -> tuple[StepOutput | None, bool]: ...
+
+
 class HostedInstance(Instance, Protocol):
     """An instance whose worker runs on a thread or in an actor. `start` once: each step
     message goes to `post`; `on_down` / `on_up` when it fails / comes back (restarted).
@@ -178,8 +190,10 @@ class InstanceWorker:
         of a pipeline group, requests reaching its inbox go on to the group's leader
         (`redirect`; aborts go where the controller placed the request: the leader, since
         the coordinator reassigned the member's requests); `_tasks` run between steps
-        (the chunked KV exchange)."""
+        (the chunked KV exchange); `loop`, set on a group's leader, steps its engine
+        (its microbatches overlap in the group's pipeline: andante.runtime.kunserve_loop)."""
         self.redirect: InstanceWorker | None = None
+        self.loop: EngineLoop | None = None
         self._tasks: list[BoundaryTask] = []
         self._report_due = False
 
@@ -234,17 +248,17 @@ class InstanceWorker:
         self._wake.clear()
         self._apply_inbox()
         idle = False
-        if not self.engine.has_work and not self._swap_due and not self._tasks:
+        if not self._has_work and not self._swap_due and not self._tasks:
             if timeout is not None and timeout > 0:
                 idle = not self._wake.wait(timeout)
             self._apply_inbox()
         message = None
         ran_batch = False
-        if self.engine.has_work:
-            out = self.engine.step()
-            self.engine.finish_stopped(out, self.adapter.stopped(out))
-            message = self._message(out, stepped=True)
-            ran_batch = out.batch.num_seqs > 0
+        if self._has_work:
+            out, ran_batch = self._step_engine()
+            if out is not None:
+                self.engine.finish_stopped(out, self.adapter.stopped(out))
+                message = self._message(out, stepped=True)
         if self._tasks:
             self._run_tasks(ran_batch)
         if self._swap_due:
@@ -261,6 +275,16 @@ class InstanceWorker:
         if message is not None and self.switch is not None:
             message.models = self.model_report()
         return message
+
+    @property
+    def _has_work(self) -> bool:
+        return self.engine.has_work if self.loop is None else self.loop.has_work
+
+    def _step_engine(self) -> tuple[StepOutput | None, bool]:
+        if self.loop is not None:
+            return self.loop.step_output()
+        out = self.engine.step()
+        return out, out.batch.num_seqs > 0
 
     def _run_tasks(self, ran_batch: bool) -> None:
         self._tasks = [task for task in self._tasks if task(ran_batch)]

@@ -17,6 +17,7 @@ from andante.exec.torch_pipeline import PipelineExecutor
 from andante.models import load_model
 from andante.models.loader import LoadedModel
 from andante.runtime.kunserve import LocalGroupOptions, LocalPipelineGroups
+from andante.runtime.kunserve_loop import GroupLoop
 from andante.runtime.kunserve_stages import layer_memory
 from tests.cluster.kunserve.test_coordinator_resize import FakeController, Slot
 from tests.exec.engine_helpers import run_engine, tiny_executor
@@ -87,7 +88,11 @@ def test_a_group_grows_shrinks_by_one_and_restores_with_greedy_outputs(  # type:
     assert three.instances[2].worker.engine.scheduler.kv.num_device_blocks == 0
     _wait(lambda: grow.exchange_seconds is not None)
     assert grow.kv_bytes_exchanged > 0  # the joiner's requests' KV crossed to the stages
+    loop = leader.loop
+    assert isinstance(loop, GroupLoop) and loop.overlapped is not None
+    overlapped_at_grow = loop.num_overlapped
     _wait(_progress_by(group_reqs + solo_reqs, 3))
+    assert loop.num_overlapped > overlapped_at_grow  # three stages, steps overlapping
     assert groups.shrink_group(0)  # instance 2 goes: the pair takes its layers back
     assert groups.groups() == [HALVES] and groups.accepting(2)
     assert [s.layers_range for s in pipeline.stages] == list(HALVES.layer_slices)

@@ -21,6 +21,7 @@ from andante.models import load_model
 from andante.models.loader import LoadedModel
 from andante.policies import SchedulerConfig
 from andante.runtime.kunserve import LocalGroupOptions, LocalPipelineGroups
+from andante.runtime.kunserve_loop import GroupLoop
 from andante.runtime.local import LocalInstance
 from andante.runtime.worker import InstanceWorker, StepMessage
 from tests.exec.engine_helpers import run_engine, tiny_executor
@@ -135,6 +136,9 @@ def test_form_and_restore_keep_greedy_outputs(tiny4, reference, cluster_factory)
     assert restore.weight_bytes_reloaded == form.weight_bytes_dropped
     assert restore.kv_blocks_after == form.kv_blocks_before
     assert not isinstance(leader.engine.executor, PipelineExecutor) and groups.accepting(1)
+    # the group stepped on the overlapped loop; restored, the leader steps whole again
+    assert isinstance(leader.loop, GroupLoop) and leader.loop.overlapped is None
+    assert leader.loop.num_overlapped > 0
     _wait(lambda: all(r.is_finished for r in requests))
     assert [list(r.output_token_ids) for r in requests] == reference
     assert all(r.timeline.num_recomputes == 0 for r in requests)  # KV moved, not recomputed
@@ -158,6 +162,54 @@ def test_partner_serves_alone_after_restore(tiny4, reference, cluster_factory) -
     _wait(lambda: all(r.is_finished for r in late))
     assert [list(r.output_token_ids) for r in late] == reference
     assert cluster.finished >= {r.request_id for r in late}
+
+
+@pytest.mark.slow
+def test_a_group_on_stage_processes_keeps_greedy_outputs(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory(tiny4, device_blocks=96)
+    requests = _requests()
+    cluster.submit(0, requests[:2])
+    cluster.submit(1, requests[2:])
+    _wait(lambda: _all_running(requests))
+    groups = LocalPipelineGroups(cluster.instances, LocalGroupOptions(
+        stage_workers="process"))
+    assert groups.form_group(HALVES)
+    leader = cluster.instances[0].worker
+    pipeline = leader.engine.executor
+    assert isinstance(pipeline, PipelineExecutor) and pipeline.stage_workers == "process"
+    _wait(lambda: all(r.num_output_tokens >= 40 for r in requests))
+    assert groups.dissolve_group(0)  # drained, then the KV comes back from shared pools
+    assert groups.restore_reports[-1].num_recomputed == 0
+    _wait(lambda: all(r.is_finished for r in requests))
+    assert [list(r.output_token_ids) for r in requests] == reference
+    assert isinstance(leader.loop, GroupLoop) and leader.loop.num_overlapped > 0
+
+
+def test_an_abort_in_a_served_group_frees_its_blocks(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory(tiny4, device_blocks=96)
+    requests = _requests()
+    cluster.submit(0, requests[:2])
+    cluster.submit(1, requests[2:])
+    _wait(lambda: _all_running(requests))
+    groups = LocalPipelineGroups(cluster.instances)
+    assert groups.form_group(HALVES)
+    leader = cluster.instances[0].worker
+    assert isinstance(leader.loop, GroupLoop) and leader.loop.overlapped is not None
+    victim = requests[1]
+    _wait(lambda: victim.num_output_tokens >= 8)
+    cluster.instances[0].abort(victim.request_id)  # the leader serves it now
+    _wait(lambda: victim.request_id in cluster.finished)
+    assert victim.is_finished and victim.num_output_tokens < NUM_TOKENS
+    assert list(victim.output_token_ids) == reference[1][:victim.num_output_tokens]
+    others = [r for i, r in enumerate(requests) if i != 1]
+    _wait(lambda: all(r.is_finished for r in others))
+    assert [list(r.output_token_ids) for r in others] == \
+        [t for i, t in enumerate(reference) if i != 1]
+    _wait(lambda: not leader.engine.has_work and not leader.engine.scheduler.has_in_flight)
+    assert groups.dissolve_group(0)  # drains, restores over the freed blocks
+    kv = leader.engine.scheduler.kv
+    kv.check_invariants()
+    assert kv.num_free_device_blocks == kv.num_device_blocks
 
 
 def test_recompute_mode_moves_no_kv(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
