@@ -153,6 +153,17 @@ def figures(summary: Any) -> dict[str, float]:
             "num_finished": summary.num_finished}
 
 
+def _is_step(line: str) -> bool:
+    """A step record of the log, however its JSON is spaced."""
+    if '"step"' not in line:
+        return False
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("kind") == "step"
+
+
 def calibration_lines(lines: list[str], segments: list[dict[str, Any]]) -> list[str]:
     """The calibration segments' lines, one after another; each later segment's first
     step loses its end time, so that the gap over the runs between two segments does not
@@ -161,7 +172,7 @@ def calibration_lines(lines: list[str], segments: list[dict[str, Any]]) -> list[
     for segment in (s for s in segments if s["kind"] == "calibration"):
         part = lines[segment["lines"][0]:segment["lines"][1]]
         if out:
-            first = next((i for i, line in enumerate(part) if '"kind": "step"' in line), None)
+            first = next((i for i, line in enumerate(part) if _is_step(line)), None)
             if first is not None:
                 record = json.loads(part[first])
                 record.pop("t", None)

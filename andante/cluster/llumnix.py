@@ -31,11 +31,15 @@ from andante.cluster.router import LeastLoadedRouter
 from andante.engine.stats import SchedulerStats
 
 
-def freeness(stats: SchedulerStats) -> float:
+def freeness(stats: SchedulerStats, in_transit: int = 0) -> float:
     """Llumnix's F: blocks left after virtual usage, per running request (a queue that
-    does not fit makes it negative)."""
-    left = stats.num_free_blocks - stats.num_queued_kv_blocks
-    return left / max(1, stats.num_running)
+    does not fit makes it negative). Requests `in_transit` (sent, not yet received)
+    count as running ones holding the mean blocks of those running."""
+    transit = max(0, in_transit)
+    used = stats.num_blocks - stats.num_free_blocks
+    per_request = used / stats.num_running if stats.num_running else 0.0
+    left = stats.num_free_blocks - stats.num_queued_kv_blocks - transit * per_request
+    return left / max(1, stats.num_running + transit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ the simulator calls `step_time` once per simulated step.
 
 from __future__ import annotations
 
+from andante.perf.prefill_factors import size_class
 from andante.perf.shape import BatchShape
 from andante.perf.specs import CostCoefficients, HardwareSpec, ModelSpec
 
@@ -198,7 +199,7 @@ class CostModel:
     def prefill_factor(self, num_prefill_tokens: int) -> float:
         """The profile's factor on the regression for a step with `num_prefill_tokens`
         (> 0) tokens that are not decodes (HardwareSpec.prefill_factors; 1 without)."""
-        index = num_prefill_tokens.bit_length() - 1
+        index = size_class(num_prefill_tokens)
         factors = self._prefill_factors
         return factors[index] if 0 <= index < len(factors) else 1.0
 

@@ -166,11 +166,9 @@ class KunSimInstance(PipelineSimInstance):
             return config
         in_flight = {r.request_id for c in self._pipeline for r in c.batch.requests}
         free = [r for r in scheduler.running if r.request_id not in in_flight]
-        decodes = [r.num_computed_tokens for r in free
-                   if r.num_computed_tokens >= r.num_prompt_tokens]
-        queued = sum(r.num_prompt_tokens - r.num_computed_tokens for r in free
-                     if r.num_computed_tokens < r.num_prompt_tokens)
-        queued += sum(r.num_prompt_tokens - r.num_computed_tokens for r in scheduler.waiting)
+        decodes = [r.num_computed_tokens for r in free if r.num_uncomputed_tokens == 1]
+        queued = sum(r.num_uncomputed_tokens for r in free if r.num_uncomputed_tokens > 1)
+        queued += sum(r.num_uncomputed_tokens for r in scheduler.waiting)
         if queued <= config.max_num_batched_tokens - len(decodes):
             return config  # the queue fits the slot: nothing to look ahead at (§4.3)
         base = BatchShape()

@@ -52,3 +52,24 @@ def test_no_refit_without_enough_samples_or_while_accurate() -> None:
     assert model.num_samples == 30
     with pytest.raises(ValueError, match="refit"):
         OnlinePerfModel(truth, window=0)
+
+
+def test_refit_on_a_profile_with_prefill_factors_charges_each_factor_once() -> None:
+    """A calibrated profile's per-size prefill factors (andante.perf.prefill_factors) are
+    charged on every prediction, so the online refit fits the linear part to the steps
+    with the factor taken out: refitted on steps of that very model, it predicts them."""
+    import dataclasses
+
+    from andante.perf.cost_model import CostModel
+    plain = cost_model()
+    factors = (1.0,) * 6 + (1.5,) * 6  # 64 prefill tokens and up cost 1.5x the line
+    hardware = dataclasses.replace(plain.hardware, prefill_factors=factors)
+    truth = CostModel(plain.model, hardware)
+    model = OnlinePerfModel(truth.with_coefficients(CostCoefficients(c2=1.0)),
+                            refit_every=50, min_samples=20)
+    for shape in _shapes(200):
+        model.observe(shape, truth.step_time(shape))
+    assert model.num_fits >= 1
+    for probe in (BatchShape.of([(100, 0)]), BatchShape.of([(400, 0), (1, 1000)]),
+                  BatchShape.of([(40, 0), (1, 500)])):
+        assert model.predict(probe) == pytest.approx(truth.step_time(probe), rel=1e-6)

@@ -176,14 +176,6 @@ def balanced_token_budget(cost_with_prefill: Callable[[int], float], num_decodes
     return max(1, min(cap, num_decodes + max(min_tokens, low)))
 
 
-def eq1_cost_with_prefill(decode_prefixes: Sequence[int], model: ChunkCostModel
-                          ) -> Callable[[int], float]:
-    """Eq. (1)'s cost of a microbatch of decodes (one token after each of
-    `decode_prefixes`) plus a new prompt's first t tokens, as a function of t."""
-    decodes = model.gamma + sum(model.chunk(p, 1) for p in decode_prefixes)
-    return lambda tokens: decodes + model.chunk(0, tokens)
-
-
 def bubble_ratio(costs: Sequence[float], num_stages: int, hop: float = 0.0,
                  rounds: int = 4) -> float:
     """Idle share of `num_stages` stages running `rounds` rounds of microbatches that

@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from andante.cluster.kunserve.monitor import MonitorOptions
+from andante.cluster.llumnix import freeness
 from andante.cluster.router import InstanceView, LeastLoadedRouter, expected_wait
 from andante.core.request import Request
 
@@ -107,12 +108,7 @@ class KunServeRouter(LeastLoadedRouter):
 def dispatch_freeness(view: InstanceView) -> float:
     """Llumnix's freeness of a serving unit with its requests in transit counted as
     running ones holding its mean blocks per request (see the module note)."""
-    stats = view.load.stats
-    transit = max(0, view.num_in_transit)
-    used = stats.num_blocks - stats.num_free_blocks
-    per_request = used / stats.num_running if stats.num_running else 0.0
-    left = stats.num_free_blocks - stats.num_queued_kv_blocks - transit * per_request
-    return left / max(1, stats.num_running + transit)
+    return freeness(view.load.stats, view.num_in_transit)
 
 
 def can_take_now(view: InstanceView) -> bool:

@@ -22,7 +22,8 @@ from collections import deque
 from collections.abc import Sequence
 
 from andante.perf.cost_model import CostModel
-from andante.perf.fit import fit_coefficients
+from andante.perf.fit import Sample, fit_coefficients
+from andante.perf.prefill_factors import prefill_tokens
 from andante.perf.shape import BatchShape
 from andante.policies.ascendra.samples import SampleWindow
 
@@ -134,13 +135,22 @@ class OnlinePerfModel:
         error = self.error
         return self.num_fits == 0 or error is None or error > self.tolerance
 
+    def _linear_samples(self) -> list[Sample]:
+        """The window's steps as the linear regression sees them: a prefill step's time
+        divided by the base profile's factor for its size class (the factor is charged
+        again on every prediction; andante.perf.prefill_factors)."""
+        base = self.base
+        return [(shape, duration / base.prefill_factor(prefill_tokens(shape))
+                 if prefill_tokens(shape) > 0 else duration)
+                for shape, duration in self._samples]
+
     def refit(self) -> bool:
         """Refit on the window now; False (model unchanged) with too few samples."""
         self._since_fit = 0
         if len(self._samples) < self.min_samples:
             return False
         try:
-            coefficients = fit_coefficients(self.base, list(self._samples))
+            coefficients = fit_coefficients(self.base, self._linear_samples())
         except (ValueError, ArithmeticError):
             return False
         if coefficients == self.cost_model.coefficients:

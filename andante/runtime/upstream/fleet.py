@@ -443,7 +443,7 @@ class Fleet:
         if ok:
             upstream.observe_poll(parse_load(resp.text))
             upstream.num_failed_probes = 0
-            if not upstream.up and await self._restore(upstream):
+            if not upstream.up and await self._back_in_device_state(upstream):
                 self._recovered(upstream)
             return
         upstream.num_failed_probes += 1
@@ -475,7 +475,7 @@ class Fleet:
         log.error("upstream %s is down (%s): %d request(s) re-queued, %d failed",
                   upstream.url, reason, requeued, failed)
 
-    async def _restore(self, upstream: UpstreamInstance) -> bool:
+    async def _back_in_device_state(self, upstream: UpstreamInstance) -> bool:
         """A down upstream answers: a device's server is first put back in the state
         its device chose (one call at a time; False: not yet, it stays down)."""
         device = self._device_of(upstream)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,7 +13,6 @@ from andante.cluster.kunserve.lookahead import (
     WorkItem,
     balanced_token_budget,
     bubble_ratio,
-    eq1_cost_with_prefill,
     form_microbatches,
     group_config,
     microbatch_cost,
@@ -24,6 +25,14 @@ from andante.exec.batch import StepBatch
 from andante.exec.microbatch import Piece, completion_rows, free_slots
 
 MODEL = ChunkCostModel(alpha=1e-6, beta=1e-4, gamma=1e-3)
+
+
+def eq1_cost_with_prefill(decode_prefixes: list[int], model: ChunkCostModel
+                          ) -> Callable[[int], float]:
+    """Eq. (1)'s cost of a microbatch of decodes (one token after each of
+    `decode_prefixes`) plus a new prompt's first t tokens, as a function of t."""
+    decodes = model.gamma + sum(model.chunk(p, 1) for p in decode_prefixes)
+    return lambda tokens: decodes + model.chunk(0, tokens)
 
 
 def test_eq1_counts_prefix_and_self_attention() -> None:
