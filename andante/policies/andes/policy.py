@@ -39,7 +39,7 @@ the decodes' tokens, the prompt chunks' latency observations and the triggering 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
@@ -61,13 +61,12 @@ from andante.policies.andes.knapsack import (
     Solution,
     View,
     ascending,
-    priority,
     solve,
     starvation,
-    top_order,
 )
 from andante.policies.andes.options import AndesOptions
 from andante.policies.andes.qoe import RequestTable, qoe_gain
+from andante.policies.andes.ranking import QueueRanking
 from andante.policies.andes.refiner import OverheadRefiner
 from andante.policies.phases import (
     TokenCount,
@@ -96,6 +95,8 @@ class Decision:
     admits: list[Request] = field(default_factory=list)  # in the order to try
     victims: list[Request] = field(default_factory=list)  # preempt now
     decode_order: list[Request] = field(default_factory=list)  # highest priority first
+    #: the admissions past `admits`, computed when all of `admits` got in (`_carry_out`)
+    rest: Callable[[], list[Request]] | None = None
 
 
 class AndesPolicy(BasePolicy, FastPathDefaults):
@@ -271,8 +272,10 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
     # ---- between solves: cheap ordering, pacer-aware preemption ---------------------
     def _order_queue(self, plan: StepPlan, view: View) -> Decision:
         """Decode the emptiest pacer buffers first; admit the queue by priority (its
-        scores are computed only where they decide something: a lone queued request
-        is first whatever its score, unless the refiner weighs it)."""
+        scores are computed only where they decide something, `ranking.QueueRanking`:
+        a lone queued request, or a starved one, is first whatever the gains; past the
+        first, the order matters only if the first is admitted or the refiner weighs
+        the pairs)."""
         now, nr = plan.now, view.num_running
         buffered = view.streams.buffered(now, nr)
         by_need = ascending(buffered)  # emptiest buffers first
@@ -280,18 +283,14 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         decision = Decision(decode_order=[reqs[i] for i in by_need])
         if len(view) == nr or self._admits_nobody(plan, view, buffered):
             return decision
-        scores = None
-        if len(view) == nr + 1:
-            order = np.array([nr])
-        else:
-            scores = tau, gain, starved = self._queue_scores(plan, view)
-            prio = priority(gain, view.weight[view.queued], view.kind[view.queued],
-                            self.options, None if starved is None else starved[view.queued])
-            order = top_order(prio, plan.config.max_num_seqs) + nr
-        decision.admits = [view.reqs[i] for i in order]
         o = self.options
+        ranking = QueueRanking(view, o, plan.config.max_num_seqs,
+                               starvation(view, now, self.starvation_limit),
+                               partial(self._queue_scores, plan, view))
+        first = ranking.first
+        decision.admits = [reqs[first]]
         victims = np.empty(0, dtype=np.intp)
-        fits = (o.pacer_aware or o.pause_buffered_s > 0) and self._fits(plan, decision.admits[0])
+        fits = (o.pacer_aware or o.pause_buffered_s > 0) and self._fits(plan, reqs[first])
         if o.pacer_aware and not fits:
             most = np.array(by_need[::-1], dtype=np.intp)
             victims = most[buffered[most] > o.delta_t]  # most buffered first, gain 0 over Δt
@@ -299,24 +298,40 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
             decision.decode_order = [view.reqs[i] for i in by_need
                                      if buffered[i] <= o.pause_buffered_s]
         if len(victims) or (o.refiner and self.refine_admissions and nr):
-            tau, gain, starved = scores or self._queue_scores(plan, view)
+            budget = self.refiner.slack_budget(plan, view)
+            if self._refiner_pairs_nobody(plan, view, first, budget):
+                decision.admits = []
+                return decision
+            tau, gain, starved = ranking.scores()
             gains = np.zeros(len(view))
             gains[view.queued] = gain
             decision.admits, decision.victims = self.refiner.refine(
-                plan, view, order, victims, gains, tau, starved)
+                plan, view, ranking.order(), victims, gains, tau, starved, budget)
+        elif fits or not self.chunks_prefill:
+            decision.admits = [reqs[i] for i in ranking.order()]
+        else:  # the first is tried after the decodes; the rest only if it is admitted
+            decision.rest = lambda: [reqs[i] for i in ranking.order()[1:]]
         return decision
 
-    def _queue_scores(self, plan: StepPlan, view: View,
-                      ) -> tuple[float, np.ndarray, np.ndarray | None]:
-        """τ at the current batch size, the queued requests' gains and every view
-        position's starvation (`knapsack.starvation`)."""
+    def _refiner_pairs_nobody(self, plan: StepPlan, view: View, first: int,
+                              budget: float) -> bool:
+        """Does the refiner keep no pair, whatever the order past `first`? So when it
+        has no slack to spend (it drops every victim, `OverheadRefiner.refine`), weighs
+        no admission that preempts nobody, and the first does not fit in the free
+        blocks beside the watermark (`refiner.pair_up` stops at it)."""
+        if not self.options.refiner or self.refine_admissions or budget > 0.0:
+            return False
+        return plan.num_free_blocks_above_watermark < float(view.weight[first])
+
+    def _queue_scores(self, plan: StepPlan, view: View) -> tuple[float, np.ndarray]:
+        """τ at the current batch size and the queued requests' gains."""
         nr = view.num_running
         tau = self.latency.tau(max(1, nr))
         queued = view.queued  # (a slice: views of the arrays, no gathers)
         gain = qoe_gain(view.streams.select(queued), plan.now, self.options.delta_t,
                         view.base[queued] + view.step[queued] * tau, tau,
                         self.options.objective, view.streams)
-        return float(tau), gain, starvation(view, plan.now, self.starvation_limit)
+        return float(tau), gain
 
     def _admits_nobody(self, plan: StepPlan, view: View, buffered: np.ndarray) -> bool:
         """With chunked prefill, True when the running requests' remaining tokens fill
@@ -382,6 +397,8 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
                                 mode_for)
         if len(plan.preemptions) == preempted:
             admit_and_swap_in(plan, decision.admits, num_tokens)
+            if decision.rest is not None and all(map(plan.is_scheduled, decision.admits)):
+                admit_and_swap_in(plan, decision.rest(), num_tokens)  # (as in one list)
         self._prefilling = schedules_prompt_chunk(plan)
 
     # ---- the simulator's fast paths (SimFastPath, see the module note) --------------
@@ -559,7 +576,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
 
     def _budget_stays_spent(self, plan: StepPlan, view: View) -> bool:
         """Does the refiner's slack budget (§4.3: a low percentile of every viewed
-        request's slack, `OverheadRefiner._slack_budget`) stay <= 0 while only the
+        request's slack, `OverheadRefiner.slack_budget`) stay <= 0 while only the
         running requests get tokens? A queued request's slack only shrinks as time
         passes (a running one's may grow), so it does if more queued requests than the
         percentile's rank have none left now."""
