@@ -142,6 +142,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         self._queued_run = False  # see `_declare_queued_run`
         self.run_step_limit = math.inf
         self._queued_decodes = False  # see `_declare_queued_decodes`
+        self._run_solves_at_due = False  # (its runs' knapsack, due, decides nothing)
         self._run_steps: float = math.inf  # (its bounds, counted down by runs)
         self._run_steps_before_due: float = math.inf
         self.run_until = math.inf
@@ -174,6 +175,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         if self.stationary:  # the decode runs since the last decision are replayed
             self.stationary = self._queued_decodes = False
             self._run_steps = self._run_steps_before_due = self.run_until = math.inf
+        self._run_solves_at_due = False
         self._since_solve += 1
         if not plan.running:
             self.latency.idle()
@@ -465,7 +467,10 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         once due, while the run leaves the usage below the memory trigger's watermark
         (`decode_run_reserve_blocks`) and every step is shorter than the most
         stringent reader's pace, so the token-latency estimate, an average of the
-        steps' gaps that is below it now, stays below it (`run_step_limit`);
+        steps' gaps that is below it now, stays below it (`run_step_limit`); or it is
+        triggered at every due step (the usage is at the watermark already and only
+        grows, with requests queued) and decides nothing (`_solves_change_nothing`),
+        which the replay counts (`_replay_schedules`);
         (3) with the pacer-aware preemption, no victim is kept: either the refiner's
         slack budget stays <= 0 (`_budget_stays_spent`: it then drops every victim),
         or no running reader's buffer exceeds Δt (a token adds at most 1/tds to it:
@@ -491,6 +496,9 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         # never triggered (2) if the usage stays below the watermark; the latency
         # estimate is read when a run would start (`run_max_steps`)
         steps: float = math.inf if plan.num_free_blocks > reserve else before_due
+        solves_at_due = steps < math.inf and self._solves_change_nothing(plan, view)
+        if solves_at_due:
+            steps = math.inf
         if steps < 1:
             return
         # (4) a run ends before a request finishes: the finishing step decodes in its
@@ -502,11 +510,27 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
             return
         steps, self.run_until = min(steps, stays_out[0]), stays_out[1]
         self.stationary = self._queued_decodes = True
+        self._run_solves_at_due = solves_at_due
         self._run_steps, self._run_steps_before_due = steps, before_due
         self._run_min_inv = min_inv
         if plan.num_free_blocks > reserve:
             self.decode_run_reserve_blocks = reserve
             self.run_step_limit = min_inv * (1.0 - 1e-9)  # (a margin over rounding)
+
+    def _solves_change_nothing(self, plan: StepPlan, view: View) -> bool:
+        """Is the knapsack triggered at each of a decode run's due steps, deciding
+        nothing there? The memory trigger fires when due: the usage is at the watermark
+        now and only grows in a decode run, and requests stay queued. Its decision
+        (`_solve`) admits nobody and preempts nobody, whatever the packing: the
+        refiner's slack budget stays spent (`_budget_stays_spent`), so it drops every
+        victim, and no queued request fits in the free blocks beside the watermark
+        (their weights do not change while they wait; the free blocks only shrink), so
+        `refiner.pair_up` stops at the first admission. Its decode order by priority
+        decides nothing in a run either (no block shortage, no finish)."""
+        o = self.options
+        if plan.kv_usage < o.watermark or not self._budget_stays_spent(plan, view):
+            return False
+        return float(view.weight[view.queued].min()) > plan.num_free_blocks_above_watermark
 
     @property
     def run_max_steps(self) -> float:
@@ -648,11 +672,14 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
     def _replay_schedules(self, latencies: Sequence[float]) -> None:
         """The selective-triggering count of the steps of a run, whose token latency
         estimates at their decisions were `latencies`: with nothing queued the knapsack
-        it would run preempts nobody (see `_declare_stationary`)."""
+        it would run preempts nobody (see `_declare_stationary`); in a queued decode
+        run past its due step, the memory trigger fires whenever the knapsack is due,
+        and it decides nothing (`_solves_change_nothing`)."""
         interval, min_inv = self.options.solver_interval, self._run_min_inv
+        at_due = self._run_solves_at_due
         for latency in latencies:
             self._since_solve += 1
-            if self._since_solve >= interval and latency > min_inv:
+            if self._since_solve >= interval and (at_due or latency > min_inv):
                 self._since_solve = 0
                 self.stats.num_solves += 1
 
