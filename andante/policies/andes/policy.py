@@ -525,12 +525,20 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         refiner's slack budget stays spent (`_budget_stays_spent`), so it drops every
         victim, and no queued request fits in the free blocks beside the watermark
         (their weights do not change while they wait; the free blocks only shrink), so
-        `refiner.pair_up` stops at the first admission. Its decode order by priority
-        decides nothing in a run either (no block shortage, no finish)."""
+        `refiner.pair_up` stops at the first admission; or, with the greedy solver
+        (Algorithm 1), the request first in line whatever the gains (`_first_in_line`,
+        a starved lead, first in every candidate batch's packing order) does not fit
+        there: the packing either stops before it (nothing chosen) or starts with it.
+        Its decode order by priority decides nothing in a run either (no block
+        shortage, no finish)."""
         o = self.options
         if plan.kv_usage < o.watermark or not self._budget_stays_spent(plan, view):
             return False
-        return float(view.weight[view.queued].min()) > plan.num_free_blocks_above_watermark
+        free = plan.num_free_blocks_above_watermark
+        if float(view.weight[view.queued].min()) > free:
+            return True
+        first = self._first_in_line(plan, view) if o.solver == "greedy" else None
+        return first is not None and float(view.weight[first]) > free
 
     @property
     def run_max_steps(self) -> float:
