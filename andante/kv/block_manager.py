@@ -369,8 +369,20 @@ class KVBlockManager:
         if request_id in self._host_tables:
             need = self.num_new_blocks_needed(request_id, num_total_tokens)
             return not self.can_swap_in(request_id, need)
-        return self.hit_is_settled(request_id) and not self.can_allocate(request_id,
-                                                                         num_total_tokens)
+        # `hit_is_settled` and not `can_allocate`, fused (the run-ahead proofs' hot loop
+        # over a long queue): one look at the tentative hit instead of three
+        pending = self._pending
+        blocks = pending.blocks_of(request_id) if pending.hits else []
+        if blocks is None or request_id in pending.dirty:
+            return False  # stale, or due for a lookup: not settled
+        need = -(-num_total_tokens // self.block_size)
+        table = self._device_tables.get(request_id)
+        if table is not None:
+            return need - len(table) > self.num_free_device_blocks
+        need = max(0, need - len(blocks))
+        if blocks:
+            need += self.cache.count_evictable(blocks)
+        return need > self.num_free_device_blocks - self.watermark_blocks
 
     def hit_is_settled(self, request_id: str) -> bool:
         """Is the tentative prefix hit of a request holding no device KV neither stale

@@ -48,7 +48,7 @@ def _order_queue_scoring_all(self, plan, view):  # type: ignore[no-untyped-def]
     """`_order_queue` scoring the queue whatever its size (the full computation)."""
     import numpy as np
 
-    from andante.policies.andes.knapsack import priority, top_order
+    from andante.policies.andes.knapsack import priority, starvation, top_order
     from andante.policies.andes.policy import Decision
 
     nr = view.num_running
@@ -57,7 +57,8 @@ def _order_queue_scoring_all(self, plan, view):  # type: ignore[no-untyped-def]
     decision = Decision(decode_order=[view.reqs[i] for i in by_need])
     if len(view) == nr or self._admits_nobody(plan, view, buffered):
         return decision
-    tau, gain, starved = self._queue_scores(plan, view)
+    tau, gain = self._queue_scores(plan, view)
+    starved = starvation(view, plan.now, self.starvation_limit)
     prio = priority(gain, view.weight[view.queued], view.kind[view.queued], self.options,
                     None if starved is None else starved[view.queued])
     order = top_order(prio, plan.config.max_num_seqs) + nr

@@ -230,3 +230,29 @@ def test_decode_runs_while_the_queue_waits_for_blocks(
     monkeypatch.setattr(SimInstance, "begin_decode_run", begin_checked)
     _run("andes", PRESSURE, "a10-24g", True, options)
     assert len(queued_runs) > 20 and max(queued_runs) > 1
+
+
+@pytest.mark.parametrize("workload", [BURSTS, pytest.param(PRESSURE, marks=pytest.mark.slow)])
+def test_decode_runs_span_a_due_knapsack_that_decides_nothing(
+        workload: WorkloadConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under memory pressure a decode run with requests queued may pass the knapsack's
+    due step when its decision there is sure to change nothing (the usage at the
+    watermark, the refiner's budget spent, no queued request fits beside the
+    watermark): the stepped timelines and state, solves counted (issue 30, item 7)."""
+    proven: list[bool] = []
+    original = AndesPolicy._solves_change_nothing
+
+    def watched(self, plan, view):  # type: ignore[no-untyped-def]
+        result = original(self, plan, view)
+        proven.append(result)
+        return result
+
+    monkeypatch.setattr(AndesPolicy, "_solves_change_nothing", watched)
+    stepped, stepped_state, _, stepped_seen = _run("andes", workload, "a10-24g", False)
+    proven.clear()
+    fast, fast_state, _, seen = _run("andes", workload, "a10-24g", True)
+    assert any(proven)
+    assert fast == stepped
+    assert fast_state == stepped_state  # end, steps, solves, latency EMAs, finish order
+    by_time = {d[0]: d for d in stepped_seen}
+    assert all(by_time[d[0]] == d for d in seen)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import overload
 
 import numpy as np
@@ -65,6 +65,8 @@ class View:
     weight: np.ndarray
     base: np.ndarray
     step: np.ndarray
+    #: `starvation` of this view, by (now, limit): one decision asks it up to twice
+    starved_at: dict[tuple[float, float], np.ndarray | None] = field(default_factory=dict)
 
     @classmethod
     def of(cls, table: RequestTable, plan: StepPlan, latency: LatencyModel) -> View:
@@ -165,10 +167,15 @@ def starvation(view: View, now: float, limit: float) -> np.ndarray | None:
     TTFT target and the starvation `limit` (<= 0: not starved); None if nobody is."""
     if math.isinf(limit):
         return None
+    known = view.starved_at
+    if (now, limit) in known:
+        return known[now, limit]
     s = view.streams
     wait = now - s.start - limit
     wait = np.where((view.kind != RUNNING) & (s.n == 0), wait, -1.0)
-    return wait if bool((wait > 0).any()) else None
+    starved = wait if bool((wait > 0).any()) else None
+    known[now, limit] = starved
+    return starved
 
 
 # ---- the solvers ------------------------------------------------------------

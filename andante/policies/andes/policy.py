@@ -39,7 +39,7 @@ the decodes' tokens, the prompt chunks' latency observations and the triggering 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
@@ -61,13 +61,12 @@ from andante.policies.andes.knapsack import (
     Solution,
     View,
     ascending,
-    priority,
     solve,
     starvation,
-    top_order,
 )
 from andante.policies.andes.options import AndesOptions
 from andante.policies.andes.qoe import RequestTable, qoe_gain
+from andante.policies.andes.ranking import QueueRanking
 from andante.policies.andes.refiner import OverheadRefiner
 from andante.policies.phases import (
     TokenCount,
@@ -96,6 +95,8 @@ class Decision:
     admits: list[Request] = field(default_factory=list)  # in the order to try
     victims: list[Request] = field(default_factory=list)  # preempt now
     decode_order: list[Request] = field(default_factory=list)  # highest priority first
+    #: the admissions past `admits`, computed when all of `admits` got in (`_carry_out`)
+    rest: Callable[[], list[Request]] | None = None
 
 
 class AndesPolicy(BasePolicy, FastPathDefaults):
@@ -141,6 +142,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         self._queued_run = False  # see `_declare_queued_run`
         self.run_step_limit = math.inf
         self._queued_decodes = False  # see `_declare_queued_decodes`
+        self._run_solves_at_due = False  # (its runs' knapsack, due, decides nothing)
         self._run_steps: float = math.inf  # (its bounds, counted down by runs)
         self._run_steps_before_due: float = math.inf
         self.run_until = math.inf
@@ -173,6 +175,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         if self.stationary:  # the decode runs since the last decision are replayed
             self.stationary = self._queued_decodes = False
             self._run_steps = self._run_steps_before_due = self.run_until = math.inf
+        self._run_solves_at_due = False
         self._since_solve += 1
         if not plan.running:
             self.latency.idle()
@@ -271,8 +274,10 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
     # ---- between solves: cheap ordering, pacer-aware preemption ---------------------
     def _order_queue(self, plan: StepPlan, view: View) -> Decision:
         """Decode the emptiest pacer buffers first; admit the queue by priority (its
-        scores are computed only where they decide something: a lone queued request
-        is first whatever its score, unless the refiner weighs it)."""
+        scores are computed only where they decide something, `ranking.QueueRanking`:
+        a lone queued request, or a starved one, is first whatever the gains; past the
+        first, the order matters only if the first is admitted or the refiner weighs
+        the pairs)."""
         now, nr = plan.now, view.num_running
         buffered = view.streams.buffered(now, nr)
         by_need = ascending(buffered)  # emptiest buffers first
@@ -280,18 +285,14 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         decision = Decision(decode_order=[reqs[i] for i in by_need])
         if len(view) == nr or self._admits_nobody(plan, view, buffered):
             return decision
-        scores = None
-        if len(view) == nr + 1:
-            order = np.array([nr])
-        else:
-            scores = tau, gain, starved = self._queue_scores(plan, view)
-            prio = priority(gain, view.weight[view.queued], view.kind[view.queued],
-                            self.options, None if starved is None else starved[view.queued])
-            order = top_order(prio, plan.config.max_num_seqs) + nr
-        decision.admits = [view.reqs[i] for i in order]
         o = self.options
+        ranking = QueueRanking(view, o, plan.config.max_num_seqs,
+                               starvation(view, now, self.starvation_limit),
+                               partial(self._queue_scores, plan, view))
+        first = ranking.first
+        decision.admits = [reqs[first]]
         victims = np.empty(0, dtype=np.intp)
-        fits = (o.pacer_aware or o.pause_buffered_s > 0) and self._fits(plan, decision.admits[0])
+        fits = (o.pacer_aware or o.pause_buffered_s > 0) and self._fits(plan, reqs[first])
         if o.pacer_aware and not fits:
             most = np.array(by_need[::-1], dtype=np.intp)
             victims = most[buffered[most] > o.delta_t]  # most buffered first, gain 0 over Δt
@@ -299,24 +300,40 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
             decision.decode_order = [view.reqs[i] for i in by_need
                                      if buffered[i] <= o.pause_buffered_s]
         if len(victims) or (o.refiner and self.refine_admissions and nr):
-            tau, gain, starved = scores or self._queue_scores(plan, view)
+            budget = self.refiner.slack_budget(plan, view)
+            if self._refiner_pairs_nobody(plan, view, first, budget):
+                decision.admits = []
+                return decision
+            tau, gain, starved = ranking.scores()
             gains = np.zeros(len(view))
             gains[view.queued] = gain
             decision.admits, decision.victims = self.refiner.refine(
-                plan, view, order, victims, gains, tau, starved)
+                plan, view, ranking.order(), victims, gains, tau, starved, budget)
+        elif fits or not self.chunks_prefill:
+            decision.admits = [reqs[i] for i in ranking.order()]
+        else:  # the first is tried after the decodes; the rest only if it is admitted
+            decision.rest = lambda: [reqs[i] for i in ranking.order()[1:]]
         return decision
 
-    def _queue_scores(self, plan: StepPlan, view: View,
-                      ) -> tuple[float, np.ndarray, np.ndarray | None]:
-        """τ at the current batch size, the queued requests' gains and every view
-        position's starvation (`knapsack.starvation`)."""
+    def _refiner_pairs_nobody(self, plan: StepPlan, view: View, first: int,
+                              budget: float) -> bool:
+        """Does the refiner keep no pair, whatever the order past `first`? So when it
+        has no slack to spend (it drops every victim, `OverheadRefiner.refine`), weighs
+        no admission that preempts nobody, and the first does not fit in the free
+        blocks beside the watermark (`refiner.pair_up` stops at it)."""
+        if not self.options.refiner or self.refine_admissions or budget > 0.0:
+            return False
+        return plan.num_free_blocks_above_watermark < float(view.weight[first])
+
+    def _queue_scores(self, plan: StepPlan, view: View) -> tuple[float, np.ndarray]:
+        """τ at the current batch size and the queued requests' gains."""
         nr = view.num_running
         tau = self.latency.tau(max(1, nr))
         queued = view.queued  # (a slice: views of the arrays, no gathers)
         gain = qoe_gain(view.streams.select(queued), plan.now, self.options.delta_t,
                         view.base[queued] + view.step[queued] * tau, tau,
                         self.options.objective, view.streams)
-        return float(tau), gain, starvation(view, plan.now, self.starvation_limit)
+        return float(tau), gain
 
     def _admits_nobody(self, plan: StepPlan, view: View, buffered: np.ndarray) -> bool:
         """With chunked prefill, True when the running requests' remaining tokens fill
@@ -382,6 +399,8 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
                                 mode_for)
         if len(plan.preemptions) == preempted:
             admit_and_swap_in(plan, decision.admits, num_tokens)
+            if decision.rest is not None and all(map(plan.is_scheduled, decision.admits)):
+                admit_and_swap_in(plan, decision.rest(), num_tokens)  # (as in one list)
         self._prefilling = schedules_prompt_chunk(plan)
 
     # ---- the simulator's fast paths (SimFastPath, see the module note) --------------
@@ -448,7 +467,10 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         once due, while the run leaves the usage below the memory trigger's watermark
         (`decode_run_reserve_blocks`) and every step is shorter than the most
         stringent reader's pace, so the token-latency estimate, an average of the
-        steps' gaps that is below it now, stays below it (`run_step_limit`);
+        steps' gaps that is below it now, stays below it (`run_step_limit`); or it is
+        triggered at every due step (the usage is at the watermark already and only
+        grows, with requests queued) and decides nothing (`_solves_change_nothing`),
+        which the replay counts (`_replay_schedules`);
         (3) with the pacer-aware preemption, no victim is kept: either the refiner's
         slack budget stays <= 0 (`_budget_stays_spent`: it then drops every victim),
         or no running reader's buffer exceeds Δt (a token adds at most 1/tds to it:
@@ -474,6 +496,9 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
         # never triggered (2) if the usage stays below the watermark; the latency
         # estimate is read when a run would start (`run_max_steps`)
         steps: float = math.inf if plan.num_free_blocks > reserve else before_due
+        solves_at_due = steps < math.inf and self._solves_change_nothing(plan, view)
+        if solves_at_due:
+            steps = math.inf
         if steps < 1:
             return
         # (4) a run ends before a request finishes: the finishing step decodes in its
@@ -485,11 +510,35 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
             return
         steps, self.run_until = min(steps, stays_out[0]), stays_out[1]
         self.stationary = self._queued_decodes = True
+        self._run_solves_at_due = solves_at_due
         self._run_steps, self._run_steps_before_due = steps, before_due
         self._run_min_inv = min_inv
         if plan.num_free_blocks > reserve:
             self.decode_run_reserve_blocks = reserve
             self.run_step_limit = min_inv * (1.0 - 1e-9)  # (a margin over rounding)
+
+    def _solves_change_nothing(self, plan: StepPlan, view: View) -> bool:
+        """Is the knapsack triggered at each of a decode run's due steps, deciding
+        nothing there? The memory trigger fires when due: the usage is at the watermark
+        now and only grows in a decode run, and requests stay queued. Its decision
+        (`_solve`) admits nobody and preempts nobody, whatever the packing: the
+        refiner's slack budget stays spent (`_budget_stays_spent`), so it drops every
+        victim, and no queued request fits in the free blocks beside the watermark
+        (their weights do not change while they wait; the free blocks only shrink), so
+        `refiner.pair_up` stops at the first admission; or, with the greedy solver
+        (Algorithm 1), the request first in line whatever the gains (`_first_in_line`,
+        a starved lead, first in every candidate batch's packing order) does not fit
+        there: the packing either stops before it (nothing chosen) or starts with it.
+        Its decode order by priority decides nothing in a run either (no block
+        shortage, no finish)."""
+        o = self.options
+        if plan.kv_usage < o.watermark or not self._budget_stays_spent(plan, view):
+            return False
+        free = plan.num_free_blocks_above_watermark
+        if float(view.weight[view.queued].min()) > free:
+            return True
+        first = self._first_in_line(plan, view) if o.solver == "greedy" else None
+        return first is not None and float(view.weight[first]) > free
 
     @property
     def run_max_steps(self) -> float:
@@ -559,7 +608,7 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
 
     def _budget_stays_spent(self, plan: StepPlan, view: View) -> bool:
         """Does the refiner's slack budget (§4.3: a low percentile of every viewed
-        request's slack, `OverheadRefiner._slack_budget`) stay <= 0 while only the
+        request's slack, `OverheadRefiner.slack_budget`) stay <= 0 while only the
         running requests get tokens? A queued request's slack only shrinks as time
         passes (a running one's may grow), so it does if more queued requests than the
         percentile's rank have none left now."""
@@ -631,11 +680,14 @@ class AndesPolicy(BasePolicy, FastPathDefaults):
     def _replay_schedules(self, latencies: Sequence[float]) -> None:
         """The selective-triggering count of the steps of a run, whose token latency
         estimates at their decisions were `latencies`: with nothing queued the knapsack
-        it would run preempts nobody (see `_declare_stationary`)."""
+        it would run preempts nobody (see `_declare_stationary`); in a queued decode
+        run past its due step, the memory trigger fires whenever the knapsack is due,
+        and it decides nothing (`_solves_change_nothing`)."""
         interval, min_inv = self.options.solver_interval, self._run_min_inv
+        at_due = self._run_solves_at_due
         for latency in latencies:
             self._since_solve += 1
-            if self._since_solve >= interval and latency > min_inv:
+            if self._since_solve >= interval and (at_due or latency > min_inv):
                 self._since_solve = 0
                 self.stats.num_solves += 1
 

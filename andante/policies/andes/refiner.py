@@ -37,11 +37,12 @@ class OverheadRefiner:
 
     def refine(self, plan: StepPlan, view: View, admits: np.ndarray, victims: np.ndarray,
                gain: np.ndarray, tau: float, starved: np.ndarray | None = None,
-               ) -> tuple[list[Request], list[Request]]:
+               budget: float | None = None) -> tuple[list[Request], list[Request]]:
         """§4.3 over view positions (admissions best first, victims worst first);
-        `starved` as `knapsack.starvation` gives it."""
+        `starved` as `knapsack.starvation` gives it; `budget`: `slack_budget` if known."""
         o = self.options
-        budget = self._slack_budget(plan, view) if o.refiner else float("inf")
+        if budget is None:
+            budget = self.slack_budget(plan, view)
         if budget <= 0.0:
             victims = victims[:0]  # no slack to spend: admit only into free memory
         elif o.max_preemptions is not None:
@@ -89,8 +90,11 @@ class OverheadRefiner:
             modes.append(mode)
         return modes
 
-    def _slack_budget(self, plan: StepPlan, view: View) -> float:
-        """Seconds of overhead the ongoing requests tolerate (a low slack percentile)."""
+    def slack_budget(self, plan: StepPlan, view: View) -> float:
+        """Seconds of overhead the ongoing requests tolerate (a low slack percentile;
+        unbounded without the refiner)."""
+        if not self.options.refiner:
+            return float("inf")
         q = self.options.slack_percentile
         if q >= 1.0:
             return float("inf")
