@@ -15,6 +15,7 @@ from andante.policies.andes.knapsack import (
     RUNNING,
     SWAPPED,
     WAITING,
+    QueueRanking,
     View,
     priority,
     starvation,
@@ -22,7 +23,6 @@ from andante.policies.andes.knapsack import (
 )
 from andante.policies.andes.options import AndesOptions
 from andante.policies.andes.qoe import Streams, qoe_gain
-from andante.policies.andes.ranking import QueueRanking
 from andante.sim import ClusterSpec, build_simulator
 from andante.workload import WorkloadConfig, build_workload, to_requests
 from tests.policies.test_andes_fast_paths import _order_queue_scoring_all

@@ -58,6 +58,7 @@ from andante.policies.andes.knapsack import (
     RUNNING,
     STARVED,
     LatencyModel,
+    QueueRanking,
     Solution,
     View,
     ascending,
@@ -66,7 +67,6 @@ from andante.policies.andes.knapsack import (
 )
 from andante.policies.andes.options import AndesOptions
 from andante.policies.andes.qoe import RequestTable, qoe_gain
-from andante.policies.andes.ranking import QueueRanking
 from andante.policies.andes.refiner import OverheadRefiner
 from andante.policies.phases import (
     TokenCount,
