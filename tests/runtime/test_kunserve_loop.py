@@ -111,3 +111,25 @@ def test_drain_empties_the_pipeline_and_stop_returns_to_whole_steps(tiny4) -> No
         outputs.append(out)
     assert sorted(_finished(outputs)) == sorted(r.request_id for r in requests)
     assert [r.output_token_ids for r in requests] == [r.output_token_ids for r in reference]
+
+
+def test_a_request_aborted_while_nothing_is_in_flight_is_reported_once(tiny4) -> None:  # type: ignore[no-untyped-def]
+    pipeline = _pipeline(tiny4)
+    engine = build_engine(pipeline, ManualClock(), "vllm", CONFIG)
+    loop = GroupLoop(engine)
+    loop.run_on(pipeline)
+    try:
+        waiting = _requests()[0]
+        engine.add_request(waiting)
+        engine.abort(waiting.request_id)  # before any step: the pipeline is empty
+        refused = Request("huge", list(range(10_000)), waiting.sampling, 0.0)
+        assert not engine.submit(refused)  # can never be served
+        reported: list[str] = []
+        for _ in range(5):
+            out, ran = loop.step_output()
+            assert not ran
+            reported += _finished([out]) if out is not None else []
+        assert sorted(reported) == ["huge", waiting.request_id]
+        assert not loop.has_work  # the leader's worker does not spin
+    finally:
+        pipeline.close()
