@@ -80,3 +80,35 @@ def test_a_process_stage_error_surfaces(tiny4: LoadedModel) -> None:
             pipeline.next_event()
     finally:
         pipeline.close()
+
+
+def _serve(engine, loop: OverlappedLoop, tag: str) -> list[Request]:  # type: ignore[no-untyped-def]
+    params = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True)
+    requests = [Request(f"{tag}{i}", p, params, 0.0) for i, p in enumerate(PROMPTS)]
+    for req in requests:
+        engine.add_request(req)
+    while loop.has_work:
+        loop.step()
+    return requests
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level", [1, 2])
+def test_process_stages_after_a_sleep_run_on_the_woken_pools_and_weights(
+        tiny4: LoadedModel, level: int) -> None:
+    reference, _ = run_engine(tiny_executor(tiny4), PROMPTS, NUM_TOKENS, policy="vllm")
+    expected = [list(r.output_token_ids) for r in reference]
+    pipeline = _pipeline(tiny4, [(0, 2), (2, 4)])
+    engine = build_engine(pipeline, ManualClock(), "vllm", CONFIG)
+    loop = OverlappedLoop(engine, pipeline)
+    try:
+        assert [list(r.output_token_ids) for r in _serve(engine, loop, "a")] == expected
+        pipeline.sleep(level)
+        pipeline.wake_up()
+        engine.scheduler.kv.reset_prefix_cache()  # as andante.server.sleep does
+        assert [list(r.output_token_ids) for r in _serve(engine, loop, "b")] == expected
+        # the new stage processes wrote the parent's new pools (shared memory)
+        assert all(s.kv.device.is_shared() and s.kv.device.abs().sum() > 0
+                   for s in pipeline.stages)
+    finally:
+        pipeline.close()
