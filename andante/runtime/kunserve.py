@@ -228,14 +228,8 @@ class LocalPipelineGroups(GroupResizing):
         rendezvous = Rendezvous(parked, self.options.barrier_timeout_s)
         for member in parked:
             self._workers[member].at_boundary(rendezvous.parker(member))
-        lead = rendezvous.leader(operation)
-
-        def drained_lead(worker: InstanceWorker) -> None:
-            if isinstance(worker.loop, GroupLoop):
-                worker.loop.drain()  # no microbatch in flight across the operation
-            lead(worker)
-
-        self._workers[leader].at_boundary(drained_lead)
+        # the worker drains its loop first: no microbatch in flight across the operation
+        self._workers[leader].at_boundary(rendezvous.leader(operation))
         return rendezvous
 
     def leader_loop(self, index: int) -> GroupLoop:
