@@ -5,9 +5,11 @@ Design note. `ProcessStageStream` is andante.exec.torch_microbatch's `StageStrea
 one spawned process per stage instead of one thread: microbatches flow through the
 stages in order (stage k on microbatch m while stage k+1 runs m - 1) and the caller is
 told when each leaves stage 0 and the last stage. A stage process builds its stage from
-the model's weights and the parent stage's KV pools, both moved to shared memory
-(`share_memory_`, in place: the parent's tensors and every view of them see the same
-bytes; a packed bf16 GEMM weight is the process's own, packed there), so what the group
+the parent stage's KV pools, moved to shared memory (`share_memory_`, in place: the
+parent's tensors and every view of them see the same bytes), and from a copy of the
+model holding shared-memory clones of the weights that stage uses (`stage_model`; the
+serving model is never touched: while a group forms, its members still serve on it from
+other threads; a packed bf16 GEMM weight is the process's own, packed there), so what the group
 does between steps on the parent's side (swaps, the chunked KV exchange, `regroup`, the
 copy back at a restore) reads and writes the very pools the stage processes compute on;
 the overlapped loop runs those with no microbatch in flight, or on blocks no microbatch
@@ -23,6 +25,7 @@ the first microbatch, or ahead with `start`.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 import time
@@ -34,6 +37,7 @@ import torch
 import torch.multiprocessing as mp
 
 from andante.exec.torch_microbatch import PipelineTimes
+from andante.models.weights import LayerWeights, ModelWeights
 
 if TYPE_CHECKING:
     from andante.exec.torch_executor import TorchExecutorOptions
@@ -86,6 +90,38 @@ def share(obj: Any) -> None:
     """Move every tensor reachable from `obj` to shared memory, in place."""
     for value in _tensors(obj):
         value.share_memory_()
+
+
+def stage_model(model: LoadedModel, layers: tuple[int, int]) -> LoadedModel:
+    """A copy of `model` whose weights are clones, in shared memory, of what a stage of
+    `layers` builds from (its layers; the embedding if first; the final norm and LM
+    head if last), the others empty (the layer list keeps its length)."""
+    weights, (start, end) = model.weights, layers
+    first, last = start == 0, end == len(weights.layers)
+    empty = torch.empty(0, dtype=weights.dtype)
+    unused = LayerWeights(empty, empty, None, empty, empty, empty, empty)
+    kept = [_shared_clone_layer(w) if start <= i < end else unused
+            for i, w in enumerate(weights.layers)]
+    embed = _shared_clone(weights.embed) if first else empty
+    tied = weights.lm_head is weights.embed
+    lm_head = empty if not last else embed if tied and first else \
+        _shared_clone(weights.lm_head)
+    norm = _shared_clone(weights.final_norm) if last else empty
+    factors = weights.rope_freq_factors
+    return dataclasses.replace(model, weights=ModelWeights(
+        embed, kept, norm, lm_head, None if factors is None else _shared_clone(factors)))
+
+
+def _shared_clone_layer(w: LayerWeights) -> LayerWeights:
+    return LayerWeights(
+        input_norm=_shared_clone(w.input_norm), qkv=_shared_clone(w.qkv),
+        qkv_bias=None if w.qkv_bias is None else _shared_clone(w.qkv_bias),
+        o_proj=_shared_clone(w.o_proj), post_norm=_shared_clone(w.post_norm),
+        gate_up=_shared_clone(w.gate_up), down=_shared_clone(w.down))
+
+
+def _shared_clone(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().clone().share_memory_()
 
 
 def _tensors(obj: Any, seen: set[int] | None = None) -> list[torch.Tensor]:
@@ -159,6 +195,7 @@ class ProcessStageStream:
         self._events: list[Connection] = []
         self._procs: list[Any] = []
         self._links: list[Connection] = []
+        self._models: list[LoadedModel] = []  # each stage's shared weights (`stage_model`)
 
     def start(self) -> None:
         """Spawn the stage processes (imports torch in each: seconds)."""
@@ -167,13 +204,14 @@ class ProcessStageStream:
         ctx = mp.get_context("spawn")
         pipes = [ctx.Pipe(duplex=False) for _ in range(self.num_stages)]  # (recv, send)
         event_pipes = [ctx.Pipe(duplex=False) for _ in range(self.num_stages)]
-        share(self.model)
         for stage in self.stages:
             share(stage.kv)
+        # the stages' weights: clones, kept until `close` (the processes map them)
+        self._models = [stage_model(self.model, stage.layers_range) for stage in self.stages]
         for k, stage in enumerate(self.stages):
             outbox = pipes[k + 1][1] if k + 1 < self.num_stages else None
             proc = ctx.Process(target=_stage_main, name=f"andante-stage-{k}", daemon=True,
-                               args=(k, type(stage), self.model, self.options,
+                               args=(k, type(stage), self._models[k], self.options,
                                      stage.layers_range,
                                      stage.kv, stage.max_len, stage.epilogues, pipes[k][0],
                                      outbox, event_pipes[k][1]))
@@ -235,3 +273,4 @@ class ProcessStageStream:
         for conn in self._links:
             conn.close()
         self._procs, self._events, self._links, self._feed = [], [], [], None
+        self._models = []

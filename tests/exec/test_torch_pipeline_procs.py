@@ -10,7 +10,7 @@ import torch
 from andante.core import ManualClock, Request, SamplingParams
 from andante.engine.overlap import OverlappedLoop
 from andante.exec.torch_pipeline import PipelineExecutor, PipelineStage
-from andante.exec.torch_pipeline_procs import pack, unpack
+from andante.exec.torch_pipeline_procs import pack, stage_model, unpack
 from andante.llm import build_engine
 from andante.models import load_model
 from andante.models.loader import LoadedModel
@@ -45,6 +45,36 @@ def test_pack_keeps_tensors_exactly() -> None:
         assert back[key].dtype == tensor.dtype and torch.equal(back[key], tensor)
 
 
+def _weight_tensors(model: LoadedModel) -> list[torch.Tensor]:
+    w = model.weights
+    layers = [t for lw in w.layers for t in (lw.input_norm, lw.qkv, lw.o_proj,
+                                             lw.post_norm, lw.gate_up, lw.down)]
+    return [w.embed, w.final_norm, w.lm_head, *layers]
+
+
+@pytest.mark.parametrize("layers", [(0, 2), (1, 3), (2, 4), (0, 4)])
+def test_a_stage_model_shares_clones_of_its_weights_only(tiny4: LoadedModel,
+                                                         layers: tuple[int, int]) -> None:
+    before = [t.clone() for t in _weight_tensors(tiny4)]
+    copy = stage_model(tiny4, layers)
+    assert not any(t.is_shared() for t in _weight_tensors(tiny4))  # the serving model
+    assert all(torch.equal(a, b) for a, b in zip(before, _weight_tensors(tiny4), strict=True))
+    start, end = layers
+    for i, (mine, theirs) in enumerate(zip(copy.weights.layers, tiny4.weights.layers,
+                                           strict=True)):
+        if start <= i < end:
+            assert mine.qkv.is_shared() and torch.equal(mine.qkv, theirs.qkv)
+            assert mine.qkv.data_ptr() != theirs.qkv.data_ptr()
+        else:
+            assert mine.qkv.numel() == 0
+    assert (copy.weights.embed.numel() > 0) == (start == 0)
+    assert (copy.weights.lm_head.numel() > 0) == (end == 4)
+    unsplit, sliced = tiny_executor(tiny4), tiny_executor(tiny4)
+    stage = PipelineStage(tiny4, unsplit.options, layers, 8, 0, unsplit.max_model_len)
+    built = PipelineStage(copy, sliced.options, layers, 8, 0, sliced.max_model_len)
+    assert built.weight_bytes == stage.weight_bytes
+
+
 @pytest.mark.slow
 def test_process_stages_are_token_identical_and_share_the_kv(tiny4: LoadedModel) -> None:
     reference, _ = run_engine(tiny_executor(tiny4), PROMPTS, NUM_TOKENS, policy="vllm")
@@ -63,6 +93,7 @@ def test_process_stages_are_token_identical_and_share_the_kv(tiny4: LoadedModel)
     assert all(s.kv.device.is_shared() and s.kv.device.abs().sum() > 0
                for s in pipeline.stages)
     assert pipeline.activation_bytes > 0 and pipeline.num_activation_transfers > 0
+    assert not any(t.is_shared() for t in _weight_tensors(pipeline.model))  # untouched
     share = pipeline.pipeline_times.bubble_share
     assert share is not None and 0.0 <= share < 1.0
 
