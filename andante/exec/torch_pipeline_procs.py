@@ -261,8 +261,8 @@ class ProcessStageStream:
         if not self._procs:
             return
         try:
-            assert self._feed is not None
-            self._feed.send_bytes(_STOP)
+            if self._feed is not None:  # (None: `start` failed part way)
+                self._feed.send_bytes(_STOP)
         except OSError:
             pass
         for proc in self._procs:
