@@ -19,7 +19,9 @@ tensors as raw bytes (`pack` / `unpack`); the first stage also gets no hidden st
 the last returns the sampled rows' logits, and the parent samples. Each message carries
 the stage-seconds and the activation bytes of its microbatch, so the parent keeps the
 same `PipelineTimes` as with threads. A stage's error is sent to the parent and raised
-by `next_event`. Starting the processes imports torch in each (seconds): it happens at
+by `next_event`; so is a stage process's death, at once (the parent waits on the
+processes' sentinels too, and keeps no copy of the children's pipe ends, so a dead
+stage's neighbours see their pipes break). Starting the processes imports torch in each (seconds): it happens at
 the first microbatch, or ahead with `start`.
 """
 
@@ -219,7 +221,11 @@ class ProcessStageStream:
             self._procs.append(proc)
         self._feed = pipes[0][1]
         self._events = [recv for recv, _ in event_pipes]
-        self._links = [c for pair in pipes + event_pipes for c in pair]
+        self._links = [self._feed, *self._events]
+        # the children's ends, closed here: a dead stage's pipes break (EOF, EPIPE)
+        children = [recv for recv, _ in pipes] + [send for _, send in pipes[1:]]
+        for conn in children + [send for _, send in event_pipes]:
+            conn.close()
 
     def feed(self, index: int, item: Any) -> None:
         """Microbatch `index` (its `StepInputs`) enters stage 0."""
@@ -229,16 +235,20 @@ class ProcessStageStream:
 
     def next_event(self) -> tuple[int, bool, Any]:
         """(microbatch index, whether it left the last stage, the logits or None)."""
+        sentinels = [p.sentinel for p in self._procs]
         while True:
-            ready = wait(self._events, timeout=60.0)
-            if not ready:
-                dead = [p.name for p in self._procs if not p.is_alive()]
-                if dead:
-                    raise RuntimeError(f"pipeline stage process(es) {dead} died")
+            ready = wait([*self._events, *sentinels], timeout=60.0)
+            events = [c for c in self._events if c in ready]
+            if not events:  # a stage's process ended (or none answered in a minute)
+                self._raise_if_dead()
                 continue
             # the earliest stage first: a microbatch's stage-0 event precedes its last
-            conn = min(ready, key=self._events.index)  # type: ignore[arg-type]
-            message = unpack(conn.recv_bytes())  # type: ignore[union-attr]
+            conn = events[0]
+            try:
+                message = unpack(conn.recv_bytes())
+            except EOFError:  # its process is gone
+                self._raise_if_dead(wait_s=_JOIN_S)
+                raise RuntimeError("a pipeline stage process closed its events") from None
             kind = message[0]
             if kind == "error":
                 raise RuntimeError(f"pipeline stage {message[1]} failed: {message[2]}")
@@ -247,6 +257,15 @@ class ProcessStageStream:
             _, index, logits, busy, moved = message
             self._account(busy, moved)
             return index, True, logits
+
+    def _raise_if_dead(self, wait_s: float = 0.0) -> None:
+        """Raise if a stage's process has ended (waiting up to `wait_s` for one to)."""
+        if wait_s:
+            wait([p.sentinel for p in self._procs], timeout=wait_s)
+        dead = [f"{p.name} (exit code {p.exitcode})" for p in self._procs
+                if p.exitcode is not None]
+        if dead:
+            raise RuntimeError(f"pipeline stage process(es) {', '.join(dead)} died")
 
     def _account(self, busy: list[float], moved: int) -> None:
         times = self.times

@@ -4,13 +4,15 @@ KV is the parent's (shared memory), and a stage's error surfaces in the parent."
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from andante.core import ManualClock, Request, SamplingParams
 from andante.engine.overlap import OverlappedLoop
 from andante.exec.torch_pipeline import PipelineExecutor, PipelineStage
-from andante.exec.torch_pipeline_procs import pack, stage_model, unpack
+from andante.exec.torch_pipeline_procs import ProcessStageStream, pack, stage_model, unpack
 from andante.llm import build_engine
 from andante.models import load_model
 from andante.models.loader import LoadedModel
@@ -141,5 +143,25 @@ def test_process_stages_after_a_sleep_run_on_the_woken_pools_and_weights(
         # the new stage processes wrote the parent's new pools (shared memory)
         assert all(s.kv.device.is_shared() and s.kv.device.abs().sum() > 0
                    for s in pipeline.stages)
+    finally:
+        pipeline.close()
+
+
+@pytest.mark.slow
+def test_a_killed_stage_process_surfaces_at_once(tiny4: LoadedModel) -> None:
+    pipeline = _pipeline(tiny4, [(0, 2), (2, 4)])
+    engine = build_engine(pipeline, ManualClock(), "vllm", CONFIG)
+    engine.add_request(Request("r0", [5, 6, 7], SamplingParams(max_tokens=2), 0.0))
+    try:
+        pipeline.start_workers()
+        stream = pipeline._stream
+        assert isinstance(stream, ProcessStageStream)
+        stream._procs[1].kill()
+        began = time.monotonic()
+        assert pipeline.submit(engine.schedule_step(), 2) == 1
+        with pytest.raises(RuntimeError, match="died"):
+            for _ in range(3):  # stage 0's event may come first
+                pipeline.next_event()
+        assert time.monotonic() - began < 30.0  # not the one-minute poll
     finally:
         pipeline.close()
