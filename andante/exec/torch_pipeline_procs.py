@@ -21,8 +21,8 @@ the stage-seconds and the activation bytes of its microbatch, so the parent keep
 same `PipelineTimes` as with threads. A stage's error is sent to the parent and raised
 by `next_event`; so is a stage process's death, at once (the parent waits on the
 processes' sentinels too, and keeps no copy of the children's pipe ends, so a dead
-stage's neighbours see their pipes break). Starting the processes imports torch in each (seconds): it happens at
-the first microbatch, or ahead with `start`.
+stage's neighbours see their pipes break). Starting the processes imports torch in
+each (seconds): it happens at the first microbatch, or ahead with `start`.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from andante.core import ManualClock, Request, SamplingParams
 from andante.engine.overlap import OverlappedLoop
 from andante.exec.torch_pipeline import PipelineExecutor, PipelineStage
 from andante.exec.torch_pipeline_procs import ProcessStageStream, pack, stage_model, unpack
+from andante.exec.torch_regroup import regroup
 from andante.llm import build_engine
 from andante.models import load_model
 from andante.models.loader import LoadedModel
@@ -163,5 +164,24 @@ def test_a_killed_stage_process_surfaces_at_once(tiny4: LoadedModel) -> None:
             for _ in range(3):  # stage 0's event may come first
                 pipeline.next_event()
         assert time.monotonic() - began < 30.0  # not the one-minute poll
+    finally:
+        pipeline.close()
+
+
+@pytest.mark.slow
+def test_regrouped_process_stages_start_again_and_stay_token_identical(
+        tiny4: LoadedModel) -> None:
+    reference, _ = run_engine(tiny_executor(tiny4), PROMPTS, NUM_TOKENS, policy="vllm")
+    expected = [list(r.output_token_ids) for r in reference]
+    pipeline = _pipeline(tiny4, [(0, 2), (2, 4)])
+    engine = build_engine(pipeline, ManualClock(), "vllm", CONFIG)
+    loop = OverlappedLoop(engine, pipeline)
+    try:
+        assert [list(r.output_token_ids) for r in _serve(engine, loop, "a")] == expected
+        regroup(pipeline, [(0, 1), (1, 3), (3, 4)], 64)
+        stream = pipeline._stream  # started again over the three new stages
+        assert isinstance(stream, ProcessStageStream) and len(stream._procs) == 3
+        assert all(p.is_alive() for p in stream._procs)
+        assert [list(r.output_token_ids) for r in _serve(engine, loop, "b")] == expected
     finally:
         pipeline.close()
