@@ -137,6 +137,11 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_unfinished or bool(self._ended)
 
+    @property
+    def has_ended(self) -> bool:
+        """Requests aborted or refused that no output reported yet."""
+        return bool(self._ended)
+
     # ---- stepping -------------------------------------------------------------------
     def begin_step(self) -> tuple[StepBatch, StepResult]:
         """Schedule and execute; the result's duration is modeled or measured."""

@@ -20,7 +20,9 @@ Mid-flight changes. A request aborted (or stopped) while its microbatch is in fl
 is finished and its blocks freed at once; its microbatch still runs (it writes only
 blocks of its own, freed now: any later owner's writes come after it at every stage,
 which take microbatches in order) and its rows are dropped when they complete (the
-scheduler skips a finished request; the request is reported finished once). An
+scheduler skips a finished request; the request is reported finished once). With
+nothing in flight and nothing to schedule, the requests aborted or refused meanwhile
+are reported through an empty step, as `Engine.step` does. An
 operation that needs no microbatch in flight (a group's restore, grow or shrink, at
 a step boundary) first `drain`s the pipeline: every event is applied, no step enters.
 """
@@ -89,8 +91,8 @@ class OverlappedLoop:
         try:
             while self.has_work:
                 idle, steps = self.in_flight == 0, self.num_steps
-                self.step()
-                if idle and self.num_steps == steps:
+                outputs = self.step()
+                if idle and self.num_steps == steps and not outputs:
                     break  # nothing schedulable and nothing in flight
         finally:
             self.pipeline.close()
@@ -98,6 +100,10 @@ class OverlappedLoop:
     def _enter(self) -> tuple[bool, list[StepOutput]]:
         batch = self._schedule()
         if batch.is_empty:
+            if self.in_flight == 0 and self.engine.has_ended:
+                # nothing runs: report the requests aborted or refused meanwhile, as
+                # `Engine.step` does with an empty step (else they stay unreported)
+                return True, [self.engine.finish_step(batch, StepResult([], 0.0))]
             return False, []
         outputs: list[StepOutput] = []
         if batch.swap_out or batch.swap_in:

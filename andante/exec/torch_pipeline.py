@@ -280,14 +280,19 @@ class PipelineExecutor(PipelineSleep):
 
     def replace_stages(self, stages: Sequence[PipelineStage]) -> None:
         """Run on `stages` from the next step (a group grew or shrank: andante.exec.
-        torch_regroup); the pipeline's times so far are kept."""
+        torch_regroup); the pipeline's times so far are kept. Stage workers that were
+        running are started again over the new stages (processes: now, not at the next
+        step's first microbatch)."""
         times = self.workers.times
         if self._fed:
             raise RuntimeError("replace_stages with microbatches in flight")
+        running = self._stream is not None
         self.close()
         self._init_stages(self.model, stages)
         self.workers = StageWorkers(len(self.stages), self._run_stage)
         self.workers.times.carry(times)
+        if running:
+            self.start_workers()
 
     def _init_stages(self, model: LoadedModel, stages: Sequence[PipelineStage]) -> None:
         expected = 0

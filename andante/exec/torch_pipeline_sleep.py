@@ -3,7 +3,10 @@
 
 Design note (andante.exec.torch_executor's sleep mode, per stage). Called on the engine's
 stepping thread between steps, with the server drained (no microbatch in flight:
-refused otherwise). `sleep(1)` drops every stage's KV tensors, both tiers
+refused otherwise). `sleep` first stops the stages' workers: stage processes
+(andante.exec.torch_pipeline_procs) hold the pools and weights they were started with,
+so the next submit after `wake_up` starts new ones on the new pools and reloaded
+weights (threads restart as cheaply). `sleep(1)` drops every stage's KV tensors, both tiers
 (`KVPools.release`), and points each layer at the empty placeholders so that no view
 keeps the old pools alive; `sleep(2)` also drops the stages' weights (their layers, the
 first stage's embedding, the last one's norm and LM head) and the executor's reference
@@ -50,6 +53,7 @@ class PipelineSleep:
             raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
         if self._fed:
             raise RuntimeError("the pipeline cannot sleep with microbatches in flight")
+        self.close()  # the stages' workers: the next submit starts them on the new state
         if self.sleeping is None:
             for stage in self.stages:
                 stage.kv.release()
@@ -82,6 +86,10 @@ class PipelineSleep:
             for stage in self.stages:
                 _bind_kv(stage)
         self.sleeping = None
+
+    def close(self) -> None:
+        """Stop the stages' workers (`PipelineExecutor.close`)."""
+        raise NotImplementedError
 
     def _check_awake(self) -> None:
         if self.sleeping is not None:

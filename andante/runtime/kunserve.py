@@ -149,6 +149,7 @@ class LocalPipelineGroups(GroupResizing):
             self.book.propose(plan)
         if grow:
             return self._grow(plan, joiners)
+        pipeline = None
         try:
             executors, pipeline, prepare_seconds = prepared or self._prepare(plan)
             return self._at_boundaries(plan.leader, plan.members[1:], lambda: (
@@ -156,6 +157,9 @@ class LocalPipelineGroups(GroupResizing):
         finally:
             with self._lock:
                 self.book.cancel(plan)  # (formed: no longer proposed)
+            if pipeline is not None and \
+                    self._workers[plan.leader].engine.executor is not pipeline:
+                pipeline.close()  # not formed (the operation has ended): its workers stop
 
     def _prepare(self, plan: GroupPlan) -> _Prepared:
         """The group's executor, built while the members still serve."""
@@ -179,13 +183,17 @@ class LocalPipelineGroups(GroupResizing):
         if self._preparing:
             return
         self._preparing = True
-        self._prepared = None
+        dropped, self._prepared = self._prepared, None
 
         def run() -> None:
+            if dropped is not None:
+                dropped[1][1].close()  # its stage workers (processes) stop
             try:
                 prepared = self._prepare(plan)
                 with self._lock:
-                    self._prepared = (plan, prepared)
+                    replaced, self._prepared = self._prepared, (plan, prepared)
+                if replaced is not None:
+                    replaced[1][1].close()
             except Exception:
                 log.exception("kunserve: preparing group %s failed", plan.members)
             finally:
@@ -228,14 +236,8 @@ class LocalPipelineGroups(GroupResizing):
         rendezvous = Rendezvous(parked, self.options.barrier_timeout_s)
         for member in parked:
             self._workers[member].at_boundary(rendezvous.parker(member))
-        lead = rendezvous.leader(operation)
-
-        def drained_lead(worker: InstanceWorker) -> None:
-            if isinstance(worker.loop, GroupLoop):
-                worker.loop.drain()  # no microbatch in flight across the operation
-            lead(worker)
-
-        self._workers[leader].at_boundary(drained_lead)
+        # the worker drains its loop first: no microbatch in flight across the operation
+        self._workers[leader].at_boundary(rendezvous.leader(operation))
         return rendezvous
 
     def leader_loop(self, index: int) -> GroupLoop:

@@ -119,7 +119,11 @@ def build_pipeline(plan: GroupPlan, executors: Mapping[int, TorchExecutor],
                                  lead.kv.num_host_blocks, pipelined, planner, lead.inputs,
                                  stage_workers)
     if pipelined:
-        pipeline.start_workers()
+        try:
+            pipeline.start_workers()
+        except BaseException:
+            pipeline.close()  # the stage processes that did start
+            raise
     return pipeline
 
 

@@ -134,12 +134,17 @@ class EngineLoop(Protocol):
     """Steps the engine in place of `Engine.step` (KunServe: a pipeline group's leader,
     andante.runtime.kunserve_loop). `has_work` counts work still in flight; `step_output`
     returns what completed (None: nothing did, e.g. a step only entered the pipeline)
-    and whether a batch ran (entered, in flight or completed)."""
+    and whether a batch ran (entered, in flight or completed); `drain` completes what is
+    in flight (its outputs come with the next `step_output`): the worker drains before
+    an `at_boundary` operation, which may need the engine's executor idle (sleep mode,
+    a group operation)."""
 
     @property
     def has_work(self) -> bool: ...
 
     def step_output(self) -> tuple[StepOutput | None, bool]: ...
+
+    def drain(self) -> None: ...
 
 
 class HostedInstance(Instance, Protocol):
@@ -308,6 +313,8 @@ class InstanceWorker:
                 self.redirect.submit(item)  # a group's member: its leader serves
                 continue
             if kind == "call":
+                if self.loop is not None:
+                    self.loop.drain()  # the operation finds no microbatch in flight
                 item(self)
             elif kind == "add":
                 self._add(item)

@@ -292,3 +292,40 @@ def test_background_prepare_forms_when_asked_again(tiny4, reference, cluster_fac
     _wait(lambda: not groups.groups())
     _wait(lambda: all(r.is_finished for r in requests[:2]))
     assert [list(r.output_token_ids) for r in requests[:2]] == reference[:2]
+
+
+def test_a_formation_that_fails_closes_its_pipeline(tiny4, cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory(tiny4)
+    groups = LocalPipelineGroups(cluster.instances, LocalGroupOptions())
+    built: list[PipelineExecutor] = []
+    prepare = groups._prepare
+
+    def prepare_then_swap(plan: GroupPlan):  # type: ignore[no-untyped-def]
+        prepared = prepare(plan)
+        built.append(prepared[1])
+        member = cluster.instances[1].worker  # idle: a new executor between its steps
+        member.engine.executor = tiny_executor(tiny4, device_blocks=48)
+        return prepared
+
+    groups._prepare = prepare_then_swap  # type: ignore[method-assign]
+    assert built == [] and not groups.form_group(HALVES)  # an executor changed meanwhile
+    assert len(built) == 1 and built[0]._stream is None  # its stage workers stopped
+    assert cluster.instances[0].worker.engine.executor is not built[0]
+    assert groups.groups() == []
+
+
+def test_stages_prepared_for_another_plan_are_closed(tiny4, cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory(tiny4)
+    groups = LocalPipelineGroups(cluster.instances, LocalGroupOptions(background_prepare=True))
+    assert not groups.form_group(HALVES)
+    _wait(lambda: groups._prepared is not None)
+    assert groups._prepared is not None
+    dropped = groups._prepared[1][1]
+    assert dropped._stream is not None  # started while the members serve
+    other = GroupPlan((0, 1), ((0, 1), (1, 4)))
+    assert not groups.form_group(other)  # HALVES' stages are dropped
+    _wait(lambda: dropped._stream is None)
+    _wait(lambda: groups.form_group(other))
+    assert groups.groups() == [other]
+    formed = cluster.instances[0].worker.engine.executor
+    assert isinstance(formed, PipelineExecutor) and formed is not dropped

@@ -16,6 +16,7 @@ from andante.models import load_model
 from andante.models.loader import LoadedModel
 from andante.policies import SchedulerConfig
 from andante.runtime.kunserve_loop import GroupLoop
+from andante.runtime.worker import InstanceWorker
 from tests.exec.engine_helpers import run_engine, tiny_executor
 from tests.models.helpers import make_tiny_checkpoint
 
@@ -111,3 +112,55 @@ def test_drain_empties_the_pipeline_and_stop_returns_to_whole_steps(tiny4) -> No
         outputs.append(out)
     assert sorted(_finished(outputs)) == sorted(r.request_id for r in requests)
     assert [r.output_token_ids for r in requests] == [r.output_token_ids for r in reference]
+
+
+def test_a_request_aborted_while_nothing_is_in_flight_is_reported_once(tiny4) -> None:  # type: ignore[no-untyped-def]
+    pipeline = _pipeline(tiny4)
+    engine = build_engine(pipeline, ManualClock(), "vllm", CONFIG)
+    loop = GroupLoop(engine)
+    loop.run_on(pipeline)
+    try:
+        waiting = _requests()[0]
+        engine.add_request(waiting)
+        engine.abort(waiting.request_id)  # before any step: the pipeline is empty
+        refused = Request("huge", list(range(10_000)), waiting.sampling, 0.0)
+        assert not engine.submit(refused)  # can never be served
+        reported: list[str] = []
+        for _ in range(5):
+            out, ran = loop.step_output()
+            assert not ran
+            reported += _finished([out]) if out is not None else []
+        assert sorted(reported) == ["huge", waiting.request_id]
+        assert not loop.has_work  # the leader's worker does not spin
+    finally:
+        pipeline.close()
+
+
+def test_a_boundary_operation_finds_the_pipeline_drained(tiny4) -> None:  # type: ignore[no-untyped-def]
+    """A client gone mid-microbatch: its request is aborted with its microbatch still in
+    the pipeline; a sleep posted then (andante.server.sleep) must not find it in flight."""
+    pipeline = _pipeline(tiny4)
+    engine = build_engine(pipeline, ManualClock(), "vllm", CONFIG)
+    worker = InstanceWorker(0, engine)
+    worker.loop = loop = GroupLoop(engine)
+    loop.run_on(pipeline)
+    requests = _requests()
+    try:
+        for req in requests:
+            worker.submit(req)
+        finished: list[str] = []
+        while not engine.scheduler.has_in_flight:
+            message = worker.step()
+            finished += message.finished_ids if message is not None else []
+        for req in requests:
+            worker.abort(req.request_id)
+        slept: list[int | None] = []
+        worker.at_boundary(lambda w: (pipeline.sleep(1), slept.append(pipeline.sleeping)))
+        while (message := worker.step()) is not None:
+            finished += message.finished_ids
+        assert slept == [1]
+        assert sorted(finished) == sorted(r.request_id for r in requests)
+        assert not worker.loop.has_work
+        pipeline.wake_up()
+    finally:
+        pipeline.close()
