@@ -490,8 +490,8 @@ class LatencyModel:
             observed = min(max(gap / predicted, low), high)
             self.ratio += a * (observed - self.ratio)
 
+
 # ---- the queue's priority order, computed only as far as needed --------------------
-#
 #
 # Design note (Andes §4.2 Eq. 6, Algorithm 1's `break`; §4.3). Between knapsack solves
 # the policy admits the queue in priority order and stops at the first request that
