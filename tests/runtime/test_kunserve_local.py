@@ -177,12 +177,16 @@ def test_a_group_on_stage_processes_keeps_greedy_outputs(tiny4, reference, clust
     leader = cluster.instances[0].worker
     pipeline = leader.engine.executor
     assert isinstance(pipeline, PipelineExecutor) and pipeline.stage_workers == "process"
+    loop = leader.loop
+    assert isinstance(loop, GroupLoop) and loop.overlapped is not None
     _wait(lambda: all(r.num_output_tokens >= 40 for r in requests))
+    # the process stages served the group's steps (whether two of them overlapped
+    # depends on timing here; the thread-stage test checks the overlap)
+    assert loop.overlapped is not None and loop.overlapped.num_steps > 0
     assert groups.dissolve_group(0)  # drained, then the KV comes back from shared pools
     assert groups.restore_reports[-1].num_recomputed == 0
     _wait(lambda: all(r.is_finished for r in requests))
     assert [list(r.output_token_ids) for r in requests] == reference
-    assert isinstance(leader.loop, GroupLoop) and leader.loop.num_overlapped > 0
 
 
 def test_an_abort_in_a_served_group_frees_its_blocks(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
