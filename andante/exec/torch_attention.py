@@ -102,6 +102,7 @@ import torch.nn.functional as F
 
 from andante.exec import thread_scope  # noqa: F401 (registers torch.ops.andante.set_threads)
 from andante.exec.torch_inputs import StepInputs
+from andante.exec.torch_threads import all_threads_from
 from andante.models.torchscript import script
 
 
@@ -421,13 +422,7 @@ def one_thread_below(timings: dict[int, tuple[float, float]]) -> int:
     """Decode batches below this size attend on one thread: the smallest timed batch
     from which all threads win at every larger timed batch (the smallest timed batch
     when all threads always win; past the largest when one thread wins there)."""
-    threshold = max(timings, default=0) + 1
-    for batch in sorted(timings, reverse=True):
-        one, every = timings[batch]
-        if every >= one:
-            break
-        threshold = batch
-    return threshold
+    return all_threads_from(timings, beyond=max(timings, default=0) + 1)
 
 
 def decode_threads_choice(option: str, heads: int, kv_heads: int, head_dim: int,

@@ -137,7 +137,14 @@ def measure_thread_choice(step: Callable[[StepBatch], object], block_size: int,
 
 def _threshold(timings: dict[int, tuple[float, float]]) -> int:
     """The smallest probed size from which all threads win at every larger probe."""
-    threshold = 2 * max(timings)
+    return all_threads_from(timings, beyond=2 * max(timings))
+
+
+def all_threads_from(timings: dict[int, tuple[float, float]], beyond: int) -> int:
+    """The smallest timed size from which all threads win at every larger timed size
+    (`timings`: size -> (one thread, all threads)); `beyond` where one thread wins at
+    the largest."""
+    threshold = beyond
     for size in sorted(timings, reverse=True):
         one, many = timings[size]
         if many >= one:
