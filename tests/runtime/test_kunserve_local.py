@@ -110,12 +110,18 @@ def _all_running(requests: list[Request], min_tokens: int = 2) -> bool:
     return all(r.num_output_tokens >= min_tokens for r in requests)
 
 
-def test_form_and_restore_keep_greedy_outputs(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
-    cluster = cluster_factory(tiny4, device_blocks=96)  # the leader alone holds all four
+def _serving_on_both(cluster: Any) -> list[Request]:
+    """The four requests, two on each instance, each past its first tokens."""
     requests = _requests()
     cluster.submit(0, requests[:2])
     cluster.submit(1, requests[2:])
     _wait(lambda: _all_running(requests))
+    return requests
+
+
+def test_form_and_restore_keep_greedy_outputs(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_factory(tiny4, device_blocks=96)  # the leader alone holds all four
+    requests = _serving_on_both(cluster)
     groups = LocalPipelineGroups(cluster.instances, LocalGroupOptions(
         exchange_bytes_per_step=4096, exchange_chunk_blocks=1))
     assert groups.form_group(HALVES)
@@ -167,10 +173,7 @@ def test_partner_serves_alone_after_restore(tiny4, reference, cluster_factory) -
 @pytest.mark.slow
 def test_a_group_on_stage_processes_keeps_greedy_outputs(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
     cluster = cluster_factory(tiny4, device_blocks=96)
-    requests = _requests()
-    cluster.submit(0, requests[:2])
-    cluster.submit(1, requests[2:])
-    _wait(lambda: _all_running(requests))
+    requests = _serving_on_both(cluster)
     groups = LocalPipelineGroups(cluster.instances, LocalGroupOptions(
         stage_workers="process"))
     assert groups.form_group(HALVES)
@@ -191,10 +194,7 @@ def test_a_group_on_stage_processes_keeps_greedy_outputs(tiny4, reference, clust
 
 def test_an_abort_in_a_served_group_frees_its_blocks(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
     cluster = cluster_factory(tiny4, device_blocks=96)
-    requests = _requests()
-    cluster.submit(0, requests[:2])
-    cluster.submit(1, requests[2:])
-    _wait(lambda: _all_running(requests))
+    requests = _serving_on_both(cluster)
     groups = LocalPipelineGroups(cluster.instances)
     assert groups.form_group(HALVES)
     leader = cluster.instances[0].worker
@@ -218,10 +218,7 @@ def test_an_abort_in_a_served_group_frees_its_blocks(tiny4, reference, cluster_f
 
 def test_recompute_mode_moves_no_kv(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
     cluster = cluster_factory(tiny4)
-    requests = _requests()
-    cluster.submit(0, requests[:2])
-    cluster.submit(1, requests[2:])
-    _wait(lambda: _all_running(requests))
+    requests = _serving_on_both(cluster)
     groups = LocalPipelineGroups(cluster.instances)
     plan = GroupPlan((1, 0), ((0, 1), (1, 4)), kv_mode="recompute")  # member 1 leads
     assert groups.form_group(plan)
@@ -239,10 +236,7 @@ def _kill(worker: InstanceWorker) -> None:
 
 def test_failed_member_makes_the_leader_restore(tiny4, reference, cluster_factory) -> None:  # type: ignore[no-untyped-def]
     cluster = cluster_factory(tiny4, device_blocks=96)
-    requests = _requests()
-    cluster.submit(0, requests[:2])
-    cluster.submit(1, requests[2:])
-    _wait(lambda: _all_running(requests))
+    requests = _serving_on_both(cluster)
     groups = LocalPipelineGroups(cluster.instances)
     assert groups.form_group(HALVES)
     recomputes = [r.timeline.num_recomputes for r in requests]

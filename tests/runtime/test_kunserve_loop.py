@@ -6,10 +6,12 @@ unsplit model's (float32)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from andante.core import ManualClock, Request, SamplingParams
-from andante.engine.engine import StepOutput
+from andante.engine.engine import Engine, StepOutput
 from andante.exec.torch_pipeline import PipelineExecutor, PipelineStage
 from andante.llm import build_engine
 from andante.models import load_model
@@ -45,16 +47,22 @@ def _requests() -> list[Request]:
     return [Request(f"r{i}", p, params, 0.0) for i, p in enumerate(PROMPTS)]
 
 
+def _engine_on_loop(tiny4: Any) -> tuple[Engine, GroupLoop]:
+    """An engine over a two-stage pipeline of `tiny4`, stepped by a group loop."""
+    pipeline = _pipeline(tiny4)
+    engine = build_engine(pipeline, ManualClock(), "vllm", CONFIG)
+    loop = GroupLoop(engine)
+    loop.run_on(pipeline)
+    return engine, loop
+
+
 def _finished(outputs: list[StepOutput]) -> list[str]:
     return [r.request_id for o in outputs for r in o.finished]
 
 
 def test_abort_mid_flight_frees_its_blocks_and_others_are_unchanged(tiny4) -> None:  # type: ignore[no-untyped-def]
     reference, _ = run_engine(tiny_executor(tiny4), PROMPTS, NUM_TOKENS)
-    pipeline = _pipeline(tiny4)
-    engine = build_engine(pipeline, ManualClock(), "vllm", CONFIG)
-    loop = GroupLoop(engine)
-    loop.run_on(pipeline)
+    engine, loop = _engine_on_loop(tiny4)
     requests = _requests()
     for req in requests:
         engine.add_request(req)
@@ -90,10 +98,7 @@ def test_abort_mid_flight_frees_its_blocks_and_others_are_unchanged(tiny4) -> No
 
 def test_drain_empties_the_pipeline_and_stop_returns_to_whole_steps(tiny4) -> None:  # type: ignore[no-untyped-def]
     reference, _ = run_engine(tiny_executor(tiny4), PROMPTS, NUM_TOKENS)
-    pipeline = _pipeline(tiny4)
-    engine = build_engine(pipeline, ManualClock(), "vllm", CONFIG)
-    loop = GroupLoop(engine)
-    loop.run_on(pipeline)
+    engine, loop = _engine_on_loop(tiny4)
     requests = _requests()
     for req in requests:
         engine.add_request(req)
