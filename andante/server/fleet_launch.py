@@ -10,22 +10,22 @@ from __future__ import annotations
 import asyncio
 
 import uvicorn
-from fastapi import FastAPI
 
 from andante.runtime.upstream.discovery import FleetError, discover
+from andante.runtime.upstream.fleet import Fleet
 from andante.server.fast_protocol import fast_protocol
-from andante.server.fleet_app import FleetServeOptions, create_fleet_app
+from andante.server.fleet_app import FleetApp, FleetServeOptions, create_fleet_app
 from andante.server.listen import ThreadedServer, bind, log_to_stderr
 
 
-def _server(app: FastAPI, options: FleetServeOptions) -> uvicorn.Server:
+def _server(app: FleetApp, options: FleetServeOptions) -> uvicorn.Server:
     config = uvicorn.Config(
-        app.state.front, log_level=options.log_level, timeout_graceful_shutdown=5, access_log=False,
+        app.front, log_level=options.log_level, timeout_graceful_shutdown=5, access_log=False,
         timeout_keep_alive=30, lifespan="on", http=fast_protocol(options.limits))
     return uvicorn.Server(config)
 
 
-def build_fleet_app(options: FleetServeOptions) -> FastAPI:
+def build_fleet_app(options: FleetServeOptions) -> FleetApp:
     """The app over the discovered upstreams (FleetError on bad input)."""
     infos = asyncio.run(discover(options.upstreams, options.discovery_timeout))
     return create_fleet_app(options, infos)
@@ -41,7 +41,7 @@ def serve_fleet(options: FleetServeOptions) -> int:
         sock.close()
         raise
     host, port = sock.getsockname()[:2]
-    fleet = app.state.fleet
+    fleet = app.fleet
     print(f"andante: serving {', '.join(fleet.models)} on http://{host}:{port} from "
           f"{len(fleet.upstreams)} upstream(s) (router {options.fleet.router}; metrics at "
           "/metrics, upstreams at /api/stats)", flush=True)
@@ -58,5 +58,5 @@ class FleetServerThread(ThreadedServer):
         super().__init__(sock, _server(self.app, options), "andante-fleet")
 
     @property
-    def fleet(self):  # type: ignore[no-untyped-def]
-        return self.app.state.fleet
+    def fleet(self) -> Fleet:
+        return self.app.fleet
