@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -157,3 +158,56 @@ def test_awake_server_stops_while_requests_wait_for_the_sleeping_model() -> None
             _answered_once(answer, BETA_TOKENS)
         assert server.fleet.stats()["failed"] == 3
         assert not server.fleet.calls and not server.fleet.devices[0].parked
+
+
+@pytest.mark.slow
+def test_a_request_placed_on_a_device_whose_server_fell_goes_to_another_upstream() -> None:
+    """Routed to the device when its beta server was up, submitted after it fell: the
+    request is placed again on the other upstream serving beta (not held until the
+    stopped server returns or its deadline passes)."""
+    ups: list[Upstream] = []
+    try:
+        for name in ("alpha", "beta"):
+            ups.append(start_toy(8.0, "--dev-mode", "--served-model-name", name))
+        ups.append(start_toy(8.0, "--served-model-name", "beta"))
+        specs = (*(UpstreamSpec(u.url, device="gpu0", max_num_seqs=8) for u in ups[:2]),
+                 UpstreamSpec(ups[2].url, max_num_seqs=8))
+        options = FleetServeOptions(specs, FleetOptions(router="qlm", poll_interval=0.1,
+                                                        probe_timeout=0.5, down_after=2),
+                                    port=0, log_level="warning")
+        with FleetServerThread(options) as server:
+            fleet = server.fleet
+            os.kill(ups[1].proc.pid, signal.SIGSTOP)
+            deadline = time.monotonic() + WAIT_S
+            while fleet.upstreams[1].alive:
+                assert time.monotonic() < deadline, "the stopped server was never down"
+                time.sleep(0.02)
+            group = fleet.groups["beta"]
+            device_index = group.members[0]
+            place = group.controller._place
+            stale: list[str] = []
+
+            def routed_before_the_fall(req: Any, index: int | None) -> bool:
+                if req.model == "beta" and not stale:  # the route taken while it was up
+                    stale.append(req.request_id)
+                    index = device_index
+                return place(req, index)
+
+            group.controller._place = routed_before_the_fall  # type: ignore[method-assign]
+            started = time.monotonic()
+            answer = asyncio.run(_one_stream(server.url, "beta", BETA_TOKENS, 8.0))
+            assert stale, "the request never went through the stale route"
+            _answered_once(answer, BETA_TOKENS)
+            assert time.monotonic() - started < 6.0  # not held to its deadline
+            assert fleet.upstreams[2].num_received == 1 and not fleet.held
+            assert fleet.stats()["failed"] == 0
+    finally:
+        for up in ups:
+            os.kill(up.proc.pid, signal.SIGCONT)
+            up.proc.terminate()
+            up.proc.wait(15)
+
+
+async def _one_stream(url: str, model: str, max_tokens: int, deadline: float) -> Answer:
+    async with httpx.AsyncClient(timeout=60) as client:
+        return await _stream(client, url, model, max_tokens, deadline)

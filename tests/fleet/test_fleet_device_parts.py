@@ -284,3 +284,24 @@ def test_a_swap_waits_when_cutting_would_lose_as_many_as_it_saves() -> None:
         assert cut == ["s1"] and device.model == "beta"
 
     asyncio.run(main())
+
+
+def test_a_member_defers_a_request_for_another_model_as_a_device_does() -> None:
+    """Placed on a `Member` of another model (refused: its model's servers are down),
+    the request goes to `hold` on the next loop turn, as a device's does, never inside
+    the controller's placement, and never to the upstream."""
+    from andante.runtime.upstream.members import Member
+
+    async def main() -> None:
+        up = StandIn("http://a", "alpha", device="")
+        up.num_received, up.capabilities = 0, frozenset()  # type: ignore[attr-defined]
+        held: list[Request] = []
+        member = Member(0, up, "alpha", held.append)  # type: ignore[arg-type]
+        member.submit(_req("r1", "beta"))
+        assert held == [] and up.num_received == 1  # type: ignore[attr-defined]
+        await asyncio.sleep(0)
+        assert [r.request_id for r in held] == ["r1"] and up.got == []
+        member.submit(_req("r2", "alpha"))
+        assert up.got == ["r2"]
+
+    asyncio.run(main())

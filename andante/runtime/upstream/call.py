@@ -5,7 +5,8 @@ upstream's kind: a vLLM upstream (loading `andante.vllm`'s scheduler class) read
 as `vllm_xargs` flat keys `ttft`, `tbt`, `tds`, `deadline` (seconds); an andante upstream
 as its `slo` object; any other server gets neither (it would refuse unknown fields).
 
-What the client gets is a queue of events, in order: `Chunk`s (the upstream's SSE bytes,
+What the client gets is a series of events, in order (handed to `sink` where the front
+sends them at once, else queued in `events`): `Chunk`s (the upstream's SSE bytes,
 as they arrive) then `End`; or one `Full` answer (a whole non-streamed response, or an
 upstream's refusal passed through); or a `Failure` made here (no upstream could serve
 it, or the one serving it died after it had streamed).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,13 +67,17 @@ class Call:
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     raw: bytes | None = None  # the body as the client sent it, when nothing is rewritten
     attempts: int = 0
+    num_replaced: int = 0  # placed in a row where its model could not be served
     started: bool = False  # a byte reached the client: it cannot move any more
     finished: bool = False
+    # delivers an event to the client at once (True), else it is queued in `events`
+    sink: Callable[[Event], bool] | None = None
 
     def push(self, event: Event) -> None:
         if not isinstance(event, Chunk):
             self.finished = True
-        self.events.put_nowait(event)
+        if self.sink is None or not self.sink(event):
+            self.events.put_nowait(event)
 
     def payload_for(self, kind: str) -> bytes:
         """The body's bytes for an upstream of `kind`: as the client sent them, if no

@@ -31,9 +31,12 @@ and Ray instances (one controller per model: `members`), and an upstream is an
   down takes the device out of routing until it is back, a sleeping one down takes out
   only its model (the awake model is routed on); a server that returns is put back in
   the device's choice (asleep, or awake) before it is routed to;
-- a request the router placed where its model cannot be served now (every server of it
-  down: QLM refuses it onto an instance) is *held* here: it goes back to its controller
-  when an upstream comes back, and ends with a 503 at its deadline.
+- a request the router placed where its model cannot be served now (QLM refuses it onto
+  an instance when every server of its model is down; or its server there fell between
+  the route and the submit) is placed again at once if another upstream serves its model
+  now (at most `MAX_REPLACES` times in a row), else *held* here: it goes back to its
+  controller when an upstream comes back or at a poll that finds its model served, and
+  ends with a 503 at its deadline.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ HP = "hp"
 CLIENT_CLOSED = 499  # nginx's status for a request whose client went away
 OFFLOAD_CHECK_S = 0.02
 SWAP_CALL_TIMEOUT_S = 120.0  # a device's /sleep or /wake_up (vLLM moves weights)
+MAX_REPLACES = 3  # placements in a row where the model cannot be served, then held
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,16 +361,35 @@ class Fleet:
             group.controller.submit(req)
 
     def _hold(self, req: Request) -> None:
-        """`req` was placed where its model cannot be served now (its servers are
-        down): it waits here, out of the router's way, for an upstream to come back
-        (`_release_held`) or for its deadline (`_expire_held`)."""
+        """`req` was placed where its model cannot be served now: placed again if
+        another upstream serves its model now, else it waits here, out of the router's
+        way, for an upstream to come back (`_release_held`) or for its deadline
+        (`_expire_held`)."""
         call = self.calls.get(req.request_id)
-        self.groups[req.model].controller.on_finished(req.request_id)
+        controller = self.groups[req.model].controller
+        controller.on_finished(req.request_id)
         if call is None or call.finished:
+            return
+        if self._servable(req.model) and call.num_replaced < MAX_REPLACES:
+            call.num_replaced += 1
+            controller.submit(req)
             return
         log.warning("request %s waits: no upstream serving %r is up", req.request_id,
                     req.model)
         self.held.append(req)
+
+    def _servable(self, model: str) -> bool:
+        """An instance of `model`'s controller can serve it now: routed to, with its
+        server of `model` up."""
+        for slot in self.groups[model].controller.slots:
+            instance = slot.instance
+            if not slot.alive:
+                continue
+            if isinstance(instance, SharedDevice) and instance.serves(model):
+                return True
+            if isinstance(instance, Member) and instance.model == model:
+                return True
+        return False
 
     def _queued_for(self, model: str) -> list[Request]:
         """The requests for `model` in its controller's queue."""
@@ -388,14 +411,20 @@ class Fleet:
             self._fail(call, 503, f"evicted: its server {upstream.url} was put to sleep to "
                        f"serve {model!r} (a swap that could not wait)", "evicted")
 
-    def _release_held(self) -> None:
-        """An upstream came back: the held requests go to their controllers again
-        (those whose model is still unserved come back here)."""
+    def _release_held(self, only_servable: bool = False) -> None:
+        """An upstream came back (or a poll: `only_servable`, those whose model is
+        served): the held requests go to their controllers again (those whose model
+        is still unserved come back here)."""
         held, self.held = self.held, []
         for req in held:
             call = self.calls.get(req.request_id)
-            if call is not None and not call.finished:
-                self.groups[call.model].controller.submit(req)
+            if call is None or call.finished:
+                continue
+            if only_servable and not self._servable(call.model):
+                self.held.append(req)
+                continue
+            call.num_replaced = 0
+            self.groups[call.model].controller.submit(req)
 
     def _hand_back(self, index: int, reqs: list[Request]) -> None:
         """Requests an upstream withdrew (offloads): their router places them again."""
@@ -420,6 +449,8 @@ class Fleet:
         await asyncio.gather(*(self._probe(u) for u in self.upstreams))
         now = self.clock.now()
         self._expire_held(now)
+        if self.held:
+            self._release_held(only_servable=True)
         for group in self.unique_groups:
             self._expire(group, now)
             if group.controller.queue:

@@ -14,6 +14,7 @@ controller (`linked_models`), whose qlm router swaps them.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +34,8 @@ class Member(LaterOperations):
     its model (`MultiModel`, for QLM's estimates): the one model, always on the device
     (an upstream neither swaps nor warms models), with the catalog cost model its spec
     names. A request for another model (the router placed it here as refused: no
-    upstream of its model is up) goes to `hold`, never to the upstream."""
+    upstream of its model is up) goes to `hold` on the next loop turn (as a shared
+    device's does: never inside the controller's placement), never to the upstream."""
 
     def __init__(self, index: int, upstream: UpstreamInstance, model: str,
                  hold: Callable[[Request], None] | None = None) -> None:
@@ -65,7 +67,7 @@ class Member(LaterOperations):
     def submit(self, req: Request) -> None:
         if req.model and req.model != self.model and self._hold is not None:
             self.upstream.num_received += 1  # received (the controller's in-transit count)
-            self._hold(req)
+            asyncio.get_running_loop().call_soon(self._hold, req)
             return
         self.upstream.submit(req)
 
