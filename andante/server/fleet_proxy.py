@@ -24,17 +24,19 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from andante.core.sampling import SLO
-from andante.runtime.upstream.call import Call, Chunk, End, Event, Failure, slo_from
+from andante.runtime.upstream.call import Call, Chunk, End, Event, Failure, Full, slo_from
 from andante.runtime.upstream.fleet import CLIENT_CLOSED, Fleet, FleetOptions
 from andante.server.config import HTTPLimits
 from andante.server.errors import APIError, error_body, from_pydantic
 from andante.server.guard import too_large
 from andante.server.protocol import SLOBody
+from andante.server.timeouts import WRITE_NOW
 
 CHARS_PER_TOKEN = 4  # the prompt's length for routing, without the upstream's tokenizer
 PROXIED = frozenset({"/v1/completions", "/v1/chat/completions"})
 SSE_HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+SSE_START: Message = {"type": "http.response.start", "status": 200, "headers": SSE_HEAD}
 
 
 class ClientGone(Exception):
@@ -64,11 +66,13 @@ class FleetProxy:
         except ClientGone:
             return
         fleet = self.fleet
+        responder = Responder(call, send, scope.get("extensions", {}).get(WRITE_NOW))
+        call.sink = responder.deliver
         fleet.submit(call, prompt_tokens, max_tokens, priority)
         watcher = asyncio.create_task(_watch_disconnect(receive,
                                                         lambda: fleet.abort(call.request_id)))
         try:
-            await self._answer(call, send)
+            await responder.run()
         finally:
             watcher.cancel()
             if not call.finished:
@@ -84,45 +88,99 @@ class FleetProxy:
                                                    scope["path"], raw)
         return call, prompt_tokens, max_tokens, int(body.get("priority", 0))
 
-    async def _answer(self, call: Call, send: Send) -> None:
-        event = await call.events.get()
-        if isinstance(event, Failure):
-            if event.status == CLIENT_CLOSED:
-                await send({"type": "http.response.start", "status": CLIENT_CLOSED,
-                            "headers": [(b"content-length", b"0")]})
-                await send({"type": "http.response.body", "body": b""})
-                return
-            await send_json(send, event.status, error_body(event.status, event.message, None,
-                                                           event.code))
-            return
-        if not isinstance(event, Chunk):
-            assert not isinstance(event, End)
-            await send({"type": "http.response.start", "status": event.status, "headers": [
-                (b"content-type", event.content_type.encode("latin-1")),
-                (b"content-length", str(len(event.content)).encode())]})
-            await send({"type": "http.response.body", "body": event.content})
-            return
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEAD})
-        await self._relay(call, event.data, send)
 
-    async def _relay(self, call: Call, data: bytes, send: Send) -> None:
-        """The upstream's SSE bytes as they arrive; a failure after the first ends the
-        stream with an OpenAI-style error event. The bytes that came with the end go in
-        the same write as the end (one write, not two, for most streams' last chunk)."""
+class _Delivered:
+    """Queued by `Responder.deliver` once it has sent the answer's end: the task ends."""
+
+
+DELIVERED = _Delivered()
+
+
+class Responder:
+    """Sends one proxied request's answer, event by event (`Call.push`): at once, in the
+    pusher's callback (the upstream connection's), through the server's `write_now`
+    where it offers one and the client reads; else, in order, by the request's task
+    (`run`) with `send`. Once an event waits for the task, the later ones do too."""
+
+    __slots__ = ("busy", "call", "head_sent", "send", "write_now")
+
+    def __init__(self, call: Call, send: Send,
+                 write_now: Callable[..., bool] | None) -> None:
+        self.call = call
+        self.send = send
+        self.write_now = write_now
+        self.head_sent = False
+        self.busy = write_now is None  # events wait for the task
+
+    def deliver(self, event: Event) -> bool:
+        """`Call.sink`: send `event` now (True), or leave it to the task (False)."""
+        if self.busy:
+            return False
+        head_sent = self.head_sent
+        messages, final = self.messages(event)
+        assert self.write_now is not None
+        if not self.write_now(*messages):  # nothing sent: the task sends it all
+            self.busy, self.head_sent = True, head_sent
+            return False
+        if final:
+            self.call.events.put_nowait(DELIVERED)  # type: ignore[arg-type]
+        return True
+
+    async def run(self) -> None:
+        """The events left to the task, in order (a lagging client gets the chunks
+        queued behind one in one write, and the bytes that came with the end with it),
+        until the answer's end."""
+        events = self.call.events
         while True:
-            data, event = coalesce(call, data)
-            if event is None:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-                event = await call.events.get()
-                if isinstance(event, Chunk):
-                    data = event.data
-                    continue
-                data = b""
+            event: Event | _Delivered = await events.get()
+            if isinstance(event, _Delivered):
+                return
+            prefix = b""
+            if isinstance(event, Chunk):
+                data, end = coalesce(self.call, event.data)
+                event, prefix = (Chunk(data), b"") if end is None else (end, data)
+            messages, final = self.messages(event, prefix)
+            for message in messages:
+                await self.send(message)
+            if final:
+                return
+            if events.empty():
+                self.busy = self.write_now is None
+
+    def messages(self, event: Event, prefix: bytes = b"") -> tuple[list[Message], bool]:
+        """The ASGI messages for `event` (after the stream bytes `prefix`), and whether
+        they end the answer. Marks the head as sent: call once per event."""
+        if isinstance(event, Chunk) or (prefix and isinstance(event, End)):
+            data = prefix + event.data if isinstance(event, Chunk) else prefix
+            out = [] if self.head_sent else [SSE_START]
+            self.head_sent = True
+            if isinstance(event, End):
+                return [*out, {"type": "http.response.body", "body": data}], True
+            return [*out, {"type": "http.response.body", "body": data, "more_body": True}], False
+        if self.head_sent or prefix:  # a stream's end: an error event if it failed
+            out = [] if self.head_sent else [SSE_START]
+            self.head_sent = True
+            data = prefix
             if isinstance(event, Failure) and event.status != CLIENT_CLOSED:
                 error = error_body(event.status, event.message, None, event.code)
                 data += b"data: " + json.dumps(error).encode() + b"\n\n"
-            await send({"type": "http.response.body", "body": data})
-            return
+            return [*out, {"type": "http.response.body", "body": data}], True
+        self.head_sent = True
+        if isinstance(event, Failure):
+            if event.status == CLIENT_CLOSED:
+                return _whole(CLIENT_CLOSED, [], b""), True
+            return json_messages(event.status, error_body(event.status, event.message, None,
+                                                          event.code)), True
+        assert isinstance(event, Full), event  # an End comes after a chunk
+        return _whole(event.status, [(b"content-type", event.content_type.encode("latin-1"))],
+                      event.content), True
+
+
+def _whole(status: int, headers: list[tuple[bytes, bytes]], content: bytes) -> list[Message]:
+    """A whole answer's two messages."""
+    head = [*headers, (b"content-length", str(len(content)).encode())]
+    return [{"type": "http.response.start", "status": status, "headers": head},
+            {"type": "http.response.body", "body": content}]
 
 
 def coalesce(call: Call, data: bytes) -> tuple[bytes, Event | None]:
@@ -140,15 +198,18 @@ def coalesce(call: Call, data: bytes) -> tuple[bytes, Event | None]:
     return b"".join(parts), None
 
 
+def json_messages(status: int, body: dict[str, Any],
+                  headers: dict[str, str] | None = None) -> list[Message]:
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+             for k, v in (headers or {}).items()]
+    return _whole(status, [(b"content-type", b"application/json"), *extra],
+                  json.dumps(body).encode())
+
+
 async def send_json(send: Send, status: int, body: dict[str, Any],
                     headers: dict[str, str] | None = None) -> None:
-    content = json.dumps(body).encode()
-    head = [(b"content-type", b"application/json"),
-            (b"content-length", str(len(content)).encode())]
-    head += [(k.lower().encode("latin-1"), v.encode("latin-1"))
-             for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": head})
-    await send({"type": "http.response.body", "body": content})
+    for message in json_messages(status, body, headers):
+        await send(message)
 
 
 async def receive_body(receive: Receive, limits: HTTPLimits) -> bytes:

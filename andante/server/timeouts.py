@@ -28,6 +28,10 @@ from andante.server.errors import error_body
 
 UPLOAD_PATH = "/v1/files"
 
+# a request scope's extension where the protocol offers it: send ASGI messages now, in one
+# write, without awaiting (andante.server.timeouts_httptools.write_now; the fleet front)
+WRITE_NOW = "andante.write_now"
+
 
 def timeout_message(limits: HTTPLimits, part: str, body_seconds: float) -> str:
     """What a 408 says: the head (`part` "headers") or the whole request was late."""

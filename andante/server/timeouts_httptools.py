@@ -10,16 +10,73 @@ request, armed at the connection's start and at a request's first byte, the head
 begun) and the connection closed; an answer sent while the body is still unread closes
 the connection after it. Here the parser's callbacks mark the steps (a request begins,
 its head is in, its body is in) where `TimedH11` reads h11's states.
+
+Each request's scope also offers `WRITE_NOW` (`write_now`): ASGI messages sent at once,
+from any callback, in one write, without awaiting, where the client reads (the fleet
+front relays an upstream's bytes from the upstream connection's callback: no task switch
+per chunk, and a response's head goes out with its first bytes in one packet).
 """
 
 from __future__ import annotations
 
 import asyncio
+from functools import partial
+from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from andante.server.config import HTTPLimits
-from andante.server.timeouts import RequestTimer
+from andante.server.timeouts import WRITE_NOW, RequestTimer
+
+
+class _Gathered:
+    """The transport's stand-in while `write_now` sends: writes are gathered into one,
+    a close waits for it."""
+
+    __slots__ = ("closing", "parts")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def close(self) -> None:
+        self.closing = True
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def write_now(cycle: RequestResponseCycle, *messages: Any) -> bool:
+    """Send `messages` through uvicorn's `send` without awaiting it, their bytes in one
+    write; False, none sent, where `send` would wait (the client does not read: flow
+    control): the caller then awaits `send` for each."""
+    if cycle.flow.write_paused and not cycle.disconnected:
+        return False
+    transport, gathered = cycle.transport, _Gathered()
+    on_response, completed = cycle.on_response, []
+    cycle.transport = gathered  # type: ignore[assignment]
+    cycle.on_response = lambda: completed.append(True)  # after the write, not before
+    try:
+        for message in messages:
+            step = cycle.send(message)
+            try:
+                step.send(None)
+            except StopIteration:
+                continue
+            step.close()
+            raise RuntimeError("uvicorn's send waited in write_now")
+    finally:
+        cycle.transport, cycle.on_response = transport, on_response
+        if gathered.parts:
+            transport.write(b"".join(gathered.parts))
+        if gathered.closing:
+            transport.close()
+        if completed:
+            on_response()
+    return True
 
 
 class TimedHttpTools(RequestTimer, HttpToolsProtocol):  # type: ignore[misc]
@@ -41,6 +98,9 @@ class TimedHttpTools(RequestTimer, HttpToolsProtocol):  # type: ignore[misc]
         super().on_headers_complete()
         self._body_unread = True
         self._time_body()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:
+            self.scope.setdefault("extensions", {})[WRITE_NOW] = partial(write_now, cycle)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from andante.runtime.upstream.http1 import (
@@ -25,6 +25,7 @@ def chunked(pieces: list[bytes], trailers: bytes = b"") -> bytes:
     return b"".join(out) + b"0\r\n" + trailers + b"\r\n"
 
 
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)  # a loaded machine
 @given(st.lists(st.binary(min_size=0, max_size=300), max_size=8),
        st.lists(st.integers(min_value=1, max_value=50), min_size=1, max_size=40),
        st.booleans())
