@@ -102,7 +102,7 @@ class Responder:
     where it offers one and the client reads; else, in order, by the request's task
     (`run`) with `send`. Once an event waits for the task, the later ones do too."""
 
-    __slots__ = ("busy", "call", "head_sent", "send", "write_now")
+    __slots__ = ("busy", "call", "done", "head_sent", "send", "write_now")
 
     def __init__(self, call: Call, send: Send,
                  write_now: Callable[..., bool] | None) -> None:
@@ -110,10 +110,13 @@ class Responder:
         self.send = send
         self.write_now = write_now
         self.head_sent = False
+        self.done = False  # the answer's end was sent: later events are dropped
         self.busy = write_now is None  # events wait for the task
 
     def deliver(self, event: Event) -> bool:
         """`Call.sink`: send `event` now (True), or leave it to the task (False)."""
+        if self.done:
+            return True
         if self.busy:
             return False
         head_sent = self.head_sent
@@ -123,6 +126,7 @@ class Responder:
             self.busy, self.head_sent = True, head_sent
             return False
         if final:
+            self.done = True
             self.call.events.put_nowait(DELIVERED)  # type: ignore[arg-type]
         return True
 
@@ -140,6 +144,7 @@ class Responder:
                 data, end = coalesce(self.call, event.data)
                 event, prefix = (Chunk(data), b"") if end is None else (end, data)
             messages, final = self.messages(event, prefix)
+            self.done = final
             for message in messages:
                 await self.send(message)
             if final:

@@ -131,3 +131,22 @@ def test_a_whole_answer_and_a_refusal_before_any_byte() -> None:
 
     start, body = asyncio.run(main())
     assert start["status"] == 503 and b"upstream_unavailable" in body["body"]
+
+
+def test_an_event_after_the_end_is_dropped() -> None:
+    """Nothing reaches uvicorn's `send` after the answer's end (it would raise inside
+    the upstream connection's callback)."""
+
+    async def main() -> None:
+        cycle, transport, _ = _cycle()
+        call = _call()
+        responder = Responder(call, cycle.send, lambda *m: write_now(cycle, *m))
+        call.sink = responder.deliver
+        call.push(Chunk(b"data: 1\n\n"))
+        call.push(End())
+        call.push(Chunk(b"data: late\n\n"))
+        call.push(Failure(499, "gone", "aborted"))
+        await asyncio.wait_for(responder.run(), 5)
+        assert b"late" not in b"".join(transport.writes) and cycle.response_complete
+
+    asyncio.run(main())
