@@ -3,8 +3,14 @@ ASGI handler, under the edge guard and in front of the FastAPI routes.
 
 Design note (issue 29, the proxy's added latency). A proxied request is parsed just
 enough to be routed (its model, SLO, priority and length), placed by the fleet, and its
-upstream's answer relayed: SSE bytes as they arrive (the chunks queued behind one are
-sent with it: a lagging client gets them in one write), else the whole answer. Going
+upstream's answer relayed: SSE bytes as they arrive, else the whole answer. Each event
+is sent in the upstream connection's own callback (`Responder`, through the protocol's
+`write_now`: the response head goes with the first bytes in one write, and no task
+switch stands between an upstream's byte and the client). When 100 first tokens arrive
+in one upstream step, the k-th client's now waits for k reads and k writes, not for all
+100 reads and then k task switches and 2k writes. A client that does not read (flow
+control) has its events queued for the request's task, which sends them in order (the
+chunks queued behind one in one write) until the queue is empty. Going
 around FastAPI's routing, request objects and `StreamingResponse` (a task group per
 response) saves a good part of the per-request CPU on the one event loop that every
 request shares. The client's disconnect is watched by one task per request: it aborts
