@@ -72,7 +72,7 @@ class FleetProxy:
         except ClientGone:
             return
         fleet = self.fleet
-        responder = Responder(call, send, scope.get("extensions", {}).get(WRITE_NOW))
+        responder = Responder(call, send, (scope.get("extensions") or {}).get(WRITE_NOW))
         call.sink = responder.deliver
         fleet.submit(call, prompt_tokens, max_tokens, priority)
         watcher = asyncio.create_task(_watch_disconnect(receive,
