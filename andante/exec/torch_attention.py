@@ -62,7 +62,11 @@ same products at the dense projections' rate. So `prefill_attention_matmul` comp
 it as batched matmuls in the model dtype: each KV head's query group stacked into one
 GEMM (GQA without replicating K/V), PREFILL_BLOCK query rows at a time so a block
 scores only the keys up to its own last row (the causal half is skipped block-wise and
-the [T, T] scores are never whole), an additive mask on the diagonal block only, and a
+the [T, T] scores are never whole; PREFILL_BLOCK is 256, not 128: each block opens about
+eight OpenMP regions at two threads, each a wake-up of the sleeping worker under
+andante's PASSIVE wait, andante.exec.omp_wait, which costs more than the masked upper
+half of a 256-row block computes: ~2% of a layer's FLOPs), an additive mask on the
+diagonal block only (built once per dtype, `shared_causal_block`), and a
 softmax that computes in float32 and rounds the probabilities once, as the kernel does
 before its value GEMM. The scores are rounded to bf16 before the softmax (the kernel
 keeps them in float32); measured on SmolLM2 (four 256-token prompts of this README,
