@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from andante.exec.torch_attention import AttentionPlan, attention, attention_plan, write_kv
 from andante.exec.torch_inputs import StepInputs
-from andante.models.rope import apply_rope
+from andante.models.rope import apply_rope_
 from andante.models.torchscript import script
 from andante.models.weights import LayerWeights
 from andante.perf.specs import ModelSpec
@@ -120,12 +120,13 @@ def attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pool: torch.
     rows, t = qkv.shape[0], plan.write_slots.shape[0]
     if rows > t:
         qkv = qkv[:t]
-    split = (heads + kv_heads) * dim
-    qk = apply_rope(qkv[:, :split].view(t, heads + kv_heads, dim), cos, sin)
-    q, k = qk[:, :heads], qk[:, heads:]
-    v = qkv[:, split:].view(t, kv_heads, dim)
-    write_kv(slots, k, v, plan.write_slots)
-    out = attention(q, k, v, pool, plan, kv_heads, scale)
+    # RoPE in place, so that the rotated K stays next to V in `qkv`'s rows: one K/V write
+    qk = apply_rope_(qkv[:, :(heads + kv_heads) * dim].view(t, heads + kv_heads, dim),
+                     cos, sin)
+    kv = qkv[:, heads * dim:].view(t, 2 * kv_heads, dim)
+    write_kv(slots, kv, plan.write_slots)
+    out = attention(qk[:, :heads], kv[:, :kv_heads], kv[:, kv_heads:], pool, plan,
+                    kv_heads, scale)
     if rows > t:
         out = torch.cat([out, out.new_zeros(rows - t, out.shape[1])])
     return out

@@ -7,7 +7,8 @@ the llama architecture store Q/K rows permuted for the interleaved form and the 
 loader undoes that permutation, so one rotation serves both formats. The cos/sin table
 is computed once per executor for every position up to its context length; a step looks
 its rows up by position. `apply_rope` uses sin with the first half negated, so
-rotate_half(x)·sin == roll(x, D/2)·sin_signed: three tensor ops instead of six; the
+rotate_half(x)·sin == roll(x, D/2)·sin_signed: three tensor ops instead of six (the roll
+as a flip of the halves, one OpenMP region instead of two); the
 product is accumulated in place (`addcmul_`: at 1,032 rows of 12 heads 45% less time
 than an out-of-place `addcmul`, bit-identical).
 """
@@ -65,8 +66,23 @@ def rope_table(inv_freq: torch.Tensor, max_len: int,
     return emb.cos().to(dtype), sin.to(dtype)
 
 
+@script
+def _rotated(x: torch.Tensor) -> torch.Tensor:
+    """roll(x, D/2) along the last dim as a flip of its two halves: the same values, one
+    kernel (one OpenMP region) where `torch.roll` of a strided view takes two."""
+    t, heads, dim = x.shape[0], x.shape[1], x.shape[2]
+    return x.reshape(t, heads, 2, dim // 2).flip(2).reshape(t, heads, dim)
+
+
 @script  # called from the scripted layers (andante.exec.torch_layers)
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """Rotate `x` [T, heads, D] by per-token `cos`, `sin_signed` [T, 1, D]."""
-    rotated = torch.roll(x, x.shape[-1] // 2, -1)
-    return (x * cos).addcmul_(rotated, sin_signed)
+    return (x * cos).addcmul_(_rotated(x), sin_signed)
+
+
+@script
+def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """`apply_rope` in place on `x` (a view, e.g. of the QKV projection's output): the
+    same arithmetic, no new tensor; returns `x`."""
+    rotated = _rotated(x)
+    return x.mul_(cos).addcmul_(rotated, sin_signed)

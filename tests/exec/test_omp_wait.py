@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from andante.exec.omp_wait import CHOICE_ENV, WAIT_POLICY, choose_wait_policy
+import pytest
+
+from andante.exec.omp_wait import CHOICE_ENV, WAIT_POLICY, choose_wait_policy, others_share_now
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,3 +38,23 @@ def test_the_rule_is_set_only_before_torch_is_imported() -> None:
                          env={**clean, "PYTHONPATH": str(REPO)}).stdout.splitlines()
     assert out[0] == WAIT_POLICY
     assert "torch was imported first" in out[1] and out[2] == "{}"
+
+
+def test_auto_spins_only_when_the_machine_looked_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # as before torch is imported
+    idle, busy = {CHOICE_ENV: "auto"}, {CHOICE_ENV: "auto"}
+    assert "spinning" in choose_wait_policy(idle, look=lambda: 0.02)
+    assert idle == {CHOICE_ENV: "auto"}  # libgomp's default: spin, then sleep
+    assert "0.55" in choose_wait_policy(busy, look=lambda: 0.55)
+    assert busy["OMP_WAIT_POLICY"] == WAIT_POLICY
+    unknown = {CHOICE_ENV: "auto"}
+    assert "not measurable" in choose_wait_policy(unknown, look=lambda: None)
+    assert unknown["OMP_WAIT_POLICY"] == WAIT_POLICY
+    mine = {CHOICE_ENV: "auto", "GOMP_SPINCOUNT": "7"}  # a user's own setting wins
+    assert "environment's" in choose_wait_policy(mine, look=lambda: 0.0)
+    assert mine == {CHOICE_ENV: "auto", "GOMP_SPINCOUNT": "7"}
+
+
+def test_the_look_reads_the_machine() -> None:
+    share = others_share_now(0.05)
+    assert share is None or 0.0 <= share <= 1.0

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from andante.models.config import config_from_hf
-from andante.models.rope import apply_rope, inverse_frequencies, rope_table
+from andante.models.rope import apply_rope, apply_rope_, inverse_frequencies, rope_table
 
 BASE: dict[str, Any] = dict(
     model_type="llama", hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
@@ -68,3 +68,19 @@ def test_dynamic_scaling_caps_the_context() -> None:
                             "t")
     assert config.rope_scaling.rope_type == "default"
     assert config.max_model_len == 4096
+
+
+def test_apply_rope_in_place_rotates_a_view_like_apply_rope() -> None:
+    """`apply_rope_` on the Q/K columns of QKV rows: the same values as `apply_rope`
+    (bit for bit), written into the view, the V columns untouched."""
+    config = config_from_hf(BASE, "t")
+    cos, sin_signed = rope_table(inverse_frequencies(config), 64, torch.float32)
+    positions = torch.tensor([0, 3, 17, 63])
+    cos, sin_signed = cos[positions].unsqueeze(1), sin_signed[positions].unsqueeze(1)
+    qkv = torch.randn(4, 8 * config.head_dim)
+    before = qkv.clone()
+    qk = qkv[:, :6 * config.head_dim].view(4, 6, config.head_dim)
+    expected = apply_rope(qk.clone(), cos, sin_signed)
+    out = apply_rope_(qk, cos, sin_signed)
+    assert out.data_ptr() == qkv.data_ptr() and torch.equal(out, expected)
+    assert torch.equal(qkv[:, 6 * config.head_dim:], before[:, 6 * config.head_dim:])
