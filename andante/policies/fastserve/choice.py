@@ -94,6 +94,9 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
                 continue
             # Its place holds all its tokens; every way a new job is turned away has
             # one effect (new jobs are never pinned), so the tests are taken at once.
+            if used + pinned_left >= capacity:  # (the cheapest of them)
+                blocked = bool(starved) and req in starved
+                continue
             num_tokens = req.num_tokens
             n = num_tokens - req.num_computed_tokens
             blocks = -(-num_tokens // bs)  # num_blocks_for, inline: a hot loop

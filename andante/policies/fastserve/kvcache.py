@@ -119,7 +119,9 @@ class KVPlanner:
         proactive = self.mode == "proactive" and (spare or choice.to_fetch)
         claims = list(zip(plan.claimed, plan.num_claimed_tokens, strict=True)) \
             if proactive else []
-        made_room = proactive and bool(spare)
+        # `_make_room` swaps out spare jobs, the last first, and stops at one the host
+        # cannot take: then it moves nothing, whatever the budget and the fetch order
+        made_room = proactive and bool(spare) and plan.can_preempt(spare[-1], _SWAP)
         if made_room:
             budget = self._transfer_budget(plan, claims)
             fetch = self._fetch_order(plan, choice, get_ranks)
@@ -131,8 +133,8 @@ class KVPlanner:
         self._place(plan)
         if proactive and (self.swap_in_after_swap_out or not _swapped_out(plan)):
             if not made_room and _may_fetch(plan, reserve, choice.to_fetch):
-                # without spare jobs no room was made: the order and budget only
-                # matter to a swap-in that can happen (`_prefetch`'s first test)
+                # no room was made: the order and budget only matter to a swap-in
+                # that can happen (`_prefetch`'s first test)
                 budget = self._transfer_budget(plan, claims)
                 fetch = self._fetch_order(plan, choice, get_ranks)
             if fetch:
