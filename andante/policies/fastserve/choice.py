@@ -99,9 +99,10 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
                 continue
             num_tokens = req.num_tokens
             n = num_tokens - req.num_computed_tokens
-            blocks = -(-num_tokens // bs)  # num_blocks_for, inline: a hot loop
+            blocks = num_blocks_for(num_tokens, bs)
             if used + pinned_left + blocks > capacity or plan.seq_budget < 1 \
-                    or plan.token_budget < 1 or n > plan.token_budget or -(-n // bs) > room:
+                    or plan.token_budget < 1 or n > plan.token_budget \
+                    or num_blocks_for(n, bs) > room:
                 blocked = bool(starved) and req in starved
                 continue
             used += blocks

@@ -265,8 +265,9 @@ class KVPlanner:
 def _may_fetch(plan: StepPlan, reserve: int, to_fetch: Sequence[Request]) -> bool:
     """Could `KVPlanner._prefetch` swap in any of `to_fetch` now (some unclaimed one
     leaves the floor free)?"""
-    room = plan.num_free_blocks - reserve - plan.watermark_blocks
-    return any(plan.num_blocks_of(r) <= room for r in to_fetch if not plan.is_claimed(r))
+    floor, free = reserve + plan.watermark_blocks, plan.num_free_blocks
+    return any(free - plan.num_blocks_of(r) >= floor
+               for r in to_fetch if not plan.is_claimed(r))
 
 
 def _swapped_out(plan: StepPlan) -> bool:
