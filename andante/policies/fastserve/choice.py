@@ -89,51 +89,51 @@ def choose(plan: StepPlan, order: Sequence[Request], reserve: int, run_swapped: 
     blocked = False  # a starved job could not start: no new job after it may
     for req in order:
         status = req.status
-        new = status in _NO_KV
-        if new:  # a new job gets a place only with one in the batch: cheap exits first
+        if status in _NO_KV:  # a new job gets a place only with one in the batch
             if blocked:
                 continue
-            if plan.seq_budget < 1 or plan.token_budget < 1 or used >= capacity:
+            # Its place holds all its tokens; every way a new job is turned away has
+            # one effect (new jobs are never pinned), so the tests are taken at once.
+            if used + pinned_left >= capacity:  # (the cheapest of them)
                 blocked = bool(starved) and req in starved
                 continue
-            n = req.num_uncomputed_tokens
-            if n > plan.token_budget or num_blocks_for(n, bs) > room:
+            num_tokens = req.num_tokens
+            n = num_tokens - req.num_computed_tokens
+            blocks = num_blocks_for(num_tokens, bs)
+            if used + pinned_left + blocks > capacity or plan.seq_budget < 1 \
+                    or plan.token_budget < 1 or n > plan.token_budget \
+                    or num_blocks_for(n, bs) > room:
                 blocked = bool(starved) and req in starved
                 continue
-        elif status == _RUNNING and in_flight and req.request_id in in_flight:
+            used += blocks
+            plan.claim(req, n)
+            choice.any_new = True
+            room -= blocks
             continue
-        elif used >= held_capacity and not (pinned and req in pinned):
+        if status == _RUNNING and in_flight and req.request_id in in_flight:
+            continue
+        if used >= held_capacity and not (pinned and req in pinned):
             if status == _RUNNING:
                 choice.unplaced.append(req)
             capacity = held_capacity  # the reserve is for jobs ahead of every denied one
             continue
-        else:
-            n = req.num_uncomputed_tokens
+        n = req.num_uncomputed_tokens
         blocks = num_blocks_for(req.num_computed_tokens + n, bs)  # (one call: a hot loop)
         if pinned:
             pinned_left -= pinned.get(req, 0)
-        if used + pinned_left + blocks > (capacity if new else held_capacity):
+        if used + pinned_left + blocks > held_capacity:
             if status == _RUNNING:
                 choice.unplaced.append(req)
-            if not new:
-                capacity = held_capacity
-            elif starved and req in starved:
-                blocked = True
+            capacity = held_capacity
             continue
-        ready = new or status == _RUNNING or run_swapped
+        ready = status == _RUNNING or run_swapped
         if ready and not plan.can_claim(n):
-            if new:
-                blocked = bool(starved) and req in starved
-                continue  # no KV yet and no room in this step: no place either
             ready = False
         used += blocks
         if status == _SWAPPED:
             choice.to_fetch.append(req)
         if ready:
             plan.claim(req, n)
-            if new:
-                choice.any_new = True
-                room -= blocks
     return choice
 
 

@@ -22,6 +22,7 @@ ones last (`KVPlanner.apply`): the bound never leaves a step without progress.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from andante.core.request import PreemptionMode, Request, RequestStatus
@@ -61,6 +62,15 @@ class ChurnBound:
         cost = self.eviction_cost(req, num_slots)
         return cost if self.swaps else 2.0 * cost
 
+    def longest_hold(self, device_slots: int) -> float:
+        """A bound on `hold_time` of any job on a device of `device_slots` tokens
+        (math.inf: none known): a swap's cost grows with the tokens copied, and a job
+        holds at most the device; a recompute's prefill time need not grow."""
+        cost = self.cost_model
+        if not self.swaps:
+            return math.inf
+        return 2.0 * cost.swap_time(device_slots) if cost is not None else 0.0
+
     def protected(self, plan: StepPlan, order: Sequence[Request],
                   reserve: int = 0) -> dict[Request, int]:
         """Running jobs on the device that have not yet held it for their eviction
@@ -72,12 +82,16 @@ class ChurnBound:
         out: dict[Request, int] = {}
         room = plan.num_blocks_above_watermark - reserve
         evictions, cap = self._evictions, self.max_evictions
+        longest = self.longest_hold(plan.num_slots_in(plan.num_total_blocks))
         for req in order:
-            start = since.get(req)
-            if start is None or req.status != _RUNNING:
+            if req.status != _RUNNING:
                 continue
-            if (cap is not None and evictions.get(req, 0) >= cap) or \
-                    now - start < self.hold_time(req, plan.num_slots_in(plan.num_blocks_of(req))):
+            start = since.get(req)
+            if start is None:
+                continue
+            held = now - start
+            if (cap is not None and evictions.get(req, 0) >= cap) or (held < longest and held <
+                    self.hold_time(req, plan.num_slots_in(plan.num_blocks_of(req)))):
                 blocks = plan.num_blocks_for(req.num_tokens + 1)  # room to grow
                 if blocks > room:
                     break

@@ -116,8 +116,14 @@ class KVPlanner:
                 self._evict_placed(plan, deficit, enst)
         fetch: list[Request] = []
         budget = math.inf
-        if self.mode == "proactive" and (spare or choice.to_fetch):
-            budget = self._transfer_budget(plan)
+        proactive = self.mode == "proactive" and (spare or choice.to_fetch)
+        claims = list(zip(plan.claimed, plan.num_claimed_tokens, strict=True)) \
+            if proactive else []
+        # `_make_room` swaps out spare jobs, the last first, and stops at one the host
+        # cannot take: then it moves nothing, whatever the budget and the fetch order
+        made_room = proactive and bool(spare) and plan.can_preempt(spare[-1], _SWAP)
+        if made_room:
+            budget = self._transfer_budget(plan, claims)
             fetch = self._fetch_order(plan, choice, get_ranks)
             budget -= self._make_room(plan, reserve, spare, fetch, budget)
         free = _free_blocks(plan, choice.any_new) - need
@@ -125,8 +131,14 @@ class KVPlanner:
         if not plan.claimed:  # nothing ready fits: run the best job, whatever it costs
             self._run_first(plan, order, spare)
         self._place(plan)
-        if fetch and (self.swap_in_after_swap_out or not _swapped_out(plan)):
-            self._prefetch(plan, reserve, fetch, budget)
+        if proactive and (self.swap_in_after_swap_out or not _swapped_out(plan)):
+            if not made_room and _may_fetch(plan, reserve, choice.to_fetch):
+                # no room was made: the order and budget only matter to a swap-in
+                # that can happen (`_prefetch`'s first test)
+                budget = self._transfer_budget(plan, claims)
+                fetch = self._fetch_order(plan, choice, get_ranks)
+            if fetch:
+                self._prefetch(plan, reserve, fetch, budget)
 
     @staticmethod
     def _blocks_to_place(plan: StepPlan) -> int:
@@ -160,13 +172,14 @@ class KVPlanner:
             deficit -= self._evict(plan, victim)
         return deficit
 
-    def _transfer_budget(self, plan: StepPlan) -> float:
-        """Blocks that can move while this step's forward pass runs."""
+    def _transfer_budget(self, plan: StepPlan, claims: Sequence[tuple[Request, int]]) -> float:
+        """Blocks that can move while the forward pass of `claims` (this step's batch
+        before any fill) runs."""
         cost = self.cost_model
-        if cost is None or not plan.claimed:
+        if cost is None or not claims:
             return math.inf if cost is None else 0.0
         shape = BatchShape()
-        for req, n in zip(plan.claimed, plan.num_claimed_tokens, strict=True):
+        for req, n in claims:
             cached = req.num_computed_tokens
             shape.add(n, cached, cached + n == req.num_tokens)
         per_block = cost.swap_time(plan.block_size)
@@ -247,6 +260,14 @@ class KVPlanner:
                 return
             moved += blocks
             plan.swap_in(req)
+
+
+def _may_fetch(plan: StepPlan, reserve: int, to_fetch: Sequence[Request]) -> bool:
+    """Could `KVPlanner._prefetch` swap in any of `to_fetch` now (some unclaimed one
+    leaves the floor free)?"""
+    floor, free = reserve + plan.watermark_blocks, plan.num_free_blocks
+    return any(free - plan.num_blocks_of(r) >= floor
+               for r in to_fetch if not plan.is_claimed(r))
 
 
 def _swapped_out(plan: StepPlan) -> bool:

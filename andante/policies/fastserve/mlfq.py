@@ -58,6 +58,7 @@ class SkipJoinMLFQ:
         self._attained = [0.0] * len(self.quanta)  # Σ attained per queue
         self._jobs: dict[Request, JobState] = {}
         self._by_last_run: dict[Request, None] = {}  # oldest last_run first
+        self._order: list[Request] | None = []  # `ordered()` (None: changed since)
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -76,11 +77,13 @@ class SkipJoinMLFQ:
         level = self.level_for(first_iteration_time)
         self._jobs[req] = JobState(level, now)
         self._queues[level][req] = None
+        self._order = None
         self._by_last_run[req] = None
 
     def remove(self, req: Request) -> None:
         state = self._jobs.pop(req, None)
         if state is not None:
+            self._order = None
             del self._queues[state.level][req]
             del self._by_last_run[req]
             self._attained[state.level] -= state.attained
@@ -183,6 +186,7 @@ class SkipJoinMLFQ:
         return starved
 
     def _move(self, req: Request, state: JobState, level: int) -> None:
+        self._order = None
         del self._queues[state.level][req]
         self._attained[state.level] -= state.attained
         if not self._queues[state.level]:
@@ -193,8 +197,11 @@ class SkipJoinMLFQ:
 
     # ---- views ----------------------------------------------------------------------
     def ordered(self) -> list[Request]:
-        """Every job, highest priority first."""
-        return [req for queue in self._queues for req in queue]
+        """Every job, highest priority first (a new list; the order is kept between
+        the events that change it: arrivals, finishes, demotions and promotions)."""
+        if self._order is None:
+            self._order = [req for queue in self._queues for req in queue]
+        return list(self._order)
 
     def enst(self, batch_size: int, now: float,
              wanted: Collection[Request]) -> dict[Request, float]:
