@@ -22,6 +22,13 @@ profile charges the first step of a size not among its last `new_size_cache` siz
 setup (andante.perf.step_sizes), and the real process keeps its primitives across rates,
 so both sides start a rate in the same state.
 
+`--calibrate-from-load` fits the simulator's profile to steps the real engine served
+under calibration loads instead (`ServedCalibration`): one before the runs and, with
+`--interleave-requests` (default 24), a short one after each run, all fitted once every
+rate has run; the runs' own steps are never fitted. Each step records the thread count
+it ran at (the engine adapts it while serving), and the per-step ratios are then taken
+against that fit.
+
 Per step (`steps` in each rate's result): the real engine's measured step durations
 against the fitted cost model's prediction for the same shapes, by step kind (decode
 only, prefill only, mixed), and the engine loop's own time between steps (scheduling,
