@@ -255,7 +255,11 @@ class ServedCalibration:
     the runs spread the fitted steps over the whole benchmark, so the fit stands for its
     mean speed while the measured requests stay out of it. Measured here (issue 32 item
     5, quiet machine): one calibration load first put the runs' decode steps 11-14%
-    above what they took, at every rate."""
+    above what they took, at every rate. The engine's state moves too: its thread
+    adapter changes a step size's thread count while serving, so the same decode shape
+    runs at one thread in one segment and two in another (22 of 50 steps of 1-3 decodes
+    of a calibration load ran on two threads, against the profile's one-thread rule);
+    each step's `threads` is recorded so a fit can be checked per thread count."""
 
     def __init__(self, args: argparse.Namespace, model_and_executor: tuple[Any, Any],
                  config: SchedulerConfig) -> None:

@@ -7,9 +7,13 @@ not linear in their rows: oneDNN picks another kernel as the row count crosses a
 sizes (a GEMV at one row, register-blocked kernels of 2-4, 8 and 16 rows), and the
 paged attention of a batch changes its path with the batch size. A served log has most
 of its decode steps at the batches its load ran, and one linear fit of them carries the
-cost of one batch class into the others (issue 32 item 5: fitted to a calibration load
-that ran larger batches and longer contexts than the measured runs, the profile put the
-runs' decode steps 11-14% above what they took, TPOT 13% high at every rate).
+cost of one batch class into the others. Measured on andante's engine here (issue 32
+item 5; `benchmarks/fidelity.py --cpu-time --threads 1`, process CPU time, load 13): the
+served calibration's steps of one decode sat 9% above the line fitted through all its
+decode steps, in both a one-segment and a four-segment fit. (The issue's quiet-machine
+runs, whose decode steps took 0.86-0.89x the served fit, are not explained by this: in
+CPU time the linear fit of large batches predicts 1-3 decodes within 5%, low rather
+than high; see benchmarks/fidelity.py's ServedCalibration.)
 
 The model is the prefill factors' (andante.perf.prefill_factors), on the other axis: a
 step of decodes alone, d of them, costs the regression's time times the factor of its
