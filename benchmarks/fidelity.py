@@ -22,6 +22,13 @@ profile charges the first step of a size not among its last `new_size_cache` siz
 setup (andante.perf.step_sizes), and the real process keeps its primitives across rates,
 so both sides start a rate in the same state.
 
+`--calibrate-from-load` fits the simulator's profile to steps the real engine served
+under calibration loads instead (`ServedCalibration`): one before the runs and, with
+`--interleave-requests` (default 24), a short one after each run, all fitted once every
+rate has run; the runs' own steps are never fitted. Each step records the thread count
+it ran at (the engine adapts it while serving), and the per-step ratios are then taken
+against that fit.
+
 Per step (`steps` in each rate's result): the real engine's measured step durations
 against the fitted cost model's prediction for the same shapes, by step kind (decode
 only, prefill only, mixed), and the engine loop's own time between steps (scheduling,
@@ -157,11 +164,15 @@ class StepTrace:
         self._idle_since = None if busy else now
         if not output.batch.requests:
             return
+        import torch  # loaded with the engine; the thread count the step ran at persists
+
         new = self.sizes.miss(shape.num_tokens)
         setup = self.cost_model.new_size_time(shape.num_tokens) if new else 0.0
         self.shapes.append(shape)
         self.rows.append({"kind": step_kind(shape), "seqs": shape.num_seqs,
                           "tokens": shape.num_tokens, "kv_read": shape.kv_tokens_read,
+                          "decodes": shape.num_decode_seqs, "pairs": shape.attn_pairs,
+                          "threads": torch.get_num_threads(),
                           "new_size": new, "measured_ms": measured * 1e3,
                           "predicted_ms": (self.cost_model.step_time(shape) + setup) * 1e3,
                           "single_fit_ms": None if self.single_fit is None
@@ -169,6 +180,14 @@ class StepTrace:
                           "loop_ms": None if gap is None or not self.wall_loop
                           else gap * 1e3,
                           "idle_before_ms": None if idle is None else idle * 1e3})
+
+    def repredict(self, cost_model: CostModel) -> None:
+        """Each row's prediction again, by `cost_model` (a profile fitted after the run:
+        `--calibrate-from-load` fits its segments once every rate has run)."""
+        self.cost_model = cost_model
+        for shape, row in zip(self.shapes, self.rows, strict=True):
+            setup = cost_model.new_size_time(shape.num_tokens) if row["new_size"] else 0.0
+            row["predicted_ms"] = (cost_model.step_time(shape) + setup) * 1e3
 
     def summary(self) -> dict[str, Any]:
         """Per kind: steps, medians, the measured / predicted ratio of the sums (what the
@@ -189,6 +208,12 @@ class StepTrace:
                          # steps, not a shift of every step, makes the difference
                          "ratio_median": round(float(np.median(
                              [m / p for m, p in zip(measured, predicted, strict=True)])), 3)}
+            by_threads = {}
+            for count in sorted({r["threads"] for r in rows}):
+                part = [r for r in rows if r["threads"] == count]
+                by_threads[str(count)] = [len(part), round(
+                    sum(r["measured_ms"] for r in part) / sum(r["predicted_ms"] for r in part), 3)]
+            out[kind]["steps_and_ratio_by_threads"] = by_threads
             for label, new in (("new", True), ("warm", False)):  # sizes new to the engine
                 part = [r for r in rows if r["new_size"] is new]
                 if part:
@@ -211,39 +236,74 @@ def served_steps(trace: StepTrace) -> list[LoggedStep]:
     with the idle time before it where the engine had run dry (the wake's fit)."""
     return [LoggedStep(shape, (row["measured_ms"] + (row["loop_ms"] or 0.0)) / 1e3, line,
                        engine="andante", idle_before=None if row["idle_before_ms"] is None
-                       else row["idle_before_ms"] / 1e3)
+                       else row["idle_before_ms"] / 1e3, threads=row["threads"])
             for line, (shape, row) in enumerate(zip(trace.shapes, trace.rows, strict=True),
                                                 start=1)]
 
 
-def _calibrate_from_load(args: argparse.Namespace, model_and_executor: tuple[Any, Any],
-                         config: SchedulerConfig) -> dict[str, Any]:
-    """`--calibrate-from-load`: a calibration workload (other seeds than the timed runs',
-    varied lengths) served by the real engine, its steps fitted as a served log is
-    (andante.perf.log_fit: forward pass plus loop time per step, wake, prefill factors),
-    on the base profile `args.hardware` (the sweep's where it ran); the simulator then
-    uses that fit (`args.hardware` becomes its name)."""
-    workload = build_workload(WorkloadConfig(
-        kind="poisson", rate=args.calibration_rate, num_requests=args.calibration_requests,
-        lengths=args.calibration_lengths, seed=args.seed + 100))
-    started, outside = time.perf_counter(), OutsideCpu()
-    _, trace = real_run(args, model_and_executor, workload, config)
-    name, base = f"{args.hardware}-served", get_hardware(args.hardware)
-    fit = fit_step_log(served_steps(trace), model_and_executor[1].spec, base, name,
-                       serial_below_tokens=base.serial_below_tokens,
-                       source="fidelity.py served load")
-    # the setup of a step size new to the engine stays the sweep's (the simulator warms
-    # the sizes the engine ran, as the real engine keeps them)
-    save_hardware(dataclasses.replace(fit.hardware, new_size_fixed=base.new_size_fixed,
-                                      new_size_per_token=base.new_size_per_token,
-                                      new_size_cache=base.new_size_cache))
-    args.hardware = name
-    return {"profile": name, "fit_error": round(fit.error, 4), "num_steps": fit.num_steps,
-            "by_kind": {k: dataclasses.asdict(v) for k, v in fit.by_kind.items()},
-            "idle_wake_ms": round(fit.hardware.idle_wake * 1e3, 2),
-            "prefill_factors": list(fit.hardware.prefill_factors),
-            "loop_median_ms": trace.summary().get("loop_median_ms"),
-            "wall_s": round(time.perf_counter() - started, 1), "outside_cpu": outside.share()}
+class ServedCalibration:
+    """`--calibrate-from-load`: calibration workloads (other seeds than the timed runs',
+    varied lengths) served by the real engine, a first one before the runs and, with
+    `--interleave-requests`, a short one after each run; their steps, and none of the
+    runs', fitted as a served log is (andante.perf.log_fit: forward pass plus loop time
+    per step, wake, prefill and decode factors) on the base profile `args.hardware` (the
+    sweep's where it ran). The simulator then uses that fit (`fit` saves it and makes
+    `args.hardware` its name).
+
+    Drift (design, as benchmarks/fidelity_from_log.py): a fit of one calibration run
+    first bets on the engine's and the machine's speed then; segments interleaved with
+    the runs spread the fitted steps over the whole benchmark, so the fit stands for its
+    mean speed while the measured requests stay out of it. Measured here (issue 32 item
+    5, quiet machine): one calibration load first put the runs' decode steps 11-14%
+    above what they took, at every rate. The engine's state moves too: its thread
+    adapter changes a step size's thread count while serving, so the same decode shape
+    runs at one thread in one segment and two in another (22 of 50 steps of 1-3 decodes
+    of a calibration load ran on two threads, against the profile's one-thread rule);
+    each step's `threads` is recorded so a fit can be checked per thread count."""
+
+    def __init__(self, args: argparse.Namespace, model_and_executor: tuple[Any, Any],
+                 config: SchedulerConfig) -> None:
+        self.args, self.model_and_executor, self.config = args, model_and_executor, config
+        self.traces: list[StepTrace] = []
+        self.wall_s = 0.0
+        self.outside: list[float | None] = []
+
+    def segment(self, num_requests: int) -> None:
+        """Serve one calibration workload (its own seed) and keep its steps."""
+        args = self.args
+        workload = build_workload(WorkloadConfig(
+            kind="poisson", rate=args.calibration_rate, num_requests=num_requests,
+            lengths=args.calibration_lengths, seed=args.seed + 100 + len(self.traces)))
+        started, outside = time.perf_counter(), OutsideCpu()
+        _, trace = real_run(args, self.model_and_executor, workload, self.config)
+        self.outside.append(outside.share())
+        self.wall_s += time.perf_counter() - started
+        _write_step_log(args.step_log, f"calibration{len(self.traces)}", trace)
+        self.traces.append(trace)
+
+    def fit(self) -> dict[str, Any]:
+        """Fit the segments' steps; save the profile; LogFitRefused for a log too thin."""
+        args = self.args
+        name, base = f"{args.hardware}-served", get_hardware(args.hardware)
+        steps = [step for trace in self.traces for step in served_steps(trace)]
+        fit = fit_step_log(steps, self.model_and_executor[1].spec, base, name,
+                           serial_below_tokens=base.serial_below_tokens,
+                           source="fidelity.py served load")
+        # the setup of a step size new to the engine stays the sweep's (the simulator
+        # warms the sizes the engine ran, as the real engine keeps them)
+        save_hardware(dataclasses.replace(fit.hardware, new_size_fixed=base.new_size_fixed,
+                                          new_size_per_token=base.new_size_per_token,
+                                          new_size_cache=base.new_size_cache))
+        args.hardware = name
+        return {"profile": name, "fit_error": round(fit.error, 4),
+                "num_steps": fit.num_steps, "segments": len(self.traces),
+                "by_kind": {k: dataclasses.asdict(v) for k, v in fit.by_kind.items()},
+                "by_threads": {k: dataclasses.asdict(v) for k, v in fit.by_threads.items()},
+                "idle_wake_ms": round(fit.hardware.idle_wake * 1e3, 2),
+                "prefill_factors": list(fit.hardware.prefill_factors),
+                "decode_factors": list(fit.hardware.decode_factors),
+                "loop_median_ms": [t.summary().get("loop_median_ms") for t in self.traces],
+                "wall_s": round(self.wall_s, 1), "outside_cpu": self.outside}
 
 
 class CpuTimed:
@@ -362,7 +422,7 @@ def _calibrate(args: argparse.Namespace, executor: Any) -> tuple[dict[str, Any],
             "outside_cpu": outside_share}, single
 
 
-def _write_step_log(path: str | None, rate: float, trace: StepTrace) -> None:
+def _write_step_log(path: str | None, rate: float | str, trace: StepTrace) -> None:
     if path is None:
         return
     with open(path, "a", encoding="utf-8") as out:
@@ -403,20 +463,27 @@ def _loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def _one_rate(args: argparse.Namespace, model_and_executor: tuple[Any, Any], rate: float,
-              config: SchedulerConfig, single_fit: CostModel | None) -> dict[str, Any]:
-    """The real and the simulated run of one Poisson rate, and their errors."""
+def _real_rate(args: argparse.Namespace, model_and_executor: tuple[Any, Any], rate: float,
+               config: SchedulerConfig, single_fit: CostModel | None
+               ) -> tuple[list[RequestSpec], dict[str, Any], StepTrace]:
+    """The real run of one Poisson rate: its workload, figures and step trace."""
     workload = build_workload(WorkloadConfig(kind="poisson", rate=rate,
                                              num_requests=args.num_requests,
                                              lengths=args.lengths, seed=args.seed))
     outside = OutsideCpu()
     real_summary, trace = real_run(args, model_and_executor, workload, config, single_fit)
-    outside_share = outside.share()
-    real = _figures(real_summary)
-    sim = _figures(sim_run(args, workload, config, trace.history))
     _write_step_log(args.step_log, rate, trace)
-    return {"rate": rate, "real": real, "sim": sim, **_errors(real, sim),
-            "steps": trace.summary(), "loadavg": _loadavg(), "outside_cpu": outside_share}
+    return workload, {"rate": rate, "real": _figures(real_summary), "loadavg": _loadavg(),
+                      "outside_cpu": outside.share()}, trace
+
+
+def _sim_rate(args: argparse.Namespace, workload: list[RequestSpec], config: SchedulerConfig,
+              run: dict[str, Any], trace: StepTrace) -> dict[str, Any]:
+    """The simulated run of a rate that ran for real, its errors, and the real steps
+    against the profile the simulator uses."""
+    sim = _figures(sim_run(args, workload, config, trace.history))
+    trace.repredict(CostModel(trace.cost_model.model, get_hardware(args.hardware)))
+    return {**run, "sim": sim, **_errors(run["real"], sim), "steps": trace.summary()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -444,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration-rate", type=float, default=2.0)
     p.add_argument("--calibration-requests", type=int, default=60)
     p.add_argument("--calibration-lengths", default="uniform:16:512:8:96")
+    p.add_argument("--interleave-requests", type=int, default=24,
+                   help="with --calibrate-from-load: a calibration segment of this many "
+                   "requests after each real run, fitted with the first (0: none)")
     p.add_argument("--step-log", default=None,
                    help="write every real step (shape, measured, predicted) as JSON lines")
     args = p.parse_args(argv)
@@ -463,23 +533,32 @@ def main(argv: list[str] | None = None) -> int:
         calibration, single_fit = (_calibrate(args, model_and_executor[1]) if args.calibrate
                                    else (None, None))
     warmup = _warm_buckets(executor)
-    served_fit = None
-    if args.calibrate_from_load:
+    served = (ServedCalibration(args, model_and_executor, phases[0][1])
+              if args.calibrate_from_load else None)
+    if served is not None:
         if not args.calibrate:  # the private profiles folder the sweep would have made
             os.environ[ANDANTE_HOME_ENV] = tempfile.mkdtemp(prefix="andante-fidelity-")
+        served.segment(args.calibration_requests)
+    real_runs = []
+    for mode, config in phases:
+        for rate in rates:
+            workload, run, trace = _real_rate(args, model_and_executor, rate, config,
+                                              single_fit)
+            real_runs.append((mode, config, workload, run, trace))
+            print(f"prefix caching {mode}, rate {rate}: {json.dumps(run)}",
+                  file=sys.stderr, flush=True)
+            if served is not None and args.interleave_requests:
+                served.segment(args.interleave_requests)
+    served_fit = None
+    if served is not None:
         try:
-            served_fit = _calibrate_from_load(args, model_and_executor, phases[0][1])
+            served_fit = served.fit()
         except LogFitRefused as exc:  # a busy machine's stalls: say so, no traceback
             print(f"fidelity.py: error: the served calibration load's steps: {exc}",
                   file=sys.stderr)
             return 2
-    runs = []
-    for mode, config in phases:
-        for rate in rates:
-            runs.append({"prefix_caching": mode, **_one_rate(
-                args, model_and_executor, rate, config, single_fit)})
-            print(f"prefix caching {mode}, rate {rate}: {json.dumps(runs[-1])}",
-                  file=sys.stderr, flush=True)
+    runs = [{"prefix_caching": mode, **_sim_rate(args, workload, config, run, trace)}
+            for mode, config, workload, run, trace in real_runs]
     worst = max(max(r["ttft_error"], r["tpot_error"]) for r in runs)
     print(json.dumps({
         "benchmark": "fidelity", "workload": {

@@ -132,6 +132,8 @@ def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: An
         _report_wake(fit)
     if hw.prefill_factors:
         print(f"  prefill size factors: {prefill_factors_text(hw.prefill_factors)}")
+    if hw.decode_factors:
+        print(f"  decode batch factors: {prefill_factors_text(hw.decode_factors, 'decodes')}")
     if fit.num_on_floor:
         print(f"  launch floor: {hw.eager_launch_per_layer * model.num_layers * 1e3:.1f} ms "
               f"per step with prefill tokens ({fit.num_on_floor} steps on it)")
@@ -150,10 +152,10 @@ def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: An
         print(f"  the previous profile is kept as {outcome.previous!r}")
 
 
-def prefill_factors_text(factors: tuple[float, ...]) -> str:
+def prefill_factors_text(factors: tuple[float, ...], unit: str = "tokens") -> str:
     """'64-127 tokens x1.25, 256-511 x0.88': the factors that are not 1
-    (andante.perf.prefill_factors)."""
-    return ", ".join(f"{1 << i}-{(2 << i) - 1} tokens x{f:.2f}"
+    (andante.perf.prefill_factors; `unit` "decodes": andante.perf.decode_factors)."""
+    return ", ".join(f"{1 << i}-{(2 << i) - 1} {unit} x{f:.2f}"
                      for i, f in enumerate(factors) if f != 1.0)
 
 
@@ -200,6 +202,7 @@ def run_step_log(args: argparse.Namespace, save_fit: Callable[..., Any]) -> int:
             "coefficients": dataclasses.asdict(hw.coefficients),
             "eager_launch_per_layer": hw.eager_launch_per_layer,
             "prefill_factors": list(hw.prefill_factors),
+            "decode_factors": list(hw.decode_factors),
             "frontend_in": hw.frontend_in, "frontend_out": hw.frontend_out,
             "frontend_note": fit.frontend.note if fit.frontend else None,
             "num_request_records": fit.frontend.num_requests if fit.frontend else 0,

@@ -30,7 +30,9 @@ hence a max and not a sum.)
 
 A profile fitted to a served engine whose step time bends with the prefill size sets
 `prefill_factors` (andante.perf.prefill_factors): a step with p > 0 prefill tokens costs
-the regression's time times the factor of floor(log2 p), before the launch floor.
+the regression's time times the factor of floor(log2 p), before the launch floor. One
+whose decode steps bend with their batch sets `decode_factors` likewise, by floor(log2 d)
+of a step of d decodes alone (andante.perf.decode_factors).
 
 Everything per step is plain float arithmetic on constants precomputed in __init__:
 the simulator calls `step_time` once per simulated step.
@@ -63,7 +65,7 @@ class CostModel:
         "_bytes_per_sample", "_flops_per_token", "_flops_per_pair", "_flops_per_sample",
         "_inv_bandwidth", "_inv_peak", "_c_sum", "_c_max", "_c_mem", "_c_flop", "_c_fixed",
         "_c_kv_token", "_serial_coeffs", "_serial_below", "_eager_floor",
-        "_comm_fixed", "_comm_per_token", "_prefill_factors",
+        "_comm_fixed", "_comm_per_token", "_prefill_factors", "_decode_factors",
     )
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
@@ -100,6 +102,8 @@ class CostModel:
         self._eager_floor = hardware.eager_launch_per_layer * model.num_layers
         # per floor(log2 prefill tokens): a fitted engine's non-linear prefill cost
         self._prefill_factors = hardware.prefill_factors
+        # per floor(log2 decodes) of a step of decodes alone: its non-linear decode cost
+        self._decode_factors = hardware.decode_factors
 
     def _init_memory_terms(self) -> None:
         m, tp = self.model, self.tp
@@ -190,7 +194,9 @@ class CostModel:
                  + self._c_flop * t_f + self._c_fixed
                  + self._c_kv_token * shape.kv_tokens_read
                  + self._comm_fixed + self._comm_per_token * n)
-        if self._prefill_factors and n > shape.num_decode_seqs:
+        if self._decode_factors and shape.num_decode_seqs == shape.num_seqs:
+            t *= self.decode_factor(shape.num_decode_seqs)
+        elif self._prefill_factors and n > shape.num_decode_seqs:
             t *= self.prefill_factor(n - shape.num_decode_seqs)
         if t < self._eager_floor and shape.num_decode_seqs < shape.num_seqs:
             return self._eager_floor  # launched op by op: the host's launching takes longer
@@ -202,6 +208,22 @@ class CostModel:
         index = size_class(num_prefill_tokens)
         factors = self._prefill_factors
         return factors[index] if 0 <= index < len(factors) else 1.0
+
+    def decode_factor(self, num_decodes: int) -> float:
+        """The profile's factor on the regression for a step of `num_decodes` (> 0)
+        decodes alone (HardwareSpec.decode_factors; 1 without)."""
+        index = size_class(num_decodes)
+        factors = self._decode_factors
+        return factors[index] if 0 <= index < len(factors) else 1.0
+
+    def size_factor(self, shape: BatchShape) -> float:
+        """The factor `step_time` applies to the regression's time of `shape`: its
+        decode factor, its prefill factor, or 1."""
+        if self._decode_factors and shape.num_decode_seqs == shape.num_seqs:
+            return self.decode_factor(shape.num_decode_seqs)
+        if self._prefill_factors and shape.num_tokens > shape.num_decode_seqs:
+            return self.prefill_factor(shape.num_tokens - shape.num_decode_seqs)
+        return 1.0
 
     def decode_step_times(self, shape: BatchShape, max_steps: int,
                           time_budget: float = float("inf")) -> list[float]:
@@ -230,9 +252,8 @@ class CostModel:
         kv, pairs = shape.kv_tokens_read, shape.attn_pairs
         # `step_time`'s floor: only where a sequence of the shape is no decode
         floor = self._eager_floor if shape.num_decode_seqs < seqs else 0.0
-        # and its prefill factor, likewise (the run's shape keeps its token counts)
-        factor = (self.prefill_factor(n - shape.num_decode_seqs)
-                  if self._prefill_factors and n > shape.num_decode_seqs else 1.0)
+        # and its decode or prefill factor, likewise (the run's shape keeps its counts)
+        factor = self.size_factor(shape)
         durations: list[float] = []
         total = 0.0
         while len(durations) < max_steps and total < time_budget:

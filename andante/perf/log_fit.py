@@ -51,10 +51,12 @@ prefill cost), and the wake again to the new coefficients, until it settles (mov
 under WAKE_SETTLED, at most MAX_WAKE_REFITS times). The fit
 error and the errors per kind are of the steps less their wake.
 
-Prefill factors. A served engine whose step time bends with the prefill size gets a
-factor per size class of the steps' prefill tokens (andante.perf.prefill_factors), the
-coefficients refitted to the steps divided by them (`_fit_prefill_factors`); where
-factors are found, the wake is fitted once more against the profile with them.
+Prefill and decode factors. A served engine whose step time bends with the prefill size
+gets a factor per size class of the steps' prefill tokens (andante.perf.prefill_factors),
+one whose decode steps bend with their batch a factor per batch class
+(andante.perf.decode_factors), the coefficients refitted to the steps divided by them
+(`_fit_prefill_factors`); where factors are found, the wake is fitted once more against
+the profile with them.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from andante.perf.cost_model import CostModel
+from andante.perf.decode_factors import divided_decodes, fit_decode_factors
 from andante.perf.fit import MIN_REGIME_SAMPLES, Sample, fit_coefficients, prediction_error
 from andante.perf.frontend_log import FrontendFit
 from andante.perf.idle_wake import IdleWakeFit, fit_idle_wake
@@ -341,7 +344,7 @@ def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: Hardw
     plain = dataclasses.replace(base, name=name, serial_coefficients=None,
                                 serial_below_tokens=None, eager_launch_per_layer=0.0,
                                 new_size_fixed=0.0, new_size_per_token=0.0, new_size_cache=0,
-                                prefill_factors=(),
+                                prefill_factors=(), decode_factors=(),
                                 fit_error=None, calibrated_at=None, fitted_on=None)
     model = CostModel(model_spec, plain, tp)
     check_log(steps, model)
@@ -356,14 +359,15 @@ def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: Hardw
         wake = fit_idle_wake(steps, CostModel(model_spec, fitted, tp).step_time)
         if abs(wake.penalty - previous) <= WAKE_SETTLED * previous:
             break
-    fitted, on_floor, factors = _fit_prefill_factors(
+    fitted, on_floor, factors, decode_factors = _fit_prefill_factors(
         model, without_wake(steps, wake), serial_below_tokens, fitted, on_floor)
-    if factors:  # the wake against what the profile will charge, factors included
+    if factors or decode_factors:  # the wake against what the profile will charge
         wake = fit_idle_wake(steps, CostModel(model_spec, dataclasses.replace(
-            fitted, prefill_factors=factors), tp).step_time)
+            fitted, prefill_factors=factors, decode_factors=decode_factors), tp).step_time)
     engines = sorted({s.engine for s in steps if s.engine is not None})
     fitted = dataclasses.replace(
         fitted, idle_wake=wake.penalty, idle_wake_after=wake.after, prefill_factors=factors,
+        decode_factors=decode_factors,
         fitted_on=f"{source} ({', '.join(engines) or 'engine not named'}, "
                   f"{model_spec.name}, tp {tp}): {coverage(steps)}"
                   + (f"; {len(stalled)} stalled steps left out" if stalled else "")
@@ -398,21 +402,25 @@ def _fit_shapes(model: CostModel, steps: Sequence[LoggedStep],
 
 def _fit_prefill_factors(model: CostModel, steps: Sequence[LoggedStep],
                          serial_below_tokens: int | None, fitted: HardwareSpec,
-                         on_floor: int) -> tuple[HardwareSpec, int, tuple[float, ...]]:
-    """(profile, steps on the launch floor, prefill factors): the factors of
-    andante.perf.prefill_factors against `fitted`, then the coefficients refitted to the
-    steps divided by them and the factors again, FACTOR_REFITS times; `fitted` as it is
-    where no factor is found."""
+                         on_floor: int) -> tuple[HardwareSpec, int, tuple[float, ...],
+                                                 tuple[float, ...]]:
+    """(profile, steps on the launch floor, prefill factors, decode factors): the factors
+    of andante.perf.prefill_factors and andante.perf.decode_factors against `fitted`, then
+    the coefficients refitted to the steps divided by them and the factors again,
+    FACTOR_REFITS times; `fitted` as it is where no factor is found."""
     linear = (fitted, on_floor)
-    factors: tuple[float, ...] = ()
+    factors: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
     for _ in range(FACTOR_REFITS):
-        found = fit_prefill_factors(steps, CostModel(model.model, fitted, model.tp).step_time)
+        predict = CostModel(model.model, fitted, model.tp).step_time
+        found = (fit_prefill_factors(steps, predict), fit_decode_factors(steps, predict))
         if found == factors:
             break
         factors = found
-        fitted, on_floor = (_fit_shapes(model, divided(steps, factors), serial_below_tokens)
-                            if factors else linear)
-    return fitted, on_floor, factors
+        fitted, on_floor = (_fit_shapes(model, divided_decodes(divided(steps, found[0]),
+                                                               found[1]),
+                                        serial_below_tokens)
+                            if found != ((), ()) else linear)
+    return fitted, on_floor, factors[0], factors[1]
 
 
 def without_wake(steps: Sequence[LoggedStep], wake: IdleWakeFit) -> list[LoggedStep]:

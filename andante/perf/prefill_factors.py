@@ -63,6 +63,12 @@ def fit_prefill_factors(steps: Sequence[LoggedStep], predict: Callable[[BatchSha
         predicted = predict(step.shape)
         if p > 0 and predicted > 0:
             ratios.setdefault(size_class(p), []).append(step.duration / predicted)
+    return class_factors(ratios)
+
+
+def class_factors(ratios: dict[int, list[float]]) -> tuple[float, ...]:
+    """A factor table from each size class's measured / predicted ratios (the module
+    note's bounds; 1 for a class without a kept factor); () where none is kept."""
     factors = {index: _factor(values) for index, values in ratios.items()}
     kept = {index: f for index, f in factors.items() if f != 1.0}
     if not kept:

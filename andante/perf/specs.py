@@ -249,6 +249,10 @@ class HardwareSpec:
     # the regression predicts (1 past the table's end). Empty: no such factor (every
     # built-in profile, and a profile fitted from a log with too few prefills per size).
     prefill_factors: tuple[float, ...] = ()
+    # Likewise for a step of decodes alone, d of them (a CPU engine's small-batch kernels;
+    # andante.perf.decode_factors): `decode_factors[floor(log2 d)]` times the regression.
+    # Empty: no such factor (every built-in profile).
+    decode_factors: tuple[float, ...] = ()
     collective_latency: float = 10e-6  # fixed cost of one small all-reduce, s
     disk_bandwidth: float = 7.0e9  # model weights read from local disk, B/s (hardware.py)
     # A calibrated profile's provenance (`andante calibrate`): the fit's mean |relative
@@ -287,11 +291,13 @@ class HardwareSpec:
             _require_rate("HardwareSpec", name, getattr(self, name), allow_zero=True)
         if self.new_size_cache != 0:
             _require_positive_int("HardwareSpec", "new_size_cache", self.new_size_cache)
-        if not isinstance(self.prefill_factors, tuple):
-            raise ValueError(f"HardwareSpec.prefill_factors must be a tuple of numbers, got "
-                             f"{self.prefill_factors!r}")
-        for index, factor in enumerate(self.prefill_factors):
-            _require_rate("HardwareSpec", f"prefill_factors[{index}]", factor)
+        for name in ("prefill_factors", "decode_factors"):
+            factors = getattr(self, name)
+            if not isinstance(factors, tuple):
+                raise ValueError(f"HardwareSpec.{name} must be a tuple of numbers, got "
+                                 f"{factors!r}")
+            for index, factor in enumerate(factors):
+                _require_rate("HardwareSpec", f"{name}[{index}]", factor)
 
     def with_coefficients(self, coefficients: CostCoefficients) -> HardwareSpec:
         return replace(self, coefficients=coefficients)
@@ -324,13 +330,14 @@ class HardwareSpec:
                                                "eager_launch_per_layer", "fitted_on",
                                                "frontend_in", "frontend_out",
                                                "idle_wake", "idle_wake_after",
-                                               "prefill_factors"})
+                                               "prefill_factors", "decode_factors"})
         if missing:
             raise ValueError(f"hardware profile lacks keys {missing}")
         if "coefficients" in data:
             data["coefficients"] = CostCoefficients.from_dict(data["coefficients"])
-        if isinstance(data.get("prefill_factors"), list):
-            data["prefill_factors"] = tuple(data["prefill_factors"])
+        for name in ("prefill_factors", "decode_factors"):
+            if isinstance(data.get(name), list):
+                data[name] = tuple(data[name])
         if data.get("serial_coefficients") is not None:
             data["serial_coefficients"] = CostCoefficients.from_dict(
                 data["serial_coefficients"])

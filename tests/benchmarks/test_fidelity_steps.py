@@ -220,3 +220,27 @@ def test_served_steps_cost_their_forward_pass_and_loop_and_fit_as_a_log() -> Non
     served = CostModel(get_model("smollm2-135m"), fit.hardware)
     shape = steps[20].shape  # a served decode costs its loop too
     assert served.step_time(shape) == pytest.approx(model.step_time(shape) + 0.003, rel=0.05)
+
+
+def test_a_trace_is_predicted_again_by_a_profile_fitted_after_it() -> None:
+    """--calibrate-from-load fits its segments once every rate has run: each rate's step
+    ratios are then taken against that fit, and the steps record their thread count."""
+    import torch
+
+    fidelity = load_benchmark("fidelity")
+    model = CostModel(get_model("smollm2-135m"), get_hardware("a10-24g"))
+    slower = model.with_coefficients(CostCoefficients(c2=2.0))
+    trace = fidelity.StepTrace(model, _Clock())
+    busy = SchedulerStats(num_running=1)
+    for chunks in ([(1, 40)], [(64, 0), (1, 41)]):
+        batch = _step(chunks)
+        trace(StepOutput(batch, StepResult([1] * len(chunks),
+                                           slower.step_time(batch.shape()))), busy)
+    assert trace.summary()["decode"]["ratio"] != pytest.approx(1.0, abs=0.05)
+    trace.repredict(slower)
+    summary = trace.summary()
+    assert summary["decode"]["ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert summary["mixed"]["ratio"] == pytest.approx(1.0, abs=1e-3)
+    threads = str(torch.get_num_threads())
+    assert summary["decode"]["steps_and_ratio_by_threads"] == {threads: [1, 1.0]}
+    assert [s.threads for s in fidelity.served_steps(trace)] == [int(threads)] * 2

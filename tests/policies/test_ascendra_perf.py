@@ -73,3 +73,21 @@ def test_refit_on_a_profile_with_prefill_factors_charges_each_factor_once() -> N
     for probe in (BatchShape.of([(100, 0)]), BatchShape.of([(400, 0), (1, 1000)]),
                   BatchShape.of([(40, 0), (1, 500)])):
         assert model.predict(probe) == pytest.approx(truth.step_time(probe), rel=1e-6)
+
+
+def test_refit_on_a_profile_with_decode_factors_charges_each_factor_once() -> None:
+    """Likewise for a profile's per-batch decode factors (andante.perf.decode_factors)."""
+    import dataclasses
+
+    from andante.perf.cost_model import CostModel
+    plain = cost_model()
+    hardware = dataclasses.replace(plain.hardware, decode_factors=(1.3, 1.0, 0.8, 0.9))
+    truth = CostModel(plain.model, hardware)
+    model = OnlinePerfModel(truth.with_coefficients(CostCoefficients(c2=1.0)),
+                            refit_every=50, min_samples=20)
+    for shape in _shapes(200):
+        model.observe(shape, truth.step_time(shape))
+    assert model.num_fits >= 1
+    for probe in (BatchShape.of([(1, 300)]), BatchShape.of([(1, 200)] * 5),
+                  BatchShape.of([(40, 0), (1, 500)])):
+        assert model.predict(probe) == pytest.approx(truth.step_time(probe), rel=1e-6)

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 
 from andante.perf.cost_model import CostModel
 from andante.perf.fit import Sample, fit_coefficients
-from andante.perf.prefill_factors import prefill_tokens
 from andante.perf.shape import BatchShape
 from andante.policies.ascendra.samples import SampleWindow
 
@@ -136,12 +135,11 @@ class OnlinePerfModel:
         return self.num_fits == 0 or error is None or error > self.tolerance
 
     def _linear_samples(self) -> list[Sample]:
-        """The window's steps as the linear regression sees them: a prefill step's time
-        divided by the base profile's factor for its size class (the factor is charged
-        again on every prediction; andante.perf.prefill_factors)."""
+        """The window's steps as the linear regression sees them: a step's time divided
+        by the base profile's factor for its size class (the factor is charged again on
+        every prediction; andante.perf.prefill_factors, andante.perf.decode_factors)."""
         base = self.base
-        return [(shape, duration / base.prefill_factor(prefill_tokens(shape))
-                 if prefill_tokens(shape) > 0 else duration)
+        return [(shape, duration / base.size_factor(shape))
                 for shape, duration in self._samples]
 
     def refit(self) -> bool:
