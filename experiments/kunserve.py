@@ -43,7 +43,12 @@ from experiments.kunserve_runs import (
     system_spec,
     ttft_timeline,
 )
-from experiments.kunserve_text import comparison_text, differences_text, paper_table
+from experiments.kunserve_text import (
+    comparison_text,
+    differences_text,
+    paper_table,
+    slo_text,
+)
 from experiments.registry import ExperimentContext
 
 SLO_SCALES = (1, 2, 3, 4, 5, 6, 8, 10)
@@ -56,6 +61,8 @@ ABLATION: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("coordinated", "+ coordinated exchange", "kunserve",
      {"kv_mode": "exchange", "lookahead": False}),
     ("lookahead", "+ lookahead (KunServe)", "kunserve", {"kv_mode": "exchange"}),
+    ("no_seq_scale", "KunServe, group sequence budget not scaled by its KV", "kunserve",
+     {"kv_mode": "exchange", "seq_scale": False}),
 )
 PAPER = (
     {"figure": "Fig. 13", "claim": "P99 TTFT, KunServe vs vLLM, Llumnix, InferCept",
@@ -198,6 +205,7 @@ def _compare(report: Report, key: str, title: str, spec: ClusterSpec,
                   "best system's P50 (paper Fig. 13, last column)")
     report.table([{"system": system, **{f"scale_{s}": f"{100 * v:.1f}%" for s, v in zip(
         SLO_SCALES, shares, strict=True) if s <= 5}} for system, shares in violations.items()])
+    report.text(slo_text(list(results.values()), [s for s in SLO_SCALES if s <= 5]))
     report.section(f"{title}: what happened", comparison_text(title, results))
     return results
 

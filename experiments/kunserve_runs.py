@@ -348,6 +348,21 @@ def slo_violations(results: Sequence[RunResult], scales: Sequence[float]
     return out
 
 
+def slo_causes(results: Sequence[RunResult], scale: float) -> dict[str, tuple[float, float]]:
+    """Per system at SLO `scale`: the share of requests over the TTFT SLO, and the share
+    within it but over the TPOT SLO (what makes `slo_violations`' share)."""
+    ttft50 = min(r.percentile("ttft", 50) for r in results)
+    tpot50 = min(r.percentile("tpot", 50) for r in results)
+    out: dict[str, tuple[float, float]] = {}
+    for r in results:
+        late = sum(1 for t in r.ttft if t > scale * ttft50)
+        slow = sum(1 for t, p in zip(r.ttft, r.tpot, strict=True)
+                   if t <= scale * ttft50 and math.isfinite(p) and p > scale * tpot50)
+        n = max(1, len(r.ttft))
+        out[r.system] = (late / n, slow / n)
+    return out
+
+
 def ttft_timeline(result: RunResult, window: float) -> tuple[list[float], list[float]]:
     """Mean TTFT of the requests arriving in each `window` (unstarted: left out)."""
     if not result.arrivals:

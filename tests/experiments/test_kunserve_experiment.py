@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,11 @@ from experiments.kunserve_runs import (
     burstgpt_shaped,
     cyclic,
     demand_scaling,
+    slo_causes,
+    slo_violations,
     system_spec,
 )
-from experiments.kunserve_text import binding_text, bound_of
+from experiments.kunserve_text import binding_text, bound_of, exchange_text, slo_text
 from experiments.registry import ExperimentContext, experiment_names, run_experiment
 
 
@@ -73,7 +76,10 @@ def test_quick_experiment_writes_report_plots_and_results(tmp_path: Path) -> Non
     assert "P99 TTFT reduction vs llumnix, 72B" in claims
     report = (tmp_path / "report.md").read_text()
     assert "Computed from this run" in report and "memory" in report
-    assert len(results["ablation"]) == 5 and results["p99_ttft_multiples"]
+    assert len(results["ablation"]) == 6 and results["p99_ttft_multiples"]
+    full, flat = results["ablation"][4], results["ablation"][5]  # the seq_scale switch
+    assert "not scaled" in flat["variant"] and flat["p99_ttft_s"] != full["p99_ttft_s"]
+    assert any(row["claim"].startswith("group sequence budget") for row in results["paper_table"])
 
 
 def test_burstgpt_shaped_trace_is_replayed_from_burstgpt_columns(tmp_path: Path) -> None:
@@ -127,3 +133,24 @@ def test_the_sampler_leaves_a_grouped_members_unused_pool_out() -> None:
     sampler.after_step(SimpleNamespace(slots=[leader, member], queue=[]))  # type: ignore[arg-type]
     assert sampler.samples == [(1.0, 36_000, 37_000)]
     assert (sampler.running, sampler.seq_caps) == ([600], [512])
+
+
+def test_slo_violations_are_split_into_ttft_and_tpot_causes() -> None:
+    best = RunResult("vllm", [1.0, 1.0, 1.0, 1.0], [0.1, 0.1, 0.1, 0.1], [0.0] * 4, [], {},
+                     1.0, 0)
+    other = RunResult("kunserve", [1.0, 9.0, 1.0, 1.0], [0.1, 0.9, 0.5, math.nan], [0.0] * 4,
+                      [], {}, 1.0, 0)
+    causes = slo_causes([best, other], 2)
+    assert causes == {"vllm": (0.0, 0.0), "kunserve": (0.25, 0.25)}
+    shares = slo_violations([best, other], [2])
+    assert shares["kunserve"] == [sum(causes["kunserve"])]  # the same requests, split
+    assert "kunserve 25% TTFT + 25% TPOT only" in slo_text([best, other], [2])
+
+
+def test_exchange_text_compares_the_link_time_with_the_tail() -> None:
+    coord = RunResult("kunserve", [], [], [], [], {"num_drops": 2, "exchange_ms": 3000},
+                      1.0, 0)
+    unco = RunResult("kunserve", [10.0] * 10, [], [], [], {}, 1.0, 0)
+    assert exchange_text(coord, unco) == ("2 exchanges held the link 3.0 s in all, 1.50 s "
+                                          "each; P99 TTFT uncoordinated 10.00 s: the stall "
+                                          "is 15.0% of it")
