@@ -190,6 +190,21 @@ def slo_text(results: Sequence[RunResult], scales: Sequence[float]) -> str:
         + "\n".join(lines)
 
 
+def headroom_text(kun: RunResult) -> str:
+    """The burst's peak KV demand against the most that dropping can hold."""
+    if not kun.headroom:
+        return ""
+    largest = max(kun.headroom)
+    holds = ", ".join(f"{k}: {v:.2f}x" for k, v in sorted(kun.headroom.items()))
+    peak = kun.peak_demand()
+    verdict = ("more than a group of every instance holds: memory binds after the "
+               "deepest drop" if peak > kun.headroom[largest] else
+               "within what the drops can hold")
+    return (f"Peak KV demand (in use + queued) {_fmt(peak, 'x')} the undropped cluster's "
+            f"blocks; a group of k instances holds ({holds}) its members' undropped "
+            f"blocks: the peak is {verdict}.")
+
+
 def differences_text(compared: Mapping[str, Mapping[str, RunResult]]) -> str:
     """Why our multiples differ from the paper's, from what bound each run."""
     lines = []
@@ -201,5 +216,5 @@ def differences_text(compared: Mapping[str, Mapping[str, RunResult]]) -> str:
             f"{on_compute:.0f} s with KV free); KunServe's P99 TTFT is "
             f"{_fmt(multiple(results, 'vllm'), 'x')} lower than vLLM's after "
             f"{kun.counters.get('num_drops', 0)} drops (bubble {_bubble_text(kun)}); "
-            f"KunServe's {binding_text(kun)}.")
+            f"KunServe's {binding_text(kun)}. {headroom_text(kun)}")
     return "\n".join(lines)

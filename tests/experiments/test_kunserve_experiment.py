@@ -16,11 +16,18 @@ from experiments.kunserve_runs import (
     burstgpt_shaped,
     cyclic,
     demand_scaling,
+    drop_headroom,
     slo_causes,
     slo_violations,
     system_spec,
 )
-from experiments.kunserve_text import binding_text, bound_of, exchange_text, slo_text
+from experiments.kunserve_text import (
+    binding_text,
+    bound_of,
+    exchange_text,
+    headroom_text,
+    slo_text,
+)
 from experiments.registry import ExperimentContext, experiment_names, run_experiment
 
 
@@ -154,3 +161,14 @@ def test_exchange_text_compares_the_link_time_with_the_tail() -> None:
     assert exchange_text(coord, unco) == ("2 exchanges held the link 3.0 s in all, 1.50 s "
                                           "each; P99 TTFT uncoordinated 10.00 s: the stall "
                                           "is 15.0% of it")
+
+
+def test_peak_demand_is_set_against_what_the_deepest_drop_holds() -> None:
+    memory = [(0.0, 50, 100), (1.0, 100, 130), (2.0, 60, 130)]
+    kun = RunResult("kunserve", [], [], [], memory, {}, 2.0, 0, queued_blocks=[0, 80, 0],
+                    headroom={2: 1.29})
+    assert kun.peak_demand() == 1.8  # (100 in use + 80 queued) / 100 undropped
+    assert "1.80x" in headroom_text(kun) and "memory binds after the deepest drop" \
+        in headroom_text(kun)
+    headroom = drop_headroom(base_spec("qwen2.5-72b", "h100-80g", 4, 4))
+    assert sorted(headroom) == [2, 3, 4] and 1.0 < headroom[2] < headroom[3] < headroom[4]
