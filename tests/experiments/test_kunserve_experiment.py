@@ -83,6 +83,8 @@ def test_quick_experiment_writes_report_plots_and_results(tmp_path: Path) -> Non
     assert "P99 TTFT reduction vs llumnix, 72B" in claims
     report = (tmp_path / "report.md").read_text()
     assert "Computed from this run" in report and "memory" in report
+    scale = {row["system"]: row for row in results["scale_14b"]}  # 4 instances
+    assert scale["kunserve"]["grows"] >= 1 and scale["kunserve"]["drops"] >= 2
     assert len(results["ablation"]) == 6 and results["p99_ttft_multiples"]
     full, flat = results["ablation"][4], results["ablation"][5]  # the seq_scale switch
     assert "not scaled" in flat["variant"] and flat["p99_ttft_s"] != full["p99_ttft_s"]
