@@ -128,7 +128,8 @@ def run(ctx: ExperimentContext) -> Report:
     spec72 = base_spec("qwen2.5-72b", "h100-80g", 4, scale.num_instances)
     long72 = CHAT.scaled_output(scale.answers_72b)
     rate14 = _scaling(report, "qwen2.5-14b", spec14, scale, CHAT).rate
-    rate72 = _scaling(report, "qwen2.5-72b", spec72, scale, long72).rate
+    rate72 = _scaling(report, "qwen2.5-72b", spec72, scale, long72, scale.intensity_72b,
+                      scale.answers_72b).rate
     traces = ctx.output_dir / "traces"
     burst14 = burstgpt_shaped(traces / "burstgpt_14b.csv", rate14, scale.duration, ctx.seed,
                               scale.intensity, scale.share, scale.cycle)
@@ -170,13 +171,15 @@ def run(ctx: ExperimentContext) -> Report:
 
 
 def _scaling(report: Report, model: str, spec: ClusterSpec, scale: Scale,
-             lengths: Lengths) -> DemandScaling:
+             lengths: Lengths, intensity: float | None = None, stretch: float = 1.0
+             ) -> DemandScaling:
     scaling = demand_scaling(spec, scale.demand, lengths)
     report.result(f"scaling_{model}", dataclasses.asdict(scaling))
+    burst = scale.intensity if intensity is None else intensity
     report.section(f"Load scaling, {model}", scaling.as_text(scale.demand) + (
-        f". Bursts: {scale.intensity}x that rate over {scale.share:.0%} of each "
-        f"{scale.cycle:.0f} s cycle, so the peak demand is up to "
-        f"{scale.intensity * scale.demand:.2f} x capacity."))
+        f". Bursts: {burst:g}x that rate over {scale.share:.0%} of each "
+        f"{scale.cycle * stretch:.0f} s cycle, so the peak demand is up to "
+        f"{burst * scale.demand:.2f} x capacity."))
     return scaling
 
 

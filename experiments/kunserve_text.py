@@ -197,9 +197,10 @@ def headroom_text(kun: RunResult) -> str:
     largest = max(kun.headroom)
     holds = ", ".join(f"{k}: {v:.2f}x" for k, v in sorted(kun.headroom.items()))
     peak = kun.peak_demand()
-    verdict = ("more than a group of every instance holds: memory binds after the "
-               "deepest drop" if peak > kun.headroom[largest] else
-               "within what the drops can hold")
+    verdict = "within what the drops can hold"
+    if peak > kun.headroom[largest]:
+        verdict = ("more than a group of every instance holds: memory binds after the "
+                   "deepest drop (the cluster's instances cap how deep a group goes)")
     return (f"Peak KV demand (in use + queued) {_fmt(peak, 'x')} the undropped cluster's "
             f"blocks; a group of k instances holds ({holds}) its members' undropped "
             f"blocks: the peak is {verdict}.")
