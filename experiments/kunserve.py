@@ -7,7 +7,9 @@ BurstGPT's columns and replayed through the simulator's reader, and the Azure 20
 trace's arrival pattern) at a mean KV demand below 60% of capacity (the paper's
 condition), on Qwen-2.5-14B (one A100-80G per instance) and Qwen-2.5-72B (TP4 on
 H100-80G, answers scaled longer so that memory binds before prefill compute: which bound
-is measured, not assumed); the SLO violations against the SLO scale (scale x the best
+is measured, not assumed; the paper's 2x bursts, and 3x ones beyond what dropping holds
+on the quick run's 2 instances), a 14B run on `scale_instances` (>= 3) where groups grow
+and shrink; the SLO violations against the SLO scale (scale x the best
 system's P50, TTFT and TPOT); Fig. 14: the ablation (+drop, +coordinated exchange,
 +lookahead); Fig. 15: a long run with restoration on and off; Fig. 16: an extreme burst
 until memory runs out. Every system runs the same simulated engine (andante.sim), so the
@@ -193,8 +195,10 @@ whose H800 is an H100 with less NVLink), its answers {scale.answers_72b:g}x long
 a request's KV is held longer per prefilled token, and its cycle and bursts as much
 longer so that a burst lasts as long as a request's KV residency (at the 14B's lengths
 and cycle its bursts were prefill-bound: the measured bound of each run is in its
-section). vLLM's budgets: 256 sequences and 2048 tokens per step, chunked prefill.
-Workload: a BurstGPT-shaped trace ({scale.intensity:g}x the mean rate over
+section); its bursts are {scale.intensity_72b:g}x the mean rate (the paper's Fig. 2a),
+and a second 72B run has {scale.intensity:g}x ones. A 14B run on {scale.scale_instances}
+instances lets groups grow and shrink. vLLM's budgets: 256 sequences and 2048 tokens per
+step, chunked prefill. Workload: a BurstGPT-shaped trace ({scale.intensity:g}x the mean rate over
 {scale.share:.0%} of each {scale.cycle:.0f} s cycle, Gamma gaps of CV 2 as BurstGPT
 measured, {scale.duration:.0f} s), written in BurstGPT's columns (traces/ beside this
 report) and replayed through the simulator's trace reader, and the Azure 2023 code
