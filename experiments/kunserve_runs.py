@@ -328,8 +328,8 @@ def drop_headroom(spec: ClusterSpec) -> dict[int, float]:
 
 def _group_lifetimes(router: object, end: float) -> tuple[list[float], int]:
     """Each KunServe group's life (formation to restore or failure; a group merged into
-    a larger one ends there; one alive at the end lives to `end`), and how many were
-    alive at the end."""
+    a larger one ends there, a shrink does not end it; one alive at the end lives to
+    `end`), and how many were alive at the end."""
     groups = getattr(getattr(router, "counters", None), "groups", None)
     events = getattr(groups, "events", None)
     if not events:
@@ -337,6 +337,8 @@ def _group_lifetimes(router: object, end: float) -> tuple[list[float], int]:
     born: dict[int, float] = {}
     lives: list[float] = []
     for event in events:
+        if event.kind == "shrink":  # the group lives on, one member fewer
+            continue
         for index in event.members:
             if index in born:
                 lives.append(event.time - born.pop(index))

@@ -174,3 +174,15 @@ def test_peak_demand_is_set_against_what_the_deepest_drop_holds() -> None:
         in headroom_text(kun)
     headroom = drop_headroom(base_spec("qwen2.5-72b", "h100-80g", 4, 4))
     assert sorted(headroom) == [2, 3, 4] and 1.0 < headroom[2] < headroom[3] < headroom[4]
+
+
+def test_a_shrink_does_not_end_a_groups_life() -> None:
+    from types import SimpleNamespace
+
+    from andante.sim.kunserve import GroupEvent
+    from experiments.kunserve_runs import _group_lifetimes
+
+    events = [GroupEvent(1.0, "form", (0, 1)), GroupEvent(3.0, "form", (0, 1, 2), grow=True),
+              GroupEvent(6.0, "shrink", (0, 1, 2))]
+    router = SimpleNamespace(counters=SimpleNamespace(groups=SimpleNamespace(events=events)))
+    assert _group_lifetimes(router, 10.0) == ([2.0, 7.0], 1)  # the pair, then the grown one
