@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from andante.cluster.controller import Controller
+from andante.cluster.kunserve.plan import balanced_slices, layer_memory
+from andante.cluster.kunserve.seam import GroupPlan
 from andante.core.clock import ManualClock
 from andante.core.request import PreemptionMode, Request
 from andante.engine.config import SchedulerConfig
@@ -221,6 +223,7 @@ class MemorySampler:
     waiting: list[int] = field(default_factory=list)  # queued requests at each sample
     running: list[int] = field(default_factory=list)  # running requests of alive units
     seq_caps: list[int] = field(default_factory=list)  # their max_num_seqs, summed
+    queued_blocks: list[int] = field(default_factory=list)  # KV blocks the queues need
 
     def after_step(self, controller: Controller) -> None:
         # a KunServe group's member keeps its own pool, unused, while grouped: the group's
@@ -233,6 +236,7 @@ class MemorySampler:
         used = sum(s.num_blocks - s.num_free_blocks for s in stats)
         self.samples.append((now, used, sum(s.num_blocks for s in stats)))
         self.waiting.append(sum(s.num_waiting for s in stats) + len(controller.queue))
+        self.queued_blocks.append(sum(s.num_queued_kv_blocks for s in stats))
         units = [s.instance.load().stats for s in controller.slots if s.alive]
         self.running.append(sum(s.num_running for s in units))
         self.seq_caps.append(sum(s.max_num_seqs for s in units))
@@ -253,6 +257,15 @@ class RunResult:
     groups_alive_at_end: int = 0
     running: list[int] = field(default_factory=list)  # aligned with `memory`
     seq_caps: list[int] = field(default_factory=list)  # aligned with `memory`
+    queued_blocks: list[int] = field(default_factory=list)  # aligned with `memory`
+    headroom: dict[int, float] = field(default_factory=dict)  # see `drop_headroom`
+
+    def peak_demand(self) -> float:
+        """The most KV demanded at once (blocks in use plus the blocks the queued
+        requests need), over the cluster's blocks without drop (the first sample's)."""
+        base = self.memory[0][2] if self.memory else 0
+        demand = [u + q for (_, u, _), q in zip(self.memory, self.queued_blocks, strict=False)]
+        return max(demand, default=0) / base if base else math.nan
 
     def percentile(self, metric: str, q: float) -> float:
         values = [v for v in getattr(self, metric) if math.isfinite(v)]
@@ -297,13 +310,26 @@ def run_system(spec: ClusterSpec, workload: Sequence[RequestSpec], system: str,
     return RunResult(system, [_ttft(r) for r in requests], [_tpot(r) for r in requests],
                      [r.arrival_time for r in requests], sampler.samples,
                      dict(report.router_counters), report.end_time, len(report.unfinished),
-                     sampler.waiting, lifetimes, alive, sampler.running, sampler.seq_caps)
+                     sampler.waiting, lifetimes, alive, sampler.running, sampler.seq_caps,
+                     sampler.queued_blocks,
+                     drop_headroom(spec) if spec.router == "kunserve" else {})
+
+
+def drop_headroom(spec: ClusterSpec) -> dict[int, float]:
+    """KV blocks of a KunServe group of k instances over k undropped instances', for
+    k = 2 .. the cluster's instances (andante.cluster.kunserve.plan's `LayerMemory`):
+    the most a drop can hold, against the peak demand (`RunResult.peak_demand`)."""
+    inst = build_instance(spec, 0, ManualClock())
+    blocks = inst.engine.scheduler.kv.num_device_blocks
+    memory = layer_memory(build_cost_model(spec), blocks, spec.scheduler.block_size)
+    return {k: memory.group_blocks(GroupPlan(tuple(range(k)), balanced_slices(
+        k, memory.num_layers))) / (k * blocks) for k in range(2, spec.num_instances + 1)}
 
 
 def _group_lifetimes(router: object, end: float) -> tuple[list[float], int]:
     """Each KunServe group's life (formation to restore or failure; a group merged into
-    a larger one ends there; one alive at the end lives to `end`), and how many were
-    alive at the end."""
+    a larger one ends there, a shrink does not end it; one alive at the end lives to
+    `end`), and how many were alive at the end."""
     groups = getattr(getattr(router, "counters", None), "groups", None)
     events = getattr(groups, "events", None)
     if not events:
@@ -311,6 +337,8 @@ def _group_lifetimes(router: object, end: float) -> tuple[list[float], int]:
     born: dict[int, float] = {}
     lives: list[float] = []
     for event in events:
+        if event.kind == "shrink":  # the group lives on, one member fewer
+            continue
         for index in event.members:
             if index in born:
                 lives.append(event.time - born.pop(index))
@@ -345,6 +373,21 @@ def slo_violations(results: Sequence[RunResult], scales: Sequence[float]
                       if t > scale * ttft50 or (math.isfinite(p) and p > scale * tpot50))
             shares.append(bad / len(r.ttft) if r.ttft else 0.0)
         out[r.system] = shares
+    return out
+
+
+def slo_causes(results: Sequence[RunResult], scale: float) -> dict[str, tuple[float, float]]:
+    """Per system at SLO `scale`: the share of requests over the TTFT SLO, and the share
+    within it but over the TPOT SLO (what makes `slo_violations`' share)."""
+    ttft50 = min(r.percentile("ttft", 50) for r in results)
+    tpot50 = min(r.percentile("tpot", 50) for r in results)
+    out: dict[str, tuple[float, float]] = {}
+    for r in results:
+        late = sum(1 for t in r.ttft if t > scale * ttft50)
+        slow = sum(1 for t, p in zip(r.ttft, r.tpot, strict=True)
+                   if t <= scale * ttft50 and math.isfinite(p) and p > scale * tpot50)
+        n = max(1, len(r.ttft))
+        out[r.system] = (late / n, slow / n)
     return out
 
 

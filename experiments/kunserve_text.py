@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from experiments.kunserve_runs import MEMORY_FULL, SEQS_FULL, RunResult
+from experiments.kunserve_runs import MEMORY_FULL, SEQS_FULL, RunResult, slo_causes
 
 PAPER_TABLE = {
     "p99_vs_vllm_14b": "12.7-72.2x", "p99_vs_infercept_14b": "12.7-72.2x",
@@ -19,6 +19,7 @@ PAPER_TABLE = {
     "bubble_without_lookahead": "21.9%", "bubble_with_lookahead": "8.3%",
     "restore_p50_ttft": "-28%", "restore_p50_tpot": "-23%",
     "slo_violations_scale_1_5": "KunServe near 0 from scale ~2; baselines far higher",
+    "seq_scale": "- (not a figure; §4.1: queued requests served with a larger batch)",
 }
 
 
@@ -129,7 +130,14 @@ def paper_table(compared: Mapping[str, Mapping[str, RunResult]],
     unco, coord = ablation.get("uncoordinated"), ablation.get("coordinated")
     if unco is not None and coord is not None:
         add("exchange_speedup", "coordinated exchange: P99 TTFT speedup", _fmt(
-            unco.percentile("ttft", 99) / coord.percentile("ttft", 99), "x"))
+            unco.percentile("ttft", 99) / coord.percentile("ttft", 99), "x")
+            + f" ({exchange_text(coord, unco)})")
+    full, flat = ablation.get("lookahead"), ablation.get("no_seq_scale")
+    if full is not None and flat is not None:
+        add("seq_scale", "group sequence budget scaled by its KV: P99 / P50 TTFT without "
+            "it over with it", f"{_ratio(flat, full, 'ttft', 99)} / "
+            f"{_ratio(flat, full, 'ttft', 50)} (P50 TPOT without it "
+            f"{_pct(flat.percentile('tpot', 50) / full.percentile('tpot', 50) - 1)})")
     if "coordinated" in ablation and "lookahead" in ablation:
         add("bubble_without_lookahead", "bubble share without lookahead",
             _bubble_text(ablation["coordinated"]))
@@ -152,6 +160,52 @@ def paper_table(compared: Mapping[str, Mapping[str, RunResult]],
     return rows
 
 
+def _ratio(a: RunResult, b: RunResult, metric: str, q: float) -> str:
+    return _fmt(a.percentile(metric, q) / b.percentile(metric, q), "x")
+
+
+def exchange_text(coordinated: RunResult, uncoordinated: RunResult) -> str:
+    """How long the KV exchanges held the link against the P99 TTFT they could add to:
+    uncoordinated, an activation waits for the whole exchange, coordinated for one chunk
+    (§4.2); each exchange can add at most its own seconds to a request's TTFT."""
+    c = coordinated.counters
+    drops = c.get("num_drops", 0)
+    seconds = c.get("exchange_ms", 0) / 1000
+    return (f"{drops} exchanges held the link {seconds:.1f} s in all, "
+            f"{seconds / max(1, drops):.2f} s each; P99 TTFT uncoordinated "
+            f"{_fmt(uncoordinated.percentile('ttft', 99), ' s')}: the stall is "
+            f"{_fmt(100 * seconds / max(1, drops) / uncoordinated.percentile('ttft', 99), '%', 1)}"
+            " of it")
+
+
+def slo_text(results: Sequence[RunResult], scales: Sequence[float]) -> str:
+    """Why requests violate the SLO at each scale: TTFT (queueing) or TPOT (batch)."""
+    lines = []
+    for scale in scales:
+        causes = slo_causes(results, scale)
+        cells = [f"{system} {100 * late:.0f}% TTFT + {100 * slow:.0f}% TPOT only"
+                 for system, (late, slow) in causes.items()]
+        lines.append(f"- scale {scale:g}: " + "; ".join(cells))
+    return "Computed from this run (over the TTFT SLO; within it but over the TPOT SLO):\n" \
+        + "\n".join(lines)
+
+
+def headroom_text(kun: RunResult) -> str:
+    """The burst's peak KV demand against the most that dropping can hold."""
+    if not kun.headroom:
+        return ""
+    largest = max(kun.headroom)
+    holds = ", ".join(f"{k}: {v:.2f}x" for k, v in sorted(kun.headroom.items()))
+    peak = kun.peak_demand()
+    verdict = "within what the drops can hold"
+    if peak > kun.headroom[largest]:
+        verdict = ("more than a group of every instance holds: memory binds after the "
+                   "deepest drop (the cluster's instances cap how deep a group goes)")
+    return (f"Peak KV demand (in use + queued) {_fmt(peak, 'x')} the undropped cluster's "
+            f"blocks; a group of k instances holds ({holds}) its members' undropped "
+            f"blocks: the peak is {verdict}.")
+
+
 def differences_text(compared: Mapping[str, Mapping[str, RunResult]]) -> str:
     """Why our multiples differ from the paper's, from what bound each run."""
     lines = []
@@ -163,5 +217,5 @@ def differences_text(compared: Mapping[str, Mapping[str, RunResult]]) -> str:
             f"{on_compute:.0f} s with KV free); KunServe's P99 TTFT is "
             f"{_fmt(multiple(results, 'vllm'), 'x')} lower than vLLM's after "
             f"{kun.counters.get('num_drops', 0)} drops (bubble {_bubble_text(kun)}); "
-            f"KunServe's {binding_text(kun)}.")
+            f"KunServe's {binding_text(kun)}. {headroom_text(kun)}")
     return "\n".join(lines)

@@ -79,6 +79,7 @@ class SimPipelineGroups:
     link: LinkSpec
     coordinated: bool = True
     lookahead: bool = True
+    seq_scale: bool = True  # a group's sequence budget follows its KV
     events: list[GroupEvent] = field(default_factory=list)
     book: PipelineGroupBook = field(init=False)
     _reload_done: dict[int, float] = field(default_factory=dict)  # leader -> time
@@ -95,6 +96,7 @@ class SimPipelineGroups:
             inst.groups = self
             inst.coordinated = self.coordinated
             inst.use_lookahead = self.lookahead
+            inst.scale_seqs = self.seq_scale
 
     # ---- the seam -------------------------------------------------------------------
     def groups(self) -> list[GroupPlan]:
@@ -362,6 +364,7 @@ class KunServeCounters:
         out["num_adopted_running"] = sum(e.num_adopted for e in forms)
         out["num_recomputed_running"] = sum(e.num_recomputed for e in forms)
         out["num_grows"] = sum(1 for e in forms if e.grow)
+        out["exchange_ms"] = round(1000 * sum(e.transfer_seconds for e in forms))
         ratio = self.groups.bubble_ratio()
         out["bubble_permille"] = -1 if ratio is None else round(1000 * ratio)
         out["num_shed_for_restore"] = self.groups.num_shed
@@ -392,7 +395,8 @@ def build_kunserve_simulator(spec: ClusterSpec, router: KunServeRouter,
     memory = layer_memory(first.full_cost, first.engine.scheduler.kv.num_device_blocks,
                           spec.scheduler.block_size)
     groups = SimPipelineGroups(instances, memory, link, coordinated=settings.coordinated,
-                               lookahead=settings.lookahead)
+                               lookahead=settings.lookahead,
+                               seq_scale=settings.seq_scale)
     coordinator = KunServeCoordinator(
         groups, memory, spec.scheduler.block_size, settings.monitor,
         kv_mode=settings.kv_mode,  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,18 @@ from experiments.kunserve_runs import (
     burstgpt_shaped,
     cyclic,
     demand_scaling,
+    drop_headroom,
+    slo_causes,
+    slo_violations,
     system_spec,
 )
-from experiments.kunserve_text import binding_text, bound_of
+from experiments.kunserve_text import (
+    binding_text,
+    bound_of,
+    exchange_text,
+    headroom_text,
+    slo_text,
+)
 from experiments.registry import ExperimentContext, experiment_names, run_experiment
 
 
@@ -73,7 +83,12 @@ def test_quick_experiment_writes_report_plots_and_results(tmp_path: Path) -> Non
     assert "P99 TTFT reduction vs llumnix, 72B" in claims
     report = (tmp_path / "report.md").read_text()
     assert "Computed from this run" in report and "memory" in report
-    assert len(results["ablation"]) == 5 and results["p99_ttft_multiples"]
+    scale = {row["system"]: row for row in results["scale_14b"]}  # 4 instances
+    assert scale["kunserve"]["grows"] >= 1 and scale["kunserve"]["drops"] >= 2
+    assert len(results["ablation"]) == 6 and results["p99_ttft_multiples"]
+    full, flat = results["ablation"][4], results["ablation"][5]  # the seq_scale switch
+    assert "not scaled" in flat["variant"] and flat["p99_ttft_s"] != full["p99_ttft_s"]
+    assert any(row["claim"].startswith("group sequence budget") for row in results["paper_table"])
 
 
 def test_burstgpt_shaped_trace_is_replayed_from_burstgpt_columns(tmp_path: Path) -> None:
@@ -127,3 +142,47 @@ def test_the_sampler_leaves_a_grouped_members_unused_pool_out() -> None:
     sampler.after_step(SimpleNamespace(slots=[leader, member], queue=[]))  # type: ignore[arg-type]
     assert sampler.samples == [(1.0, 36_000, 37_000)]
     assert (sampler.running, sampler.seq_caps) == ([600], [512])
+
+
+def test_slo_violations_are_split_into_ttft_and_tpot_causes() -> None:
+    best = RunResult("vllm", [1.0, 1.0, 1.0, 1.0], [0.1, 0.1, 0.1, 0.1], [0.0] * 4, [], {},
+                     1.0, 0)
+    other = RunResult("kunserve", [1.0, 9.0, 1.0, 1.0], [0.1, 0.9, 0.5, math.nan], [0.0] * 4,
+                      [], {}, 1.0, 0)
+    causes = slo_causes([best, other], 2)
+    assert causes == {"vllm": (0.0, 0.0), "kunserve": (0.25, 0.25)}
+    shares = slo_violations([best, other], [2])
+    assert shares["kunserve"] == [sum(causes["kunserve"])]  # the same requests, split
+    assert "kunserve 25% TTFT + 25% TPOT only" in slo_text([best, other], [2])
+
+
+def test_exchange_text_compares_the_link_time_with_the_tail() -> None:
+    coord = RunResult("kunserve", [], [], [], [], {"num_drops": 2, "exchange_ms": 3000},
+                      1.0, 0)
+    unco = RunResult("kunserve", [10.0] * 10, [], [], [], {}, 1.0, 0)
+    assert exchange_text(coord, unco) == ("2 exchanges held the link 3.0 s in all, 1.50 s "
+                                          "each; P99 TTFT uncoordinated 10.00 s: the stall "
+                                          "is 15.0% of it")
+
+
+def test_peak_demand_is_set_against_what_the_deepest_drop_holds() -> None:
+    memory = [(0.0, 50, 100), (1.0, 100, 130), (2.0, 60, 130)]
+    kun = RunResult("kunserve", [], [], [], memory, {}, 2.0, 0, queued_blocks=[0, 80, 0],
+                    headroom={2: 1.29})
+    assert kun.peak_demand() == 1.8  # (100 in use + 80 queued) / 100 undropped
+    assert "1.80x" in headroom_text(kun) and "memory binds after the deepest drop" \
+        in headroom_text(kun)
+    headroom = drop_headroom(base_spec("qwen2.5-72b", "h100-80g", 4, 4))
+    assert sorted(headroom) == [2, 3, 4] and 1.0 < headroom[2] < headroom[3] < headroom[4]
+
+
+def test_a_shrink_does_not_end_a_groups_life() -> None:
+    from types import SimpleNamespace
+
+    from andante.sim.kunserve import GroupEvent
+    from experiments.kunserve_runs import _group_lifetimes
+
+    events = [GroupEvent(1.0, "form", (0, 1)), GroupEvent(3.0, "form", (0, 1, 2), grow=True),
+              GroupEvent(6.0, "shrink", (0, 1, 2))]
+    router = SimpleNamespace(counters=SimpleNamespace(groups=SimpleNamespace(events=events)))
+    assert _group_lifetimes(router, 10.0) == ([2.0, 7.0], 1)  # the pair, then the grown one

@@ -21,7 +21,9 @@ The coordinator (`KunServeCoordinator`) does the rest. The router carries the
 coordinator's options so that `andante simulate --router kunserve --router-option
 KEY=VALUE` reaches them: the paper's thresholds (`drop_threshold` on projected demand,
 `restore_threshold` 0.5), the KV mode, the inter-instance link, and the ablation
-switches (`drop`, `coordinated`, `lookahead`, `restore`).
+switches (`drop`, `coordinated`, `lookahead`, `restore`, `seq_scale`: a group's
+sequence budget scaled by its KV blocks per member, andante.cluster.kunserve.lookahead's
+`group_config`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class KunServeSettings:
     coordinated: bool = True
     lookahead: bool = True
     restore: bool = True
+    seq_scale: bool = True  # a group's sequence budget follows its KV (ablation switch)
     max_members: int | None = None
 
     def __post_init__(self) -> None:
@@ -57,7 +60,7 @@ class KunServeSettings:
 
 
 _MONITOR_KEYS = {f.name for f in fields(MonitorOptions)}
-_BOOL_KEYS = ("drop", "coordinated", "lookahead", "restore")
+_BOOL_KEYS = ("drop", "coordinated", "lookahead", "restore", "seq_scale")
 
 
 def _as_bool(key: str, value: Any) -> bool:

@@ -118,3 +118,40 @@ def test_no_shrink_when_restores_are_off() -> None:
         controller.set(0, now, used=1, blocks=45)
         coordinator.after_step(controller)  # type: ignore[arg-type]
     assert not groups.shrunk and groups.groups() == [triple]
+
+
+def test_a_triple_with_idle_dropped_memory_shrinks_by_one_before_restoring() -> None:
+    # the idle rule (blocks in use fit 90% of the members' undropped pools for 2 s) is
+    # due; 20 blocks fit the pair's 30 (within restore_fit) though not half of them, so
+    # relief releases the last member instead of restoring every member at once
+    options = MonitorOptions(check_interval=0.0, decode_tokens=0, min_group_seconds=1.0,
+                             restore_window_seconds=0.0, idle_restore_seconds=2.0)
+    triple = GroupPlan((0, 1, 2), balanced_slices(3, 8))
+    groups = FakeGroups({0: triple})
+    coordinator = KunServeCoordinator(groups, MEMORY, block_size=1, options=options)
+    controller = FakeController([Slot(0), Slot(1), Slot(2)])
+    for now in (0.0, 1.0, 2.5):
+        controller.set(0, now, used=20, blocks=45)
+        coordinator.after_step(controller)  # type: ignore[arg-type]
+    assert groups.shrunk == [0] and groups.groups() == [PAIR]
+    assert coordinator.counters.num_shrinks == 1 and coordinator.counters.num_restores == 0
+    for now in (3.0, 4.0, 6.5):  # the pair, idle as long (15 fit 90% of 2 x 10), restores
+        controller.set(0, now, used=15, blocks=30)
+        coordinator.after_step(controller)  # type: ignore[arg-type]
+    assert groups.groups() == [] and coordinator.counters.num_restores == 1
+
+
+def test_an_idle_triple_whose_demand_the_pair_cannot_hold_restores_whole() -> None:
+    options = MonitorOptions(check_interval=0.0, decode_tokens=0, min_group_seconds=1.0,
+                             restore_window_seconds=0.0, idle_restore_seconds=2.0)
+    # less weight per layer: 10 blocks alone, 22 as a pair, 30 as a triple
+    memory = LayerMemory(num_layers=8, weight_bytes_per_layer=2, kv_block_bytes_per_layer=1,
+                         kv_region_bytes=80)
+    triple = GroupPlan((0, 1, 2), balanced_slices(3, 8))
+    groups = FakeGroups({0: triple})
+    coordinator = KunServeCoordinator(groups, memory, block_size=1, options=options)
+    controller = FakeController([Slot(0), Slot(1), Slot(2)])
+    for now in (0.0, 1.0, 2.5):  # 25 fit 90% of 3 x 10, not 90% of the pair's 22
+        controller.set(0, now, used=25, blocks=30)
+        coordinator.after_step(controller)  # type: ignore[arg-type]
+    assert not groups.shrunk and coordinator.counters.num_restores == 1
