@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 
 import httpx
 from starlette.testclient import TestClient
@@ -55,3 +56,21 @@ def test_the_start_up_heap_is_frozen_once_the_fleet_runs() -> None:
             assert r.status_code == 200, r.text
     finally:
         gc.unfreeze()
+
+
+def test_an_upstreams_empty_stream_is_answered_and_its_request_forgotten() -> None:
+    """An upstream answering a stream with a 200 and no byte (content-length 0): the
+    client gets the stream's head and its end, the request's task ends, and the
+    upstream's in-flight count is back to 0."""
+    with fake_upstream(FakeUpstream(empty_streams=True)) as url, \
+            fleet_server([url]) as server:
+        r = httpx.post(f"{server.url}/v1/completions", timeout=5,
+                       json={"model": "fake", "prompt": "hi", "stream": True})
+        assert r.status_code == 200 and r.content == b""
+        assert r.headers["content-type"].startswith("text/event-stream")
+        fleet = server.fleet
+        deadline = time.monotonic() + 5  # the forwarding task ends just after the answer
+        while fleet.upstreams[0].num_in_flight:
+            assert time.monotonic() < deadline, "the forwarding task never ended"
+            time.sleep(0.01)
+        assert not fleet.calls and fleet.groups["fake"].controller.num_owned == 0
