@@ -56,17 +56,17 @@ class FleetServeOptions:
 
 class FleetApp:
     """The fleet server's ASGI app: `front` (the edge guard, then the proxied routes of
-    andante.server.fleet_proxy) in front of `routes` (FastAPI: the other routes, and
+    andante.server.fleet_proxy) in front of `api` (FastAPI: the other routes, and
     the lifespan that starts and stops `fleet`)."""
 
-    def __init__(self, front: ASGIApp, routes: FastAPI, fleet: Fleet) -> None:
+    def __init__(self, front: ASGIApp, api: FastAPI, fleet: Fleet) -> None:
         self.front = front
-        self.routes = routes
+        self.api = api
         self.fleet = fleet
 
     @property
     def state(self) -> State:
-        return self.routes.state
+        return self.api.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.front(scope, receive, send)
