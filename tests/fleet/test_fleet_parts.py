@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from andante.core.sampling import SLO
-from andante.runtime.upstream.call import Call, Chunk, slo_from
+from andante.runtime.upstream.call import Call, Chunk, Full, slo_from
 from andante.runtime.upstream.discovery import (
     FleetError,
     UpstreamInfo,
@@ -16,6 +17,7 @@ from andante.runtime.upstream.discovery import (
     parse_fleet_file,
 )
 from andante.runtime.upstream.fleet import MAX_REPLACES, Fleet, FleetOptions
+from andante.runtime.upstream.http1 import Head
 from andante.runtime.upstream.metrics import parse_load
 
 VLLM_METRICS = """\
@@ -181,5 +183,32 @@ def test_a_request_misplaced_again_and_again_goes_round_a_bounded_number_of_time
             fleet._release_held(only_servable=True)
             assert len(placed) == 1 + MAX_REPLACES + poll
             assert [req.request_id for req in fleet.held] == ["r"]
+
+    asyncio.run(main())
+
+
+def test_an_upstreams_answer_resets_the_count_of_re_placements() -> None:
+    """Once an upstream of its model answers a request, it was placed right: a later
+    misplacement (a retry's) may place it again, `MAX_REPLACES` times."""
+    class Answered:
+        head = Head(200, "application/json", 2, False, True)
+
+        async def read(self) -> bytes:
+            return b"{}"
+
+    class Pool:
+        async def post(self, path: str, payload: bytes, relay: Any) -> Answered:
+            return Answered()
+
+    async def main() -> None:
+        info = UpstreamInfo(UpstreamSpec("http://u:1", max_num_seqs=8), ("m",), "vllm")
+        fleet = Fleet([info], FleetOptions())
+        fleet._pools = [Pool()]  # type: ignore[list-item]
+        call = Call("r", "m", "/v1/completions", {}, SLO(), False, 0.0, 10.0)
+        call.num_replaced = MAX_REPLACES
+        fleet.calls["r"] = call
+        await fleet._forward(fleet.upstreams[0], SimpleNamespace(request_id="r"))  # type: ignore[arg-type]
+        assert call.num_replaced == 0
+        assert call.events.get_nowait() == Full(200, "application/json", b"{}")
 
     asyncio.run(main())
