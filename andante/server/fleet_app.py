@@ -12,8 +12,10 @@ model no upstream serves gets a 404 naming the served ones; the SLO comes as and
 `create_fleet_app` returns a `FleetApp`: the edge guard (API key, content type, body
 limits) and the proxied routes in front of the FastAPI routes, so that every request
 passes the guard however the app is served (uvicorn, a test client, another ASGI server).
-Once the fleet has started, the start-up heap is frozen (andante.runtime.gc_heap: a full
-collection of it took 75 ms of the front's one event loop, once per ~1,000 requests).
+`andante fleet`'s serve path (andante.server.fleet_launch) freezes the start-up heap
+before serving (andante.runtime.gc_heap: a full collection of it took 75 ms of the
+front's one event loop, once per ~1,000 requests); an app served in-process (tests,
+benchmarks) leaves its host's heap alone.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import State
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from andante.runtime.gc_heap import freeze_heap
 from andante.runtime.upstream.discovery import UpstreamInfo, UpstreamSpec
 from andante.runtime.upstream.fleet import Fleet, FleetOptions
 from andante.server.batches.routes import install_batch_routes
@@ -55,17 +56,17 @@ class FleetServeOptions:
 
 class FleetApp:
     """The fleet server's ASGI app: `front` (the edge guard, then the proxied routes of
-    andante.server.fleet_proxy) in front of `routes` (FastAPI: the other routes, and
+    andante.server.fleet_proxy) in front of `api` (FastAPI: the other routes, and
     the lifespan that starts and stops `fleet`)."""
 
-    def __init__(self, front: ASGIApp, routes: FastAPI, fleet: Fleet) -> None:
+    def __init__(self, front: ASGIApp, api: FastAPI, fleet: Fleet) -> None:
         self.front = front
-        self.routes = routes
+        self.api = api
         self.fleet = fleet
 
     @property
     def state(self) -> State:
-        return self.routes.state
+        return self.api.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.front(scope, receive, send)
@@ -79,7 +80,6 @@ def create_fleet_app(options: FleetServeOptions, infos: list[UpstreamInfo]) -> F
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await fleet.start()
         batches.start()  # resumes the store's unfinished batches
-        freeze_heap()  # start-up objects: never walked again (andante.runtime.gc_heap)
         try:
             yield
         finally:

@@ -11,6 +11,7 @@ import asyncio
 
 import uvicorn
 
+from andante.runtime.gc_heap import freeze_heap
 from andante.runtime.upstream.discovery import FleetError, discover
 from andante.runtime.upstream.fleet import Fleet
 from andante.server.fast_protocol import fast_protocol
@@ -45,6 +46,7 @@ def serve_fleet(options: FleetServeOptions) -> int:
     print(f"andante: serving {', '.join(fleet.models)} on http://{host}:{port} from "
           f"{len(fleet.upstreams)} upstream(s) (router {options.fleet.router}; metrics at "
           "/metrics, upstreams at /api/stats)", flush=True)
+    freeze_heap()  # start-up objects: never walked again (andante.runtime.gc_heap)
     _server(app, options).run(sockets=[sock])
     return 0
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +31,16 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from andante.core.sampling import SLO
-from andante.runtime.upstream.call import Call, Chunk, End, Event, Failure, Full, slo_from
+from andante.runtime.upstream.call import (
+    Call,
+    Chunk,
+    Delivered,
+    End,
+    Event,
+    Failure,
+    Full,
+    slo_from,
+)
 from andante.runtime.upstream.fleet import CLIENT_CLOSED, Fleet, FleetOptions
 from andante.server.config import HTTPLimits
 from andante.server.errors import APIError, error_body, from_pydantic
@@ -43,6 +53,7 @@ PROXIED = frozenset({"/v1/completions", "/v1/chat/completions"})
 SSE_HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 SSE_START: Message = {"type": "http.response.start", "status": 200, "headers": SSE_HEAD}
+log = logging.getLogger(__name__)
 
 
 class ClientGone(Exception):
@@ -95,11 +106,7 @@ class FleetProxy:
         return call, prompt_tokens, max_tokens, int(body.get("priority", 0))
 
 
-class _Delivered:
-    """Queued by `Responder.deliver` once it has sent the answer's end: the task ends."""
-
-
-DELIVERED = _Delivered()
+DELIVERED = Delivered()
 
 
 class Responder:
@@ -120,20 +127,28 @@ class Responder:
         self.busy = write_now is None  # events wait for the task
 
     def deliver(self, event: Event) -> bool:
-        """`Call.sink`: send `event` now (True), or leave it to the task (False)."""
+        """`Call.sink`: send `event` now (True), or leave it to the task (False: where
+        the client does not read, or sending here failed: the task sends it, or fails
+        where the client sees it, never inside the upstream's callback)."""
         if self.done:
             return True
         if self.busy:
             return False
         head_sent = self.head_sent
-        messages, final = self.messages(event)
-        assert self.write_now is not None
-        if not self.write_now(*messages):  # nothing sent: the task sends it all
+        try:
+            messages, final = self.messages(event)
+            assert self.write_now is not None
+            sent = self.write_now(*messages)
+        except Exception:
+            log.exception("request %s: an event could not be sent at once; its task sends "
+                          "it", self.call.request_id)
+            sent = False
+        if not sent:  # nothing sent: the task sends it all
             self.busy, self.head_sent = True, head_sent
             return False
         if final:
             self.done = True
-            self.call.events.put_nowait(DELIVERED)  # type: ignore[arg-type]
+            self.call.events.put_nowait(DELIVERED)
         return True
 
     async def run(self) -> None:
@@ -142,8 +157,8 @@ class Responder:
         until the answer's end."""
         events = self.call.events
         while True:
-            event: Event | _Delivered = await events.get()
-            if isinstance(event, _Delivered):
+            event = await events.get()
+            if isinstance(event, Delivered):
                 return
             prefix = b""
             if isinstance(event, Chunk):
@@ -161,30 +176,40 @@ class Responder:
     def messages(self, event: Event, prefix: bytes = b"") -> tuple[list[Message], bool]:
         """The ASGI messages for `event` (after the stream bytes `prefix`), and whether
         they end the answer. Marks the head as sent: call once per event."""
-        if isinstance(event, Chunk) or (prefix and isinstance(event, End)):
-            data = prefix + event.data if isinstance(event, Chunk) else prefix
-            out = [] if self.head_sent else [SSE_START]
-            self.head_sent = True
-            if isinstance(event, End):
-                return [*out, {"type": "http.response.body", "body": data}], True
-            return [*out, {"type": "http.response.body", "body": data, "more_body": True}], False
-        if self.head_sent or prefix:  # a stream's end: an error event if it failed
-            out = [] if self.head_sent else [SSE_START]
-            self.head_sent = True
-            data = prefix
-            if isinstance(event, Failure) and event.status != CLIENT_CLOSED:
-                error = error_body(event.status, event.message, None, event.code)
-                data += b"data: " + json.dumps(error).encode() + b"\n\n"
-            return [*out, {"type": "http.response.body", "body": data}], True
+        if self.head_sent or prefix or isinstance(event, (Chunk, End)):
+            return self._stream_messages(event, prefix)
         self.head_sent = True
-        if isinstance(event, Failure):
-            if event.status == CLIENT_CLOSED:
-                return _whole(CLIENT_CLOSED, [], b""), True
-            return json_messages(event.status, error_body(event.status, event.message, None,
-                                                          event.code)), True
-        assert isinstance(event, Full), event  # an End comes after a chunk
-        return _whole(event.status, [(b"content-type", event.content_type.encode("latin-1"))],
-                      event.content), True
+        return whole_answer(event), True
+
+    def _stream_messages(self, event: Event, prefix: bytes) -> tuple[list[Message], bool]:
+        """A stream's part: its head first if not sent yet (an upstream's empty stream
+        gets its head and its end), then a chunk, or the end (with an error event if
+        the stream failed)."""
+        out: list[Message] = [] if self.head_sent else [SSE_START]
+        self.head_sent = True
+        if isinstance(event, Chunk):
+            out.append({"type": "http.response.body", "body": prefix + event.data,
+                        "more_body": True})
+            return out, False
+        data = prefix
+        if isinstance(event, Failure) and event.status != CLIENT_CLOSED:
+            error = error_body(event.status, event.message, None, event.code)
+            data += b"data: " + json.dumps(error).encode() + b"\n\n"
+        out.append({"type": "http.response.body", "body": data})
+        return out, True
+
+
+def whole_answer(event: Event) -> list[Message]:
+    """A whole answer's messages, before any byte was sent: the upstream's `Full`
+    answer, or a `Failure` as a JSON error (an empty 499 for a client gone)."""
+    if isinstance(event, Failure):
+        if event.status == CLIENT_CLOSED:
+            return _whole(CLIENT_CLOSED, [], b"")
+        return json_messages(event.status, error_body(event.status, event.message, None,
+                                                      event.code))
+    assert isinstance(event, Full), event  # chunks and ends are a stream's
+    return _whole(event.status, [(b"content-type", event.content_type.encode("latin-1"))],
+                  event.content)
 
 
 def _whole(status: int, headers: list[tuple[bytes, bytes]], content: bytes) -> list[Message]:
@@ -196,13 +221,14 @@ def _whole(status: int, headers: list[tuple[bytes, bytes]], content: bytes) -> l
 
 def coalesce(call: Call, data: bytes) -> tuple[bytes, Event | None]:
     """`data` and the chunks already queued behind it as one write, and the end event
-    met on the way, if any."""
+    met on the way, if any (never `Delivered`: it is queued only on an empty queue)."""
     events = call.events
     if events.empty():
         return data, None
     parts = [data]
     while not events.empty():
         event = events.get_nowait()
+        assert not isinstance(event, Delivered), "an event queued after the answer's end"
         if not isinstance(event, Chunk):
             return b"".join(parts), event
         parts.append(event.data)

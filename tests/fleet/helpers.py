@@ -89,12 +89,14 @@ def fleet_server(urls: list[str], **kwargs: Any) -> Iterator[FleetServerThread]:
 @dataclass
 class FakeUpstream:
     """A scriptable OpenAI-compatible server: its /v1/models entries, the statuses its
-    next completions answer (then 200), the bodies it received."""
+    next completions answer (then 200), the bodies it received; `empty_streams`: a
+    streamed request gets a 200 with an empty body."""
 
     models: list[dict[str, Any]] = field(default_factory=lambda: [
         {"id": "fake", "object": "model", "owned_by": "vllm", "root": "/models/fake"}])
     statuses: list[int] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    empty_streams: bool = False
     raw_bodies: list[bytes] = field(default_factory=list)
     metrics: str = ("vllm:num_requests_running{model_name=\"fake\"} 0\n"
                     "vllm:num_requests_waiting{model_name=\"fake\"} 0\n"
@@ -119,6 +121,8 @@ class FakeUpstream:
             status = self.statuses.pop(0) if self.statuses else 200
             if status != 200:
                 return JSONResponse({"error": {"message": f"scripted {status}"}}, status)
+            if self.empty_streams and body.get("stream"):
+                return Response(b"", media_type="text/event-stream")
             return JSONResponse({"object": "text_completion", "model": body.get("model"),
                                  "choices": [{"index": 0, "text": "ok",
                                               "finish_reason": "stop"}]})

@@ -1,18 +1,22 @@
-"""The fleet app's front: its edge guard holds however the app is served, and the
-start-up heap is frozen once the fleet has started."""
+"""The fleet app's front: its edge guard holds however the app is served, the serve
+path freezes the start-up heap, an upstream's empty stream is answered."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import time
+from typing import Any
 
 import httpx
+import pytest
 from starlette.testclient import TestClient
 
 from andante.runtime.upstream.discovery import UpstreamSpec, discover
+from andante.server import fleet_launch
 from andante.server.config import HTTPLimits
 from andante.server.fleet_app import FleetServeOptions, create_fleet_app
-from tests.fleet.helpers import FakeUpstream, fake_upstream, fleet_server
+from tests.fleet.helpers import FakeUpstream, fake_upstream, fleet_options, fleet_server
 
 KEY = "sk-fleet-test"
 
@@ -43,15 +47,46 @@ def test_the_returned_app_applies_auth_and_limits_however_it_is_served() -> None
     assert len(fake.bodies) == 1
 
 
-def test_the_start_up_heap_is_frozen_once_the_fleet_runs() -> None:
+def test_the_serve_path_freezes_the_start_up_heap_and_an_in_process_app_does_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A full collection of the start-up heap stalls the front's event loop (75 ms on
-    this machine, once per ~1,000 requests): frozen, collections skip it."""
+    this machine, once per ~1,000 requests): `andante fleet` freezes it before serving,
+    but an app served in-process (a test's, a benchmark's server thread) leaves its
+    host's heap to the collector."""
+    frozen_when_served: list[int] = []
+
+    class Served:
+        def run(self, sockets: list[Any]) -> None:
+            frozen_when_served.append(gc.get_freeze_count())
+
     gc.unfreeze()
     try:
-        with fake_upstream(FakeUpstream()) as url, fleet_server([url]) as fleet:
-            assert gc.get_freeze_count() > 1000
-            r = httpx.post(f"{fleet.url}/v1/completions", timeout=10,
-                           json={"model": "fake", "prompt": "hi"})
-            assert r.status_code == 200, r.text
+        with fake_upstream(FakeUpstream()) as url:
+            with fleet_server([url]) as fleet:
+                r = httpx.post(f"{fleet.url}/v1/completions", timeout=10,
+                               json={"model": "fake", "prompt": "hi"})
+                assert r.status_code == 200, r.text
+                assert gc.get_freeze_count() == 0
+            monkeypatch.setattr(fleet_launch, "_server", lambda app, options: Served())
+            assert fleet_launch.serve_fleet(fleet_options([url])) == 0
+        assert frozen_when_served and frozen_when_served[0] > 1000
     finally:
         gc.unfreeze()
+
+
+def test_an_upstreams_empty_stream_is_answered_and_its_request_forgotten() -> None:
+    """An upstream answering a stream with a 200 and no byte (content-length 0): the
+    client gets the stream's head and its end, the request's task ends, and the
+    upstream's in-flight count is back to 0."""
+    with fake_upstream(FakeUpstream(empty_streams=True)) as url, \
+            fleet_server([url]) as server:
+        r = httpx.post(f"{server.url}/v1/completions", timeout=5,
+                       json={"model": "fake", "prompt": "hi", "stream": True})
+        assert r.status_code == 200 and r.content == b""
+        assert r.headers["content-type"].startswith("text/event-stream")
+        fleet = server.fleet
+        deadline = time.monotonic() + 5  # the forwarding task ends just after the answer
+        while fleet.upstreams[0].num_in_flight:
+            assert time.monotonic() < deadline, "the forwarding task never ended"
+            time.sleep(0.01)
+        assert not fleet.calls and fleet.groups["fake"].controller.num_owned == 0

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from andante.core.sampling import SLO
-from andante.runtime.upstream.call import Call, Chunk, slo_from
+from andante.runtime.upstream.call import Call, Chunk, Full, slo_from
 from andante.runtime.upstream.discovery import (
     FleetError,
     UpstreamInfo,
     UpstreamSpec,
     parse_fleet_file,
 )
-from andante.runtime.upstream.fleet import Fleet, FleetOptions
+from andante.runtime.upstream.fleet import MAX_REPLACES, Fleet, FleetOptions
+from andante.runtime.upstream.http1 import Head
 from andante.runtime.upstream.metrics import parse_load
 
 VLLM_METRICS = """\
@@ -153,5 +155,60 @@ def test_a_cancelled_attempts_late_bytes_never_reach_the_client() -> None:
         attempt.cancel()
         fleet._relay(fleet.upstreams[0], call2, b"data: late\n\n", attempt)
         assert not call2.started and call2.events.empty()
+
+    asyncio.run(main())
+
+
+def test_a_request_misplaced_again_and_again_goes_round_a_bounded_number_of_times() -> None:
+    """A request placed where its model cannot be served, while the fleet believes
+    another upstream serves it: placed again at most `MAX_REPLACES` times in a row,
+    then held; each poll that releases it places it once more, not `MAX_REPLACES`
+    times (the count is reset only when an upstream answers it)."""
+    async def main() -> None:
+        info = UpstreamInfo(UpstreamSpec("http://u:1", max_num_seqs=8), ("m",), "vllm")
+        fleet = Fleet([info], FleetOptions())
+        placed: list[str] = []
+
+        def misplace(req: Any) -> None:
+            placed.append(req.request_id)
+            fleet._hold(req)
+
+        fleet.groups["m"].controller.submit = misplace  # type: ignore[method-assign]
+        fleet._servable = lambda model: True  # type: ignore[method-assign]
+        fleet.submit(Call("r", "m", "/v1/completions", {}, SLO(), True, 0.0, 10.0), 4,
+                     None, 0)
+        assert len(placed) == 1 + MAX_REPLACES
+        assert [req.request_id for req in fleet.held] == ["r"]
+        for poll in range(1, 4):
+            fleet._release_held(only_servable=True)
+            assert len(placed) == 1 + MAX_REPLACES + poll
+            assert [req.request_id for req in fleet.held] == ["r"]
+
+    asyncio.run(main())
+
+
+def test_an_upstreams_answer_resets_the_count_of_re_placements() -> None:
+    """Once an upstream of its model answers a request, it was placed right: a later
+    misplacement (a retry's) may place it again, `MAX_REPLACES` times."""
+    class Answered:
+        head = Head(200, "application/json", 2, False, True)
+
+        async def read(self) -> bytes:
+            return b"{}"
+
+    class Pool:
+        async def post(self, path: str, payload: bytes, relay: Any) -> Answered:
+            return Answered()
+
+    async def main() -> None:
+        info = UpstreamInfo(UpstreamSpec("http://u:1", max_num_seqs=8), ("m",), "vllm")
+        fleet = Fleet([info], FleetOptions())
+        fleet._pools = [Pool()]  # type: ignore[list-item]
+        call = Call("r", "m", "/v1/completions", {}, SLO(), False, 0.0, 10.0)
+        call.num_replaced = MAX_REPLACES
+        fleet.calls["r"] = call
+        await fleet._forward(fleet.upstreams[0], SimpleNamespace(request_id="r"))  # type: ignore[arg-type]
+        assert call.num_replaced == 0
+        assert call.events.get_nowait() == Full(200, "application/json", b"{}")
 
     asyncio.run(main())

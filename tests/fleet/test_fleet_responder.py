@@ -5,6 +5,7 @@ task, always in order."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from types import SimpleNamespace
 from typing import Any
@@ -115,8 +116,13 @@ def test_the_client_gets_every_event_once_in_order(chunks: list[bytes], refusals
     assert all(m.get("more_body") for m in bodies[:-1]) and not bodies[-1].get("more_body")
     streamed = b"".join(m["body"] for m in bodies)
     expected = b"".join(chunks)
+    if not failed:
+        assert streamed == expected
+        return
     assert streamed.startswith(expected)
-    assert (b"upstream_failed" in streamed[len(expected):]) == failed
+    rest = streamed[len(expected):]  # exactly one error event
+    assert rest.startswith(b"data: ") and rest.endswith(b"\n\n") and rest.count(b"\n\n") == 1
+    assert json.loads(rest[len(b"data: "):])["error"]["code"] == "upstream_failed"
 
 
 def test_a_whole_answer_and_a_refusal_before_any_byte() -> None:
@@ -150,3 +156,52 @@ def test_an_event_after_the_end_is_dropped() -> None:
         assert b"late" not in b"".join(transport.writes) and cycle.response_complete
 
     asyncio.run(main())
+
+
+def test_an_empty_stream_gets_its_head_and_its_end() -> None:
+    """An upstream's stream that ends before any byte (a 200 with an empty body): the
+    client gets the stream's head and its end, sent at once, and the task ends."""
+
+    async def main() -> list[Any]:
+        got: list[Any] = []
+        call = _call()
+        responder = Responder(call, None, lambda *m: got.extend(m) or True)  # type: ignore[arg-type]
+        call.sink = responder.deliver
+        call.push(End())
+        await asyncio.wait_for(responder.run(), 5)
+        return got
+
+    start, body = asyncio.run(main())
+    assert start is SSE_START and body == {"type": "http.response.body", "body": b""}
+
+
+def test_an_event_that_cannot_be_sent_at_once_goes_to_the_task() -> None:
+    """`write_now` raising inside the upstream's callback: the pusher is not hurt, the
+    event (and the ones after it) go to the task, which sends them in order, head
+    first."""
+
+    async def main() -> list[Any]:
+        got: list[Any] = []
+        calls: list[int] = []
+
+        def now(*messages: Any) -> bool:
+            calls.append(len(messages))
+            raise RuntimeError("the transport broke")
+
+        async def send(message: Any) -> None:
+            got.append(message)
+
+        call = _call()
+        responder = Responder(call, send, now)  # type: ignore[arg-type]
+        call.sink = responder.deliver
+        call.push(Chunk(b"data: 1\n\n"))
+        call.push(Chunk(b"data: 2\n\n"))
+        call.push(End())
+        await asyncio.wait_for(responder.run(), 5)
+        assert calls == [2]  # tried once; the later events waited for the task
+        return got
+
+    start, *bodies = asyncio.run(main())
+    assert start is SSE_START
+    assert b"".join(m["body"] for m in bodies) == b"data: 1\n\ndata: 2\n\n"
+    assert not bodies[-1].get("more_body")

@@ -52,6 +52,12 @@ class Failure:
 Event = Chunk | End | Full | Failure
 
 
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """Queued once the front's `sink` has sent the answer's end itself: whoever waits
+    on `events` stops there (no event of the answer is left for it)."""
+
+
 @dataclass(slots=True, eq=False)
 class Call:
     """`deadline`: clock time after which the call is not retried any more."""
@@ -64,7 +70,7 @@ class Call:
     stream: bool
     arrival: float
     deadline: float
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[Event | Delivered] = field(default_factory=asyncio.Queue)
     raw: bytes | None = None  # the body as the client sent it, when nothing is rewritten
     attempts: int = 0
     num_replaced: int = 0  # placed in a row where its model could not be served

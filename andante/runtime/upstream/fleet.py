@@ -241,6 +241,7 @@ class Fleet:
             conn = await self._pools[upstream.index].post(call.path, payload, relay)
             head = conn.head
             assert head is not None
+            call.num_replaced = 0  # an upstream of its model answered: placed right
             if head.status == 429 or head.status >= 500:
                 answer = Full(head.status, head.content_type, await conn.read())
                 self._refused(upstream, call, req, answer)
@@ -414,7 +415,9 @@ class Fleet:
     def _release_held(self, only_servable: bool = False) -> None:
         """An upstream came back (or a poll: `only_servable`, those whose model is
         served): the held requests go to their controllers again (those whose model
-        is still unserved come back here)."""
+        is still unserved come back here). Their count of re-placements stays (it is
+        reset once an upstream answers them): one misplaced again is held again at
+        once, so a request goes round at most once per poll, not `MAX_REPLACES` times."""
         held, self.held = self.held, []
         for req in held:
             call = self.calls.get(req.request_id)
@@ -423,7 +426,6 @@ class Fleet:
             if only_servable and not self._servable(call.model):
                 self.held.append(req)
                 continue
-            call.num_replaced = 0
             self.groups[call.model].controller.submit(req)
 
     def _hand_back(self, index: int, reqs: list[Request]) -> None:
