@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -74,6 +75,7 @@ from andante.models.loader import LoadedModel, parse_dtype
 from andante.models.rope import inverse_frequencies, rope_table
 from andante.models.weights import LayerWeights, ModelWeights
 from andante.perf.cost_model import CostModel
+from andante.perf.shape import BatchShape
 from andante.perf.specs import ModelSpec
 
 LayerSlice = tuple[int, int]
@@ -273,6 +275,8 @@ class PipelineExecutor(PipelineSleep):
         self._failure: BaseException | None = None  # a stage's error (`_fail`)
         self._next_index = 0
         self._open_since = 0.0
+        # the shapes of the last `num_stages` microbatches fed (lookahead's balance)
+        self.recent_shapes: deque[BatchShape] = deque(maxlen=len(self.stages))
 
     @property
     def num_stages(self) -> int:
@@ -289,6 +293,7 @@ class PipelineExecutor(PipelineSleep):
         running = self._stream is not None
         self.close()
         self._init_stages(self.model, stages)
+        self.recent_shapes = deque(self.recent_shapes, maxlen=len(self.stages))
         self.workers = StageWorkers(len(self.stages), self._run_stage)
         self.workers.times.carry(times)
         if running:
@@ -387,10 +392,15 @@ class PipelineExecutor(PipelineSleep):
                 index, self._next_index = self._next_index, self._next_index + 1
                 self._fed[index] = fed
                 self._stream.feed(index, fed.inputs)
+                self.recent_shapes.append(sub.shape())
         times = self.workers.times
         times.num_steps += 1
         times.num_microbatches += len(plan)
         return len(plan)
+
+    def in_flight_ids(self) -> set[str]:
+        """The requests with a piece in a microbatch still in the pipeline."""
+        return {r.request_id for fed in self._fed.values() for r in fed.sub.requests}
 
     def next_event(self) -> PipelineEvent:
         """The next microbatch out of stage 0 or the last stage, with the step rows it
