@@ -18,6 +18,9 @@ reports each one leaving stage 0 and the last stage, so the engine can apply eac
 microbatch's rows as it completes and feed the next step while earlier microbatches are
 still in later stages (andante.engine.overlap). The bubble share is the idle share of
 the stages over the span the pipeline held work: 1 - Σ busy / (stages x span).
+Threads: torch's intra-op count is per OS thread, and a new thread takes the process's;
+two stage threads each opening an OpenMP team of every core would run 2 x cores
+threads on the cores, so each stage thread takes its share (`stage_threads`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch
 from andante.exec.microbatch import MicrobatchPlanner, Piece, by_rows, check_plan, sub_batch
 
 __all__ = ["MicrobatchPlanner", "Piece", "PipelineTimes", "StageStream", "StageWorkers",
-           "by_rows", "check_plan", "sub_batch"]
+           "by_rows", "check_plan", "stage_threads", "sub_batch"]
 
 
 StageFn = Callable[[int, Any, Any], Any]  # (stage index, hidden, inputs) -> hidden
@@ -68,6 +71,12 @@ class PipelineTimes:
 _STOP = object()
 
 
+def stage_threads(num_threads: int, num_stages: int) -> int:
+    """Intra-op threads per stage thread when `num_stages` stages run at once on
+    `num_threads` cores (module note): the cores split among them, at least one each."""
+    return max(1, num_threads // max(1, num_stages))
+
+
 class StageWorkers:
     """One thread per stage, microbatches flowing through in order (module note)."""
 
@@ -77,6 +86,7 @@ class StageWorkers:
         self.num_stages = num_stages
         self._run_stage = run_stage
         self.times = PipelineTimes(num_stages=num_stages, per_stage=[0.0] * num_stages)
+        self.threads = 0  # each stage thread's intra-op threads (as `StageStream`'s)
 
     def run(self, inputs: Sequence[Any]) -> list[Any]:
         """Each microbatch's last-stage output, in order."""
@@ -112,6 +122,8 @@ class StageWorkers:
 
     def _stage_loop(self, k: int, inbox: queue.Queue[Any], outbox: queue.Queue[Any],
                     busy: list[float], errors: list[BaseException]) -> None:
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
         with torch.inference_mode():
             while True:
                 got = inbox.get()
@@ -146,12 +158,16 @@ class StageStream:
     order, and `next_event` reports each leaving stage 0 and the last stage (module
     note). Stage-seconds go to `times` (`busy`, `per_stage`)."""
 
-    def __init__(self, num_stages: int, run_stage: StageFn, times: PipelineTimes) -> None:
+    def __init__(self, num_stages: int, run_stage: StageFn, times: PipelineTimes,
+                 threads: int = 0) -> None:
+        """`threads`: each stage thread's intra-op threads (`stage_threads`; 0: the
+        process's count, which each stage thread then opens at once)."""
         if num_stages < 1:
             raise ValueError(f"num_stages must be >= 1, got {num_stages}")
         self.num_stages = num_stages
         self._run_stage = run_stage
         self.times = times
+        self.threads = threads
         self._lock = threading.Lock()
         self._events: queue.Queue[Any] = queue.Queue()
         self._inboxes: list[queue.Queue[Any]] = []
@@ -192,6 +208,8 @@ class StageStream:
         inbox = self._inboxes[k]
         last = k == self.num_stages - 1
         outbox = None if last else self._inboxes[k + 1]
+        if self.threads > 0:  # this thread's OpenMP team (torch's count is per thread)
+            torch.set_num_threads(self.threads)
         with torch.inference_mode():
             while True:
                 got = inbox.get()

@@ -66,6 +66,7 @@ from andante.exec.torch_microbatch import (
     StageWorkers,
     by_rows,
     check_plan,
+    stage_threads,
     sub_batch,
 )
 from andante.exec.torch_pipeline_procs import ProcessStageStream
@@ -242,6 +243,9 @@ class PipelineExecutor(PipelineSleep):
             raise ValueError(f"stage_workers must be one of {STAGE_WORKER_KINDS}, "
                              f"got {stage_workers!r}")
         self.stage_workers = stage_workers
+        # each stage thread's intra-op threads (None: the executor's split among the
+        # stages, andante.exec.torch_microbatch's `stage_threads`; 0: the process's)
+        self.threads_per_stage: int | None = None
         self.planner: MicrobatchPlanner = planner or by_rows
         self.workers = StageWorkers(len(self.stages), self._run_stage)
         self._count_lock = threading.Lock()
@@ -358,6 +362,7 @@ class PipelineExecutor(PipelineSleep):
         parts = [sub_batch(batch, pieces) for pieces in plan]
         with torch.inference_mode():
             inputs = [self.inputs.build(sub) for sub, _ in parts]
+            self.workers.threads = self._stage_thread_count()
             logits = self.workers.run(inputs)
             for (sub, rows), step_inputs, x in zip(parts, inputs, logits, strict=True):
                 if not step_inputs.sample_index:
@@ -435,7 +440,14 @@ class PipelineExecutor(PipelineSleep):
         if self.stage_workers == "process":
             return ProcessStageStream(self.model, self.options, self.stages,
                                       self.workers.times)
-        return StageStream(len(self.stages), self._run_stage, self.workers.times)
+        return StageStream(len(self.stages), self._run_stage, self.workers.times,
+                           self._stage_thread_count())
+
+    def _stage_thread_count(self) -> int:
+        if self.threads_per_stage is not None:
+            return self.threads_per_stage
+        return stage_threads(self.options.num_threads or torch.get_num_threads(),
+                             len(self.stages))
 
     def start_workers(self) -> None:
         """Start the overlapped stages' workers now rather than at the first
