@@ -314,7 +314,7 @@ def _stage_cpu_seconds(group: PipelineExecutor) -> float:
 
 def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argparse.Namespace,
                   mode: str, lookahead: bool, stage_workers: StageWorkerKind = "thread",
-                  threads_per_stage: int | None = None
+                  threads_per_stage: int | None = None, first_on_caller: bool = False
                   ) -> tuple[float, float | None, list[list[int]], float]:
     """Output tokens/s of one two-stage group decoding `--pipeline-requests` requests,
     its bubble share (pipelined only), the outputs, and the cores it got (process CPU
@@ -335,6 +335,7 @@ def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argpa
                               [kv, kv], unsplit.cost_model, unsplit.max_model_len, 0,
                               pipelined, planner, stage_workers=stage_workers)
     group.threads_per_stage = threads_per_stage
+    group.first_stage_on_caller = first_on_caller
     del unsplit
     config = SchedulerConfig(max_model_len=1024, max_num_batched_tokens=1024)
     engine = build_engine(group, MonotonicClock(), "vllm", config)
@@ -375,6 +376,8 @@ def pipelined_vs_sequential(args: argparse.Namespace) -> dict[str, Any]:
         procs, bubble_procs, procs_out, procs_cores = _group_decode(
             model, options, args, "overlapped", True, "process") \
             if not args.skip_process else (float("nan"), None, seq_out, float("nan"))
+        inline, bubble_inline, inline_out, inline_cores = _group_decode(
+            model, options, args, "overlapped", True, first_on_caller=True)
         shared, _, shared_out, shared_cores = _group_decode(
             model, options, args, "overlapped", True, threads_per_stage=0) \
             if (args.threads or 1) > 1 else (pipe, None, pipe_out, pipe_cores)
@@ -393,10 +396,13 @@ def pipelined_vs_sequential(args: argparse.Namespace) -> dict[str, Any]:
                        "threads_per_stage": stage_threads(args.threads or 1, 2),
                        "sequential_cpu_ms_per_token": 1000 * seq_cores / seq,
                        "pipelined_cpu_ms_per_token": 1000 * pipe_cores / pipe,
+                       "stage0_on_caller_ratio": inline / seq,
+                       "stage0_on_caller_cpu_ms_per_token": 1000 * inline_cores / inline,
+                       "bubble_share_stage0_on_caller": bubble_inline,
                        "shared_threads_ratio": shared / seq,
                        "shared_threads_cpu_ms_per_token": 1000 * shared_cores / shared,
                        "identical": seq_out == pipe_out == rows_out == drained_out
-                       == procs_out == shared_out,
+                       == procs_out == shared_out == inline_out,
                        "load_avg": load})
     median = _medians(rounds)
     chosen = LocalGroupOptions().stage_workers  # what a served group runs on

@@ -159,15 +159,19 @@ class StageStream:
     note). Stage-seconds go to `times` (`busy`, `per_stage`)."""
 
     def __init__(self, num_stages: int, run_stage: StageFn, times: PipelineTimes,
-                 threads: int = 0) -> None:
+                 threads: int = 0, first_on_caller: bool = False) -> None:
         """`threads`: each stage thread's intra-op threads (`stage_threads`; 0: the
-        process's count, which each stage thread then opens at once)."""
+        process's count, which each stage thread then opens at once).
+        `first_on_caller`: stage 0 runs in `feed`, on the caller's thread (one thread
+        hand-off less per microbatch; the caller computes stage 0 while the later stages'
+        threads run earlier microbatches)."""
         if num_stages < 1:
             raise ValueError(f"num_stages must be >= 1, got {num_stages}")
         self.num_stages = num_stages
         self._run_stage = run_stage
         self.times = times
         self.threads = threads
+        self.first_on_caller = first_on_caller and num_stages > 1
         self._lock = threading.Lock()
         self._events: queue.Queue[Any] = queue.Queue()
         self._inboxes: list[queue.Queue[Any]] = []
@@ -177,7 +181,22 @@ class StageStream:
         """Microbatch `index` enters stage 0's inbox (threads start on first use)."""
         if not self._threads:
             self._start()
-        self._inboxes[0].put((index, None, item))
+        if not self.first_on_caller:
+            self._inboxes[0].put((index, None, item))
+            return
+        began = time.perf_counter()
+        own = torch.get_num_threads()
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+        try:
+            hidden = self._run_stage(0, None, item)
+        except BaseException as exc:  # surfaced by `next_event`, as a thread's error
+            self._events.put(exc)
+            return
+        finally:
+            torch.set_num_threads(own)
+        self._count(0, time.perf_counter() - began)
+        self._pass_on(0, index, hidden, item)
 
     def next_event(self) -> tuple[int, bool, Any]:
         """(microbatch index, whether it left the last stage, the last stage's output or
@@ -189,20 +208,33 @@ class StageStream:
 
     def close(self) -> None:
         """Stop the threads once what was fed has gone through."""
-        if not self._threads:
+        if not self._inboxes:
             return
-        self._inboxes[0].put(_STOP)
+        self._inboxes[self._first_thread].put(_STOP)
         for t in self._threads:
             t.join()
         self._threads, self._inboxes = [], []
+
+    @property
+    def _first_thread(self) -> int:
+        return 1 if self.first_on_caller else 0
 
     def _start(self) -> None:
         self._inboxes = [queue.Queue() for _ in range(self.num_stages)]
         self._threads = [threading.Thread(target=self._loop, args=(k,),
                                           name=f"pipeline-stream-{k}", daemon=True)
-                         for k in range(self.num_stages)]
+                         for k in range(self._first_thread, self.num_stages)]
         for t in self._threads:
             t.start()
+
+    def _pass_on(self, k: int, index: int, hidden: Any, item: Any) -> None:
+        """Stage `k` is done with microbatch `index`: report and hand it on."""
+        if k == 0:
+            self._events.put((index, False, None))
+        if k + 1 < self.num_stages:
+            self._inboxes[k + 1].put((index, hidden, item))
+        else:
+            self._events.put((index, True, hidden))
 
     def _loop(self, k: int) -> None:
         inbox = self._inboxes[k]
@@ -225,12 +257,7 @@ class StageStream:
                     self._events.put(exc)
                     continue
                 self._count(k, time.perf_counter() - began)
-                if k == 0:
-                    self._events.put((index, False, None))
-                if outbox is not None:
-                    outbox.put((index, hidden, item))
-                else:
-                    self._events.put((index, True, hidden))
+                self._pass_on(k, index, hidden, item)
 
     def _count(self, k: int, seconds: float) -> None:
         with self._lock:

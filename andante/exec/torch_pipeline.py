@@ -246,6 +246,8 @@ class PipelineExecutor(PipelineSleep):
         # each stage thread's intra-op threads (None: the executor's split among the
         # stages, andante.exec.torch_microbatch's `stage_threads`; 0: the process's)
         self.threads_per_stage: int | None = None
+        # overlapped: stage 0 on the caller's thread (`StageStream`'s first_on_caller)
+        self.first_stage_on_caller = False
         self.planner: MicrobatchPlanner = planner or by_rows
         self.workers = StageWorkers(len(self.stages), self._run_stage)
         self._count_lock = threading.Lock()
@@ -441,7 +443,7 @@ class PipelineExecutor(PipelineSleep):
             return ProcessStageStream(self.model, self.options, self.stages,
                                       self.workers.times)
         return StageStream(len(self.stages), self._run_stage, self.workers.times,
-                           self._stage_thread_count())
+                           self._stage_thread_count(), self.first_stage_on_caller)
 
     def _stage_thread_count(self) -> int:
         if self.threads_per_stage is not None:
