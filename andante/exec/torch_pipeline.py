@@ -26,7 +26,12 @@ driven by andante.engine.overlap's `OverlappedLoop`), the stage threads live acr
 sampled tokens) or stage 0 (a prompt's inner chunk), so the next step's microbatches
 enter stage 0 while earlier ones are still in later stages; with `stage_workers=
 "process"` each stage runs in a process of its own instead (andante.exec.
-torch_pipeline_procs: the stages run at once, not under one interpreter lock). Either
+torch_pipeline_procs: the stages run at once, not under one interpreter lock). Each
+stage worker runs its share of the executor's intra-op threads (`threads_per_stage`,
+andante.exec.torch_microbatch's `stage_threads`: at 2 threads on 2 cores, stage threads
+each opening teams of 2 cost 4.4-6.0 ms of CPU per token against 4.2-4.3 at 1 each);
+`first_stage_on_caller` computes stage 0 in `submit` instead of on a thread of its own
+(one hand-off less per microbatch; off: it did not measure faster). Either
 way the split changes
 where the memory goes, not the arithmetic. The layers are the unsplit engine's
 (`ExactLayer`/`FusedLayer`, `LMHead`, the same RoPE tables), so greedy outputs are
