@@ -35,7 +35,17 @@ both: stage threads, or stage processes, andante.exec.torch_pipeline_procs, whos
 `process_cores` count the stage processes' CPU), with the bubble share of the
 pipelined runs, with KunServe's lookahead cutting the microbatches and with plain row
 cuts (`bubble_share_lookahead`, `bubble_share_rows`); `drained_ratio` is the same
-pipeline draining at every step (`Engine.step`), as before steps overlapped. On this
+pipeline draining at every step (`Engine.step`), as before steps overlapped. With
+`--threads` above 1 each stage thread runs its share of them (`threads_per_stage`,
+andante.exec.torch_microbatch's `stage_threads`); `shared_threads_ratio` is the
+overlapped group with every stage thread on all `--threads` (as before), and each run's
+process CPU per output token is reported beside its throughput. Why the ratio stays
+below 1 here (measured, load 3.1-3.5, 1 thread, CPU ms per token, medians of 2):
+sequential 16 requests 2.53, sequential 8 requests 3.34, overlapped 16 requests (two
+microbatches of 8) 3.79, overlapped 32 requests (two of 16) 2.65. Decode streams the
+weights once per microbatch, so cutting the same batch in two costs ~1.4x the CPU per
+token; the pipeline wins only where it gets more than ~1.4x the cores the sequential
+run gets, which a shared 2-core machine did not give it (0.5-1.0 cores measured). On this
 machine both stages share 2 cores, so the overlap cannot add compute: the gain to show
 here is in TTFT under pressure (the burst comparison), not in raw speed.
 
@@ -45,6 +55,7 @@ round (this machine is shared: figures are noisy).
 
 from __future__ import annotations
 
+# ruff: noqa: E402 (the wait policy is set before anything imports torch)
 import argparse
 import asyncio
 import dataclasses
@@ -55,6 +66,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from andante.exec.omp_wait import choose_wait_policy
+
+choose_wait_policy(os.environ)  # as `andante serve` runs, before torch loads libgomp
+
 import numpy as np
 
 from andante.bench.load import BenchConfig, run_bench
@@ -63,6 +78,7 @@ from andante.cluster.kunserve.seam import GroupPlan
 from andante.core import MonotonicClock, Request, SamplingParams
 from andante.engine.overlap import OverlappedLoop
 from andante.exec.torch_executor import TorchExecutor, TorchExecutorOptions
+from andante.exec.torch_microbatch import stage_threads
 from andante.exec.torch_pipeline import (
     PipelineExecutor,
     StageWorkerKind,
@@ -264,6 +280,8 @@ def main() -> None:
                         help="skip the pipelined-vs-sequential decode comparison")
     parser.add_argument("--pipeline-rounds", type=int, default=3)
     parser.add_argument("--pipeline-requests", type=int, default=16)
+    parser.add_argument("--skip-process", action="store_true",
+                        help="skip the stage-process runs of the pipeline comparison")
     args = parser.parse_args()
     out: dict[str, Any] = {"benchmark": "kunserve_engine", "dtype": args.dtype}
     if not args.skip_pipeline:
@@ -301,14 +319,17 @@ def _stage_cpu_seconds(group: PipelineExecutor) -> float:
 
 
 def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argparse.Namespace,
-                  mode: str, lookahead: bool, stage_workers: StageWorkerKind = "thread"
+                  mode: str, lookahead: bool, stage_workers: StageWorkerKind = "thread",
+                  threads_per_stage: int | None = None, first_on_caller: bool = False
                   ) -> tuple[float, float | None, list[list[int]], float]:
     """Output tokens/s of one two-stage group decoding `--pipeline-requests` requests,
     its bubble share (pipelined only), the outputs, and the cores it got (process CPU
     seconds per wall second while decoding: at most 1 sequential, 2 pipelined). `mode`:
     "sequential" (stage after stage), "drained" (microbatches in flight, the pipeline
     drains at every step: `Engine.step`) or "overlapped" (each microbatch completes on its
-    own, the next step enters stage 0 meanwhile: andante.engine.overlap)."""
+    own, the next step enters stage 0 meanwhile: andante.engine.overlap).
+    `threads_per_stage`: the stage threads' intra-op threads (None: the executor's
+    share per stage, 0: the process's each, as before stage threads took a share)."""
     # (the unsplit executor only sizes the group: its step warm-up is not needed)
     unsplit = TorchExecutor(model, dataclasses.replace(options, warmup_tokens=None))
     half = model.config.num_layers // 2
@@ -319,6 +340,8 @@ def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argpa
     group = pipeline_executor(model, options, [(0, half), (half, model.config.num_layers)],
                               [kv, kv], unsplit.cost_model, unsplit.max_model_len, 0,
                               pipelined, planner, stage_workers=stage_workers)
+    group.threads_per_stage = threads_per_stage
+    group.first_stage_on_caller = first_on_caller
     del unsplit
     config = SchedulerConfig(max_model_len=1024, max_num_batched_tokens=1024)
     engine = build_engine(group, MonotonicClock(), "vllm", config)
@@ -357,7 +380,13 @@ def pipelined_vs_sequential(args: argparse.Namespace) -> dict[str, Any]:
         pipe, bubble, pipe_out, pipe_cores = _group_decode(model, options, args,
                                                            "overlapped", True)
         procs, bubble_procs, procs_out, procs_cores = _group_decode(
-            model, options, args, "overlapped", True, "process")
+            model, options, args, "overlapped", True, "process") \
+            if not args.skip_process else (float("nan"), None, seq_out, float("nan"))
+        inline, bubble_inline, inline_out, inline_cores = _group_decode(
+            model, options, args, "overlapped", True, first_on_caller=True)
+        shared, _, shared_out, shared_cores = _group_decode(
+            model, options, args, "overlapped", True, threads_per_stage=0) \
+            if (args.threads or 1) > 1 else (pipe, None, pipe_out, pipe_cores)
         rows, bubble_rows, rows_out, _ = _group_decode(model, options, args, "overlapped",
                                                        False)
         drained, bubble_drained, drained_out, _ = _group_decode(model, options, args,
@@ -370,16 +399,24 @@ def pipelined_vs_sequential(args: argparse.Namespace) -> dict[str, Any]:
                        "bubble_share_lookahead": bubble, "bubble_share_rows": bubble_rows,
                        "bubble_share_drained": bubble_drained,
                        "sequential_cores": seq_cores, "pipelined_cores": pipe_cores,
+                       "threads_per_stage": stage_threads(args.threads or 1, 2),
+                       "sequential_cpu_ms_per_token": 1000 * seq_cores / seq,
+                       "pipelined_cpu_ms_per_token": 1000 * pipe_cores / pipe,
+                       "stage0_on_caller_ratio": inline / seq,
+                       "stage0_on_caller_cpu_ms_per_token": 1000 * inline_cores / inline,
+                       "bubble_share_stage0_on_caller": bubble_inline,
+                       "shared_threads_ratio": shared / seq,
+                       "shared_threads_cpu_ms_per_token": 1000 * shared_cores / shared,
                        "identical": seq_out == pipe_out == rows_out == drained_out
-                       == procs_out,
+                       == procs_out == shared_out == inline_out,
                        "load_avg": load})
     median = _medians(rounds)
     chosen = LocalGroupOptions().stage_workers  # what a served group runs on
-    ratio, bubble = ("process_ratio", "bubble_share_process") if chosen == "process" \
-        else ("ratio", "bubble_share_lookahead")
-    return {"pipelined_vs_sequential": median[ratio], "stage_workers": chosen,
+    ratio_key, bubble_key = ("process_ratio", "bubble_share_process") \
+        if chosen == "process" else ("ratio", "bubble_share_lookahead")
+    return {"pipelined_vs_sequential": median[ratio_key], "stage_workers": chosen,
             "thread_ratio": median["ratio"], "process_ratio": median["process_ratio"],
-            "bubble_share": median[bubble],
+            "bubble_share": median[bubble_key],
             "pipeline": {"requests": args.pipeline_requests, "median": median,
                          "all_identical": all(r["identical"] for r in rounds),
                          "rounds": rounds}}

@@ -18,6 +18,9 @@ reports each one leaving stage 0 and the last stage, so the engine can apply eac
 microbatch's rows as it completes and feed the next step while earlier microbatches are
 still in later stages (andante.engine.overlap). The bubble share is the idle share of
 the stages over the span the pipeline held work: 1 - Σ busy / (stages x span).
+Threads: torch's intra-op count is per OS thread, and a new thread takes the process's;
+two stage threads each opening an OpenMP team of every core would run 2 x cores
+threads on the cores, so each stage thread takes its share (`stage_threads`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch
 from andante.exec.microbatch import MicrobatchPlanner, Piece, by_rows, check_plan, sub_batch
 
 __all__ = ["MicrobatchPlanner", "Piece", "PipelineTimes", "StageStream", "StageWorkers",
-           "by_rows", "check_plan", "sub_batch"]
+           "by_rows", "check_plan", "stage_threads", "sub_batch"]
 
 
 StageFn = Callable[[int, Any, Any], Any]  # (stage index, hidden, inputs) -> hidden
@@ -68,6 +71,12 @@ class PipelineTimes:
 _STOP = object()
 
 
+def stage_threads(num_threads: int, num_stages: int) -> int:
+    """Intra-op threads per stage thread when `num_stages` stages run at once on
+    `num_threads` cores (module note): the cores split among them, at least one each."""
+    return max(1, num_threads // max(1, num_stages))
+
+
 class StageWorkers:
     """One thread per stage, microbatches flowing through in order (module note)."""
 
@@ -77,6 +86,7 @@ class StageWorkers:
         self.num_stages = num_stages
         self._run_stage = run_stage
         self.times = PipelineTimes(num_stages=num_stages, per_stage=[0.0] * num_stages)
+        self.threads = 0  # each stage thread's intra-op threads (as `StageStream`'s)
 
     def run(self, inputs: Sequence[Any]) -> list[Any]:
         """Each microbatch's last-stage output, in order."""
@@ -112,6 +122,8 @@ class StageWorkers:
 
     def _stage_loop(self, k: int, inbox: queue.Queue[Any], outbox: queue.Queue[Any],
                     busy: list[float], errors: list[BaseException]) -> None:
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
         with torch.inference_mode():
             while True:
                 got = inbox.get()
@@ -146,12 +158,20 @@ class StageStream:
     order, and `next_event` reports each leaving stage 0 and the last stage (module
     note). Stage-seconds go to `times` (`busy`, `per_stage`)."""
 
-    def __init__(self, num_stages: int, run_stage: StageFn, times: PipelineTimes) -> None:
+    def __init__(self, num_stages: int, run_stage: StageFn, times: PipelineTimes,
+                 threads: int = 0, first_on_caller: bool = False) -> None:
+        """`threads`: each stage thread's intra-op threads (`stage_threads`; 0: the
+        process's count, which each stage thread then opens at once).
+        `first_on_caller`: stage 0 runs in `feed`, on the caller's thread (one thread
+        hand-off less per microbatch; the caller computes stage 0 while the later stages'
+        threads run earlier microbatches)."""
         if num_stages < 1:
             raise ValueError(f"num_stages must be >= 1, got {num_stages}")
         self.num_stages = num_stages
         self._run_stage = run_stage
         self.times = times
+        self.threads = threads
+        self.first_on_caller = first_on_caller and num_stages > 1
         self._lock = threading.Lock()
         self._events: queue.Queue[Any] = queue.Queue()
         self._inboxes: list[queue.Queue[Any]] = []
@@ -161,7 +181,22 @@ class StageStream:
         """Microbatch `index` enters stage 0's inbox (threads start on first use)."""
         if not self._threads:
             self._start()
-        self._inboxes[0].put((index, None, item))
+        if not self.first_on_caller:
+            self._inboxes[0].put((index, None, item))
+            return
+        began = time.perf_counter()
+        own = torch.get_num_threads()
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+        try:
+            hidden = self._run_stage(0, None, item)
+        except BaseException as exc:  # surfaced by `next_event`, as a thread's error
+            self._events.put(exc)
+            return
+        finally:
+            torch.set_num_threads(own)
+        self._count(0, time.perf_counter() - began)
+        self._pass_on(0, index, hidden, item)
 
     def next_event(self) -> tuple[int, bool, Any]:
         """(microbatch index, whether it left the last stage, the last stage's output or
@@ -173,25 +208,40 @@ class StageStream:
 
     def close(self) -> None:
         """Stop the threads once what was fed has gone through."""
-        if not self._threads:
+        if not self._inboxes:
             return
-        self._inboxes[0].put(_STOP)
+        self._inboxes[self._first_thread].put(_STOP)
         for t in self._threads:
             t.join()
         self._threads, self._inboxes = [], []
+
+    @property
+    def _first_thread(self) -> int:
+        return 1 if self.first_on_caller else 0
 
     def _start(self) -> None:
         self._inboxes = [queue.Queue() for _ in range(self.num_stages)]
         self._threads = [threading.Thread(target=self._loop, args=(k,),
                                           name=f"pipeline-stream-{k}", daemon=True)
-                         for k in range(self.num_stages)]
+                         for k in range(self._first_thread, self.num_stages)]
         for t in self._threads:
             t.start()
+
+    def _pass_on(self, k: int, index: int, hidden: Any, item: Any) -> None:
+        """Stage `k` is done with microbatch `index`: report and hand it on."""
+        if k == 0:
+            self._events.put((index, False, None))
+        if k + 1 < self.num_stages:
+            self._inboxes[k + 1].put((index, hidden, item))
+        else:
+            self._events.put((index, True, hidden))
 
     def _loop(self, k: int) -> None:
         inbox = self._inboxes[k]
         last = k == self.num_stages - 1
         outbox = None if last else self._inboxes[k + 1]
+        if self.threads > 0:  # this thread's OpenMP team (torch's count is per thread)
+            torch.set_num_threads(self.threads)
         with torch.inference_mode():
             while True:
                 got = inbox.get()
@@ -207,12 +257,7 @@ class StageStream:
                     self._events.put(exc)
                     continue
                 self._count(k, time.perf_counter() - began)
-                if k == 0:
-                    self._events.put((index, False, None))
-                if outbox is not None:
-                    outbox.put((index, hidden, item))
-                else:
-                    self._events.put((index, True, hidden))
+                self._pass_on(k, index, hidden, item)
 
     def _count(self, k: int, seconds: float) -> None:
         with self._lock:

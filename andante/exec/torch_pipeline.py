@@ -26,7 +26,12 @@ driven by andante.engine.overlap's `OverlappedLoop`), the stage threads live acr
 sampled tokens) or stage 0 (a prompt's inner chunk), so the next step's microbatches
 enter stage 0 while earlier ones are still in later stages; with `stage_workers=
 "process"` each stage runs in a process of its own instead (andante.exec.
-torch_pipeline_procs: the stages run at once, not under one interpreter lock). Either
+torch_pipeline_procs: the stages run at once, not under one interpreter lock). Each
+stage worker runs its share of the executor's intra-op threads (`threads_per_stage`,
+andante.exec.torch_microbatch's `stage_threads`: at 2 threads on 2 cores, stage threads
+each opening teams of 2 cost 4.4-6.0 ms of CPU per token against 4.2-4.3 at 1 each);
+`first_stage_on_caller` computes stage 0 in `submit` instead of on a thread of its own
+(one hand-off less per microbatch; off: it did not measure faster). Either
 way the split changes
 where the memory goes, not the arithmetic. The layers are the unsplit engine's
 (`ExactLayer`/`FusedLayer`, `LMHead`, the same RoPE tables), so greedy outputs are
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -65,6 +71,7 @@ from andante.exec.torch_microbatch import (
     StageWorkers,
     by_rows,
     check_plan,
+    stage_threads,
     sub_batch,
 )
 from andante.exec.torch_pipeline_procs import ProcessStageStream
@@ -74,6 +81,7 @@ from andante.models.loader import LoadedModel, parse_dtype
 from andante.models.rope import inverse_frequencies, rope_table
 from andante.models.weights import LayerWeights, ModelWeights
 from andante.perf.cost_model import CostModel
+from andante.perf.shape import BatchShape
 from andante.perf.specs import ModelSpec
 
 LayerSlice = tuple[int, int]
@@ -240,6 +248,11 @@ class PipelineExecutor(PipelineSleep):
             raise ValueError(f"stage_workers must be one of {STAGE_WORKER_KINDS}, "
                              f"got {stage_workers!r}")
         self.stage_workers = stage_workers
+        # each stage thread's intra-op threads (None: the executor's split among the
+        # stages, andante.exec.torch_microbatch's `stage_threads`; 0: the process's)
+        self.threads_per_stage: int | None = None
+        # overlapped: stage 0 on the caller's thread (`StageStream`'s first_on_caller)
+        self.first_stage_on_caller = False
         self.planner: MicrobatchPlanner = planner or by_rows
         self.workers = StageWorkers(len(self.stages), self._run_stage)
         self._count_lock = threading.Lock()
@@ -273,6 +286,8 @@ class PipelineExecutor(PipelineSleep):
         self._failure: BaseException | None = None  # a stage's error (`_fail`)
         self._next_index = 0
         self._open_since = 0.0
+        # the shapes of the last `num_stages` microbatches fed (lookahead's balance)
+        self.recent_shapes: deque[BatchShape] = deque(maxlen=len(self.stages))
 
     @property
     def num_stages(self) -> int:
@@ -289,6 +304,7 @@ class PipelineExecutor(PipelineSleep):
         running = self._stream is not None
         self.close()
         self._init_stages(self.model, stages)
+        self.recent_shapes = deque(self.recent_shapes, maxlen=len(self.stages))
         self.workers = StageWorkers(len(self.stages), self._run_stage)
         self.workers.times.carry(times)
         if running:
@@ -353,6 +369,7 @@ class PipelineExecutor(PipelineSleep):
         parts = [sub_batch(batch, pieces) for pieces in plan]
         with torch.inference_mode():
             inputs = [self.inputs.build(sub) for sub, _ in parts]
+            self.workers.threads = self._stage_thread_count()
             logits = self.workers.run(inputs)
             for (sub, rows), step_inputs, x in zip(parts, inputs, logits, strict=True):
                 if not step_inputs.sample_index:
@@ -387,10 +404,15 @@ class PipelineExecutor(PipelineSleep):
                 index, self._next_index = self._next_index, self._next_index + 1
                 self._fed[index] = fed
                 self._stream.feed(index, fed.inputs)
+                self.recent_shapes.append(sub.shape())
         times = self.workers.times
         times.num_steps += 1
         times.num_microbatches += len(plan)
         return len(plan)
+
+    def in_flight_ids(self) -> set[str]:
+        """The requests with a piece in a microbatch still in the pipeline."""
+        return {r.request_id for fed in self._fed.values() for r in fed.sub.requests}
 
     def next_event(self) -> PipelineEvent:
         """The next microbatch out of stage 0 or the last stage, with the step rows it
@@ -425,7 +447,14 @@ class PipelineExecutor(PipelineSleep):
         if self.stage_workers == "process":
             return ProcessStageStream(self.model, self.options, self.stages,
                                       self.workers.times)
-        return StageStream(len(self.stages), self._run_stage, self.workers.times)
+        return StageStream(len(self.stages), self._run_stage, self.workers.times,
+                           self._stage_thread_count(), self.first_stage_on_caller)
+
+    def _stage_thread_count(self) -> int:
+        if self.threads_per_stage is not None:
+            return self.threads_per_stage
+        return stage_threads(self.options.num_threads or torch.get_num_threads(),
+                             len(self.stages))
 
     def start_workers(self) -> None:
         """Start the overlapped stages' workers now rather than at the first

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.multiprocessing as mp
 
-from andante.exec.torch_microbatch import PipelineTimes
+from andante.exec.torch_microbatch import PipelineTimes, stage_threads
 from andante.models.weights import LayerWeights, ModelWeights
 
 if TYPE_CHECKING:
@@ -187,9 +187,12 @@ class ProcessStageStream:
 
     def __init__(self, model: LoadedModel, options: TorchExecutorOptions,
                  stages: Sequence[Stage], times: PipelineTimes) -> None:
-        self.model, self.options = model, options
         self.stages = list(stages)
         self.num_stages = len(self.stages)
+        # each stage process runs its share of the executor's threads (the stages run
+        # at once on the same cores: andante.exec.torch_microbatch's `stage_threads`)
+        self.model, self.options = model, dataclasses.replace(options, num_threads=(
+            stage_threads(options.num_threads or 1, self.num_stages)))
         self.times = times
         self.activation_bytes = 0
         self.num_activation_transfers = 0

@@ -363,7 +363,8 @@ class LocalPipelineGroups(GroupResizing):
             return
         switch_to_pipeline(plan, workers, self._instances, forming.pipeline)
         if self.options.pipelined:  # the leader's steps overlap in the stages
-            self.leader_loop(plan.leader).run_on(forming.pipeline)
+            self.leader_loop(plan.leader).run_on(forming.pipeline,
+                                                 self.options.lookahead)
 
     def exchange(self, plan: GroupPlan, moves: list[KVMove], adoption: Adoption | None
                  ) -> None:

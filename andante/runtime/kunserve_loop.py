@@ -7,20 +7,61 @@ of `Engine.step`: andante.engine.overlap's `OverlappedLoop` over the group's
 `PipelineExecutor`, a step entering stage 0 as soon as it is free while earlier
 microbatches are still in later stages, each microbatch's rows applied as it completes,
 with one instance's budgets per free slot (lookahead's `slot_config`, the simulator's
-rule). Aborts and finishes apply mid-flight (the overlap module's note). Every group
-operation of the leader (restore, grow, shrink, a member's failure) runs at a step
-boundary with no microbatch in flight: `drain` applies what is in flight first, and
-the outputs it applied go out with the worker's next message. After a restore the
-loop steps the engine as `Engine.step` does (the worker keeps it; the next formation
-runs it over the new group's pipeline).
+rule) and, with `lookahead`, the simulator's balance across returning microbatches
+(`SlotBudgets`: lookahead's `balanced_slot_config`, the same call the simulator makes,
+fed with this pipeline's state: its requests in flight, the scheduler's queue, and the
+stage times of its last `num_stages` microbatches by the engine's cost model scaled to
+the widest stage, `stage_cost_model`). Aborts and finishes apply mid-flight (the
+overlap module's note). Every group operation of the leader (restore, grow, shrink,
+a member's failure) runs at a step boundary with no microbatch in flight: `drain`
+applies what is in flight first, and the outputs it applied go out with the worker's
+next message. After a restore the loop steps the engine as `Engine.step` does (the
+worker keeps it; the next formation runs it over the new group's pipeline).
 """
 
 from __future__ import annotations
 
-from andante.cluster.kunserve.lookahead import slot_config
+from andante.cluster.kunserve.lookahead import (
+    balanced_slot_config,
+    queued_work,
+    slot_config,
+    stage_cost_model,
+)
+from andante.engine.config import SchedulerConfig
 from andante.engine.engine import Engine, StepOutput
 from andante.engine.overlap import OverlappedLoop, merge_outputs
 from andante.exec.torch_pipeline import PipelineExecutor
+
+
+class SlotBudgets:
+    """The scheduler's budgets for a step formed with `in_flight` microbatches in
+    `pipeline` (module note): `base`'s per free slot, balanced by lookahead."""
+
+    def __init__(self, engine: Engine, pipeline: PipelineExecutor, base: SchedulerConfig,
+                 lookahead: bool = True) -> None:
+        self.engine = engine
+        self.pipeline = pipeline
+        self.base = base
+        self.lookahead = lookahead
+        self._stage_cost = stage_cost_model(pipeline.cost_model, self._slices())
+        self._costed_for = self._slices()
+
+    def _slices(self) -> list[tuple[int, int]]:
+        return [s.layers_range for s in self.pipeline.stages]
+
+    def __call__(self, in_flight: int) -> SchedulerConfig:
+        pipeline = self.pipeline
+        config = slot_config(self.base, pipeline.num_stages, in_flight)
+        if not self.lookahead or not in_flight:
+            return config
+        if self._slices() != self._costed_for:  # the group grew or shrank
+            self._stage_cost = stage_cost_model(pipeline.cost_model, self._slices())
+            self._costed_for = self._slices()
+        scheduler = self.engine.scheduler
+        decodes, queued = queued_work(scheduler.running, scheduler.waiting,
+                                      pipeline.in_flight_ids())
+        recent = [self._stage_cost.step_time(shape) for shape in pipeline.recent_shapes]
+        return balanced_slot_config(config, self._stage_cost, decodes, queued, recent)
 
 
 class GroupLoop:
@@ -60,14 +101,12 @@ class GroupLoop:
         if self.overlapped is not None:
             self._pending += self.overlapped.drain()
 
-    def run_on(self, pipeline: PipelineExecutor) -> None:
+    def run_on(self, pipeline: PipelineExecutor, lookahead: bool = True) -> None:
         """Overlap the engine's steps in `pipeline` (the engine runs it now), with the
-        engine's current budgets per free slot."""
+        engine's current budgets per free slot, balanced by `lookahead` (`SlotBudgets`)."""
         self.drain()
-        base = self.engine.scheduler.config
-        self.overlapped = OverlappedLoop(
-            self.engine, pipeline, lambda in_flight: slot_config(
-                base, pipeline.num_stages, in_flight))
+        self.overlapped = OverlappedLoop(self.engine, pipeline, SlotBudgets(
+            self.engine, pipeline, self.engine.scheduler.config, lookahead))
 
     def stop(self) -> None:
         """Step the engine as `Engine.step` does again (the group is restored); its

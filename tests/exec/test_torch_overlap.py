@@ -44,11 +44,13 @@ def _pipeline(model: LoadedModel, slices: list[tuple[int, int]], lookahead: bool
 
 
 @pytest.mark.parametrize("slices", [[(0, 2), (2, 4)], [(0, 1), (1, 3), (3, 4)]])
-@pytest.mark.parametrize("lookahead", [False, True])
+@pytest.mark.parametrize(("lookahead", "first_on_caller"),
+                         [(False, False), (True, False), (True, True)])
 def test_overlapped_steps_are_token_identical_and_overlap(tiny4: LoadedModel, slices,
-                                                          lookahead) -> None:  # type: ignore[no-untyped-def]
+                                                          lookahead, first_on_caller) -> None:  # type: ignore[no-untyped-def]
     reference, _ = run_engine(tiny_executor(tiny4), PROMPTS, NUM_TOKENS, policy="vllm")
     pipeline = _pipeline(tiny4, slices, lookahead)
+    pipeline.first_stage_on_caller = first_on_caller  # stage 0 computed in `submit`
     stages = len(slices)
     engine = build_engine(pipeline, ManualClock(), "vllm", slot_config(BASE, stages, 0))
     loop = OverlappedLoop(engine, pipeline, lambda j: slot_config(BASE, stages, j))

@@ -11,6 +11,7 @@ import torch
 
 from andante.core import ManualClock, Request, SamplingParams
 from andante.engine.overlap import OverlappedLoop
+from andante.exec.torch_microbatch import PipelineTimes
 from andante.exec.torch_pipeline import PipelineExecutor, PipelineStage
 from andante.exec.torch_pipeline_procs import ProcessStageStream, pack, stage_model, unpack
 from andante.exec.torch_regroup import regroup
@@ -185,3 +186,15 @@ def test_regrouped_process_stages_start_again_and_stay_token_identical(
         assert [list(r.output_token_ids) for r in _serve(engine, loop, "b")] == expected
     finally:
         pipeline.close()
+
+
+def test_each_stage_process_takes_its_share_of_the_threads(tiny4: LoadedModel) -> None:
+    """Two stage processes of an executor of 2 threads run 1 intra-op thread each (both
+    at 2 would put 4 threads on 2 cores; andante.exec.torch_microbatch's
+    `stage_threads`)."""
+    unsplit = tiny_executor(tiny4, num_threads=2)
+    stages = [PipelineStage(tiny4, unsplit.options, s, 64, 64, unsplit.max_model_len)
+              for s in [(0, 2), (2, 4)]]
+    stream = ProcessStageStream(tiny4, unsplit.options, stages, PipelineTimes())
+    assert stream.options.num_threads == 1
+    assert unsplit.options.num_threads == 2

@@ -4,19 +4,23 @@ flight, lookahead's microbatches; token-identical to the unsplit model."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from andante.cluster.kunserve.lookahead import (
     ChunkCostModel,
     lookahead_planner,
     step_microbatches,
 )
-from andante.core import Request, SamplingParams
+from andante.core import ManualClock, Request, SamplingParams
+from andante.engine.overlap import OverlappedLoop
 from andante.exec.batch import StepBatch
 from andante.exec.microbatch import Piece, by_rows, check_plan, sub_batch
 from andante.exec.torch_microbatch import StageWorkers
 from andante.exec.torch_pipeline import PipelineExecutor, PipelineStage
+from andante.llm import build_engine
 from andante.models import load_model
 from andante.models.loader import LoadedModel
+from andante.policies import SchedulerConfig
 from tests.exec.engine_helpers import run_engine, tiny_executor
 from tests.models.helpers import make_tiny_checkpoint
 
@@ -103,3 +107,44 @@ def test_a_stage_error_surfaces_on_the_callers_thread() -> None:
 
     with pytest.raises(RuntimeError, match="stage 1 failed"):
         StageWorkers(2, boom).run([1, 2, 3])
+
+
+@pytest.mark.parametrize("overlapped", [False, True])
+def test_each_stage_thread_takes_its_share_of_the_cores(tiny4: LoadedModel, overlapped: bool
+                                                        ) -> None:
+    """Two stages on an executor of 2 threads: each stage thread runs 1 intra-op thread
+    (two teams of 2 would oversubscribe the 2 cores), the caller keeps its 2; outputs
+    unchanged."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        reference, _ = run_engine(tiny_executor(tiny4, num_threads=2), PROMPTS, NUM_TOKENS)
+        unsplit = tiny_executor(tiny4, num_threads=2)
+        stages = [PipelineStage(tiny4, unsplit.options, s, 64, 64, unsplit.max_model_len)
+                  for s in [(0, 2), (2, 4)]]
+        seen: set[tuple[int, int]] = set()
+        for k, stage in enumerate(stages):
+            forward = stage.forward
+
+            def counted(hidden, inputs, k=k, forward=forward):  # type: ignore[no-untyped-def]
+                seen.add((k, torch.get_num_threads()))
+                return forward(hidden, inputs)
+            stage.forward = counted  # type: ignore[method-assign]
+        pipeline = PipelineExecutor(tiny4, unsplit.options, stages, unsplit.cost_model,
+                                    unsplit.max_model_len, pipelined=True)
+        if overlapped:
+            engine = build_engine(pipeline, ManualClock(), "vllm", SchedulerConfig(
+                max_model_len=512, max_num_batched_tokens=512))
+            params = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True)
+            split = [Request(f"r{i}", p, params, 0.0) for i, p in enumerate(PROMPTS)]
+            for req in split:
+                engine.add_request(req)
+            OverlappedLoop(engine, pipeline).run()
+        else:
+            split, _ = run_engine(pipeline, PROMPTS, NUM_TOKENS)
+            pipeline.close()
+        assert seen == {(0, 1), (1, 1)}
+        assert torch.get_num_threads() == 2
+        assert _outputs(split) == _outputs(reference)
+    finally:
+        torch.set_num_threads(before)

@@ -10,8 +10,15 @@ from typing import Any
 
 import pytest
 
+from andante.cluster.kunserve.lookahead import (
+    balanced_slot_config,
+    queued_work,
+    slot_config,
+    stage_cost_model,
+)
 from andante.core import ManualClock, Request, SamplingParams
 from andante.engine.engine import Engine, StepOutput
+from andante.exec.batch import StepBatch
 from andante.exec.torch_pipeline import PipelineExecutor, PipelineStage
 from andante.llm import build_engine
 from andante.models import load_model
@@ -169,3 +176,50 @@ def test_a_boundary_operation_finds_the_pipeline_drained(tiny4) -> None:  # type
         pipeline.wake_up()
     finally:
         pipeline.close()
+
+
+def test_a_step_beside_microbatches_in_flight_takes_lookaheads_balanced_budget(tiny4) -> None:  # type: ignore[no-untyped-def]
+    """A burst of long prompts reaches a group decoding short requests: each step formed
+    beside a microbatch in flight takes the token count lookahead's `balanced_slot_config`
+    (the simulator's decision) gives, not the slot's whole budget; outputs unchanged."""
+    config = SchedulerConfig(max_model_len=512, max_num_batched_tokens=96, max_num_seqs=8)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    short = [list(range(10 + i, 20 + i)) for i in range(3)]
+    long = [[(7 * j + i) % 250 + 3 for j in range(200)] for i in range(3)]
+    reference, _ = run_engine(tiny_executor(tiny4), short + long, 12)
+    pipeline = _pipeline(tiny4)
+    engine = build_engine(pipeline, ManualClock(), "vllm", config)
+    loop = GroupLoop(engine)
+    loop.run_on(pipeline)
+    stage_cost = stage_cost_model(pipeline.cost_model, [(0, 2), (2, 4)])
+    schedule, checked = engine.schedule_step, []
+
+    def schedule_and_check() -> StepBatch:
+        assert loop.overlapped is not None
+        in_flight = loop.overlapped.in_flight
+        slot = slot_config(config, 2, in_flight)
+        decodes, queued = queued_work(engine.scheduler.running, engine.scheduler.waiting,
+                                      pipeline.in_flight_ids())
+        recent = [stage_cost.step_time(s) for s in pipeline.recent_shapes]
+        expected = balanced_slot_config(slot, stage_cost, decodes, queued, recent)
+        batch = schedule()
+        if in_flight and queued > slot.max_num_batched_tokens - len(decodes):
+            assert batch.num_tokens == expected.max_num_batched_tokens
+            checked.append(expected.max_num_batched_tokens)
+        return batch
+
+    engine.schedule_step = schedule_and_check  # type: ignore[method-assign]
+    requests = [Request(f"r{i}", p, params, 0.0) for i, p in enumerate(short + long)]
+    try:
+        for req in requests[:3]:
+            engine.add_request(req)
+        for _ in range(12):  # the short ones decode, a microbatch in flight
+            loop.step_output()
+        for req in requests[3:]:  # the burst
+            engine.add_request(req)
+        while loop.has_work:
+            loop.step_output()
+    finally:
+        loop.stop()
+    assert len([b for b in checked if b < config.max_num_batched_tokens]) >= 3
+    assert [r.output_token_ids for r in requests] == [r.output_token_ids for r in reference]

@@ -46,19 +46,24 @@ the step cannot balance anything; instead its prefill tokens are chosen by eq. (
 that its cost matches the dearest of the last `num_stages` microbatches (the ones it
 runs beside and the one whose rows it re-forms): the queue's prefill fills what would
 be a bubble, and no microbatch is cut below its partner (which would shrink the whole
-pipeline's work round by round). Eq. (1)'s coefficients are fitted to
-the cost model (`fit_chunk_cost`): the paper profiles them offline.
+pipeline's work round by round). `balanced_slot_config` is that decision on a slot's
+budgets (only while the queue holds more prefill than the slot takes, §4.3); the
+simulator's grouped instances and the real engine's group loop (andante.runtime.
+kunserve_loop) both call it, each with its own microbatches' stage times. Eq. (1)'s
+coefficients are fitted to the cost model (`fit_chunk_cost`): the paper profiles them
+offline.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from andante.core.request import Request
 from andante.engine.config import SchedulerConfig
 from andante.exec.batch import StepBatch
 from andante.exec.microbatch import Piece, free_slots
@@ -260,3 +265,51 @@ def lookahead_planner(model: ChunkCostModel, min_tokens: int = 1
     def plan(batch: StepBatch, num_stages: int) -> list[list[Piece]]:
         return step_microbatches(batch, num_stages, model, min_tokens)
     return plan
+
+
+# ---- lookahead across returning microbatches: the decision both engines call -------
+def stage_cost_model(full: CostModel, layer_slices: Sequence[tuple[int, int]]) -> CostModel:
+    """One stage's cost model: the full model's with the widest slice's layers (the
+    slowest stage paces the pipeline)."""
+    widest = max(end - start for start, end in layer_slices)
+    return CostModel(dataclasses.replace(full.model, num_layers=widest), full.hardware,
+                     tp=full.tp)
+
+
+def queued_work(running: Sequence[Request], waiting: Sequence[Request],
+                in_flight: Collection[str]) -> tuple[list[int], int]:
+    """What a step formed beside microbatches in flight may take: the cached tokens of
+    each decode not in flight, and the prefill tokens queued (running requests not in
+    flight with more than one token to compute, and every waiting one)."""
+    free = [r for r in running if r.request_id not in in_flight]
+    decodes = [r.num_computed_tokens for r in free if r.num_uncomputed_tokens == 1]
+    queued = sum(r.num_uncomputed_tokens for r in free if r.num_uncomputed_tokens > 1)
+    return decodes, queued + sum(r.num_uncomputed_tokens for r in waiting)
+
+
+def balanced_slot_config(config: SchedulerConfig, stage_cost: CostModel,
+                         decode_prefixes: Sequence[int], queued_tokens: int,
+                         recent: Sequence[float]) -> SchedulerConfig:
+    """A free slot's budgets with lookahead (module note): when more prefill is queued
+    than the slot takes (a burst: with a short queue, holding prompt tokens back would
+    only add to their TTFT) and earlier microbatches have run (`recent`: the stage
+    seconds of the last `num_stages` of them, by `stage_cost`), the token budget whose
+    stage time, the free decodes (`decode_prefixes`: their cached tokens) plus that
+    much prefill, matches the dearest of them (`balanced_token_budget`); else `config`
+    as it is. The simulator's grouped instances and the real engine's group loop
+    (andante.runtime.kunserve_loop) both decide through this."""
+    if not recent or queued_tokens <= config.max_num_batched_tokens - len(decode_prefixes):
+        return config
+    base = BatchShape()
+    for prefix in decode_prefixes:
+        base.add(1, prefix, True)
+
+    def with_prefill(tokens: int) -> float:
+        shape = dataclasses.replace(base)
+        if tokens:
+            shape.add(tokens, 0, False)
+        return stage_cost.step_time(shape)
+
+    budget = balanced_token_budget(with_prefill, len(decode_prefixes), max(recent),
+                                   config.max_num_batched_tokens, config.block_size)
+    return dataclasses.replace(config, max_num_batched_tokens=budget)
