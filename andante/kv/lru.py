@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 
+COMPACT_SLACK = 4096  # stale entries allowed beyond one per live block before a rebuild
+
 
 class SegmentLRU:
     """The blocks whose state is negative, ordered by when they joined (oldest first).
@@ -32,6 +34,11 @@ class SegmentLRU:
         self._head = 0  # entries of the front segment already taken
         self._serial = 0
         self._num_entries = 0  # entries in the segments, stale ones too
+
+    @property
+    def num_entries(self) -> int:
+        """Entries in the segments, stale ones too."""
+        return self._num_entries
 
     def __len__(self) -> int:
         return self.num
@@ -60,7 +67,7 @@ class SegmentLRU:
         self._segments.append((self._serial, blocks))
         self.num += len(blocks)
         self._num_entries += len(blocks)
-        if self._num_entries > 2 * self.num + 4096:
+        if self._num_entries > 2 * self.num + COMPACT_SLACK:
             self.compact()
 
     def pop_oldest(self, num: int) -> list[int]:
