@@ -20,8 +20,14 @@ preempted by recompute finds its own freed blocks again). Blocks of its own are 
 and registered only when the request lets go of its KV to run again (`own_blocks`):
 no other request can ever hit them, so a request that is never preempted costs nothing
 more than before, and on finishing they are freed uncached. `PrefixCache` is the
-device tier's registry: hash <-> block maps, counts of registered blocks in use, and the
-evictable blocks in LRU order. The block manager owns the free list and the tables.
+device tier's registry: the hash -> block map, each block's hash and count of tables in
+lists indexed by block id, and the evictable blocks in LRU order (`andante.kv.lru`:
+segments, one per release). The block manager owns the free list and the tables.
+
+Cost: long prompts pass hundreds of blocks through here at each lookup, admission,
+release and eviction. Per block, only the hash -> block dict is probed (inherent: the
+content identity); the rest are list reads and writes, and a simulated request's chain of
+hashes is computed once, in one call, not a call per block as its output fills.
 """
 
 from __future__ import annotations
