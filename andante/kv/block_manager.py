@@ -107,7 +107,7 @@ class KVBlockManager:
 
     def _init_prefix_cache(self, enabled: bool) -> None:
         self.enable_prefix_caching = enabled
-        self.cache = PrefixCache()
+        self.cache = PrefixCache(self.device.num_blocks)
         self._hashes: dict[str, RequestHashes] = {}  # tracked requests
         self._pending = PendingHits(self.cache)  # tentative hits of tracked waiting requests
         self._next_to_cache: dict[str, int] = {}  # tracked holder -> first unregistered block
@@ -121,7 +121,7 @@ class KVBlockManager:
     def num_free_device_blocks(self) -> int:
         """Free device blocks: never cached, or cached and held by no request (a shared
         block is one block)."""
-        return self.device.num_free + len(self.cache.evictable)
+        return self.device.num_free + self.cache.evictable.num
 
     @property
     def num_free_host_blocks(self) -> int:
@@ -237,7 +237,7 @@ class KVBlockManager:
         if max_blocks <= 0:
             self._pending.pop(rid)  # nothing of it can be cached (yet)
             return 0
-        hashes = hasher.upto(max_blocks)
+        hashes = hasher.chain(max_blocks)
         blocks = self.cache.longest_prefix(hashes, max_blocks)
         more = len(blocks) < min(max_blocks, len(hashes))
         self._pending.record(rid, blocks, hashes[len(blocks)] if more else None)
@@ -247,7 +247,7 @@ class KVBlockManager:
         """Forget every cached prefix (vLLM's reset_prefix_cache): the KV tensors behind
         them were released (sleep mode). Only while no request holds device blocks;
         returns how many cached blocks went back to the free pool."""
-        if self._device_tables or self.cache.refs:
+        if self._device_tables or self.cache.evictable.num != len(self.cache.block_of):
             raise RuntimeError("reset_prefix_cache: requests still hold KV blocks")
         freed = self.cache.evict_lru(len(self.cache.evictable))
         self.device.free(freed)
@@ -276,7 +276,7 @@ class KVBlockManager:
         shareable = hasher.num_shareable
         if shareable is not None and stop > shareable:
             stop = shareable
-        hashes = hasher.upto(stop)
+        hashes = hasher.chain(stop)
         table = self._device_tables[rid]
         stop = min(stop, len(hashes), len(table))
         new = self.cache.register_run(table, hashes, start, stop)
@@ -535,6 +535,7 @@ class KVBlockManager:
         current = self.device.num_blocks
         if num_blocks >= current:
             self.device.grow(num_blocks - current)
+            self.cache.resize(num_blocks)
             return {}
         if self.device.num_used - len(self.cache.evictable) > num_blocks:
             return None
@@ -545,6 +546,7 @@ class KVBlockManager:
         moved = self._relocate_below(num_blocks)
         self._pending.drain()
         self.device.shrink_to(num_blocks)
+        self.cache.resize(num_blocks)
         return moved
 
     def _relocate_below(self, limit: int) -> dict[int, int]:
@@ -561,7 +563,7 @@ class KVBlockManager:
         self.device.free(high)
         moved = dict(zip(high, spare, strict=True))
         for old, new in moved.items():
-            if old in self.cache.hash_of:
+            if self.cache.is_registered(old):
                 self.cache.move(old, new)
         for table in self._device_tables.values():
             table[:] = [moved.get(b, b) for b in table]

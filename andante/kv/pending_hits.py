@@ -14,9 +14,15 @@ requests to look up again; everything else is O(1) per request and step.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from andante.kv.prefix_cache import PrefixCache
+
+# runs an iterator (a map of C calls: a bulk update of a dict) at C speed
+consume: Callable[[Iterable[Any]], None] = deque[Any](maxlen=0).extend
 
 
 @dataclass(slots=True)
@@ -33,7 +39,10 @@ class PendingHits:
     def __init__(self, cache: PrefixCache) -> None:
         self._cache = cache
         self.hits: dict[str, PendingHit] = {}
-        self._holders: dict[int, set[str]] = {}  # block -> requests whose hit holds it
+        # block -> the request whose hit holds it, or the set of them once two do
+        # (a block is held by one waiting request's hit nearly always: one entry each,
+        # written and erased in bulk)
+        self._holders: dict[int, str | set[str]] = {}
         self._waiting_on: dict[int, set[str]] = {}  # hash -> requests it would extend
         self.dirty: set[str] = set()  # requests to look up again
 
@@ -42,12 +51,17 @@ class PendingHits:
         self.pop(request_id)
         self.hits[request_id] = PendingHit(blocks, next_hash)
         holders = self._holders
-        for block in blocks:
-            held = holders.get(block)
-            if held is None:
-                holders[block] = {request_id}
-            else:
-                held.add(request_id)
+        if holders.keys().isdisjoint(blocks):
+            holders.update(dict.fromkeys(blocks, request_id))
+        else:
+            for block in blocks:
+                held = holders.get(block)
+                if held is None:
+                    holders[block] = request_id
+                elif isinstance(held, str):
+                    holders[block] = {held, request_id}
+                else:
+                    held.add(request_id)
         if next_hash is not None:
             self._waiting_on.setdefault(next_hash, set()).add(request_id)
 
@@ -56,12 +70,21 @@ class PendingHits:
         hit = self.hits.pop(request_id, None)
         if hit is None:
             return None
-        for block in hit.blocks:
-            holders = self._holders.get(block)
-            if holders is not None:
-                holders.discard(request_id)
-                if not holders:
-                    del self._holders[block]
+        blocks, holders = hit.blocks, self._holders
+        held_by = list(map(holders.get, blocks))
+        if held_by.count(request_id) == len(held_by):  # (held by this hit alone)
+            consume(map(holders.__delitem__, blocks))
+        else:
+            for block, held in zip(blocks, held_by, strict=True):
+                if held is None:
+                    continue
+                if isinstance(held, str):
+                    if held == request_id:
+                        del holders[block]
+                    continue
+                held.discard(request_id)
+                if not held:
+                    del holders[block]
         if hit.next_hash is not None:
             waiting = self._waiting_on.get(hit.next_hash)
             if waiting is not None:
@@ -93,8 +116,14 @@ class PendingHits:
         if not evicted:
             return
         self._cache.evicted = []
+        holders = self._holders
+        if holders.keys().isdisjoint(evicted):
+            return
         for block in evicted:
-            for request_id in self._holders.pop(block, ()):
+            held = holders.pop(block, None)
+            if held is None:
+                continue
+            for request_id in (held,) if isinstance(held, str) else held:
                 hit = self.hits.get(request_id)
                 if hit is not None:
                     hit.valid = False
@@ -117,5 +146,7 @@ class PendingHits:
     def check(self) -> None:
         """Raises AssertionError if the indexes disagree with the hits."""
         for request_id, hit in self.hits.items():
-            if hit.valid and any(request_id not in self._holders.get(b, ()) for b in hit.blocks):
-                raise AssertionError(f"pending hit of {request_id!r} not indexed")
+            for block in hit.blocks if hit.valid else ():
+                held = self._holders.get(block, ())
+                if held != request_id and (isinstance(held, str) or request_id not in held):
+                    raise AssertionError(f"pending hit of {request_id!r} not indexed")

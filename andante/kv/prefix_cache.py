@@ -20,16 +20,22 @@ preempted by recompute finds its own freed blocks again). Blocks of its own are 
 and registered only when the request lets go of its KV to run again (`own_blocks`):
 no other request can ever hit them, so a request that is never preempted costs nothing
 more than before, and on finishing they are freed uncached. `PrefixCache` is the
-device tier's registry: hash <-> block maps, counts of registered blocks in use, and the
-evictable blocks in LRU order. The block manager owns the free list and the tables.
+device tier's registry: the hash -> block map, each block's hash and count of tables in
+lists indexed by block id, and the evictable blocks in LRU order (`andante.kv.lru`:
+segments, one per release). The block manager owns the free list and the tables.
+
+Cost: long prompts pass hundreds of blocks through here at each lookup, admission,
+release and eviction. Per block, only the hash -> block dict is probed (inherent: the
+content identity); the rest are list reads and writes, and a simulated request's chain of
+hashes is computed once, in one call, not a call per block as its output fills.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections import OrderedDict
 
 from andante.core.request import PrefixIds, Request, SyntheticTokens
+from andante.kv.lru import SegmentLRU
 
 
 def root_hash(model: str) -> int:
@@ -96,6 +102,21 @@ class RequestHashes:
                 self._extend_own(target)
         return hashes
 
+    def chain(self, num_blocks: int) -> list[int]:
+        """`upto`, but the list may hold more hashes than asked: a simulated request's
+        shareable blocks are hashed all at once, on the first call (every hash is a
+        function of its block's index alone, so this changes no hash; it saves a call
+        per block as a request's output fills block after block)."""
+        hashes = self.hashes
+        if len(hashes) >= num_blocks:
+            return hashes
+        shareable, ids = self.num_shareable, self._req.prefix_ids
+        if shareable is not None and ids is not None and len(hashes) < shareable:
+            self._extend_from_ids(ids, shareable)
+            if len(hashes) >= num_blocks:
+                return hashes
+        return self.upto(num_blocks)
+
     def _extend_from_tokens(self, target: int) -> None:
         req, size, hashes = self._req, self._block_size, self.hashes
         prompt, output = req.prompt_token_ids, req.output_token_ids
@@ -144,18 +165,49 @@ class RequestHashes:
 
 
 class PrefixCache:
-    """The registered (content-hashed) blocks of the device tier."""
+    """The registered (content-hashed) blocks of the device tier. Per-block state lives
+    in lists indexed by block id (`resize` to the tier's size): a list read or write
+    costs a fraction of a probe into a dict of tens of thousands of blocks, and every
+    block of every prompt passes through here several times."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_blocks: int = 0) -> None:
         self.block_of: dict[int, int] = {}  # hash -> block
-        self.hash_of: dict[int, int] = {}  # block -> hash
-        self.refs: dict[int, int] = {}  # registered block in use -> its table count
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0, LRU first
+        self._hash: list[int | None] = [None] * num_blocks  # block -> hash (None: not
+        # registered)
+        # a registered block's tables (> 0), or -serial of its LRU segment if evictable
+        # (no table holds it); 0 if not registered
+        self._state: list[int] = [0] * num_blocks
+        self.evictable = SegmentLRU(self._state)  # least recently released first
         self.evicted: list[int] = []  # blocks unregistered since `PendingHits.drain`
+
+    def resize(self, num_blocks: int) -> None:
+        """Cover block ids below `num_blocks`; the ones dropped must be unregistered."""
+        hashes, state = self._hash, self._state
+        if num_blocks >= len(state):
+            hashes.extend([None] * (num_blocks - len(hashes)))
+            state.extend([0] * (num_blocks - len(state)))
+            return
+        if any(state[num_blocks:]):
+            raise ValueError(f"prefix cache: blocks >= {num_blocks} are still registered")
+        self.evictable.compact()  # (no stale entry may name a dropped block)
+        del hashes[num_blocks:], state[num_blocks:]
 
     @property
     def num_evictable(self) -> int:
-        return len(self.evictable)
+        return self.evictable.num
+
+    @property
+    def hash_of(self) -> dict[int, int]:
+        """Each registered block's hash (a copy, for checks)."""
+        return {b: h for b, h in enumerate(self._hash) if h is not None}
+
+    @property
+    def refs(self) -> dict[int, int]:
+        """Each registered block in use: its number of tables (a copy, for checks)."""
+        return {b: n for b, n in enumerate(self._state) if n > 0}
+
+    def is_registered(self, block: int) -> bool:
+        return self._hash[block] is not None
 
     def longest_prefix(self, hashes: list[int], max_blocks: int) -> list[int]:
         """The cached blocks of the longest run of `hashes[:max_blocks]` from the start."""
@@ -168,18 +220,20 @@ class PrefixCache:
         return blocks
 
     def count_evictable(self, blocks: list[int]) -> int:
-        evictable = self.evictable
-        return sum(1 for b in blocks if b in evictable)
+        state = self._state
+        return sum(1 for b in blocks if state[b] < 0)
 
     def share(self, blocks: list[int]) -> None:
         """One more table holds each of these registered blocks."""
-        refs, evictable = self.refs, self.evictable
+        state, taken_back = self._state, 0
         for b in blocks:
-            if b in evictable:
-                del evictable[b]
-                refs[b] = 1
+            count = state[b]
+            if count < 0:
+                state[b] = 1
+                taken_back += 1
             else:
-                refs[b] += 1
+                state[b] = count + 1
+        self.evictable.num -= taken_back
 
     def register(self, block: int, block_hash: int) -> bool:
         """Register a full, computed block held by one table; False if another block
@@ -187,15 +241,15 @@ class PrefixCache:
         if block_hash in self.block_of:
             return False
         self.block_of[block_hash] = block
-        self.hash_of[block] = block_hash
-        self.refs[block] = 1
+        self._hash[block] = block_hash
+        self._state[block] = 1
         return True
 
     def register_run(self, table: list[int], hashes: list[int], start: int,
                      stop: int) -> list[int]:
         """`register` of table[j] under hashes[j] for j in [start, stop) (the hot loop of
         caching a step's computed blocks); returns the hashes newly registered."""
-        block_of, hash_of, refs = self.block_of, self.hash_of, self.refs
+        block_of, hash_of, state = self.block_of, self._hash, self._state
         new: list[int] = []
         for j in range(start, stop):
             h = hashes[j]
@@ -204,7 +258,7 @@ class PrefixCache:
             b = table[j]
             block_of[h] = b
             hash_of[b] = h
-            refs[b] = 1
+            state[b] = 1
             new.append(h)
         return new
 
@@ -213,71 +267,73 @@ class PrefixCache:
         unregistered (the caller frees them). Registered ones whose count drops to 0
         become evictable, the table's last block first in line (vLLM's order), or are
         unregistered and returned if not `keep_cached`."""
-        refs, hash_of, evictable = self.refs, self.hash_of, self.evictable
-        if hash_of.keys().isdisjoint(blocks):
-            return list(blocks)  # none registered
+        state = self._state
         plain: list[int] = []
+        freed: list[int] = []  # registered, held by no table now; in release order
         for b in reversed(blocks):
-            if b not in hash_of:
+            count = state[b]
+            if count == 0:  # not registered
                 plain.append(b)
-                continue
-            count = refs[b] - 1
-            if count:
-                refs[b] = count
-                continue
-            del refs[b]
-            if keep_cached:
-                evictable[b] = None
+            elif count > 1:
+                state[b] = count - 1
+            elif keep_cached:
+                freed.append(b)
             else:
                 self._unregister(b)
                 plain.append(b)
+        self.evictable.push(freed)
         plain.reverse()
         return plain
 
     def evict_lru(self, num: int) -> list[int]:
         """Unregister the `num` least recently released evictable blocks; returns them."""
-        popitem, hash_of, block_of = self.evictable.popitem, self.hash_of, self.block_of
-        if num == 1:  # (the common case: a decode's next block)
-            b = popitem(last=False)[0]
-            del block_of[hash_of.pop(b)]
-            self.evicted.append(b)
-            return [b]
-        taken = [popitem(last=False)[0] for _ in range(num)]
+        taken = self.evictable.pop_oldest(num)
+        block_of, hash_of = self.block_of, self._hash
         for b in taken:
-            del block_of[hash_of.pop(b)]
+            del block_of[hash_of[b]]  # type: ignore[arg-type]  # (registered)
+            hash_of[b] = None
         self.evicted.extend(taken)
         return taken
 
     def evict(self, block: int) -> None:
         """Unregister one evictable block (it leaves the device tier, or is reused)."""
-        del self.evictable[block]
+        if self._state[block] >= 0:
+            raise KeyError(f"prefix cache: block {block} is not evictable")
+        self.evictable.num -= 1
         self._unregister(block)
 
     def _unregister(self, block: int) -> None:
-        del self.block_of[self.hash_of.pop(block)]
+        del self.block_of[self._hash[block]]  # type: ignore[arg-type]  # (registered)
+        self._hash[block] = None
+        self._state[block] = 0
         self.evicted.append(block)
 
     def move(self, old: int, new: int) -> None:
         """A registered block in use moved to another id (the device tier shrank)."""
-        block_hash = self.hash_of.pop(old)
-        self.hash_of[new] = block_hash
+        block_hash = self._hash[old]
+        if block_hash is None or self._state[old] <= 0:
+            raise KeyError(f"prefix cache: block {old} is not registered and in use")
+        self._hash[new], self._hash[old] = block_hash, None
         self.block_of[block_hash] = new
-        self.refs[new] = self.refs.pop(old)
+        self._state[new], self._state[old] = self._state[old], 0
 
     def check(self, counts: dict[int, int]) -> None:
         """`counts`: each block's number of tables. Raises AssertionError if the registry
         disagrees with the tables."""
-        if len(self.block_of) != len(self.hash_of) or any(
-            self.block_of.get(h) != b for b, h in self.hash_of.items()
+        hash_of = self.hash_of
+        if len(self.block_of) != len(hash_of) or any(
+            self.block_of.get(h) != b for b, h in hash_of.items()
         ):
             raise AssertionError("prefix cache: hash and block maps disagree")
-        for b in self.hash_of:
+        state = self._state
+        for b in hash_of:
             in_use = counts.get(b, 0)
-            if in_use != self.refs.get(b, 0) or (in_use == 0) != (b in self.evictable):
+            if in_use != max(0, state[b]) or (in_use == 0) != (state[b] < 0):
                 raise AssertionError(f"prefix cache: block {b} held by {in_use} tables, "
-                                     f"count {self.refs.get(b, 0)}")
-        if set(self.refs) - set(self.hash_of) or set(self.evictable) - set(self.hash_of):
+                                     f"count {state[b]}")
+        if any(s != 0 and self._hash[b] is None for b, s in enumerate(state)):
             raise AssertionError("prefix cache: a count or evictable block is unregistered")
-        shared = [b for b, n in counts.items() if n > 1 and b not in self.hash_of]
+        self.evictable.check()
+        shared = [b for b, n in counts.items() if n > 1 and b not in hash_of]
         if shared:
             raise AssertionError(f"prefix cache: unregistered blocks shared: {shared}")
