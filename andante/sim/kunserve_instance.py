@@ -38,12 +38,14 @@ from typing import Protocol, cast
 
 from andante.cluster.kunserve.lookahead import (
     ChunkCostModel,
-    balanced_token_budget,
+    balanced_slot_config,
     fit_chunk_cost,
     free_slots,
     group_config,
     lookahead_planner,
+    queued_work,
     slot_config,
+    stage_cost_model,
 )
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.engine.config import SchedulerConfig
@@ -54,7 +56,6 @@ from andante.exec.microbatch import MicrobatchPlanner, by_rows, completion_rows,
 from andante.exec.sim_executor import SimExecutor
 from andante.perf.cost_model import CostModel
 from andante.perf.links import LinkSpec
-from andante.perf.shape import BatchShape
 from andante.sim.pipeline import Microbatch, PipelineSimInstance
 
 
@@ -165,26 +166,9 @@ class KunSimInstance(PipelineSimInstance):
         if self.chunk_model is None or not self.num_in_flight or not self._recent:
             return config
         in_flight = {r.request_id for c in self._pipeline for r in c.batch.requests}
-        free = [r for r in scheduler.running if r.request_id not in in_flight]
-        decodes = [r.num_computed_tokens for r in free if r.num_uncomputed_tokens == 1]
-        queued = sum(r.num_uncomputed_tokens for r in free if r.num_uncomputed_tokens > 1)
-        queued += sum(r.num_uncomputed_tokens for r in scheduler.waiting)
-        if queued <= config.max_num_batched_tokens - len(decodes):
-            return config  # the queue fits the slot: nothing to look ahead at (§4.3)
-        base = BatchShape()
-        for prefix in decodes:
-            base.add(1, prefix, True)
+        decodes, queued = queued_work(scheduler.running, scheduler.waiting, in_flight)
         cost = cast(SimExecutor, self.engine.executor).cost_model
-
-        def with_prefill(tokens: int) -> float:
-            shape = dataclasses.replace(base)
-            if tokens:
-                shape.add(tokens, 0, False)
-            return cost.step_time(shape)
-
-        budget = balanced_token_budget(with_prefill, len(decodes), max(self._recent),
-                                       config.max_num_batched_tokens, config.block_size)
-        return dataclasses.replace(config, max_num_batched_tokens=budget)
+        return balanced_slot_config(config, cost, decodes, queued, self._recent)
 
     def microbatches(self, batch: StepBatch, result: StepResult) -> list[Microbatch]:
         """A grouped step's microbatches (`planner` over the free slots, the real
@@ -284,9 +268,7 @@ class KunSimInstance(PipelineSimInstance):
     # ---- reconfiguration (SimPipelineGroups calls these) ---------------------------
     def become_stage_leader(self, plan: GroupPlan) -> None:
         """Run `plan`'s pipeline from now (the pipeline is empty)."""
-        widest = max(end - start for start, end in plan.layer_slices)
-        stage = dataclasses.replace(self.full_cost.model, num_layers=widest)
-        stage_cost = CostModel(stage, self.full_cost.hardware, tp=self.tp)
+        stage_cost = stage_cost_model(self.full_cost, plan.layer_slices)
         self._set_cost(stage_cost)
         self.num_stages = len(plan.members)
         self.engine.scheduler.config = self.group_config()
