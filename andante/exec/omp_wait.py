@@ -27,8 +27,8 @@ the machine sets OMP_WAIT_POLICY=ACTIVE (or GOMP_SPINCOUNT) and andante keeps it
 What PASSIVE costs where the machine is quiet (issue 32): each of a 256-token prefill's
 ~700 regions (benchmarks/omp_regions.py) wakes the sleeping worker, 24-93 us apiece at
 two threads against 8.5-10.6 us with libgomp's spin, which vLLM CPU keeps. So
-ANDANTE_OMP_WAIT=auto looks first: the others' share of the CPU over LOOK_SECONDS from
-/proc/stat (andante.exec.cpu_share, not the lagging load average); below
+ANDANTE_OMP_WAIT=auto looks first: the others' share of our allowed CPUs over
+LOOK_SECONDS from /proc/stat (andante.exec.cpu_share, not the lagging load average); below
 IDLE_OTHERS_SHARE it leaves libgomp's default (spin GOMP_SPINCOUNT=300,000 iterations,
 then sleep: bounded), else PASSIVE. A neighbour that arrives later is the thread
 adapter's (andante.exec.thread_adapter): steps at two threads that jump to JUMP x their
@@ -45,7 +45,12 @@ import sys
 import time
 from collections.abc import Callable, MutableMapping
 
-from andante.exec.cpu_share import IDLE_OTHERS_SHARE, measure_others_share
+from andante.exec.cpu_share import (
+    IDLE_OTHERS_SHARE,
+    CpuTimes,
+    measure_others_share,
+    read_cpu_times,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +66,11 @@ AUTO = "auto"
 LOOK_SECONDS = 0.3
 
 
-def others_share_now(seconds: float = LOOK_SECONDS) -> float | None:
-    """Other processes' share of the machine's CPU over the next `seconds` (None where
-    /proc/stat cannot be read)."""
-    return measure_others_share(lambda: time.sleep(seconds))[1]
+def others_share_now(seconds: float = LOOK_SECONDS,
+                     reader: Callable[[], CpuTimes | None] = read_cpu_times) -> float | None:
+    """Other processes' share, over the next `seconds`, of the CPUs this process may run
+    on (andante.exec.cpu_share; None where /proc/stat cannot be read)."""
+    return measure_others_share(lambda: time.sleep(seconds), reader)[1]
 
 
 def choose_wait_policy(environ: MutableMapping[str, str],

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from andante.exec.cpu_share import read_cpu_times
 from andante.exec.omp_wait import CHOICE_ENV, WAIT_POLICY, choose_wait_policy, others_share_now
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +56,12 @@ def test_auto_spins_only_when_the_machine_looked_idle(monkeypatch: pytest.Monkey
     assert mine == {CHOICE_ENV: "auto", "GOMP_SPINCOUNT": "7"}
 
 
-def test_the_look_reads_the_machine() -> None:
-    share = others_share_now(0.05)
-    assert share is None or 0.0 <= share <= 1.0
+def test_the_look_reads_the_allowed_cpus_of_proc_stat() -> None:
+    """A neighbour busy on one of our two cores of a four-core host: 0.5, not 0.25."""
+    texts = iter(["cpu  0 0 0 400 0 0 0 0\ncpu0 0 0 0 100 0 0 0 0\ncpu1 0 0 0 100 0 0 0 0\n"
+                  "cpu2 0 0 0 100 0 0 0 0\ncpu3 0 0 0 100 0 0 0 0\n",
+                  "cpu  100 0 0 700 0 0 0 0\ncpu0 0 0 0 200 0 0 0 0\ncpu1 100 0 0 100 0 0 0 0\n"
+                  "cpu2 0 0 0 200 0 0 0 0\ncpu3 0 0 0 200 0 0 0 0\n"])
+    share = others_share_now(0.0, lambda: read_cpu_times(lambda: next(texts),
+                                                         lambda: frozenset({0, 1})))
+    assert share == pytest.approx(0.5, abs=0.01)
