@@ -95,7 +95,8 @@ WAKELESS_PROFILE = "served-without-wake"  # the log fitted without its idle gaps
 FIT_FIELDS = ("fit_error", "num_steps", "num_shapes", "by_kind", "engines", "fitted_on",
               "frontend_in", "frontend_out", "num_request_records", "num_matched_http",
               "frontend_note", "idle_wake", "idle_wake_after", "idle_wake_note",
-              "num_idle_steps", "num_woken_steps", "prefill_factors", "client_overhead")
+              "num_idle_steps", "num_woken_steps", "prefill_factors", "decode_factors",
+              "client_overhead")
 
 
 def server_command(args: argparse.Namespace, port: int, step_log: Path) -> list[str]:

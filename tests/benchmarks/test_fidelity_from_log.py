@@ -45,6 +45,9 @@ def test_the_calibration_segments_are_fitted_and_the_runs_simulated(
     assert fit["fit_error"] == 0.0 and fit["num_steps"] == len(records)
     assert fit["idle_wake"] == 0.0 and "no end times" in fit["idle_wake_note"]
     assert fit["client_overhead"] is None  # no request or HTTP records to set it against
+    factor_tables = {k for k in fit if k.endswith("_factors")}  # each one reported
+    assert factor_tables == {"prefill_factors", "decode_factors"}
+    assert factor_tables <= set(ffl.FIT_FIELDS) and set(ffl.FIT_FIELDS) <= set(fit)
     args = ffl.parse_args([])
     sim, requests = ffl.simulated(args, ffl.workload(args, 1.0, 0, "uniform:32:64:4:8", 5))
     assert sim["num_finished"] == 5 and sim["ttft_mean_ms"] > 0 and len(requests) == 5
