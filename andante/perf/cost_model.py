@@ -32,7 +32,9 @@ A profile fitted to a served engine whose step time bends with the prefill size 
 `prefill_factors` (andante.perf.prefill_factors): a step with p > 0 prefill tokens costs
 the regression's time times the factor of floor(log2 p), before the launch floor. One
 whose decode steps bend with their batch sets `decode_factors` likewise, by floor(log2 d)
-of a step of d decodes alone (andante.perf.decode_factors).
+of a step of d decodes alone (andante.perf.decode_factors). A step of d decodes and one
+prefill token pays prefill_factor(1), not decode_factor(d), so with either table set the
+step time need not grow from d decodes to d decodes and a token.
 
 Everything per step is plain float arithmetic on constants precomputed in __init__:
 the simulator calls `step_time` once per simulated step.
@@ -194,6 +196,8 @@ class CostModel:
                  + self._c_flop * t_f + self._c_fixed
                  + self._c_kv_token * shape.kv_tokens_read
                  + self._comm_fixed + self._comm_per_token * n)
+        # size_factor's branching, repeated here for speed (pinned equal by the
+        # hypothesis test in tests/perf/test_decode_factors.py)
         if self._decode_factors and shape.num_decode_seqs == shape.num_seqs:
             t *= self.decode_factor(shape.num_decode_seqs)
         elif self._prefill_factors and n > shape.num_decode_seqs:

@@ -77,13 +77,16 @@ def test_prefill_runs_give_identical_timelines(hardware: str, rate: float, num: 
 
 
 def test_a_model_whose_time_may_fall_gives_no_chunks() -> None:
-    """With a serial regime (a CPU engine) the step time may fall as a chunk grows, so
-    the chunk the step's search finds depends on its range: no run is planned."""
+    """With a serial regime (a CPU engine) or size factors the step time may fall as a
+    chunk grows, so the chunk the step's search finds depends on its range: no run is
+    planned."""
     chunked = request("a", 5000)
     for hardware, expected in [
         (get_hardware("a100-80g"), [2048, 2048, 904]),  # no decodes: N caps each chunk
         (replace(get_hardware("a100-80g"), serial_coefficients=CostCoefficients(),
                  serial_below_tokens=64), []),
+        (replace(get_hardware("a100-80g"), prefill_factors=(1.0,) * 10 + (0.6,)), []),
+        (replace(get_hardware("a100-80g"), decode_factors=(1.3,)), []),
     ]:
         executor = SimExecutor(CostModel(get_model("mistral-7b"), hardware))
         eng = build_engine(executor, ManualClock(), "ascendra-lp",

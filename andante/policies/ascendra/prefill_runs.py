@@ -13,7 +13,8 @@ The chunks are only computed where the result is certainly the steps' own:
 - nothing waits or is swapped (with requests waiting, each step may admit or offload
   one; runs there were measured to save nothing);
 - the performance model holds (no refit check before the last step: `steps_before_refit`)
-  and its step time only grows with a chunk (no serial regime, no negative coefficient),
+  and its step time only grows with a chunk (no serial regime, no negative coefficient,
+  no prefill or decode size factors: a factor table need not grow with its class),
   so the chunk found is the one the step's search finds whatever caps its range (the
   free blocks need no check: the simulator keeps only the steps whose blocks are free,
   andante.sim.prefill_run, so KV never caps a step's range below its chunk).
@@ -38,9 +39,13 @@ if TYPE_CHECKING:
 
 
 def time_grows_with_tokens(model: CostModel) -> bool:
-    """Is the model's step time non-decreasing in a chunk's tokens (and with sampling)?"""
-    coefficients = model.coefficients
-    return model.hardware.serial_below_tokens is None and coefficients.c6 >= 0 and all(
+    """Is the model's step time non-decreasing in a chunk's tokens (and with sampling)?
+    Not with size factors: a table may fall from one class to the next (and a chunk's
+    first token swaps the decodes' factor for the prefill's; andante.perf.cost_model)."""
+    hardware, coefficients = model.hardware, model.coefficients
+    if hardware.prefill_factors or hardware.decode_factors:
+        return False
+    return hardware.serial_below_tokens is None and coefficients.c6 >= 0 and all(
         c >= 0 for c in coefficients.as_tuple()[:4])
 
 
