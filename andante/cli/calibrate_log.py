@@ -131,9 +131,9 @@ def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: An
     if fit.idle_wake is not None:
         _report_wake(fit)
     if hw.prefill_factors:
-        print(f"  prefill size factors: {prefill_factors_text(hw.prefill_factors)}")
+        print(f"  prefill size factors: {factors_text(hw.prefill_factors)}")
     if hw.decode_factors:
-        print(f"  decode batch factors: {prefill_factors_text(hw.decode_factors, 'decodes')}")
+        print(f"  decode batch factors: {factors_text(hw.decode_factors, 'decodes')}")
     if fit.num_on_floor:
         print(f"  launch floor: {hw.eager_launch_per_layer * model.num_layers * 1e3:.1f} ms "
               f"per step with prefill tokens ({fit.num_on_floor} steps on it)")
@@ -152,11 +152,14 @@ def _report(args: argparse.Namespace, model: ModelSpec, fit: LogFit, outcome: An
         print(f"  the previous profile is kept as {outcome.previous!r}")
 
 
-def prefill_factors_text(factors: tuple[float, ...], unit: str = "tokens") -> str:
-    """'64-127 tokens x1.25, 256-511 x0.88': the factors that are not 1
-    (andante.perf.prefill_factors; `unit` "decodes": andante.perf.decode_factors)."""
-    return ", ".join(f"{1 << i}-{(2 << i) - 1} {unit} x{f:.2f}"
-                     for i, f in enumerate(factors) if f != 1.0)
+def factors_text(factors: tuple[float, ...], unit: str = "tokens") -> str:
+    """'64-127 tokens x1.25, 256-511 tokens x0.88' ('1 decode x1.30, 2-3 decodes x1.10'):
+    the factors that are not 1 (andante.perf.prefill_factors; `unit` "decodes":
+    andante.perf.decode_factors)."""
+    sizes = [f"1 {unit.removesuffix('s')}"] + [f"{1 << i}-{(2 << i) - 1} {unit}"
+                                               for i in range(1, len(factors))]
+    return ", ".join(f"{size} x{f:.2f}" for size, f in zip(sizes, factors, strict=True)
+                     if f != 1.0)
 
 
 def _report_wake(fit: LogFit) -> None:

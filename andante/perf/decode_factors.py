@@ -18,7 +18,8 @@ than high; see benchmarks/fidelity.py's ServedCalibration.)
 The model is the prefill factors' (andante.perf.prefill_factors), on the other axis: a
 step of decodes alone, d of them, costs the regression's time times the factor of its
 batch class floor(log2 d) (HardwareSpec.decode_factors; CostModel.decode_factor), 1 for a
-class the log does not fit. Fitted the same way and with the same bounds: per class the
+class the log does not fit. Fitted by the same code, `fit_class_factors` and
+`divided_by` with `decode_batch` for the class size, so with the same bounds: per class the
 median of measured over predicted time, kept where it differs from 1 by at least
 MIN_DEVIATION and MIN_STANDARD_ERRORS standard errors; the coefficients are then fitted
 again to the steps with each decode step's time divided by its factor, and the factors
@@ -28,42 +29,9 @@ prefill factors' and are left as they are here.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
-
-from andante.perf.prefill_factors import class_factors, size_class
 from andante.perf.shape import BatchShape
-from andante.perf.step_log import LoggedStep
 
 
 def decode_batch(shape: BatchShape) -> int:
     """The step's decodes where it runs decodes alone (0: a step with prefill tokens)."""
     return shape.num_decode_seqs if shape.num_decode_seqs == shape.num_seqs else 0
-
-
-def fit_decode_factors(steps: Sequence[LoggedStep], predict: Callable[[BatchShape], float]
-                       ) -> tuple[float, ...]:
-    """HardwareSpec.decode_factors for `steps` against the regression `predict` (without
-    factors): see the module note. () where no batch class differs from 1."""
-    ratios: dict[int, list[float]] = {}
-    for step in steps:
-        d = decode_batch(step.shape)
-        predicted = predict(step.shape)
-        if d > 0 and predicted > 0:
-            ratios.setdefault(size_class(d), []).append(step.duration / predicted)
-    return class_factors(ratios)
-
-
-def divided_decodes(steps: Sequence[LoggedStep], factors: tuple[float, ...]
-                    ) -> list[LoggedStep]:
-    """The steps with each decode step's duration divided by its class's factor."""
-    if not factors:
-        return list(steps)
-    out = []
-    for step in steps:
-        d = decode_batch(step.shape)
-        index = size_class(d) if d > 0 else -1
-        if 0 <= index < len(factors) and factors[index] != 1.0:
-            step = dataclasses.replace(step, duration=step.duration / factors[index])
-        out.append(step)
-    return out

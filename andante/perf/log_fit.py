@@ -55,7 +55,7 @@ Prefill and decode factors. A served engine whose step time bends with the prefi
 gets a factor per size class of the steps' prefill tokens (andante.perf.prefill_factors),
 one whose decode steps bend with their batch a factor per batch class
 (andante.perf.decode_factors), the coefficients refitted to the steps divided by them
-(`_fit_prefill_factors`); where factors are found, the wake is fitted once more against
+(`_fit_size_factors`); where factors are found, the wake is fitted once more against
 the profile with them.
 """
 
@@ -68,11 +68,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from andante.perf.cost_model import CostModel
-from andante.perf.decode_factors import divided_decodes, fit_decode_factors
+from andante.perf.decode_factors import decode_batch
 from andante.perf.fit import MIN_REGIME_SAMPLES, Sample, fit_coefficients, prediction_error
 from andante.perf.frontend_log import FrontendFit
 from andante.perf.idle_wake import IdleWakeFit, fit_idle_wake
-from andante.perf.prefill_factors import divided, fit_prefill_factors
+from andante.perf.prefill_factors import divided_by, fit_class_factors, prefill_tokens
 from andante.perf.specs import CostCoefficients, HardwareSpec, ModelSpec
 from andante.perf.step_log import LoggedStep
 
@@ -86,7 +86,7 @@ STALL_FACTOR = 4.0  # a step this far off the others' fit is a stall (`split_sta
 MAX_STALL_SHARE = 0.05  # more stalled steps than this share: the log is refused
 MAX_WAKE_REFITS = 10  # coefficient refits with the idle wake taken out of woken steps
 WAKE_SETTLED = 0.01  # ... until the wake moves by less than this share
-FACTOR_REFITS = 3  # rounds of prefill factors and coefficients (andante.perf.prefill_factors)
+FACTOR_REFITS = 3  # rounds of prefill and decode factors and coefficients (_fit_size_factors)
 
 
 class LogFitRefused(ValueError):
@@ -359,7 +359,7 @@ def fit_step_log(steps: Sequence[LoggedStep], model_spec: ModelSpec, base: Hardw
         wake = fit_idle_wake(steps, CostModel(model_spec, fitted, tp).step_time)
         if abs(wake.penalty - previous) <= WAKE_SETTLED * previous:
             break
-    fitted, on_floor, factors, decode_factors = _fit_prefill_factors(
+    fitted, on_floor, factors, decode_factors = _fit_size_factors(
         model, without_wake(steps, wake), serial_below_tokens, fitted, on_floor)
     if factors or decode_factors:  # the wake against what the profile will charge
         wake = fit_idle_wake(steps, CostModel(model_spec, dataclasses.replace(
@@ -400,10 +400,10 @@ def _fit_shapes(model: CostModel, steps: Sequence[LoggedStep],
     return hardware, on_floor
 
 
-def _fit_prefill_factors(model: CostModel, steps: Sequence[LoggedStep],
-                         serial_below_tokens: int | None, fitted: HardwareSpec,
-                         on_floor: int) -> tuple[HardwareSpec, int, tuple[float, ...],
-                                                 tuple[float, ...]]:
+def _fit_size_factors(model: CostModel, steps: Sequence[LoggedStep],
+                      serial_below_tokens: int | None, fitted: HardwareSpec,
+                      on_floor: int) -> tuple[HardwareSpec, int, tuple[float, ...],
+                                              tuple[float, ...]]:
     """(profile, steps on the launch floor, prefill factors, decode factors): the factors
     of andante.perf.prefill_factors and andante.perf.decode_factors against `fitted`, then
     the coefficients refitted to the steps divided by them and the factors again,
@@ -412,13 +412,14 @@ def _fit_prefill_factors(model: CostModel, steps: Sequence[LoggedStep],
     factors: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
     for _ in range(FACTOR_REFITS):
         predict = CostModel(model.model, fitted, model.tp).step_time
-        found = (fit_prefill_factors(steps, predict), fit_decode_factors(steps, predict))
+        found = (fit_class_factors(steps, predict, prefill_tokens),
+                 fit_class_factors(steps, predict, decode_batch))
         if found == factors:
             break
         factors = found
-        fitted, on_floor = (_fit_shapes(model, divided_decodes(divided(steps, found[0]),
-                                                               found[1]),
-                                        serial_below_tokens)
+        fitted, on_floor = (_fit_shapes(model, divided_by(divided_by(
+                                            steps, found[0], prefill_tokens),
+                                            found[1], decode_batch), serial_below_tokens)
                             if found != ((), ()) else linear)
     return fitted, on_floor, factors[0], factors[1]
 

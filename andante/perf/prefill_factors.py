@@ -53,16 +53,19 @@ def size_class(num_prefill_tokens: int) -> int:
     return num_prefill_tokens.bit_length() - 1
 
 
-def fit_prefill_factors(steps: Sequence[LoggedStep], predict: Callable[[BatchShape], float]
-                        ) -> tuple[float, ...]:
-    """HardwareSpec.prefill_factors for `steps` against the regression `predict`
-    (without factors): see the module note. () where no class differs from 1."""
+def fit_class_factors(steps: Sequence[LoggedStep], predict: Callable[[BatchShape], float],
+                      size: Callable[[BatchShape], int]) -> tuple[float, ...]:
+    """A factor table for `steps` against the regression `predict` (without factors),
+    a step's class floor(log2 size(shape)), steps of size 0 left out: see the module
+    note. `size` `prefill_tokens`: HardwareSpec.prefill_factors;
+    andante.perf.decode_factors.decode_batch: HardwareSpec.decode_factors. () where no
+    class differs from 1."""
     ratios: dict[int, list[float]] = {}
     for step in steps:
-        p = prefill_tokens(step.shape)
+        n = size(step.shape)
         predicted = predict(step.shape)
-        if p > 0 and predicted > 0:
-            ratios.setdefault(size_class(p), []).append(step.duration / predicted)
+        if n > 0 and predicted > 0:
+            ratios.setdefault(size_class(n), []).append(step.duration / predicted)
     return class_factors(ratios)
 
 
@@ -92,15 +95,17 @@ def _factor(ratios: list[float]) -> float:
     return median
 
 
-def divided(steps: Sequence[LoggedStep], factors: tuple[float, ...]) -> list[LoggedStep]:
-    """The steps with each prefill step's duration divided by its class's factor: what
-    the linear regression is fitted to."""
+def divided_by(steps: Sequence[LoggedStep], factors: tuple[float, ...],
+               size: Callable[[BatchShape], int]) -> list[LoggedStep]:
+    """The steps with each step's duration divided by the factor of its class (as in
+    `fit_class_factors`; steps of size 0 as they are): what the linear regression is
+    fitted to."""
     if not factors:
         return list(steps)
     out = []
     for step in steps:
-        p = prefill_tokens(step.shape)
-        index = size_class(p) if p > 0 else -1
+        n = size(step.shape)
+        index = size_class(n) if n > 0 else -1
         if 0 <= index < len(factors) and factors[index] != 1.0:
             step = dataclasses.replace(step, duration=step.duration / factors[index])
         out.append(step)

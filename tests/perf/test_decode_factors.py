@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from andante.exec.torch_cost import cpu_hardware
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
-from andante.perf.decode_factors import decode_batch, fit_decode_factors
+from andante.perf.decode_factors import decode_batch
 from andante.perf.log_fit import fit_step_log
+from andante.perf.prefill_factors import fit_class_factors
 from andante.perf.shape import BatchShape
 from andante.perf.specs import CostCoefficients, HardwareSpec
 from andante.perf.step_log import parse_steps, step_record
@@ -83,10 +84,10 @@ def test_only_decode_steps_count_toward_the_decode_factors():
     plain = CostModel(SMOL, LINEAR).step_time
     slower_prefills = [dataclasses.replace(s, duration=s.duration * 1.5)
                        if decode_batch(s.shape) == 0 else s for s in steps]
-    assert fit_decode_factors(slower_prefills, plain) == ()
+    assert fit_class_factors(slower_prefills, plain, decode_batch) == ()
     slower_ones = [dataclasses.replace(s, duration=s.duration * 1.3)
                    if decode_batch(s.shape) == 1 else s for s in steps]
-    assert fit_decode_factors(slower_ones, plain) == (pytest.approx(1.3),)
+    assert fit_class_factors(slower_ones, plain, decode_batch) == (pytest.approx(1.3),)
 
 
 shapes = st.builds(
@@ -142,7 +143,7 @@ def test_calibrate_reports_and_saves_the_decode_factors(tmp_path, monkeypatch, c
     argv = ["calibrate", "--step-log", str(log), "--model", "smollm2-135m",
             "--base-hardware", "cpu", "--name", "bent"]
     assert main(argv) == 0
-    assert "decode batch factors: 1-1 decodes x0." in capsys.readouterr().out
+    assert "decode batch factors: 1 decode x0." in capsys.readouterr().out
     saved = get_hardware("bent")
     assert saved.decode_factors and saved.decode_factors[0] < 0.95
     assert main([*argv, "--force", "--json"]) == 0

@@ -12,17 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from andante.cli.calibrate_log import prefill_factors_text
+from andante.cli.calibrate_log import factors_text
 from andante.cli.main import main
 from andante.exec.torch_cost import cpu_hardware
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from andante.perf.log_fit import fit_step_log
 from andante.perf.paths import ANDANTE_HOME_ENV
-from andante.perf.prefill_factors import fit_prefill_factors, size_class
+from andante.perf.prefill_factors import fit_class_factors, prefill_tokens, size_class
 from andante.perf.shape import BatchShape
 from andante.perf.specs import CostCoefficients, HardwareSpec
-from andante.perf.step_log import parse_steps, step_record
+from andante.perf.step_log import LoggedStep, parse_steps, step_record
 
 SMOL = get_model("smollm2-135m")
 CPU = cpu_hardware()[0]
@@ -88,9 +88,12 @@ def test_a_class_of_few_steps_or_close_to_one_keeps_factor_one():
         return others + [dataclasses.replace(s, duration=s.duration * scale)
                          for s in inside[:limit]]
 
-    assert fit_prefill_factors(scaled(1.5, limit=4), plain) == ()  # fewer than a class needs
-    assert fit_prefill_factors(scaled(1.02), plain) == ()  # within MIN_DEVIATION
-    assert fit_prefill_factors(scaled(1.5), plain) == (1.0,) * 6 + (pytest.approx(1.5),)
+    def fit(scaled_steps: list[LoggedStep]) -> tuple[float, ...]:
+        return fit_class_factors(scaled_steps, plain, prefill_tokens)
+
+    assert fit(scaled(1.5, limit=4)) == ()  # fewer than a class needs
+    assert fit(scaled(1.02)) == ()  # within MIN_DEVIATION
+    assert fit(scaled(1.5)) == (1.0,) * 6 + (pytest.approx(1.5),)
 
 
 shapes = st.builds(
@@ -140,5 +143,6 @@ def test_calibrate_reports_and_saves_the_factors(tmp_path, monkeypatch, capsys):
     assert main([*argv, "--force", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["prefill_factors"] == list(
         saved.prefill_factors)
-    assert prefill_factors_text((1.0,) * 6 + (1.25, 1.0, 0.88)) == (
+    assert factors_text((1.0,) * 6 + (1.25, 1.0, 0.88)) == (
         "64-127 tokens x1.25, 256-511 tokens x0.88")
+    assert factors_text((1.3, 1.1, 1.0), "decodes") == "1 decode x1.30, 2-3 decodes x1.10"
