@@ -154,6 +154,8 @@ class StepTrace:
         self._idle_since: float | None = None  # when the engine last ran out of work
 
     def __call__(self, output: StepOutput, stats: SchedulerStats) -> None:
+        import torch  # loaded with the engine (lazily, as TorchExecutor is: sim-only runs
+        # need none); the thread count the step ran at persists
         now = self.clock.now()
         shape = output.batch.shape()
         measured = output.result.duration
@@ -164,8 +166,6 @@ class StepTrace:
         self._idle_since = None if busy else now
         if not output.batch.requests:
             return
-        import torch  # loaded with the engine; the thread count the step ran at persists
-
         new = self.sizes.miss(shape.num_tokens)
         setup = self.cost_model.new_size_time(shape.num_tokens) if new else 0.0
         self.shapes.append(shape)

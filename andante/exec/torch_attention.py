@@ -276,6 +276,8 @@ def prefill_attention_matmul(q: torch.Tensor, keys: torch.Tensor, values: torch.
         if scale is not None:
             scores = scores * scale
         scores = scores.view(nk, group, b, visible)
+        # add_ writes the scores (a fresh matmul result), never `causal`: that block is
+        # shared by every call and layer, and must never be written
         scores[:, :, :, cached + start:].add_(causal[:b, :b])
         probs = scores.softmax(dim=-1).view(nk, group * b, visible)
         part = torch.matmul(probs, values[:, :, :visible].reshape(nk, visible, dim))

@@ -33,7 +33,8 @@ def test_hot_functions_are_scripted() -> None:
     if os.environ.get(torchscript.DISABLE_ENV, "") not in ("", "0"):
         pytest.skip("TorchScript disabled in this environment")
     for fn in (torch_layers.fused_stack, torch_layers.fused_layer, torch_layers.attend,
-               torch_attention.attention, torch_attention.write_kv, rope.apply_rope):
+               torch_attention.attention, torch_attention.write_kv, rope.apply_rope,
+               rope.apply_rope_):
         assert isinstance(fn, torch.jit.ScriptFunction), fn
 
 

@@ -70,14 +70,15 @@ def test_dynamic_scaling_caps_the_context() -> None:
     assert config.max_model_len == 4096
 
 
-def test_apply_rope_in_place_rotates_a_view_like_apply_rope() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_apply_rope_in_place_rotates_a_view_like_apply_rope(dtype: torch.dtype) -> None:
     """`apply_rope_` on the Q/K columns of QKV rows: the same values as `apply_rope`
     (bit for bit), written into the view, the V columns untouched."""
     config = config_from_hf(BASE, "t")
-    cos, sin_signed = rope_table(inverse_frequencies(config), 64, torch.float32)
+    cos, sin_signed = rope_table(inverse_frequencies(config), 64, dtype)
     positions = torch.tensor([0, 3, 17, 63])
     cos, sin_signed = cos[positions].unsqueeze(1), sin_signed[positions].unsqueeze(1)
-    qkv = torch.randn(4, 8 * config.head_dim)
+    qkv = torch.randn(4, 8 * config.head_dim).to(dtype)
     before = qkv.clone()
     qk = qkv[:, :6 * config.head_dim].view(4, 6, config.head_dim)
     expected = apply_rope(qk.clone(), cos, sin_signed)
