@@ -106,3 +106,42 @@ def test_no_transfer_budget_is_planned_where_no_kv_can_move(
     assert run.summary.num_finished == 300
     assert sum(s.num_steps for s in run.report.instance_stats) == 21_576
     assert len(calls) < 5_000
+
+
+def test_a_step_whose_swap_outs_empty_the_spare_jobs_still_prefetches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Proactive swapping with swap-in after swap-out: a step that swaps out every spare
+    job still prefetches the next jobs (the shortcut once kept `spare`, the list
+    `_make_room` empties, as its "proactive" flag and skipped the prefetch)."""
+    from andante.engine.config import SchedulerConfig
+    from andante.policies.fastserve.kvcache import KVPlanner
+    from andante.sim import ClusterSpec, simulate
+    from andante.workload import WorkloadConfig, build_workload
+
+    emptied: set[float] = set()
+    prefetched_after: list[float] = []
+    make_room, prefetch = KVPlanner._make_room, KVPlanner._prefetch
+
+    def recorded_make_room(self: KVPlanner, plan: StepPlan, reserve: int, spare: list,
+                           *rest: object) -> float:
+        moved = make_room(self, plan, reserve, spare, *rest)  # type: ignore[arg-type]
+        if not spare:
+            emptied.add(plan.now)
+        return moved
+
+    def recorded_prefetch(plan: StepPlan, *rest: object) -> None:
+        if plan.now in emptied:
+            prefetched_after.append(plan.now)
+        prefetch(plan, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(KVPlanner, "_make_room", recorded_make_room)
+    monkeypatch.setattr(KVPlanner, "_prefetch", staticmethod(recorded_prefetch))
+    workload = build_workload(WorkloadConfig(kind="poisson", rate=2.0, num_requests=120,
+                                             lengths="sharegpt", max_context=8192, seed=1))
+    spec = ClusterSpec(policy="fastserve", num_kv_blocks=500, swap_space_gib=0.05,
+                       policy_options={"kv_mode": "proactive", "swap_in_after_swap_out": True,
+                                       "starve_limit": 0.5},
+                       scheduler=SchedulerConfig(max_model_len=8192))
+    run = simulate(spec, workload, keep_records=False)
+    assert run.summary.num_finished == 120
+    assert emptied and prefetched_after

@@ -116,7 +116,8 @@ class KVPlanner:
                 self._evict_placed(plan, deficit, enst)
         fetch: list[Request] = []
         budget = math.inf
-        proactive = self.mode == "proactive" and (spare or choice.to_fetch)
+        # (a bool, not the list: `_make_room` below empties `spare`)
+        proactive = self.mode == "proactive" and bool(spare or choice.to_fetch)
         claims = list(zip(plan.claimed, plan.num_claimed_tokens, strict=True)) \
             if proactive else []
         # `_make_room` swaps out spare jobs, the last first, and stops at one the host
