@@ -548,10 +548,9 @@ class QLMRouter:
             if not any(first.get(rid, now) == now for g in queue for rid in g.request_ids):
                 continue
             est = estimator.queue_times(views[index], queue, self.options.num_samples, rng)
-            for group, mean in zip(queue, est.mean, strict=True):
-                for rid in group.request_ids:
-                    if first.setdefault(rid, now) == now:
-                        counters.predicted[rid] = now + mean
+            for rid, done in est.completions.items():
+                if first.setdefault(rid, now) == now:
+                    counters.predicted[rid] = now + done
             for rid, wait in est.waits.items():
                 if first[rid] == now:
                     counters.predicted_start[rid] = now + wait
