@@ -140,7 +140,10 @@ class QLMAgents:
                     placements += [(rid, index) for rid in self.pulled_after(
                         inst, queue[0], evicted)]
                     continue
-            placements += [(rid, index) for rid in self.pulled(inst, vq, by_id, qview)]
+            shared = sum(1 for other in instances
+                         if other.state.device == qview.models_on_device[0]) > 1
+            placements += [(rid, index) for rid in self.pulled(inst, vq, by_id, qview,
+                                                                   shared)]
         return QueueDecision(tuple(placements), tuple(swaps), tuple(warm), tuple(evictions))
 
     def head_changed(self, index: int, head: RequestGroup) -> bool:
@@ -223,10 +226,15 @@ class QLMAgents:
         return (seqs, tokens) if tokens > 0 and seqs > 0 else (0, 0)
 
     def pulled(self, inst: AgentInstance, vq: VirtualQueue, by_id: dict[str, RequestGroup],
-               qview: QLMView) -> tuple[str, ...]:
+               qview: QLMView, shared: bool = True) -> tuple[str, ...]:
         """Request pulling (LSO 1): into spare KV tokens, what the instance can start at
         its next step (`pull_room`); without pulling (ablation) every request of the
-        instance's device-model groups at once."""
+        instance's device-model groups at once. The prompt-token bound keeps the work
+        of a model balanced over the instances serving it (`shared`: another instance
+        has the model on its device); an instance alone with its model takes all it
+        has room for, so that it serves its model's queue before a model swap (Insight
+        #3: with the bound there too, W_A at 9 req/s made 24 swaps instead of 16 and
+        its throughput fell from 1.73 to 1.24 req/s)."""
         if not self.options.pull:
             return tuple(rid for g in vq.groups(by_id) if g.model in qview.models_on_device
                          for rid in g.request_ids)
@@ -236,7 +244,7 @@ class QLMAgents:
             return ()
         head = vq.groups(by_id)[0]
         reserve = int(self.options.pull_reserve * self.outputs.mean(head.key))
-        return pull_requests(vq, by_id, qview, reserve, tokens)[:room]
+        return pull_requests(vq, by_id, qview, reserve, tokens if shared else None)[:room]
 
     def fill_drain(self, inst: AgentInstance, vq: VirtualQueue,
                    by_id: dict[str, RequestGroup], estimator: RCTEstimator

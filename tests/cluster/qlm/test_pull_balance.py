@@ -62,19 +62,27 @@ def _queue(n: int) -> list[Request]:
 
 
 def test_an_instance_pulls_only_what_it_can_start_at_its_next_step() -> None:
-    """One step's token budget (8,192 prompt tokens by default) bounds a pull; an
-    instance without a backlog took every request that fit its free slots before."""
+    """Where another instance serves the same model, one step's token budget (8,192
+    prompt tokens by default) bounds a pull; an instance without a backlog took every
+    request that fit its free slots before. An instance alone with its model takes
+    all it has room for (it serves its model's queue before a swap)."""
+    other = _slot(1, running=10, waiting=9, unprefilled=9000)  # m1 too, and full
     router = QLMRouter(plan=False)
-    decision = router.dispatch(_queue(40), [_slot(0)])
+    decision = router.dispatch(_queue(40), [_slot(0), other])
+    assert dict(decision.placements).keys() and {i for _, i in decision.placements} == {0}
     assert len(decision.placements) == 8192 // PROMPT
     busy = QLMRouter(plan=False)  # half a step's prompts already wait to be prefilled
-    decision = busy.dispatch(_queue(40), [_slot(0, running=10, waiting=4, unprefilled=4096)])
+    decision = busy.dispatch(_queue(40), [_slot(0, running=10, waiting=4, unprefilled=4096),
+                                          other])
     assert len(decision.placements) == 4096 // PROMPT
     full = QLMRouter(plan=False)
-    decision = full.dispatch(_queue(40), [_slot(0, running=10, waiting=9, unprefilled=9000)])
+    decision = full.dispatch(_queue(40), [_slot(0, running=10, waiting=9, unprefilled=9000),
+                                          other])
     assert decision.placements == ()
     wide = QLMRouter(plan=False, pull_tokens=100_000)
-    assert len(wide.dispatch(_queue(40), [_slot(0)]).placements) == 40
+    assert len(wide.dispatch(_queue(40), [_slot(0), other]).placements) == 40
+    alone = QLMRouter(plan=False)
+    assert len(alone.dispatch(_queue(40), [_slot(0)]).placements) == 40
 
 
 def test_a_stale_plan_assignment_goes_to_the_instance_that_can_pull() -> None:
