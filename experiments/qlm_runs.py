@@ -73,6 +73,10 @@ class Point:
     load_seconds: float = 0.0  # model swaps' load time, summed over instances
     average_batch: float | None = None  # QLM's measured average running batch
     by_slo: tuple[tuple[float, float, int], ...] = ()  # (deadline s, attainment, requests)
+    num_missed: int = 0  # requests that missed their deadline (or never finished)
+    # of them, those whose own execution (first scheduling to finish) outlasted the
+    # deadline: no order of the queue would have saved them
+    num_missed_executing: int = 0
 
     def row(self) -> dict[str, Any]:
         return {"SLO attainment": self.slo_attainment, "throughput (req/s)": self.throughput,
@@ -85,6 +89,7 @@ class Point:
                 "load seconds": self.load_seconds, "makespan": self.makespan,
                 "mean queue": self.mean_queue, "average batch": self.average_batch,
                 "max groups": c.get("max_groups", 0), "planner": self.planner,
+                "missed": self.num_missed, "missed executing": self.num_missed_executing,
                 "head changes": {k: v for k, v in c.items() if k.startswith("head_")}}
 
     @property
@@ -220,7 +225,24 @@ def _point(run: SimRun, router: QLMRouter | None) -> Point:
                  float(waiting.mean()),
                  (tuple(times.round(3).tolist()), tuple(int(w) for w in waiting)),
                  span, sum(s.seconds for s in run.report.model_swaps),
-                 None if router is None else router.speed.average_batch(), tuple(by_slo))
+                 None if router is None else router.speed.average_batch(), tuple(by_slo),
+                 *_misses(requests))
+
+
+def _misses(requests: Sequence[Request]) -> tuple[int, int]:
+    """(requests that missed their deadline, of them those that missed on their own
+    execution time: first scheduling to finish longer than the deadline)."""
+    missed = executing = 0
+    for r in requests:
+        deadline, t = r.slo.deadline, r.timeline
+        if deadline is None:
+            continue
+        if t.finish_time is None or t.finish_time - r.arrival_time > deadline:
+            missed += 1
+            if (t.finish_time is not None and t.first_scheduled_time is not None
+                    and t.finish_time - t.first_scheduled_time > deadline):
+                executing += 1
+    return missed, executing
 
 
 def estimator_r2(run: SimRun, router: QLMRouter) -> float | None:

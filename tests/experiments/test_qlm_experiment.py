@@ -122,6 +122,9 @@ def test_the_reports_explanations_follow_the_measurements() -> None:
                                      for s in ("qlm", "vllm", "edf")}}
     single = text.single_model_rows(panel)
     assert "a queue formed" in single[0]["why (measured)"]
+    panel["curves"]["qlm"]["measured"] = [_measured(missed=12, **{"missed executing": 9})]
+    assert "of the 12 requests QLM served late, 9 missed on their own execution time" \
+        in text.single_model_rows(panel)[0]["why (measured)"]
 
 
 @pytest.mark.slow

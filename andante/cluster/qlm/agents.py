@@ -55,11 +55,19 @@ class AgentOptions:
     """One switch per operation (the ablation) and the swap and pull knobs:
     `pull_reserve`: KV tokens a pulled request reserves for its output, in mean outputs
     of its group; `swap_hysteresis`: a model swap before the instance drains needs the
-    device model to have served this many times its own load time."""
+    device model to have served this many times its own load time; `pull_tokens`: the
+    prompt tokens an instance may hold that it has not yet prefilled, what it pulls
+    included (one step's token budget: the engines' max_num_batched_tokens, 8,192 by
+    default), so that it pulls only what it can start at its next step."""
+
+    def __post_init__(self) -> None:
+        if self.pull_tokens < 1:
+            raise ValueError(f"qlm: pull_tokens must be >= 1, got {self.pull_tokens!r}")
 
     pull: bool = True
     warm_start: bool = True
     pull_reserve: float = 1.0
+    pull_tokens: int = 8192  # prompt tokens an instance holds not yet prefilled (`pull_room`)
     swap_hysteresis: float = 2.0
     evict: bool = True  # LSO 2: make room for a new head group
     state_swap: bool = True  # LSO 3: swap a victim's KV to host memory where it pays
@@ -132,7 +140,10 @@ class QLMAgents:
                     placements += [(rid, index) for rid in self.pulled_after(
                         inst, queue[0], evicted)]
                     continue
-            placements += [(rid, index) for rid in self.pulled(inst, vq, by_id, qview)]
+            shared = sum(1 for other in instances
+                         if other.state.device == qview.models_on_device[0]) > 1
+            placements += [(rid, index) for rid in self.pulled(inst, vq, by_id, qview,
+                                                                   shared)]
         return QueueDecision(tuple(placements), tuple(swaps), tuple(warm), tuple(evictions))
 
     def head_changed(self, index: int, head: RequestGroup) -> bool:
@@ -195,22 +206,45 @@ class QLMAgents:
                 and load_time(inst.state, head.model) < drain
                 and now - since >= self.options.swap_hysteresis * cost)
 
+    def pull_room(self, slot: ModelView, flushed: bool = False) -> tuple[int, int]:
+        """(requests, prompt tokens) an instance can pull now (LSO 1): what it can start
+        at its next step. Its free batch slots, its own backlog (waiting, swapped out)
+        counted as taken, and `pull_tokens` less the prompt tokens it holds not yet
+        prefilled; nothing while requests are in transit to it. `flushed`: a model
+        swap empties it. (Without the bound, an instance with no backlog took every
+        request that fit its 256 slots at once: at 64 req/s on W_B one instance pulled
+        59 requests in one dispatch, ended with 102 against the other's 58, and
+        finished 4 s after it.)"""
+        stats = slot.load.stats
+        if flushed:
+            return max(0, stats.max_num_seqs), self.options.pull_tokens
+        if slot.num_in_transit:
+            return 0, 0
+        backlog = max(0, stats.num_uncomputed_tokens - stats.num_running)  # decodes' next
+        tokens = self.options.pull_tokens - backlog
+        seqs = max(0, stats.max_num_seqs - stats.num_requests)
+        return (seqs, tokens) if tokens > 0 and seqs > 0 else (0, 0)
+
     def pulled(self, inst: AgentInstance, vq: VirtualQueue, by_id: dict[str, RequestGroup],
-               qview: QLMView) -> tuple[str, ...]:
-        """Request pulling (LSO 1): into spare KV tokens, only without a backlog; without
-        pulling (ablation) every request of the instance's device-model groups at once."""
+               qview: QLMView, shared: bool = True) -> tuple[str, ...]:
+        """Request pulling (LSO 1): into spare KV tokens, what the instance can start at
+        its next step (`pull_room`); without pulling (ablation) every request of the
+        instance's device-model groups at once. The prompt-token bound keeps the work
+        of a model balanced over the instances serving it (`shared`: another instance
+        has the model on its device); an instance alone with its model takes all it
+        has room for, so that it serves its model's queue before a model swap (Insight
+        #3: with the bound there too, W_A at 9 req/s made 24 swaps instead of 16 and
+        its throughput fell from 1.73 to 1.24 req/s)."""
         if not self.options.pull:
             return tuple(rid for g in vq.groups(by_id) if g.model in qview.models_on_device
                          for rid in g.request_ids)
-        stats = inst.slot.load.stats
-        if qview.models_on_device[0] != inst.slot.multi_model.model_state().device:
-            stats = dataclasses.replace(stats, num_running=0, num_waiting=0)  # swapping
-        elif stats.num_waiting or inst.slot.num_in_transit:
+        flushed = qview.models_on_device[0] != inst.slot.multi_model.model_state().device
+        room, tokens = self.pull_room(inst.slot, flushed)
+        if not room:
             return ()
         head = vq.groups(by_id)[0]
         reserve = int(self.options.pull_reserve * self.outputs.mean(head.key))
-        room = max(0, stats.max_num_seqs - stats.num_running)
-        return pull_requests(vq, by_id, qview, reserve)[:room]
+        return pull_requests(vq, by_id, qview, reserve, tokens if shared else None)[:room]
 
     def fill_drain(self, inst: AgentInstance, vq: VirtualQueue,
                    by_id: dict[str, RequestGroup], estimator: RCTEstimator

@@ -104,8 +104,9 @@ class QLMRouter:
     instance's speed from its load reports and finished requests
     (andante.cluster.qlm.speed; False: the cost model alone). `swap_hysteresis`: a
     model swap before the instance drains needs the device model to have served this
-    many times its own load time (`pull`, `warm_start`, `pull_reserve` and
-    `swap_hysteresis` are the agents' options: andante.cluster.qlm.agents)."""
+    many times its own load time; `pull_tokens`: the prompt tokens an instance may hold
+    not yet prefilled, its pulls included (`pull`, `warm_start`, `pull_reserve`,
+    `pull_tokens` and `swap_hysteresis` are the agents' options: andante.cluster.qlm.agents)."""
 
     name = "qlm"
 
@@ -115,7 +116,7 @@ class QLMRouter:
                  horizon_groups: int = 12, replan_interval: float = 0.25,
                  default_deadline: float = 3600.0, pull: bool = True,
                  load_balance: bool = True, warm_start: bool = True, plan: bool = True,
-                 pull_reserve: float = 1.0, learn_speed: bool = True,
+                 pull_reserve: float = 1.0, pull_tokens: int = 8192, learn_speed: bool = True,
                  swap_hysteresis: float = 2.0, evict: bool = True, state_swap: bool = True,
                  seed: int = 0, **unknown: Any) -> None:
         if unknown:
@@ -137,7 +138,7 @@ class QLMRouter:
                                       else time_limit_ms / 1000.0,
                                       horizon_groups=horizon_groups, seed=seed)
         self.agent_options = AgentOptions(pull=pull, warm_start=warm_start,
-                                          pull_reserve=pull_reserve,
+                                          pull_reserve=pull_reserve, pull_tokens=pull_tokens,
                                           swap_hysteresis=swap_hysteresis,
                                           evict=evict, state_swap=state_swap)
         self.avg_batch, self.replan_interval = avg_batch, replan_interval
@@ -218,11 +219,12 @@ class QLMRouter:
         qviews = {v.index: self._qlm_view(v, states[v.index], share, running[v.index])
                   for v in views}
         holds = {i: frozenset(s.costs) for i, s in states.items()}
-        queues = self._queues(groups, qviews, estimator, holds)
+        room = {v.index: self._pull_tokens(v, states[v.index]) for v in views}
+        queues = self._queues(groups, qviews, estimator, holds, room)
         if self.plan and self._checked != self._revision and now >= self._next_plan:
             self._checked = self._revision
             if self._plan_if_late(groups, queues, qviews, estimator, now, holds):
-                queues = self._queues(groups, qviews, estimator, holds)
+                queues = self._queues(groups, qviews, estimator, holds, room)
         self._predict_new(queues, qviews, estimator, now)
         decision = self._act(queue, queues, views, states, qviews, estimator, running, now)
         return dataclasses.replace(decision, placements=decision.placements + refused)
@@ -401,15 +403,24 @@ class QLMRouter:
         return RCTEstimator(cost, self.outputs, sizes, epsilon=epsilon,
                             admission_cost=self._base_cost)
 
+    def _pull_tokens(self, view: ModelView, state: ModelState) -> int:
+        """Prompt tokens the instance can pull now (0: none; agents.QLMAgents.pull_room)."""
+        if not self.agent_options.pull or state.loading_s > 0:
+            return 0
+        return self.agents.pull_room(view)[1]
+
     def _queues(self, groups: Sequence[RequestGroup], views: dict[int, QLMView],
-                estimator: RCTEstimator, servable: dict[int, frozenset[str]]
-                ) -> dict[int, list[RequestGroup]]:
+                estimator: RCTEstimator, servable: dict[int, frozenset[str]],
+                room: dict[int, int] | None = None) -> dict[int, list[RequestGroup]]:
         """Each group on its planned instance or (load balancing) where it is expected
-        to finish first; planned groups in plan order, then by deadline."""
+        to finish first; planned groups in plan order, then by deadline. `room`: the
+        prompt tokens each instance can pull now (`_rebalanced`)."""
         queues: dict[int, list[RequestGroup]] = {i: [] for i in views}
         drains = {i: v.busy_s for i, v in views.items()}
+        room = dict(room or {})
         for group in sorted(groups, key=lambda g: g.deadline):
             where = self._placement(group, views, drains, estimator, servable, queues)
+            where = self._rebalanced(group, where, views, room)
             queues[where].append(group)
             theta = estimator.throughput(views[where], group.model)
             drains[where] += group.expected_output_tokens / theta
@@ -438,6 +449,30 @@ class QLMRouter:
             return drains[i] + swap, i
 
         return min(fits, key=finish)
+
+    def _rebalanced(self, group: RequestGroup, where: int, views: dict[int, QLMView],
+                    room: dict[int, int]) -> int:
+        """Re-balance on the instances' state now (§5: agents pull when they have spare
+        capacity; LSO 4): a group whose instance cannot pull now goes to one that can,
+        with its model on the device, while that instance's pull budget lasts (`room`,
+        spent here in deadline order). A plan's assignment, made on the estimator's
+        state at the plan, otherwise held until the next plan: at 64 req/s on W_B, 16
+        requests went at t = 11.2 s to the instance running 86 against the other's 43.
+        Requests already pulled stay where they run (no preemptive migration, §5)."""
+        if room.get(where, 0) > 0 or not room:
+            self._spend(room, where, group)
+            return where
+        free = [i for i, r in room.items() if r > 0 and views[i].tier(group.model) == "device"]
+        if not free:
+            return where
+        target = max(free, key=lambda i: (room[i], -i))
+        self._spend(room, target, group)
+        return target
+
+    @staticmethod
+    def _spend(room: dict[int, int], index: int, group: RequestGroup) -> None:
+        if index in room:
+            room[index] = max(0, room[index] - sum(group.prompt_tokens))
 
     # ---- estimator and plan generator ---------------------------------------------------
     def _plan_if_late(self, groups: Sequence[RequestGroup],
@@ -513,10 +548,9 @@ class QLMRouter:
             if not any(first.get(rid, now) == now for g in queue for rid in g.request_ids):
                 continue
             est = estimator.queue_times(views[index], queue, self.options.num_samples, rng)
-            for group, mean in zip(queue, est.mean, strict=True):
-                for rid in group.request_ids:
-                    if first.setdefault(rid, now) == now:
-                        counters.predicted[rid] = now + mean
+            for rid, done in est.completions.items():
+                if first.setdefault(rid, now) == now:
+                    counters.predicted[rid] = now + done
             for rid, wait in est.waits.items():
                 if first[rid] == now:
                     counters.predicted_start[rid] = now + wait

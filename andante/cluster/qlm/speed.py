@@ -28,7 +28,12 @@ from what the controller already sees:
 - ε (eq. 4, the inefficiency of continuous batching: a running request does not advance
   in every step, as prefills and preemptions interleave): each finished request's
   decode span (first to last token) against its tokens' decode steps at the learned
-  step time and the measured average batch;
+  step time and the batch its instance ran during that span (the reports' running
+  requests, time-weighted over the span); a span the reports do not cover is not
+  observed. Against the run's average batch, the requests that finished as a burst
+  drained, at a batch falling from 32 to 1 while the router saw no report (it reads
+  reports only while requests queue), read as fast and pulled ε to 0.59 on the
+  estimator burst: every completion was then predicted 1.6x too soon;
 - the average batch: the running requests of busy instances, time-weighted between
   reports (δ × this caps a request group, §4).
 Each factor is a ratio of sums, observed over modelled seconds, with the cost model as
@@ -41,6 +46,7 @@ knowing of it, in the simulator and on the real engine alike.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -49,6 +55,7 @@ from andante.cluster.qlm.types import check_non_negative, check_positive
 from andante.engine.stats import SchedulerStats
 
 SpeedKey = tuple[str, str]  # (instance id, model)
+SPAN_GAP = 0.1  # share of a decode span that may lie outside the reports (ε)
 
 
 @dataclass(slots=True)
@@ -94,6 +101,9 @@ class SpeedLearner:
     _batch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σ batch·s, Σ s
     _last: dict[str, ReportPoint] = field(default_factory=dict)  # instance -> point
     _pending_tokens: dict[str, int] = field(default_factory=dict)  # finished in the window
+    # instance -> report times and the running batch integrated up to each (ε's batch)
+    _batch_times: dict[str, list[float]] = field(default_factory=dict)
+    _batch_areas: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_positive("prior_s", self.prior_s)
@@ -161,6 +171,7 @@ class SpeedLearner:
                                  or point.num_steps == last.num_steps):
             return  # no step since: the window goes on from the older point
         self._last[iid] = point
+        self._record_batch(iid, last, point)
         finished = self._pending_tokens.pop(iid, 0)
         if (last is None or last.model != model or loading
                 or not (last.num_running and point.num_running)):
@@ -176,6 +187,26 @@ class SpeedLearner:
         if finished_tokens is not None:
             generated = point.output_tokens - last.output_tokens + finished
             self.observe_generated(cost, key, seconds, generated, batch)
+
+    def _record_batch(self, iid: str, last: ReportPoint | None, point: ReportPoint) -> None:
+        """Integrate the instance's running batch (trapezoids between reports)."""
+        times = self._batch_times.setdefault(iid, [])
+        areas = self._batch_areas.setdefault(iid, [])
+        area = 0.0 if last is None or not areas else areas[-1] + (
+            (last.num_running + point.num_running) / 2 * (point.time - last.time))
+        times.append(point.time)
+        areas.append(area)
+
+    def batch_between(self, iid: str, start: float, end: float) -> float | None:
+        """The instance's time-weighted running batch over [start, end]; None unless
+        the reports cover the span but for `SPAN_GAP` of it at either end (the router
+        sees reports only while requests queue: a run's drain has none)."""
+        times, areas = self._batch_times.get(iid, []), self._batch_areas.get(iid, [])
+        lo, hi = bisect.bisect_left(times, start), bisect.bisect_right(times, end) - 1
+        gap = SPAN_GAP * (end - start)
+        if hi <= lo or times[lo] - start > gap or end - times[hi] > gap:
+            return None
+        return (areas[hi] - areas[lo]) / (times[hi] - times[lo])
 
     def observe_generated(self, cost: ExecutionCost, key: SpeedKey, seconds: float,
                           num_tokens: int, batch_size: float) -> None:
@@ -209,7 +240,10 @@ class SpeedLearner:
             return
         iid, model = key
         context = num_prompt_tokens + len(token_times) // 2
-        step = cost.decode_time(iid, model, max(1, round(self.average_batch() or 1)), context)
+        batch = self.batch_between(iid, token_times[0], token_times[-1])
+        if batch is None:
+            return  # its batch is not known (the module note)
+        step = cost.decode_time(iid, model, max(1, round(batch)), context)
         self._observe(self._epsilon, key, token_times[-1] - token_times[0],
                       (len(token_times) - 1) * step)
 

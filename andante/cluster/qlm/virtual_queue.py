@@ -27,6 +27,7 @@ Load balancing (LSO 4) is the planner's assignment of groups to queues (§5).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -60,25 +61,33 @@ class VirtualQueue:
 
 
 def pull_requests(queue: VirtualQueue, by_id: Mapping[str, RequestGroup], view: InstanceView,
-                  reserve_output_tokens: int = 0) -> tuple[str, ...]:
+                  reserve_output_tokens: int = 0,
+                  prompt_budget: int | None = None) -> tuple[str, ...]:
     """Request ids to move into the running batch now (LSO 1, pull-based).
 
     Each request needs its prompt plus `reserve_output_tokens` tokens of capacity; pulling
     stops at the first request that does not fit (FCFS, no skipping) and at the first group
     whose model is not active on the device (that needs a model swap first).
+    `prompt_budget` (None: no bound) bounds the prompt tokens pulled to what the instance
+    can start soon; the first request is pulled whatever its prompt, so a prompt longer
+    than the budget is never stranded.
     """
     if reserve_output_tokens < 0:
         raise ValueError(f"reserve_output_tokens must be >= 0, got {reserve_output_tokens!r}")
+    if prompt_budget is not None and prompt_budget < 0:
+        raise ValueError(f"prompt_budget must be >= 0, got {prompt_budget!r}")
     spare = view.spare_tokens
+    budget = math.inf if prompt_budget is None else prompt_budget
     pulled: list[str] = []
     for group in queue.groups(by_id):
         if group.model not in view.models_on_device:
             break
         for rid, prompt in zip(group.request_ids, group.prompt_tokens, strict=True):
             need = prompt + reserve_output_tokens
-            if need > spare:
+            if need > spare or (prompt > budget and pulled):
                 return tuple(pulled)
             spare -= need
+            budget -= prompt
             pulled.append(rid)
     return tuple(pulled)
 

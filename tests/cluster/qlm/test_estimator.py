@@ -84,7 +84,10 @@ def test_group_completion_is_the_max_over_members_and_drain_the_sum():
     assert np.all(times.completion >= times.drain - 1e-9)  # last request waits for the rest
 
 
-def test_a_cap_below_every_cap_the_key_has_seen_caps_the_draws_and_no_other():
+def test_outputs_that_run_to_their_caps_make_each_request_its_own_cap():
+    """Where outputs end at their own max_tokens, a request's cap is its output with the
+    learned share of such ends (the rest natural draws under the cap); where they end
+    before their caps, a cap bounds the draws only below every cap the key has seen."""
     outputs = OutputLengthModel(prior_mean=500.0, prior_std=100.0, prior_weight=1.0)
     est = estimator(outputs)
     key = form_groups([request("a")], 8, cluster=False)[0].key
@@ -97,15 +100,32 @@ def test_a_cap_below_every_cap_the_key_has_seen_caps_the_draws_and_no_other():
 
     assert draws(450).max() == 450  # the prior is of uncapped lengths: the cap applies
     for n in (400, 600, 500, 450, 550):
-        outputs.observe(key, n, max_tokens=n)  # each ran to its cap (least cap 400)
-    # the moments already describe outputs capped at 400..600: a cap of 450 must not
-    # bias them down again ...
-    assert draws(450).mean() == pytest.approx(outputs.mean(key), rel=0.03)
-    assert draws(450).max() > 450
-    # ... but a cap below every cap seen bounds the request (a running one too)
-    assert draws(40).max() == 40
-    assert outputs.expected(key, 40) == 40 and outputs.expected(key, 450) == outputs.mean(key)
-    assert outputs.caps(key, 399) and not outputs.caps(key, 400) and not outputs.caps(key, None)
+        outputs.observe(key, n, max_tokens=n)  # each ran to its cap
+    assert outputs.cap_share(key) == pytest.approx(5 / 6)  # one prior observation
+    for cap in (450, 900, 40):
+        d = draws(cap)
+        assert d.max() == cap and (d == cap).mean() >= 5 / 6 - 0.03
+    assert (draws(900) == 900).mean() == pytest.approx(5 / 6, abs=0.03)  # natural < 900
+    natural = outputs.natural(key)[0]  # the prior's: no output ended before its cap
+    assert outputs.expected(key, 900) == pytest.approx(5 / 6 * 900 + 1 / 6 * natural)
+    assert outputs.expected(key, 40) == pytest.approx(40)
+    ended = OutputLengthModel(prior_mean=500.0, prior_std=100.0, prior_weight=1.0)
+    for n in (400, 600, 500):
+        ended.observe(key, n, max_tokens=n + 100)  # EOS before the cap (least cap 500)
+    assert ended.cap_share(key) == 0.0
+    assert ended.expected(key, 450) == pytest.approx(450)
+    assert ended.expected(key, 5000) == ended.mean(key)
+    assert ended.caps(key, 499) and not ended.caps(key, 500) and not ended.caps(key, None)
+
+
+def test_each_request_gets_its_own_completion_and_the_group_the_latest():
+    """Eq. 1 per request (its own wait and decode) beside eq. 5 per group (the max)."""
+    est = estimator(exact_outputs(100.0))
+    group = form_groups([request(f"r{k}") for k in range(3)], 8)[0]
+    q = est.queue_times(view(), [group], 1, np.random.default_rng(0))
+    # Θ = 100 tok/s: r0 waits 0 s, r1 1 s, r2 2 s; each 0.5 s prefill + 100 x 0.01 s
+    assert [q.completions[f"r{k}"] for k in range(3)] == pytest.approx([1.5, 2.5, 3.5])
+    assert q.mean[0] == pytest.approx(3.5)
 
 
 def test_cost_model_table_adapts_the_perf_cost_model():

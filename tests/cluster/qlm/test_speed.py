@@ -252,3 +252,28 @@ def test_a_report_taken_while_a_step_is_in_flight_does_not_end_the_window() -> N
     speed.observe_report(flat, KEY, report(11.0, 150, 1100), finished_tokens=0)
     assert speed.decode_factor(KEY) == pytest.approx(2.0)
     assert speed.throughput_factor(KEY) == pytest.approx(2.0)
+
+
+class _BatchCost(FlatCost):
+    """One decode step takes 1 ms per running sequence."""
+
+    def decode_time(self, instance_id: str, model: str, batch_size: int,
+                    context_len: int) -> float:
+        return 0.001 * batch_size
+
+
+def test_epsilon_is_measured_at_the_batch_of_the_span_and_only_where_reports_cover_it(
+        ) -> None:
+    """ε compares a request's decode span with steps at the batch its instance ran
+    then; a span past the last report (the drain, where the batch fell) is not used."""
+    speed = SpeedLearner(prior_s=1e-9)
+    cost = _BatchCost()
+    for t in range(11):  # 20 running from t = 0 to 10: a step is 20 ms
+        speed.observe_report(cost, KEY, SchedulerStats(time=float(t), num_steps=50 * t,
+                                                       num_running=20, num_tokens=8000,
+                                                       max_num_seqs=32))
+    speed.observe_decode_span(cost, KEY, 100, [1.0 + 0.02 * i for i in range(401)])
+    assert speed.epsilon(KEY) == pytest.approx(1.0)
+    # from t = 9 to 30 the batch fell to 10 (10 ms steps) with no report after t = 10
+    speed.observe_decode_span(cost, KEY, 100, [9.0 + 0.01 * i for i in range(2101)])
+    assert speed.epsilon(KEY) == pytest.approx(1.0)

@@ -51,16 +51,17 @@ class _Slot:
     alive: bool = True
 
 
-def _slot(drain_s: float, running: int = 4, waiting: int = 0) -> _Slot:
+def _slot(drain_s: float, running: int = 4, waiting: int = 0, uncomputed: int = 0) -> _Slot:
     load = load_report(drain_time=drain_s, num_running=running, num_waiting=waiting,
-                       max_num_seqs=16, time=100.0)
+                       max_num_seqs=16, time=100.0, num_uncomputed_tokens=uncomputed)
     return _Slot(load, _Multi(_state()))
 
 
 def _instance(drain_s: float, running: int = 4, waiting: int = 0, state: ModelState | None = None,
-              deadlines: Mapping[str, float] | None = None) -> AgentInstance:
+              deadlines: Mapping[str, float] | None = None, uncomputed: int = 0
+              ) -> AgentInstance:
     """Instance 0 as its agent sees it; its drain time is the load report's."""
-    return AgentInstance(_slot(drain_s, running, waiting), state or _state(),
+    return AgentInstance(_slot(drain_s, running, waiting, uncomputed), state or _state(),
                          view("0", on_device=("m1",)), drain_s, deadlines or {})
 
 
@@ -117,7 +118,9 @@ def test_while_draining_it_pulls_only_device_model_work_that_ends_within_the_dra
     # short: 0.1 s + 256 expected tokens x 0.01 s = 2.7 s <= 5 s; long: 20 s > 5 s
     assert agents.fill_drain(_instance(drain_s=5.0), vq, by_id, estimator) == ("s1", "s2")
     assert agents.fill_drain(_instance(drain_s=1.0), vq, by_id, estimator) == ()
-    backlog = _instance(drain_s=5.0, waiting=2)  # the instance has a queue of its own
+    # the instance holds a step's worth of prompt tokens not yet prefilled (running
+    # decodes' next tokens aside): it cannot start more at its next step
+    backlog = _instance(drain_s=5.0, waiting=2, uncomputed=4 + 8192)
     assert agents.fill_drain(backlog, vq, by_id, estimator) == ()
     no_pull = QLMRouter(pull=False).agents
     assert no_pull.fill_drain(_instance(drain_s=5.0), vq, by_id, estimator) == ()

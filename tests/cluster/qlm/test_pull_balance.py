@@ -1,0 +1,107 @@
+"""What a QLM agent pulls at once, and a plan's assignment that the instances' state
+has made stale (LSOs 1 and 4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from andante.cluster.instance import ModelState
+from andante.cluster.load import LoadReport
+from andante.cluster.qlm.router import QLMRouter
+from andante.core.request import Request
+from andante.perf.catalog import get_hardware, get_model
+from andante.perf.cost_model import CostModel
+from tests.cluster.fakes import load_report, request
+
+GB = 10**9
+PROMPT = 1000  # tokens of every queued request's prompt
+
+
+def _state() -> ModelState:
+    cost = CostModel(get_model("mistral-7b"), get_hardware("a100-80g"))
+    return ModelState(device="m1", host=(), loading_s=0.0, costs={"m1": cost},
+                      weight_bytes={"m1": 14 * GB}, host_link_bandwidth=25e9,
+                      disk_bandwidth=2e9, device_memory_bytes=80 * GB, host_memory_bytes=0,
+                      block_size=16)
+
+
+@dataclass
+class _Multi:
+    state: ModelState
+
+    def model_state(self) -> ModelState:
+        return self.state
+
+    def warm_model(self, model: str) -> bool:
+        return False
+
+
+@dataclass
+class _Slot:
+    """What the router reads of a controller slot."""
+
+    load: LoadReport
+    multi_model: Any
+    index: int = 0
+    num_in_transit: int = 0
+    alive: bool = True
+
+
+def _slot(index: int, running: int = 0, waiting: int = 0, unprefilled: int = 0) -> _Slot:
+    """An instance with 256 batch slots and 160K tokens of KV; `unprefilled`: prompt
+    tokens it holds not yet prefilled (its backlog)."""
+    load = load_report(num_running=running, num_waiting=waiting, max_num_seqs=256,
+                       num_blocks=10_000, num_free_blocks=10_000 - 8 * running, time=10.0,
+                       num_uncomputed_tokens=running + unprefilled)
+    return _Slot(load, _Multi(_state()), index)
+
+
+def _queue(n: int) -> list[Request]:
+    return [request(f"r{i}", prompt=PROMPT) for i in range(n)]
+
+
+def test_an_instance_pulls_only_what_it_can_start_at_its_next_step() -> None:
+    """Where another instance serves the same model, one step's token budget (8,192
+    prompt tokens by default) bounds a pull; an instance without a backlog took every
+    request that fit its free slots before. An instance alone with its model takes
+    all it has room for (it serves its model's queue before a swap)."""
+    other = _slot(1, running=10, waiting=9, unprefilled=9000)  # m1 too, and full
+    router = QLMRouter(plan=False)
+    decision = router.dispatch(_queue(40), [_slot(0), other])
+    assert dict(decision.placements).keys() and {i for _, i in decision.placements} == {0}
+    assert len(decision.placements) == 8192 // PROMPT
+    busy = QLMRouter(plan=False)  # half a step's prompts already wait to be prefilled
+    decision = busy.dispatch(_queue(40), [_slot(0, running=10, waiting=4, unprefilled=4096),
+                                          other])
+    assert len(decision.placements) == 4096 // PROMPT
+    full = QLMRouter(plan=False)
+    decision = full.dispatch(_queue(40), [_slot(0, running=10, waiting=9, unprefilled=9000),
+                                          other])
+    assert decision.placements == ()
+    wide = QLMRouter(plan=False, pull_tokens=100_000)
+    assert len(wide.dispatch(_queue(40), [_slot(0), other]).placements) == 40
+    alone = QLMRouter(plan=False)
+    assert len(alone.dispatch(_queue(40), [_slot(0)]).placements) == 40
+
+
+def test_a_stale_plan_assignment_goes_to_the_instance_that_can_pull() -> None:
+    """A plan put every group on instance 1; since then instance 1 filled up (a step's
+    prompts wait there) and instance 0 emptied: instance 0 pulls them, within its own
+    budget. While instance 1 can pull, the plan's assignment holds."""
+    router = QLMRouter(plan=False)
+    queue = _queue(20)
+    both_full = [_slot(0, running=40, waiting=9, unprefilled=9000),
+                 _slot(1, running=40, waiting=9, unprefilled=9000)]
+    assert router.dispatch(queue, both_full).placements == ()
+    planned = {g.group_id: (1, pos) for pos, g in enumerate(router._groups())}
+    router._order = dict(planned)
+    decision = router.dispatch(queue, [_slot(0, running=5),
+                                       _slot(1, running=80, waiting=9, unprefilled=9000)])
+    assert {index for _, index in decision.placements} == {0}
+    assert len(decision.placements) == 8192 // PROMPT
+    rest = [r for r in queue if r.request_id not in dict(decision.placements)]
+    router._order = {g.group_id: (1, pos) for pos, g in enumerate(router._groups())}
+    decision = router.dispatch(rest, [_slot(0, running=5), _slot(1, running=5)])
+    # both can pull: the plan's assignment holds
+    assert decision.placements and {index for _, index in decision.placements} == {1}
