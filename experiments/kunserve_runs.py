@@ -224,6 +224,7 @@ class MemorySampler:
     running: list[int] = field(default_factory=list)  # running requests of alive units
     seq_caps: list[int] = field(default_factory=list)  # their max_num_seqs, summed
     queued_blocks: list[int] = field(default_factory=list)  # KV blocks the queues need
+    block_size: int = 16  # for the prompts waiting in the router's queue
 
     def after_step(self, controller: Controller) -> None:
         # a KunServe group's member keeps its own pool, unused, while grouped: the group's
@@ -236,7 +237,8 @@ class MemorySampler:
         used = sum(s.num_blocks - s.num_free_blocks for s in stats)
         self.samples.append((now, used, sum(s.num_blocks for s in stats)))
         self.waiting.append(sum(s.num_waiting for s in stats) + len(controller.queue))
-        self.queued_blocks.append(sum(s.num_queued_kv_blocks for s in stats))
+        routed = sum(-(-r.num_prompt_tokens // self.block_size) for r in controller.queue)
+        self.queued_blocks.append(sum(s.num_queued_kv_blocks for s in stats) + routed)
         units = [s.instance.load().stats for s in controller.slots if s.alive]
         self.running.append(sum(s.num_running for s in units))
         self.seq_caps.append(sum(s.max_num_seqs for s in units))
@@ -262,7 +264,8 @@ class RunResult:
 
     def peak_demand(self) -> float:
         """The most KV demanded at once (blocks in use plus the blocks the queued
-        requests need), over the cluster's blocks without drop (the first sample's)."""
+        requests' uncomputed tokens need, the instances' queues and the router's), over
+        the cluster's blocks without drop (the first sample's)."""
         base = self.memory[0][2] if self.memory else 0
         demand = [u + q for (_, u, _), q in zip(self.memory, self.queued_blocks, strict=False)]
         return max(demand, default=0) / base if base else math.nan
@@ -302,7 +305,7 @@ class RunResult:
 def run_system(spec: ClusterSpec, workload: Sequence[RequestSpec], system: str,
         until: float | None = None) -> RunResult:
     sim = build_simulator(spec)
-    sampler = MemorySampler()
+    sampler = MemorySampler(block_size=spec.scheduler.block_size)
     sim.controller.operators.append(sampler)
     requests = to_requests(workload)
     report = sim.run(requests, until=until)

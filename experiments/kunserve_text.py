@@ -113,16 +113,17 @@ def multiple(results: Mapping[str, RunResult], baseline: str) -> float:
 def paper_table(compared: Mapping[str, Mapping[str, RunResult]],
                 ablation: Mapping[str, RunResult], long_run: Mapping[str, RunResult],
                 slo: Mapping[str, list[float]], scales: Sequence[float],
-                keys14: str, keys72: str) -> list[dict[str, Any]]:
-    """The paper's figures beside ours (each of ours computed from the runs)."""
+                keys14: str, keys72: str, label72: str = "72B") -> list[dict[str, Any]]:
+    """The paper's figures beside ours (each of ours computed from the runs); `label72`
+    names the 72B run in its rows (its burst intensity)."""
     rows: list[dict[str, Any]] = []
 
     def add(key: str, claim: str, ours: str) -> None:
         rows.append({"claim": claim, "paper": PAPER_TABLE[key], "andante": ours})
 
-    for size, key in (("14b", keys14), ("72b", keys72)):
+    for size, key, label in (("14b", keys14, "14B"), ("72b", keys72, label72)):
         for base in ("vllm", "infercept", "llumnix"):
-            add(f"p99_vs_{base}_{size}", f"P99 TTFT reduction vs {base}, {size.upper()}",
+            add(f"p99_vs_{base}_{size}", f"P99 TTFT reduction vs {base}, {label}",
                 _fmt(multiple(compared[key], base), "x"))
     main = compared[keys14]
     add("p50_tpot_cost", "P50 TPOT cost of KunServe (14B)", _pct(
@@ -131,7 +132,7 @@ def paper_table(compared: Mapping[str, Mapping[str, RunResult]],
     if unco is not None and coord is not None:
         add("exchange_speedup", "coordinated exchange: P99 TTFT speedup", _fmt(
             unco.percentile("ttft", 99) / coord.percentile("ttft", 99), "x")
-            + f" ({exchange_text(coord, unco)})")
+            + f" ({exchange_text(unco)})")
     full, flat = ablation.get("lookahead"), ablation.get("no_seq_scale")
     if full is not None and flat is not None:
         add("seq_scale", "group sequence budget scaled by its KV: P99 / P50 TTFT without "
@@ -164,15 +165,15 @@ def _ratio(a: RunResult, b: RunResult, metric: str, q: float) -> str:
     return _fmt(a.percentile(metric, q) / b.percentile(metric, q), "x")
 
 
-def exchange_text(coordinated: RunResult, uncoordinated: RunResult) -> str:
-    """How long the KV exchanges held the link against the P99 TTFT they could add to:
-    uncoordinated, an activation waits for the whole exchange, coordinated for one chunk
-    (§4.2); each exchange can add at most its own seconds to a request's TTFT."""
-    c = coordinated.counters
+def exchange_text(uncoordinated: RunResult) -> str:
+    """How long the uncoordinated run's KV exchanges held the link against its P99 TTFT:
+    uncoordinated, an activation waits for the whole exchange (coordinated, for one
+    chunk; §4.2); each exchange can add at most its own seconds to a request's TTFT."""
+    c = uncoordinated.counters
     drops = c.get("num_drops", 0)
     seconds = c.get("exchange_ms", 0) / 1000
-    return (f"{drops} exchanges held the link {seconds:.1f} s in all, "
-            f"{seconds / max(1, drops):.2f} s each; P99 TTFT uncoordinated "
+    return (f"uncoordinated: {drops} exchanges held the link {seconds:.1f} s in all, "
+            f"{seconds / max(1, drops):.2f} s each; its P99 TTFT "
             f"{_fmt(uncoordinated.percentile('ttft', 99), ' s')}: the stall is "
             f"{_fmt(100 * seconds / max(1, drops) / uncoordinated.percentile('ttft', 99), '%', 1)}"
             " of it")
@@ -186,8 +187,9 @@ def slo_text(results: Sequence[RunResult], scales: Sequence[float]) -> str:
         cells = [f"{system} {100 * late:.0f}% TTFT + {100 * slow:.0f}% TPOT only"
                  for system, (late, slow) in causes.items()]
         lines.append(f"- scale {scale:g}: " + "; ".join(cells))
-    return "Computed from this run (over the TTFT SLO; within it but over the TPOT SLO):\n" \
-        + "\n".join(lines)
+    return ("Computed from this run (over the TTFT SLO; within it but over the TPOT SLO; "
+            f"the SLO's base is the best P50 of the {len(results)} systems run here):\n"
+            + "\n".join(lines))
 
 
 def headroom_text(kun: RunResult) -> str:

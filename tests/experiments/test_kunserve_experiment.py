@@ -80,7 +80,7 @@ def test_quick_experiment_writes_report_plots_and_results(tmp_path: Path) -> Non
     llumnix = rows["llumnix"]
     assert llumnix["p99_ttft_s"] != rows["vllm"]["p99_ttft_s"]  # it migrates
     claims = {row["claim"] for row in results["paper_table"]}
-    assert "P99 TTFT reduction vs llumnix, 72B" in claims
+    assert "P99 TTFT reduction vs llumnix, 72B, 2x bursts" in claims
     report = (tmp_path / "report.md").read_text()
     assert "Computed from this run" in report and "memory" in report
     scale = {row["system"]: row for row in results["scale_14b"]}  # 4 instances
@@ -142,6 +142,24 @@ def test_the_sampler_leaves_a_grouped_members_unused_pool_out() -> None:
     sampler.after_step(SimpleNamespace(slots=[leader, member], queue=[]))  # type: ignore[arg-type]
     assert sampler.samples == [(1.0, 36_000, 37_000)]
     assert (sampler.running, sampler.seq_caps) == ([600], [512])
+    assert sampler.queued_blocks == [0]
+
+
+def test_the_sampler_counts_the_routers_queue_in_the_demand() -> None:
+    from types import SimpleNamespace
+
+    from andante.cluster.load import LoadReport
+    from andante.engine.stats import SchedulerStats
+    from experiments.kunserve_runs import MemorySampler
+
+    stats = SchedulerStats(time=1.0, num_blocks=100, num_free_blocks=0,
+                           num_queued_kv_blocks=5)
+    slot = SimpleNamespace(instance=SimpleNamespace(load=lambda: LoadReport(stats)),
+                           alive=True)
+    queued = [SimpleNamespace(num_prompt_tokens=33), SimpleNamespace(num_prompt_tokens=16)]
+    sampler = MemorySampler(block_size=16)
+    sampler.after_step(SimpleNamespace(slots=[slot], queue=queued))  # type: ignore[arg-type]
+    assert sampler.queued_blocks == [5 + 3 + 1]  # the router's prompts: 33 -> 3, 16 -> 1
 
 
 def test_slo_violations_are_split_into_ttft_and_tpot_causes() -> None:
@@ -154,15 +172,15 @@ def test_slo_violations_are_split_into_ttft_and_tpot_causes() -> None:
     shares = slo_violations([best, other], [2])
     assert shares["kunserve"] == [sum(causes["kunserve"])]  # the same requests, split
     assert "kunserve 25% TTFT + 25% TPOT only" in slo_text([best, other], [2])
+    assert "the best P50 of the 2 systems run here" in slo_text([best, other], [2])
 
 
-def test_exchange_text_compares_the_link_time_with_the_tail() -> None:
-    coord = RunResult("kunserve", [], [], [], [], {"num_drops": 2, "exchange_ms": 3000},
-                      1.0, 0)
-    unco = RunResult("kunserve", [10.0] * 10, [], [], [], {}, 1.0, 0)
-    assert exchange_text(coord, unco) == ("2 exchanges held the link 3.0 s in all, 1.50 s "
-                                          "each; P99 TTFT uncoordinated 10.00 s: the stall "
-                                          "is 15.0% of it")
+def test_exchange_text_compares_the_link_time_with_the_tail_of_the_same_run() -> None:
+    unco = RunResult("kunserve", [10.0] * 10, [], [], [], {"num_drops": 2,
+                                                           "exchange_ms": 3000}, 1.0, 0)
+    assert exchange_text(unco) == ("uncoordinated: 2 exchanges held the link 3.0 s in all, "
+                                   "1.50 s each; its P99 TTFT 10.00 s: the stall is 15.0% "
+                                   "of it")
 
 
 def test_peak_demand_is_set_against_what_the_deepest_drop_holds() -> None:

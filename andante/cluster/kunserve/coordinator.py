@@ -109,6 +109,8 @@ class KunServeCoordinator:
     _restoring: dict[int, tuple[int, ...]] = field(default_factory=dict)  # leader -> members
     _idle_restores: dict[int, int] = field(default_factory=dict)  # instance -> count
     _cooling_until: dict[int, float] = field(default_factory=dict)  # instance -> time
+    # leader -> (members, idle) of a shrink asked for, not yet seen carried out
+    _under_way: dict[int, tuple[tuple[int, ...], bool]] = field(default_factory=dict)
 
     # ---- the operator -------------------------------------------------------------
     def after_step(self, controller: Controller) -> None:
@@ -171,6 +173,7 @@ class KunServeCoordinator:
     # ---- restore and scale-up (§4.4) ------------------------------------------------
     def _watch_groups(self, controller: Controller, now: float) -> None:
         base = self.memory.num_blocks_whole
+        self._settle_shrinks(now)
         for group in self.groups.groups():
             stats = controller.slots[group.leader].load.stats
             due = self._watches.restore_due(group.leader, stats, base, now, self.options,
@@ -201,7 +204,7 @@ class KunServeCoordinator:
         if not self._shrinks.due(group, fits, now, self.options) \
                 or not self.groups.shrink_group(group.leader):
             return
-        self._count_shrink(group, now)
+        self._shrink_asked(group, False, now)
 
     def _idle_shrink(self, group: GroupPlan, stats: SchedulerStats, now: float) -> bool:
         """Relief on a group of three or more whose dropped memory lies idle (the idle
@@ -209,7 +212,8 @@ class KunServeCoordinator:
         holds its projected demand within `restore_fit` of its blocks; a pair restores.
         A whole restore waits until one instance holds every request (the leader keeps
         them), paying the deepest pipeline meanwhile; shrinking by one steps down at
-        once (the 72B quick run on 4 instances: a quad restored, never shrank)."""
+        once (before this rule, a quad on 4 instances restored whole, never shrank). The
+        released member backs off as after an idle restore (`_back_off`)."""
         if not self._watches.idle_memory(group.leader) \
                 or not isinstance(self.groups, ShrinkingGroups):
             return False
@@ -221,15 +225,33 @@ class KunServeCoordinator:
         if demand > self.options.restore_fit * self.memory.group_blocks(smaller) \
                 or not self.groups.shrink_group(group.leader):
             return False
-        self._count_shrink(group, now)
+        self._shrink_asked(group, True, now)
         return True
 
-    def _count_shrink(self, group: GroupPlan, now: float) -> None:
-        self.counters.num_shrinks += 1
-        self._shrinks.forget(group.leader)
+    def _shrink_asked(self, group: GroupPlan, idle: bool, now: float) -> None:
+        self._shrinks.forget(group.leader)  # no second request while it is under way
         self._watches.groups.pop(group.leader, None)
-        self.events.append((now, "shrink", f"group {list(group.members)} releases "
-                                           f"instance {group.members[-1]}"))
+        self._under_way[group.leader] = (group.members, idle)
+        self._settle_shrinks(now)
+
+    def _settle_shrinks(self, now: float) -> None:
+        """Count a shrink asked for once the group is one member fewer: it is carried
+        out at a drained boundary, where it can fail (the group stays, or changes
+        otherwise); then nothing is counted."""
+        current = {g.leader: g.members for g in self.groups.groups()}
+        for leader, (members, idle) in list(self._under_way.items()):
+            if current.get(leader) == members:
+                continue  # under way
+            del self._under_way[leader]
+            if current.get(leader) != members[:-1]:
+                continue
+            self.counters.num_shrinks += 1
+            self._shrinks.forget(leader)
+            self._watches.groups.pop(leader, None)
+            if idle:
+                self._back_off(members[-1:], True, now)
+            self.events.append((now, "shrink", f"group {list(members)} releases "
+                                               f"instance {members[-1]}"))
 
     def _back_off(self, members: tuple[int, ...], idle: bool, now: float) -> None:
         """A group restored with its dropped memory idle was formed for pressure that was

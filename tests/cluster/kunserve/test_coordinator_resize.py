@@ -155,3 +155,55 @@ def test_an_idle_triple_whose_demand_the_pair_cannot_hold_restores_whole() -> No
         controller.set(0, now, used=25, blocks=30)
         coordinator.after_step(controller)  # type: ignore[arg-type]
     assert not groups.shrunk and coordinator.counters.num_restores == 1
+
+
+def test_the_member_an_idle_shrink_releases_backs_off_as_after_an_idle_restore() -> None:
+    options = MonitorOptions(check_interval=0.0, decode_tokens=0, min_group_seconds=1.0,
+                             restore_window_seconds=0.0, idle_restore_seconds=2.0,
+                             idle_backoff_seconds=30.0)
+    groups = FakeGroups({0: GroupPlan((0, 1, 2), balanced_slices(3, 8))})
+    coordinator = KunServeCoordinator(groups, MEMORY, block_size=1, options=options)
+    controller = FakeController([Slot(0), Slot(1), Slot(2)])
+    for now in (0.0, 1.0, 2.5):
+        controller.set(0, now, used=20, blocks=45)
+        coordinator.after_step(controller)  # type: ignore[arg-type]
+    assert groups.groups() == [PAIR]
+    controller.set(0, 3.0, used=30, blocks=30, waiting=5, queued=10)  # the pair is pressed
+    controller.set(2, 3.0, used=2, blocks=10)
+    coordinator.after_step(controller)  # type: ignore[arg-type]
+    assert groups.formed == []  # instance 2 cannot grow straight back into it
+
+
+@dataclass
+class DeferredGroups(FakeGroups):
+    """Shrinks at a later boundary (`boundary`), where the shrink can fail."""
+
+    asked: list[int] = field(default_factory=list)
+
+    def shrink_group(self, leader: int) -> bool:
+        self.asked.append(leader)
+        return True
+
+    def boundary(self, carried_out: bool) -> None:
+        for leader in self.asked:
+            if carried_out:
+                FakeGroups.shrink_group(self, leader)
+        self.asked.clear()
+
+
+def test_a_shrink_counts_when_carried_out_at_the_boundary_not_when_asked() -> None:
+    options = MonitorOptions(check_interval=0.0, decode_tokens=0, min_group_seconds=1.0,
+                             restore_window_seconds=0.0, idle_restore_seconds=2.0)
+    for carried_out in (True, False):
+        groups = DeferredGroups({0: GroupPlan((0, 1, 2), balanced_slices(3, 8))})
+        coordinator = KunServeCoordinator(groups, MEMORY, block_size=1, options=options)
+        controller = FakeController([Slot(0), Slot(1), Slot(2)])
+        for now in (0.0, 1.0, 2.5):  # the idle shrink is asked for at 2.5
+            controller.set(0, now, used=20, blocks=45)
+            coordinator.after_step(controller)  # type: ignore[arg-type]
+        assert groups.asked == [0] and coordinator.counters.num_shrinks == 0
+        groups.boundary(carried_out)
+        controller.set(0, 3.0, used=20, blocks=45 if not carried_out else 30)
+        coordinator.after_step(controller)  # type: ignore[arg-type]
+        assert coordinator.counters.num_shrinks == int(carried_out)
+        assert [e[1] for e in coordinator.events].count("shrink") == int(carried_out)
