@@ -77,6 +77,20 @@ def stage_threads(num_threads: int, num_stages: int) -> int:
     return max(1, num_threads // max(1, num_stages))
 
 
+def start_thread(name: str, threads: int, target: Callable[..., object],
+                 *args: object) -> threading.Thread:
+    """Run `target(*args)` on a daemon thread that sets its own intra-op threads to
+    `threads` first: a new thread starts at the count some thread set last (torch
+    2.13: a stage thread's share, or 1 after a worker's small step), not the
+    executor's."""
+    def run() -> None:
+        torch.set_num_threads(threads)
+        target(*args)
+    thread = threading.Thread(target=run, daemon=True, name=name)
+    thread.start()
+    return thread
+
+
 class StageWorkers:
     """One thread per stage, microbatches flowing through in order (module note)."""
 
