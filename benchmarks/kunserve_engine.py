@@ -330,7 +330,8 @@ def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argpa
     drains at every step: `Engine.step`) or "overlapped" (each microbatch completes on its
     own, the next step enters stage 0 meanwhile: andante.engine.overlap).
     `threads_per_stage`: the stage threads' intra-op threads (None: the executor's
-    share per stage, 0: the process's each, as before stage threads took a share)."""
+    share per stage, 0: the executor's whole count each, as before stage threads took
+    a share)."""
     # (the unsplit executor only sizes the group: its step warm-up is not needed)
     unsplit = TorchExecutor(model, dataclasses.replace(options, warmup_tokens=None))
     half = model.config.num_layers // 2

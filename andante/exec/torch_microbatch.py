@@ -18,9 +18,12 @@ reports each one leaving stage 0 and the last stage, so the engine can apply eac
 microbatch's rows as it completes and feed the next step while earlier microbatches are
 still in later stages (andante.engine.overlap). The bubble share is the idle share of
 the stages over the span the pipeline held work: 1 - Σ busy / (stages x span).
-Threads: torch's intra-op count is per OS thread, and a new thread takes the process's;
-two stage threads each opening an OpenMP team of every core would run 2 x cores
-threads on the cores, so each stage thread takes its share (`stage_threads`).
+Threads: torch's intra-op count is per OS thread, and a new thread starts at the count
+some thread set last (torch 2.13: a stage thread's `set_num_threads` is the default of
+every thread started after it), so every thread here and every background thread
+(`start_thread`) sets an explicit count; two stage threads each opening an OpenMP team
+of every core would run 2 x cores threads on the cores, so each stage thread takes its
+share (`stage_threads`).
 """
 
 from __future__ import annotations
