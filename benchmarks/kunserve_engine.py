@@ -71,6 +71,7 @@ from andante.exec.omp_wait import choose_wait_policy
 choose_wait_policy(os.environ)  # as `andante serve` runs, before torch loads libgomp
 
 import numpy as np
+import torch
 
 from andante.bench.load import BenchConfig, run_bench
 from andante.cluster.kunserve.lookahead import fit_chunk_cost, lookahead_planner
@@ -329,7 +330,8 @@ def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argpa
     drains at every step: `Engine.step`) or "overlapped" (each microbatch completes on its
     own, the next step enters stage 0 meanwhile: andante.engine.overlap).
     `threads_per_stage`: the stage threads' intra-op threads (None: the executor's
-    share per stage, 0: the process's each, as before stage threads took a share)."""
+    share per stage, 0: the executor's whole count each, as before stage threads took
+    a share)."""
     # (the unsplit executor only sizes the group: its step warm-up is not needed)
     unsplit = TorchExecutor(model, dataclasses.replace(options, warmup_tokens=None))
     half = model.config.num_layers // 2
@@ -371,8 +373,12 @@ def _group_decode(model: LoadedModel, options: TorchExecutorOptions, args: argpa
 
 def pipelined_vs_sequential(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(args.model, args.dtype)
+    # resolved here, once, as an executor resolves an unset count: every group below is
+    # built from these options, so the stage threads reported are the ones they run
     options = TorchExecutorOptions(dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
-                                   swap_space_gib=0.0, num_threads=args.threads)
+                                   swap_space_gib=0.0,
+                                   num_threads=args.threads or torch.get_num_threads())
+    assert options.num_threads is not None
     rounds = []
     for _ in range(args.pipeline_rounds):  # interleaved
         load = os.getloadavg()[0]
@@ -386,7 +392,7 @@ def pipelined_vs_sequential(args: argparse.Namespace) -> dict[str, Any]:
             model, options, args, "overlapped", True, first_on_caller=True)
         shared, _, shared_out, shared_cores = _group_decode(
             model, options, args, "overlapped", True, threads_per_stage=0) \
-            if (args.threads or 1) > 1 else (pipe, None, pipe_out, pipe_cores)
+            if options.num_threads > 1 else (pipe, None, pipe_out, pipe_cores)
         rows, bubble_rows, rows_out, _ = _group_decode(model, options, args, "overlapped",
                                                        False)
         drained, bubble_drained, drained_out, _ = _group_decode(model, options, args,
@@ -399,7 +405,7 @@ def pipelined_vs_sequential(args: argparse.Namespace) -> dict[str, Any]:
                        "bubble_share_lookahead": bubble, "bubble_share_rows": bubble_rows,
                        "bubble_share_drained": bubble_drained,
                        "sequential_cores": seq_cores, "pipelined_cores": pipe_cores,
-                       "threads_per_stage": stage_threads(args.threads or 1, 2),
+                       "threads_per_stage": stage_threads(options.num_threads, 2),
                        "sequential_cpu_ms_per_token": 1000 * seq_cores / seq,
                        "pipelined_cpu_ms_per_token": 1000 * pipe_cores / pipe,
                        "stage0_on_caller_ratio": inline / seq,

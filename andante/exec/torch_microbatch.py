@@ -18,9 +18,12 @@ reports each one leaving stage 0 and the last stage, so the engine can apply eac
 microbatch's rows as it completes and feed the next step while earlier microbatches are
 still in later stages (andante.engine.overlap). The bubble share is the idle share of
 the stages over the span the pipeline held work: 1 - Σ busy / (stages x span).
-Threads: torch's intra-op count is per OS thread, and a new thread takes the process's;
-two stage threads each opening an OpenMP team of every core would run 2 x cores
-threads on the cores, so each stage thread takes its share (`stage_threads`).
+Threads: torch's intra-op count is per OS thread, and a new thread starts at the count
+some thread set last (torch 2.13: a stage thread's `set_num_threads` is the default of
+every thread started after it), so every thread here and every background thread
+(`start_thread`) sets an explicit count; two stage threads each opening an OpenMP team
+of every core would run 2 x cores threads on the cores, so each stage thread takes its
+share (`stage_threads`).
 """
 
 from __future__ import annotations
@@ -75,6 +78,20 @@ def stage_threads(num_threads: int, num_stages: int) -> int:
     """Intra-op threads per stage thread when `num_stages` stages run at once on
     `num_threads` cores (module note): the cores split among them, at least one each."""
     return max(1, num_threads // max(1, num_stages))
+
+
+def start_thread(name: str, threads: int, target: Callable[..., object],
+                 *args: object) -> threading.Thread:
+    """Run `target(*args)` on a daemon thread that sets its own intra-op threads to
+    `threads` first: a new thread starts at the count some thread set last (torch
+    2.13: a stage thread's share, or 1 after a worker's small step), not the
+    executor's."""
+    def run() -> None:
+        torch.set_num_threads(threads)
+        target(*args)
+    thread = threading.Thread(target=run, daemon=True, name=name)
+    thread.start()
+    return thread
 
 
 class StageWorkers:

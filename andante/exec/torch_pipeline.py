@@ -248,8 +248,11 @@ class PipelineExecutor(PipelineSleep):
             raise ValueError(f"stage_workers must be one of {STAGE_WORKER_KINDS}, "
                              f"got {stage_workers!r}")
         self.stage_workers = stage_workers
-        # each stage thread's intra-op threads (None: the executor's split among the
-        # stages, andante.exec.torch_microbatch's `stage_threads`; 0: the process's)
+        # the executor's intra-op threads, resolved once (the options', else torch's now,
+        # as an unsplit executor resolves them; never the caller's count at a step)
+        self.num_threads: int = options.num_threads or torch.get_num_threads()
+        # each stage thread's intra-op threads (None: `num_threads` split among the
+        # stages, andante.exec.torch_microbatch's `stage_threads`; 0: all `num_threads`)
         self.threads_per_stage: int | None = None
         # overlapped: stage 0 on the caller's thread (`StageStream`'s first_on_caller)
         self.first_stage_on_caller = False
@@ -369,7 +372,7 @@ class PipelineExecutor(PipelineSleep):
         parts = [sub_batch(batch, pieces) for pieces in plan]
         with torch.inference_mode():
             inputs = [self.inputs.build(sub) for sub, _ in parts]
-            self.workers.threads = self._stage_thread_count()
+            self.workers.threads = self.stage_thread_count()
             logits = self.workers.run(inputs)
             for (sub, rows), step_inputs, x in zip(parts, inputs, logits, strict=True):
                 if not step_inputs.sample_index:
@@ -446,15 +449,17 @@ class PipelineExecutor(PipelineSleep):
     def _new_stream(self) -> StageStream | ProcessStageStream:
         if self.stage_workers == "process":
             return ProcessStageStream(self.model, self.options, self.stages,
-                                      self.workers.times)
+                                      self.workers.times, self.stage_thread_count())
         return StageStream(len(self.stages), self._run_stage, self.workers.times,
-                           self._stage_thread_count(), self.first_stage_on_caller)
+                           self.stage_thread_count(), self.first_stage_on_caller)
 
-    def _stage_thread_count(self) -> int:
-        if self.threads_per_stage is not None:
-            return self.threads_per_stage
-        return stage_threads(self.options.num_threads or torch.get_num_threads(),
-                             len(self.stages))
+    def stage_thread_count(self) -> int:
+        """Each stage worker's intra-op threads, always an explicit count: a stage
+        thread's `set_num_threads` is also the default of threads started after it
+        (torch 2.13), so "leave torch's count" would be whatever a thread set last."""
+        if self.threads_per_stage is None:
+            return stage_threads(self.num_threads, len(self.stages))
+        return self.threads_per_stage or self.num_threads
 
     def start_workers(self) -> None:
         """Start the overlapped stages' workers now rather than at the first

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.multiprocessing as mp
 
-from andante.exec.torch_microbatch import PipelineTimes, stage_threads
+from andante.exec.torch_microbatch import PipelineTimes
 from andante.models.weights import LayerWeights, ModelWeights
 
 if TYPE_CHECKING:
@@ -153,7 +153,8 @@ def _stage_main(k: int, build: Callable[..., Stage], model: LoadedModel,
                 events: Connection) -> None:
     """A stage process: build the stage over the shared weights and KV pools, then
     take microbatches in order, run the stage, pass them on."""
-    torch.set_num_threads(max(1, options.num_threads or 1))
+    assert options.num_threads is not None  # (`ProcessStageStream` sets it)
+    torch.set_num_threads(options.num_threads)
     stage = build(model, options, layers, 0, 0, max_len, epilogues, kv)
     last = outbox is None
     with torch.inference_mode():
@@ -186,13 +187,17 @@ class ProcessStageStream:
     """`StageStream`'s interface over one process per stage (see the module note)."""
 
     def __init__(self, model: LoadedModel, options: TorchExecutorOptions,
-                 stages: Sequence[Stage], times: PipelineTimes) -> None:
+                 stages: Sequence[Stage], times: PipelineTimes, threads: int) -> None:
+        """`threads`: each stage process's intra-op threads (`PipelineExecutor`'s
+        resolved count per stage: its share of the executor's threads, the stages
+        running at once on the same cores, andante.exec.torch_microbatch's
+        `stage_threads`, unless `threads_per_stage` says otherwise)."""
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
         self.stages = list(stages)
         self.num_stages = len(self.stages)
-        # each stage process runs its share of the executor's threads (the stages run
-        # at once on the same cores: andante.exec.torch_microbatch's `stage_threads`)
-        self.model, self.options = model, dataclasses.replace(options, num_threads=(
-            stage_threads(options.num_threads or 1, self.num_stages)))
+        self.model = model
+        self.options = dataclasses.replace(options, num_threads=threads)
         self.times = times
         self.activation_bytes = 0
         self.num_activation_transfers = 0

@@ -40,7 +40,8 @@ from andante.kv.lru import SegmentLRU
 
 def root_hash(model: str) -> int:
     """The parent hash of a request's first block: its model (KV of another model's
-    weights is never shared). Stable across processes (crc32, not str hash)."""
+    weights is never shared). Stable within one process only: the tuple's hash takes
+    its str's, which PYTHONHASHSEED salts (the crc32 is of the model name alone)."""
     return hash(("andante-prefix", zlib.crc32(model.encode())))
 
 
@@ -224,15 +225,19 @@ class PrefixCache:
         return sum(1 for b in blocks if state[b] < 0)
 
     def share(self, blocks: list[int]) -> None:
-        """One more table holds each of these registered blocks."""
+        """One more table holds each of these registered blocks (KeyError for one
+        that is not registered: a misuse, as a block no hash names cannot be shared)."""
         state, taken_back = self._state, 0
         for b in blocks:
             count = state[b]
-            if count < 0:
+            if count > 0:
+                state[b] = count + 1
+            elif count < 0:
                 state[b] = 1
                 taken_back += 1
             else:
-                state[b] = count + 1
+                self.evictable.num -= taken_back
+                raise KeyError(f"block {b} is not registered: it cannot be shared")
         self.evictable.num -= taken_back
 
     def register(self, block: int, block_hash: int) -> bool:
@@ -266,7 +271,8 @@ class PrefixCache:
         """One table lets go of `blocks` (in table order); returns those now free and
         unregistered (the caller frees them). Registered ones whose count drops to 0
         become evictable, the table's last block first in line (vLLM's order), or are
-        unregistered and returned if not `keep_cached`."""
+        unregistered and returned if not `keep_cached`. KeyError for an evictable
+        block (no table holds it: released twice, it would be counted twice)."""
         state = self._state
         plain: list[int] = []
         freed: list[int] = []  # registered, held by no table now; in release order
@@ -276,6 +282,9 @@ class PrefixCache:
                 plain.append(b)
             elif count > 1:
                 state[b] = count - 1
+            elif count < 0:
+                self.evictable.push(freed)
+                raise KeyError(f"block {b} is evictable: no table holds it to release")
             elif keep_cached:
                 freed.append(b)
             else:

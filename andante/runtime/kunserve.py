@@ -46,6 +46,7 @@ from andante.cluster.kunserve.seam import GroupPlan
 from andante.core.request import Request
 from andante.engine.scheduler import Scheduler
 from andante.exec.torch_executor import TorchExecutor
+from andante.exec.torch_microbatch import start_thread
 from andante.exec.torch_pipeline import (
     PipelineExecutor,
     stage_memory,
@@ -200,8 +201,8 @@ class LocalPipelineGroups(GroupResizing):
                 with self._lock:
                     self._preparing = False
 
-        threading.Thread(target=run, daemon=True,
-                         name=f"andante-kunserve-prepare-{plan.leader}").start()
+        lead: TorchExecutor = self._workers[plan.leader].engine.executor  # type: ignore[assignment]
+        start_thread(f"andante-kunserve-prepare-{plan.leader}", lead.num_threads, run)
 
     def dissolve_group(self, leader: int) -> bool:
         """Restore the group led by `leader` (module note); with `background_restore`
@@ -212,8 +213,8 @@ class LocalPipelineGroups(GroupResizing):
                 return False
             group = self._state[leader]
         if self.options.background_restore:
-            threading.Thread(target=self._dissolve, args=(group,), daemon=True,
-                             name=f"andante-kunserve-restore-{leader}").start()
+            start_thread(f"andante-kunserve-restore-{leader}", group.executor.num_threads,
+                         self._dissolve, group)
             return True
         return self._dissolve(group)
 
@@ -262,8 +263,7 @@ class LocalPipelineGroups(GroupResizing):
         report.weight_bytes_dropped = sum(
             stage_memory(e.model, e.options, 0, s).dropped_weight_bytes
             for e, s in zip(executors.values(), plan.layer_slices, strict=True))
-        origins = {m: Origin(e.model, e.options, e.cost_model, e.kv.num_device_blocks)
-                   for m, e in executors.items()}
+        origins = {m: Origin.of(e) for m, e in executors.items()}
         self._forming = Forming(executors, pipeline, origins, report, started)
         try:
             with self._lock:

@@ -10,6 +10,7 @@ and lets them go. A member that does not arrive within the timeout cancels it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -107,6 +108,14 @@ class Origin:
     options: TorchExecutorOptions
     cost_model: CostModel
     num_device_blocks: int
+
+    @classmethod
+    def of(cls, executor: TorchExecutor) -> Origin:
+        """`executor`'s origin, its thread count the one it resolved (a rebuild on
+        another thread must not take that thread's count)."""
+        options = dataclasses.replace(executor.options, num_threads=executor.num_threads)
+        return cls(executor.model, options, executor.cost_model,
+                   executor.kv.num_device_blocks)
 
     def build(self) -> TorchExecutor:
         return TorchExecutor(self.model, self.options, self.cost_model)

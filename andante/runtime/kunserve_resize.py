@@ -34,6 +34,7 @@ from andante.cluster.kunserve.seam import GroupPlan
 from andante.cluster.kunserve.shrink import shrunk
 from andante.engine.scheduler import Scheduler
 from andante.exec.torch_executor import TorchExecutor
+from andante.exec.torch_microbatch import start_thread
 from andante.exec.torch_pipeline import stage_memory
 from andante.exec.torch_regroup import regroup
 from andante.runtime.kunserve_parts import (
@@ -87,8 +88,8 @@ class GroupResizing:
             group = self._state[leader]
             self._releasing.add(leader)
         if self.options.background_restore:
-            threading.Thread(target=self._release_last, args=(group,), daemon=True,
-                             name=f"andante-kunserve-shrink-{leader}").start()
+            start_thread(f"andante-kunserve-shrink-{leader}", group.executor.num_threads,
+                         self._release_last, group)
             return True
         return self._release_last(group)
 
@@ -162,9 +163,7 @@ class GroupResizing:
             return False
         joined: dict[int, TorchExecutor] = executors  # type: ignore[assignment]
         scheduler = self._workers[plan.leader].engine.scheduler
-        origins = {**group.origins, **{j: Origin(e.model, e.options, e.cost_model,
-                                                 e.kv.num_device_blocks)
-                                       for j, e in joined.items()}}
+        origins = {**group.origins, **{j: Origin.of(e) for j, e in joined.items()}}
         kv = scheduler.kv
         if grown_num_blocks(plan, origins) < kv.num_device_blocks - kv.num_free_device_blocks:
             return False

@@ -25,6 +25,7 @@ and every member serves alone again with its own executor and pool (`give_back`)
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -114,7 +115,10 @@ def build_pipeline(plan: GroupPlan, executors: Mapping[int, TorchExecutor],
                 for m in plan.members]
     planner = lookahead_planner(fit_chunk_cost(lead.cost_model)) \
         if pipelined and lookahead else None
-    pipeline = pipeline_executor(lead.model, lead.options, plan.layer_slices, kv_bytes,
+    # the leader's resolved thread count: the stages' share of it must not depend on
+    # the count the forming thread has now (1 after a small step: TorchExecutor._set_threads)
+    options = dataclasses.replace(lead.options, num_threads=lead.num_threads)
+    pipeline = pipeline_executor(lead.model, options, plan.layer_slices, kv_bytes,
                                  lead.cost_model, lead.max_model_len,
                                  lead.kv.num_host_blocks, pipelined, planner, lead.inputs,
                                  stage_workers)

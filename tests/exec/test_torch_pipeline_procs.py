@@ -4,6 +4,7 @@ KV is the parent's (shared memory), and a stage's error surfaces in the parent."
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -189,12 +190,29 @@ def test_regrouped_process_stages_start_again_and_stay_token_identical(
 
 
 def test_each_stage_process_takes_its_share_of_the_threads(tiny4: LoadedModel) -> None:
-    """Two stage processes of an executor of 2 threads run 1 intra-op thread each (both
-    at 2 would put 4 threads on 2 cores; andante.exec.torch_microbatch's
-    `stage_threads`)."""
-    unsplit = tiny_executor(tiny4, num_threads=2)
-    stages = [PipelineStage(tiny4, unsplit.options, s, 64, 64, unsplit.max_model_len)
-              for s in [(0, 2), (2, 4)]]
-    stream = ProcessStageStream(tiny4, unsplit.options, stages, PipelineTimes())
-    assert stream.options.num_threads == 1
-    assert unsplit.options.num_threads == 2
+    """Two stage processes of an executor of 4 threads run 2 intra-op threads each (both
+    at 4 would put 8 threads on 4 cores; andante.exec.torch_microbatch's
+    `stage_threads`), the executor's resolved count whatever the caller's count is now,
+    and `threads_per_stage` when it is set (0: the executor's whole count), as thread
+    stages do."""
+    before = torch.get_num_threads()
+    try:
+        unsplit = tiny_executor(tiny4, num_threads=1)  # (no thread probe)
+        options = dataclasses.replace(unsplit.options, num_threads=None)
+        stages = [PipelineStage(tiny4, options, s, 64, 64, unsplit.max_model_len)
+                  for s in [(0, 2), (2, 4)]]
+        torch.set_num_threads(4)  # the executor resolves 4
+        pipeline = PipelineExecutor(tiny4, options, stages, unsplit.cost_model,
+                                    unsplit.max_model_len, pipelined=True,
+                                    stage_workers="process")
+        torch.set_num_threads(1)
+        for per_stage, expected in [(None, 2), (0, 4), (3, 3)]:
+            pipeline.threads_per_stage = per_stage
+            stream = pipeline._new_stream()  # (its processes start at `start`)
+            assert isinstance(stream, ProcessStageStream)
+            assert stream.options.num_threads == expected
+        assert options.num_threads is None
+        with pytest.raises(ValueError, match="threads"):
+            ProcessStageStream(tiny4, options, stages, PipelineTimes(), 0)
+    finally:
+        torch.set_num_threads(before)

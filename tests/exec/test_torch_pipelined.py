@@ -3,6 +3,9 @@ flight, lookahead's microbatches; token-identical to the unsplit model."""
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+
 import pytest
 import torch
 
@@ -15,7 +18,7 @@ from andante.core import ManualClock, Request, SamplingParams
 from andante.engine.overlap import OverlappedLoop
 from andante.exec.batch import StepBatch
 from andante.exec.microbatch import Piece, by_rows, check_plan, sub_batch
-from andante.exec.torch_microbatch import StageWorkers
+from andante.exec.torch_microbatch import StageWorkers, start_thread
 from andante.exec.torch_pipeline import PipelineExecutor, PipelineStage
 from andante.llm import build_engine
 from andante.models import load_model
@@ -146,5 +149,47 @@ def test_each_stage_thread_takes_its_share_of_the_cores(tiny4: LoadedModel, over
         assert seen == {(0, 1), (1, 1)}
         assert torch.get_num_threads() == 2
         assert _outputs(split) == _outputs(reference)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_stage_threads_are_the_executors_count_not_the_callers(tiny4: LoadedModel) -> None:
+    """The stage threads' count is the executor's, resolved once, not the caller's
+    count at the step (a leader's thread runs 1 after a small step, all after a big
+    one: TorchExecutor._set_threads); threads_per_stage=0 is that whole count, set
+    explicitly (not "leave torch's", which a stage thread's own setting changes)."""
+    before = torch.get_num_threads()
+    try:
+        unsplit = tiny_executor(tiny4, num_threads=1)  # (no thread probe)
+        options = dataclasses.replace(unsplit.options, num_threads=None)
+        stages = [PipelineStage(tiny4, options, s, 64, 64, unsplit.max_model_len)
+                  for s in [(0, 2), (2, 4)]]
+        torch.set_num_threads(4)  # the executor resolves 4
+        pipeline = PipelineExecutor(tiny4, options, stages, unsplit.cost_model,
+                                    unsplit.max_model_len, pipelined=True)
+        for caller in (1, 3):
+            torch.set_num_threads(caller)
+            assert pipeline._new_stream().threads == 2
+            pipeline.threads_per_stage = 0
+            assert pipeline._new_stream().threads == 4
+            pipeline.threads_per_stage = None
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_started_thread_sets_its_own_count() -> None:
+    """A new thread starts at the count some thread set last (torch 2.13); one from
+    `start_thread` at the count it is given."""
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    try:
+        lowered = threading.Thread(target=torch.set_num_threads, args=(1,))
+        lowered.start()
+        lowered.join()
+        plain = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        plain.start()
+        plain.join()
+        start_thread("counted", 3, lambda: seen.append(torch.get_num_threads())).join()
+        assert seen == [1, 3]
     finally:
         torch.set_num_threads(before)

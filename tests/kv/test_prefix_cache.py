@@ -8,7 +8,7 @@ import pytest
 from andante.core import Request, SamplingParams, SyntheticTokens
 from andante.core.request import PrefixIds
 from andante.kv import KVBlockManager
-from andante.kv.prefix_cache import RequestHashes
+from andante.kv.prefix_cache import PrefixCache, RequestHashes
 
 B = 4  # block size
 
@@ -279,3 +279,19 @@ def test_a_finished_simulated_prompt_leaves_only_its_shareable_blocks_cached() -
     b = _synthetic("b", 13, PrefixIds((1, 2), 4, 8))
     assert _admit(kv, b) == 8
     kv.check_invariants()
+
+
+def test_a_misused_cache_fails_fast() -> None:
+    """Sharing a block no hash names, or releasing an evictable one (no table holds
+    it), raises instead of making up a count or queueing the block twice."""
+    cache = PrefixCache(4)
+    cache.register_run([0, 1], [11, 12], 0, 2)
+    with pytest.raises(KeyError):
+        cache.share([2])  # not registered
+    assert not cache.is_registered(2) and cache.refs == {0: 1, 1: 1}
+    cache.release([0, 1])
+    assert list(cache.evictable) == [1, 0] and cache.num_evictable == 2
+    with pytest.raises(KeyError):
+        cache.release([1])  # evictable: released twice
+    assert list(cache.evictable) == [1, 0] and cache.num_evictable == 2
+    cache.check({})

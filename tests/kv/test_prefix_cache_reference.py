@@ -1,8 +1,9 @@
 """Differential property test: `PrefixCache` (per-block state in lists, the evictable
 LRU in release segments with lazy deletion) answers every call exactly as the plain
 per-block implementation it replaced (dicts and an OrderedDict, kept here as the
-reference), on random runs of lookups, shares, registrations, releases and evictions,
-with the LRU's compaction forced often."""
+reference), on random runs of lookups, shares, registrations, releases, evictions,
+moves and resizes (a shrink evicting the blocks it drops first), with the LRU's
+compaction forced often."""
 
 from __future__ import annotations
 
@@ -92,6 +93,14 @@ class ReferenceCache:
         del self.block_of[self.hash_of.pop(block)]
         self.evicted.append(block)
 
+    def move(self, old: int, new: int) -> None:
+        block_hash = self.hash_of.pop(old)
+        self.hash_of[new] = block_hash
+        self.block_of[block_hash] = new
+        self.refs[new] = self.refs.pop(old)
+
+    # (no `resize`: dicts cover every block id)
+
 
 def _chain(tokens: list[int]) -> list[int]:
     """Chained block hashes of a run of one-token blocks (small alphabet: shared
@@ -104,7 +113,7 @@ def _chain(tokens: list[int]) -> list[int]:
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["admit", "admit", "release", "drop", "evict",
-                                          "evict_one"]),
+                                          "evict_one", "move", "shrink", "grow"]),
                          st.lists(st.integers(0, 2), min_size=1, max_size=8),
                          st.integers(0, 50)), max_size=80)
 
@@ -125,7 +134,12 @@ def _run(ops: list[tuple[str, list[int], int]]) -> None:
     new, ref = PrefixCache(NUM_BLOCKS), ReferenceCache()
     free = list(range(NUM_BLOCKS))  # never-registered free blocks
     tables: list[list[int]] = []
+    size = NUM_BLOCKS  # the tier's block ids: [0, size)
     for op, tokens, n in ops:
+        if op in ("move", "shrink", "grow"):
+            free, size = _resize_op(op, n, new, ref, tables, free, size)
+            _same(new, ref, tables)
+            continue
         if op == "admit":
             hashes = _chain(tokens)
             hit = ref.longest_prefix(hashes, len(hashes))
@@ -160,6 +174,48 @@ def _run(ops: list[tuple[str, list[int], int]]) -> None:
             ref.evict(block)
             free.append(block)
         _same(new, ref, tables)
+
+
+def _resize_op(op: str, n: int, new: PrefixCache, ref: ReferenceCache,
+               tables: list[list[int]], free: list[int], size: int
+               ) -> tuple[list[int], int]:
+    """`move`: a registered block in use moves to a free id; `shrink`: the tier drops
+    the ids from `to` on (as the block manager shrinks it: the evictable blocks there
+    are evicted, the ones in use move below `to`, then `resize`); `grow`: back to
+    NUM_BLOCKS. Returns the free list and the size after."""
+    if op == "grow":
+        new.resize(NUM_BLOCKS)
+        return free + list(range(size, NUM_BLOCKS)), NUM_BLOCKS
+    if op == "move":
+        if ref.refs and free:
+            old = sorted(ref.refs)[n % len(ref.refs)]
+            target = free.pop(n % len(free))
+            new.move(old, target)
+            ref.move(old, target)
+            _relocate(tables, old, target)
+            free.append(old)
+        return free, size
+    to = 4 + n % max(1, size - 4)
+    high = sorted({b for table in tables for b in table if b >= to})
+    low_free = [b for b in free if b < to]
+    if to >= size or len(high) > len(low_free):
+        return free, size
+    for block in [b for b in ref.evictable if b >= to]:  # evict, then resize
+        new.evict(block)
+        ref.evict(block)
+    for old in high:
+        target = low_free.pop()
+        if old in ref.hash_of:
+            new.move(old, target)
+            ref.move(old, target)
+        _relocate(tables, old, target)
+    new.resize(to)
+    return low_free, to
+
+
+def _relocate(tables: list[list[int]], old: int, new: int) -> None:
+    for table in tables:
+        table[:] = [new if b == old else b for b in table]
 
 
 def _same(new: PrefixCache, ref: ReferenceCache, tables: list[list[int]]) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import torch
 
 from andante.cluster.kunserve.seam import GroupPlan
 from andante.core import MonotonicClock, Request, SamplingParams
@@ -22,6 +23,8 @@ from andante.models.loader import LoadedModel
 from andante.policies import SchedulerConfig
 from andante.runtime.kunserve import LocalGroupOptions, LocalPipelineGroups
 from andante.runtime.kunserve_loop import GroupLoop
+from andante.runtime.kunserve_parts import Origin
+from andante.runtime.kunserve_stages import build_pipeline
 from andante.runtime.local import LocalInstance
 from andante.runtime.worker import InstanceWorker, StepMessage
 from tests.exec.engine_helpers import run_engine, tiny_executor
@@ -327,3 +330,28 @@ def test_stages_prepared_for_another_plan_are_closed(tiny4, cluster_factory) -> 
     assert groups.groups() == [other]
     formed = cluster.instances[0].worker.engine.executor
     assert isinstance(formed, PipelineExecutor) and formed is not dropped
+
+
+def test_stages_and_rebuilds_take_the_executors_thread_count(tiny4) -> None:  # type: ignore[no-untyped-def]
+    """The group's stages split the leader executor's resolved thread count, not the
+    count the forming thread has now (1 after a small step); a member rebuilt from its
+    origin on a new thread (which starts at the count some thread set last) gets its
+    executor's count back."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        executors = {m: tiny_executor(tiny4, device_blocks=48) for m in (0, 1)}
+        assert executors[0].num_threads == 2 and executors[0].options.num_threads is None
+        torch.set_num_threads(1)
+        pipeline = build_pipeline(HALVES, executors, pipelined=False)
+        assert pipeline.num_threads == 2 and pipeline.options.num_threads == 2
+        assert pipeline.stage_thread_count() == 1
+        origin = Origin.of(executors[1])
+        assert origin.options.num_threads == 2
+        rebuilt: list[TorchExecutor] = []
+        thread = threading.Thread(target=lambda: rebuilt.append(origin.build()))
+        thread.start()  # (its count starts at 1, the last one set)
+        thread.join()
+        assert rebuilt[0].num_threads == 2
+    finally:
+        torch.set_num_threads(before)
