@@ -420,7 +420,8 @@ class QLMRouter:
         room = dict(room or {})
         for group in sorted(groups, key=lambda g: g.deadline):
             where = self._placement(group, views, drains, estimator, servable, queues)
-            where = self._rebalanced(group, where, views, room)
+            if self.load_balance:  # the ablation keeps its static instance per model
+                where = self._rebalanced(group, where, views, room)
             queues[where].append(group)
             theta = estimator.throughput(views[where], group.model)
             drains[where] += group.expected_output_tokens / theta

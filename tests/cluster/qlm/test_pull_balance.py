@@ -3,6 +3,7 @@ has made stale (LSOs 1 and 4)."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,3 +106,16 @@ def test_a_stale_plan_assignment_goes_to_the_instance_that_can_pull() -> None:
     decision = router.dispatch(rest, [_slot(0, running=5), _slot(1, running=5)])
     # both can pull: the plan's assignment holds
     assert decision.placements and {index for _, index in decision.placements} == {1}
+
+
+
+def test_without_load_balancing_a_model_keeps_its_static_instance() -> None:
+    """The "- load balancing" ablation: each model on one instance by a hash of its name;
+    a re-balance to the instance that can pull would make it dynamic again."""
+    static = zlib.crc32(b"m1") % 2
+    for busy in (0, 1):  # whichever instance is full, the model stays on its own one
+        router = QLMRouter(plan=False, load_balance=False)
+        slots = [_slot(i, running=80, waiting=9, unprefilled=9000) if i == busy
+                 else _slot(i, running=5) for i in (0, 1)]
+        where = {index for _, index in router.dispatch(_queue(20), slots).placements}
+        assert where == (set() if busy == static else {static})
