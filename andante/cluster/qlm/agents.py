@@ -38,9 +38,20 @@ from andante.cluster.qlm.types import InstanceView as QLMView
 from andante.cluster.qlm.virtual_queue import VirtualQueue, model_actions, pull_requests
 from andante.cluster.router import InstanceView, QueueDecision
 from andante.core.request import PreemptionMode
+from andante.engine.stats import SchedulerStats
 
 log = logging.getLogger(__name__)
 EVICTION_SAMPLES = 10  # S of the head group's expected completion (eq. 5)
+
+
+def reported_backlog(stats: SchedulerStats) -> int | None:
+    """The prompt tokens an instance holds not yet prefilled (its unprefilled tokens less
+    each running decode's next one), or None where it does not report token counts: an
+    engine counts at least each unfinished request's next token, while an upstream
+    server's stats (andante.runtime.upstream.instance) leave the count at 0."""
+    if stats.num_uncomputed_tokens < stats.num_requests:
+        return None
+    return max(0, stats.num_uncomputed_tokens - stats.num_running)
 
 
 class ModelView(InstanceView, Protocol):
@@ -220,7 +231,11 @@ class QLMAgents:
             return max(0, stats.max_num_seqs), self.options.pull_tokens
         if slot.num_in_transit:
             return 0, 0
-        backlog = max(0, stats.num_uncomputed_tokens - stats.num_running)  # decodes' next
+        backlog = reported_backlog(stats)
+        if backlog is None:  # no token counts (an upstream server): any wait is a backlog
+            if stats.num_waiting:
+                return 0, 0
+            backlog = 0
         tokens = self.options.pull_tokens - backlog
         seqs = max(0, stats.max_num_seqs - stats.num_requests)
         return (seqs, tokens) if tokens > 0 and seqs > 0 else (0, 0)

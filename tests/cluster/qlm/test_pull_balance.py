@@ -119,3 +119,27 @@ def test_without_load_balancing_a_model_keeps_its_static_instance() -> None:
                  else _slot(i, running=5) for i in (0, 1)]
         where = {index for _, index in router.dispatch(_queue(20), slots).placements}
         assert where == (set() if busy == static else {static})
+
+
+def _upstream(index: int, running: int, waiting: int) -> _Slot:
+    """An upstream server's slot: counts of requests, no token counts (its stats leave
+    num_uncomputed_tokens at 0: andante.runtime.upstream.instance)."""
+    load = load_report(num_running=running, num_waiting=waiting, max_num_seqs=256,
+                       num_blocks=10_000, num_free_blocks=5_000, time=10.0)
+    assert load.stats.num_uncomputed_tokens == 0
+    return _Slot(load, _Multi(_state()), index)
+
+
+def test_an_upstream_with_a_waiting_queue_pulls_nothing() -> None:
+    """Without token counts, a waiting request is a backlog (the gate before the prompt-
+    token bound); an upstream with none waiting pulls one step's prompt tokens."""
+    agents = QLMRouter(plan=False).agents
+    assert agents.pull_room(_upstream(0, running=10, waiting=30)) == (0, 0)
+    assert agents.pull_room(_upstream(0, running=10, waiting=0)) == (246, 8192)
+    router = QLMRouter(plan=False)
+    decision = router.dispatch(_queue(40), [_upstream(0, running=10, waiting=30),
+                                            _upstream(1, running=10, waiting=0)])
+    assert {index for _, index in decision.placements} == {1}
+    full = QLMRouter(plan=False)
+    both = [_upstream(0, running=10, waiting=30), _upstream(1, running=10, waiting=30)]
+    assert full.dispatch(_queue(40), both).placements == ()
