@@ -115,8 +115,10 @@ class QLMAgents:
 
     def act(self, queues: Mapping[int, list[RequestGroup]],
             instances: Sequence[AgentInstance], estimator: RCTEstimator,
-            now: float) -> QueueDecision:
-        """The placements, model swaps and warm starts every agent asks for now."""
+            now: float, moved: frozenset[str] = frozenset()) -> QueueDecision:
+        """The placements, model swaps and warm starts every agent asks for now; a
+        head group in `moved` (re-balanced to this instance from another one, not put
+        at its head by a plan) evicts nothing for being the new head."""
         placements: list[tuple[str, int]] = []
         swaps: list[tuple[int, str]] = []
         warm: list[tuple[int, str]] = []
@@ -143,7 +145,7 @@ class QLMAgents:
                 self.last_swap[index] = (now, load_time(state, actions.swap_to))
                 qview = dataclasses.replace(qview, models_on_device=(actions.swap_to,),
                                             num_running_tokens=0)  # its KV is flushed
-            elif self.head_changed(index, queue[0]):
+            elif self.head_changed(index, queue[0]) and queue[0].group_id not in moved:
                 evicted = self.evict_for_head(inst, queue[0], estimator, now)
                 self.head_outcomes[evicted.outcome] += 1
                 if evicted.victims:

@@ -9,8 +9,11 @@ from typing import Any
 
 from andante.cluster.instance import ModelState
 from andante.cluster.load import LoadReport
+from andante.cluster.qlm.eviction import Evictions
 from andante.cluster.qlm.router import QLMRouter
+from andante.core import SamplingParams, SyntheticTokens
 from andante.core.request import Request
+from andante.core.sampling import SLO
 from andante.perf.catalog import get_hardware, get_model
 from andante.perf.cost_model import CostModel
 from tests.cluster.fakes import load_report, request
@@ -143,3 +146,34 @@ def test_an_upstream_with_a_waiting_queue_pulls_nothing() -> None:
     full = QLMRouter(plan=False)
     both = [_upstream(0, running=10, waiting=30), _upstream(1, running=10, waiting=30)]
     assert full.dispatch(_queue(40), both).placements == ()
+
+
+def _due(rid: str, deadline: float) -> Request:
+    return Request(rid, SyntheticTokens(PROMPT), SamplingParams(max_tokens=8, ignore_eos=True),
+                   0.0, slo=SLO(deadline=deadline))
+
+
+def test_a_moved_group_ranks_after_the_targets_plan_and_evicts_nothing(monkeypatch) -> None:
+    """A group re-balanced off its planned instance keeps no position of that plan: it
+    ranks after the target's own planned groups, and as the target's head it is not a
+    new head that evicts running requests (LSO 2) for a group only moved."""
+    queue = [_due(f"a{i}", 20.0) for i in range(2)] + [_due(f"b{i}", 40.0) for i in range(2)]
+    full = [_slot(0, running=40, waiting=9, unprefilled=9000),
+            _slot(1, running=40, waiting=9, unprefilled=9000)]
+    free = [_slot(0, running=5), full[1]]  # instance 1 cannot pull, instance 0 can
+    heads: list[str] = []
+    for plan in ("both", "one"):
+        router = QLMRouter(plan=False)
+        assert router.dispatch(queue, full).placements == ()
+        a, b = sorted(router._groups(), key=lambda g: g.deadline)
+        # instance 1's plan has `a` first; instance 0's own plan has `b` (or nothing)
+        router._order = {a.group_id: (1, 0), b.group_id: (0, 3) if plan == "both" else (1, 1)}
+        router.agents.last_head.clear()
+        monkeypatch.setattr(router.agents, "evict_for_head",
+                            lambda inst, head, *_: heads.append(head.group_id) or Evictions(
+                                outcome="fits"))
+        placed = [rid for rid, index in router.dispatch(queue, free).placements if index == 0]
+        if plan == "both":  # b is instance 0's planned head; a (moved) after it
+            assert placed == ["b0", "b1", "a0", "a1"] and heads == [b.group_id]
+        else:  # every group moved: no eviction check for the moved head
+            assert sorted(placed) == ["a0", "a1", "b0", "b1"] and heads == [b.group_id]
