@@ -284,6 +284,14 @@ class QLMRouter:
             self.speed.observe_report(self._base_cost, (str(view.index), state.device),
                                       view.load.stats, state.loading_s > 0,
                                       self._finished_tokens.pop(view.index, 0))
+        now = max(v.load.stats.time for v in views)
+        earliest = dict.fromkeys((v.index for v in views), now)
+        for rid, index in self._placed.items():  # ε reads spans from the first token on
+            times = self._requests[rid].timeline.token_times
+            if times and index in earliest:
+                earliest[index] = min(earliest[index], times[0])
+        for index, time in earliest.items():
+            self.speed.forget_batches_before(str(index), time)
 
     # ---- groups and virtual queues ------------------------------------------------------
     def _sync(self, queue: Sequence[Request], default_model: str, now: float) -> None:
