@@ -4,61 +4,33 @@ has made stale (LSOs 1 and 4)."""
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
-from typing import Any
 
 from andante.cluster.instance import ModelState
-from andante.cluster.load import LoadReport
 from andante.cluster.qlm.eviction import Evictions
 from andante.cluster.qlm.router import QLMRouter
 from andante.core import SamplingParams, SyntheticTokens
 from andante.core.request import Request
 from andante.core.sampling import SLO
-from andante.perf.catalog import get_hardware, get_model
-from andante.perf.cost_model import CostModel
 from tests.cluster.fakes import load_report, request
+from tests.cluster.qlm.helpers import FakeModels, FakeSlot, model_state
 
 GB = 10**9
 PROMPT = 1000  # tokens of every queued request's prompt
 
 
 def _state() -> ModelState:
-    cost = CostModel(get_model("mistral-7b"), get_hardware("a100-80g"))
-    return ModelState(device="m1", host=(), loading_s=0.0, costs={"m1": cost},
-                      weight_bytes={"m1": 14 * GB}, host_link_bandwidth=25e9,
-                      disk_bandwidth=2e9, device_memory_bytes=80 * GB, host_memory_bytes=0,
-                      block_size=16)
+    return model_state({"m1": 14 * GB}, bandwidth=2e9)
 
 
-@dataclass
-class _Multi:
-    state: ModelState
-
-    def model_state(self) -> ModelState:
-        return self.state
-
-    def warm_model(self, model: str) -> bool:
-        return False
 
 
-@dataclass
-class _Slot:
-    """What the router reads of a controller slot."""
-
-    load: LoadReport
-    multi_model: Any
-    index: int = 0
-    num_in_transit: int = 0
-    alive: bool = True
-
-
-def _slot(index: int, running: int = 0, waiting: int = 0, unprefilled: int = 0) -> _Slot:
+def _slot(index: int, running: int = 0, waiting: int = 0, unprefilled: int = 0) -> FakeSlot:
     """An instance with 256 batch slots and 160K tokens of KV; `unprefilled`: prompt
     tokens it holds not yet prefilled (its backlog)."""
     load = load_report(num_running=running, num_waiting=waiting, max_num_seqs=256,
                        num_blocks=10_000, num_free_blocks=10_000 - 8 * running, time=10.0,
                        num_uncomputed_tokens=running + unprefilled)
-    return _Slot(load, _Multi(_state()), index)
+    return FakeSlot(load, FakeModels(_state()), index)
 
 
 def _queue(n: int) -> list[Request]:
@@ -124,13 +96,13 @@ def test_without_load_balancing_a_model_keeps_its_static_instance() -> None:
         assert where == (set() if busy == static else {static})
 
 
-def _upstream(index: int, running: int, waiting: int) -> _Slot:
+def _upstream(index: int, running: int, waiting: int) -> FakeSlot:
     """An upstream server's slot: counts of requests, no token counts (its stats leave
     num_uncomputed_tokens at 0: andante.runtime.upstream.instance)."""
     load = load_report(num_running=running, num_waiting=waiting, max_num_seqs=256,
                        num_blocks=10_000, num_free_blocks=5_000, time=10.0)
     assert load.stats.num_uncomputed_tokens == 0
-    return _Slot(load, _Multi(_state()), index)
+    return FakeSlot(load, FakeModels(_state()), index)
 
 
 def test_an_upstream_with_a_waiting_queue_pulls_nothing() -> None:
