@@ -10,7 +10,10 @@ of its virtual queue, the agent asks for:
   hysteresis; while it drains for a swap, it pulls the device model's later requests
   expected to finish within the drain;
 - a warm start of the next cold model in the queue (LSO 5);
-- request pulling (LSO 1) while the instance has spare KV tokens and no backlog of its own;
+- request pulling (LSO 1) while the instance has spare KV tokens and no backlog of its own,
+  bounded (where another instance serves the same model) by one step's prompt tokens
+  (`pull_tokens`): an addition to the paper's pull by free capacity, which let one
+  instance take 59 requests in one dispatch at 64 req/s on W_B (`pull_room`);
 - when the head group changes and does not fit, request eviction or GPU-CPU state swap
   (LSOs 2-3) of running requests due after it, each by cost (andante.cluster.qlm
   .eviction), and the head group pulled into the room they free (the instance's
@@ -71,10 +74,6 @@ class AgentOptions:
     included (one step's token budget: the engines' max_num_batched_tokens, 8,192 by
     default), so that it pulls only what it can start at its next step."""
 
-    def __post_init__(self) -> None:
-        if self.pull_tokens < 1:
-            raise ValueError(f"qlm: pull_tokens must be >= 1, got {self.pull_tokens!r}")
-
     pull: bool = True
     warm_start: bool = True
     pull_reserve: float = 1.0
@@ -82,6 +81,10 @@ class AgentOptions:
     swap_hysteresis: float = 2.0
     evict: bool = True  # LSO 2: make room for a new head group
     state_swap: bool = True  # LSO 3: swap a victim's KV to host memory where it pays
+
+    def __post_init__(self) -> None:
+        if self.pull_tokens < 1:
+            raise ValueError(f"qlm: pull_tokens must be >= 1, got {self.pull_tokens!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,6 @@ def _state() -> ModelState:
     return model_state({"m1": 14 * GB}, bandwidth=2e9)
 
 
-
-
 def _slot(index: int, running: int = 0, waiting: int = 0, unprefilled: int = 0) -> FakeSlot:
     """An instance with 256 batch slots and 160K tokens of KV; `unprefilled`: prompt
     tokens it holds not yet prefilled (its backlog)."""
@@ -81,7 +79,6 @@ def test_a_stale_plan_assignment_goes_to_the_instance_that_can_pull() -> None:
     decision = router.dispatch(rest, [_slot(0, running=5), _slot(1, running=5)])
     # both can pull: the plan's assignment holds
     assert decision.placements and {index for _, index in decision.placements} == {1}
-
 
 
 def test_without_load_balancing_a_model_keeps_its_static_instance() -> None:

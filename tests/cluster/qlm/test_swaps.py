@@ -20,8 +20,6 @@ def _state(device: str = "m1", loading_s: float = 0.0) -> ModelState:
     return model_state({"m1": GB, "m2": GB}, device, ("m1", "m2"), loading_s)
 
 
-
-
 def _slot(drain_s: float, running: int = 4, waiting: int = 0, uncomputed: int = 0) -> FakeSlot:
     load = load_report(drain_time=drain_s, num_running=running, num_waiting=waiting,
                        max_num_seqs=16, time=100.0, num_uncomputed_tokens=uncomputed)
