@@ -93,9 +93,8 @@ def single_model_rows(panel: dict[str, Any]) -> list[dict[str, Any]]:
     missed = sum(m.get("missed", 0) for m in q["measured"])
     executing = sum(m.get("missed executing", 0) for m in q["measured"])
     why = (f"{cause}; the agents evicted {evicted} running requests over the sweep; of "
-           f"the {missed} requests QLM served late, {executing} missed on their own "
-           "execution time (first scheduling to finish longer than their deadline), "
-           "which no order of the queue changes")
+           f"the {missed} requests QLM served late, {executing} were never preempted "
+           "and took longer than their deadline from first scheduling to finish")
     return [{"row": "W_B (single model): SLO attainment vs vLLM",
              "ours": f"{min(gains):+.2f} to {max(gains):+.2f} points",
              "paper": PAPER_SLO_SINGLE, "why (measured)": why},

@@ -84,16 +84,6 @@ class OutputLengthModel:
     the estimator burst, where every request runs to its max_tokens, capped draws
     averaged 279 tokens against 416 observed). Before any observation the prior is of
     uncapped lengths, so the cap applies.
-
-    Where outputs end at their own max_tokens (a length stop), that cap is the output,
-    and each request carries its own: the model learns the share of a key's outputs
-    that ran to their cap (`cap_share`, a Beta-style posterior with `prior_weight`
-    pseudo-observations that ended before it) and the normal fit of those that ended
-    before (`natural`). A request with a cap is then its cap with that probability,
-    else a natural draw capped by it. On the estimator burst every output ran to its
-    max_tokens: the key's one normal, N(416, 258), put each request's own output a
-    std of 258 tokens away, and the completion R² was 0.80 (0.98 with the outputs
-    known); the group moments (`distribution`, `mean`) stay those of all outputs.
     """
 
     prior_mean: float = 256.0
@@ -102,8 +92,6 @@ class OutputLengthModel:
     max_tokens: int = 32768
     _stats: dict[Hashable, Moments] = field(default_factory=dict)
     _least_cap: dict[Hashable, float] = field(default_factory=dict)  # key -> its least cap
-    _natural: dict[Hashable, Moments] = field(default_factory=dict)  # ended before the cap
-    _at_cap: dict[Hashable, int] = field(default_factory=dict)  # key -> outputs at their cap
     num_observed: int = 0  # outputs observed so far: equal counts, equal moments
 
     def __post_init__(self) -> None:
@@ -122,22 +110,7 @@ class OutputLengthModel:
         self._stats.setdefault(key, Moments()).observe(num_output_tokens)
         cap = float(self.max_tokens if max_tokens is None else max_tokens)
         self._least_cap[key] = min(self._least_cap.get(key, math.inf), cap)
-        if max_tokens is not None and num_output_tokens >= max_tokens:
-            self._at_cap[key] = self._at_cap.get(key, 0) + 1
-        else:
-            self._natural.setdefault(key, Moments()).observe(num_output_tokens)
         self.num_observed += 1
-
-    def cap_share(self, key: Hashable) -> float:
-        """The learned share of `key`'s outputs that run to their own max_tokens (0
-        before any observation: the prior ends before the cap)."""
-        at_cap = self._at_cap.get(key, 0)
-        s = self._stats.get(key)
-        return 0.0 if not at_cap or s is None else at_cap / (s.count + self.prior_weight)
-
-    def natural(self, key: Hashable) -> tuple[float, float]:
-        """(μ, σ) of `key`'s outputs that ended before their cap, with the prior."""
-        return self._posterior(self._natural.get(key))
 
     def caps(self, key: Hashable, max_tokens: int | None) -> bool:
         """Does a request's own `max_tokens` cap its estimate under `key` (class note)?"""
@@ -145,10 +118,6 @@ class OutputLengthModel:
 
     def expected(self, key: Hashable, max_tokens: int | None) -> float:
         """A request's expected output: its key's mean, capped where `caps` says."""
-        share = self.cap_share(key)
-        if share > 0 and max_tokens is not None:
-            cap = float(max_tokens)
-            return share * cap + (1.0 - share) * min(self.natural(key)[0], cap)
         mean = self.mean(key)
         if max_tokens is None or not self.caps(key, max_tokens):
             return mean
@@ -156,9 +125,7 @@ class OutputLengthModel:
 
     def distribution(self, key: Hashable) -> tuple[float, float]:
         """(μ_o, σ_o) after the observations so far (the prior alone before any)."""
-        return self._posterior(self._stats.get(key))
-
-    def _posterior(self, s: Moments | None) -> tuple[float, float]:
+        s = self._stats.get(key)
         w, mu0, var0 = self.prior_weight, self.prior_mean, self.prior_std ** 2
         if s is None or s.count == 0:
             return mu0, math.sqrt(var0)
@@ -176,18 +143,8 @@ class OutputLengthModel:
         """Output lengths drawn from N(μ_o, σ_o), clipped to [1, cap or max_tokens];
         `member_caps` (one per column of `shape`): each member's max_tokens, which caps
         its column where `caps` says (class note)."""
-        upper = min(cap, self.max_tokens) if cap is not None else self.max_tokens
-        share = self.cap_share(key) if any(c is not None for c in member_caps) else 0.0
-        if share > 0:  # a member's own cap with the learned share, else a natural draw
-            mu, sigma = self.natural(key)
-            draws = np.clip(rng.normal(mu, sigma, size=shape), 1.0, float(upper))
-            hits = rng.random(shape) < share
-            for i, c in enumerate(member_caps):
-                if c is not None:
-                    column = np.minimum(draws[..., i], float(c))
-                    draws[..., i] = np.where(hits[..., i], min(float(c), upper), column)
-            return draws
         mu, sigma = self.distribution(key)
+        upper = min(cap, self.max_tokens) if cap is not None else self.max_tokens
         draws = np.clip(rng.normal(mu, sigma, size=shape), 1.0, float(upper))
         for i, c in enumerate(member_caps):
             if c is not None and self.caps(key, c):

@@ -156,6 +156,7 @@ class QLMRouter:
         self._snapshot: tuple[tuple[int, int, int], tuple[RequestGroup, ...]] | None = None
         self._keys: dict[str, GroupKey] = {}  # placed request id -> its group key
         self._order: dict[str, tuple[int, int]] = {}  # group id -> (instance, position)
+        self._moved: set[str] = set()  # groups re-balanced off their instance (`_queues`)
         self._next_plan = -math.inf  # the planner's rate limit (module note, item 3)
         self._revision = 0  # bumped by every arrival and completion
         self._checked = -1  # the revision the estimator last checked
@@ -239,7 +240,7 @@ class QLMRouter:
                                    self._drain_s(v, states[v.index]),
                                    self._deadlines.get(v.index, {}), running[v.index])
                      for v in views]
-        decision = self.agents.act(queues, instances, estimator, now)
+        decision = self.agents.act(queues, instances, estimator, now, frozenset(self._moved))
         self.counters.num_swaps += len(decision.swaps)
         self.counters.num_warm_starts += len(decision.warm)
         self.counters.num_evictions += len(decision.evictions)
@@ -283,6 +284,14 @@ class QLMRouter:
             self.speed.observe_report(self._base_cost, (str(view.index), state.device),
                                       view.load.stats, state.loading_s > 0,
                                       self._finished_tokens.pop(view.index, 0))
+        now = max(v.load.stats.time for v in views)
+        earliest = dict.fromkeys((v.index for v in views), now)
+        for rid, index in self._placed.items():  # ε reads spans from the first token on
+            times = self._requests[rid].timeline.token_times
+            if times and index in earliest:
+                earliest[index] = min(earliest[index], times[0])
+        for index, time in earliest.items():
+            self.speed.forget_batches_before(str(index), time)
 
     # ---- groups and virtual queues ------------------------------------------------------
     def _sync(self, queue: Sequence[Request], default_model: str, now: float) -> None:
@@ -414,20 +423,31 @@ class QLMRouter:
                 room: dict[int, int] | None = None) -> dict[int, list[RequestGroup]]:
         """Each group on its planned instance or (load balancing) where it is expected
         to finish first; planned groups in plan order, then by deadline. `room`: the
-        prompt tokens each instance can pull now (`_rebalanced`)."""
+        prompt tokens each instance can pull now (`_rebalanced`); a group moved there
+        from its planned instance ranks after the target's planned groups (its plan
+        position is of another instance's plan) and is recorded in `_moved`."""
         queues: dict[int, list[RequestGroup]] = {i: [] for i in views}
+        self._moved = set()
         drains = {i: v.busy_s for i, v in views.items()}
         room = dict(room or {})
         for group in sorted(groups, key=lambda g: g.deadline):
             where = self._placement(group, views, drains, estimator, servable, queues)
-            where = self._rebalanced(group, where, views, room)
+            if self.load_balance:  # the ablation keeps its static instance per model
+                target = self._rebalanced(group, where, views, room)
+                if target != where:
+                    self._moved.add(group.group_id)
+                where = target
             queues[where].append(group)
             theta = estimator.throughput(views[where], group.model)
             drains[where] += group.expected_output_tokens / theta
         for index, queue in queues.items():
-            queue.sort(key=lambda g: (self._order.get(g.group_id, (index, math.inf))[1],
-                                      g.deadline))
+            queue.sort(key=lambda g: (self._plan_position(g.group_id, index), g.deadline))
         return queues
+
+    def _plan_position(self, group_id: str, index: int) -> float:
+        """The group's position in instance `index`'s plan (inf: not planned there)."""
+        planned = self._order.get(group_id)
+        return planned[1] if planned is not None and planned[0] == index else math.inf
 
     def _placement(self, group: RequestGroup, views: dict[int, QLMView],
                    drains: dict[int, float], estimator: RCTEstimator,

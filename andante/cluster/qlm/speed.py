@@ -197,6 +197,18 @@ class SpeedLearner:
         times.append(point.time)
         areas.append(area)
 
+    def forget_batches_before(self, iid: str, time: float) -> None:
+        """Drop the instance's batch record before `time`, the earliest first token of
+        its unfinished requests (`batch_between` reads a span from the first report at
+        or after its start, so no later span needs it): the record stays bounded on a
+        long-running server. The areas are cumulative, so their differences stay."""
+        times = self._batch_times.get(iid)
+        if times:
+            old = bisect.bisect_left(times, time)
+            if old:
+                del times[:old]
+                del self._batch_areas[iid][:old]
+
     def batch_between(self, iid: str, start: float, end: float) -> float | None:
         """The instance's time-weighted running batch over [start, end]; None unless
         the reports cover the span but for `SPAN_GAP` of it at either end (the router

@@ -277,3 +277,36 @@ def test_epsilon_is_measured_at_the_batch_of_the_span_and_only_where_reports_cov
     # from t = 9 to 30 the batch fell to 10 (10 ms steps) with no report after t = 10
     speed.observe_decode_span(cost, KEY, 100, [9.0 + 0.01 * i for i in range(2101)])
     assert speed.epsilon(KEY) == pytest.approx(1.0)
+
+
+def test_the_batch_record_for_epsilon_stays_bounded_on_a_long_run() -> None:
+    """The router drops each instance's batch record before the earliest first token of
+    its unfinished requests: on a long-running server it stays bounded, and a span of
+    an unfinished request still reads the same batch."""
+    from tests.cluster.qlm.test_pull_balance import _slot
+
+    router = QLMRouter(plan=False)
+    running = request_with_tokens("run", [50.0, 51.0])  # unfinished on instance 0 from 50 s
+    for k in range(400):
+        slot = _slot(0, running=4)
+        slot.load = dataclasses.replace(slot.load, stats=dataclasses.replace(
+            slot.load.stats, time=float(k), num_steps=10 * k))
+        router.dispatch([request_with_tokens(f"r{k}", [])], [slot])
+        if k == 40:
+            router._placed["run"], router._requests["run"] = 0, running
+        if k == 60:
+            before = router.speed.batch_between("0", 50.0, 55.0)
+    times = router.speed._batch_times["0"]
+    assert before == pytest.approx(4.0) and times[0] == 50.0 and len(times) == 350
+    assert router.speed.batch_between("0", 50.0, 55.0) == before
+    del router._placed["run"]  # it finished: the record goes up to now
+    router.dispatch([request_with_tokens("last", [])], [slot])
+    assert len(router.speed._batch_times["0"]) <= 2
+
+
+def request_with_tokens(rid: str, token_times: list[float]) -> Request:
+    from tests.cluster.fakes import request
+
+    req = request(rid, prompt=100)
+    req.timeline.token_times.extend(token_times)
+    return req

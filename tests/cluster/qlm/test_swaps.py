@@ -3,58 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from andante.cluster.instance import ModelState
-from andante.cluster.load import LoadReport
 from andante.cluster.qlm import RCTEstimator, VirtualQueue, form_groups
 from andante.cluster.qlm.agents import AgentInstance
 from andante.cluster.qlm.groups import RequestGroup
 from andante.cluster.qlm.router import QLMRouter
-from andante.perf.catalog import get_hardware, get_model
-from andante.perf.cost_model import CostModel
 from tests.cluster.fakes import load_report
-from tests.cluster.qlm.helpers import FlatCost, request, view
+from tests.cluster.qlm.helpers import FakeModels, FakeSlot, FlatCost, model_state, request, view
 
 GB = 10**9
 
 
 def _state(device: str = "m1", loading_s: float = 0.0) -> ModelState:
-    cost = CostModel(get_model("mistral-7b"), get_hardware("a100-80g"))
     # 1 GB of weights over a 1 GB/s host link: a warm load takes 1 s
-    return ModelState(device=device, host=("m1", "m2"), loading_s=loading_s,
-                      costs={"m1": cost, "m2": cost}, weight_bytes={"m1": GB, "m2": GB},
-                      host_link_bandwidth=1e9, disk_bandwidth=1e9, device_memory_bytes=80 * GB,
-                      host_memory_bytes=0, block_size=16)
+    return model_state({"m1": GB, "m2": GB}, device, ("m1", "m2"), loading_s)
 
 
-@dataclass
-class _Multi:
-    state: ModelState
-
-    def model_state(self) -> ModelState:
-        return self.state
-
-    def warm_model(self, model: str) -> bool:
-        return False
-
-
-@dataclass
-class _Slot:
-    """What the router reads of a controller slot."""
-
-    load: LoadReport
-    multi_model: Any
-    index: int = 0
-    num_in_transit: int = 0
-    alive: bool = True
-
-
-def _slot(drain_s: float, running: int = 4, waiting: int = 0, uncomputed: int = 0) -> _Slot:
+def _slot(drain_s: float, running: int = 4, waiting: int = 0, uncomputed: int = 0) -> FakeSlot:
     load = load_report(drain_time=drain_s, num_running=running, num_waiting=waiting,
                        max_num_seqs=16, time=100.0, num_uncomputed_tokens=uncomputed)
-    return _Slot(load, _Multi(_state()))
+    return FakeSlot(load, FakeModels(_state()))
 
 
 def _instance(drain_s: float, running: int = 4, waiting: int = 0, state: ModelState | None = None,
