@@ -119,19 +119,6 @@ def test_decode_steps_pay_their_batch_factor_and_others_their_prefill_factor(
     assert run[1] == bent.step_time(after)
 
 
-def test_profiles_without_decode_factors_load_and_bad_factors_are_refused():
-    data = A100.to_dict()
-    del data["decode_factors"]
-    assert HardwareSpec.from_dict(data).decode_factors == ()
-    bent = dataclasses.replace(A100, decode_factors=BENT)
-    assert HardwareSpec.from_json(bent.to_json()) == bent
-    for bad in ((1.0, 0.0), (float("nan"),), (-1.0,)):
-        with pytest.raises(ValueError, match="decode_factors"):
-            dataclasses.replace(A100, decode_factors=bad)
-    with pytest.raises(ValueError, match="decode_factors"):
-        HardwareSpec.from_dict(dict(data, decode_factors="1.2"))
-
-
 def test_calibrate_reports_and_saves_the_decode_factors(tmp_path, monkeypatch, capsys):
     from andante.cli.main import main
     from andante.perf.paths import ANDANTE_HOME_ENV

@@ -116,17 +116,18 @@ def test_only_steps_with_prefill_tokens_pay_their_class_factor(shape, factors):
     assert run[0] == bent.step_time(shape)
 
 
-def test_profiles_without_factors_load_and_bad_factors_are_refused():
+@pytest.mark.parametrize("field", ["prefill_factors", "decode_factors"])
+def test_profiles_without_factors_load_and_bad_factors_are_refused(field: str) -> None:
     data = A100.to_dict()
-    del data["prefill_factors"]
-    assert HardwareSpec.from_dict(data).prefill_factors == ()
-    bent = dataclasses.replace(A100, prefill_factors=BENT)
+    del data[field]
+    assert getattr(HardwareSpec.from_dict(data), field) == ()
+    bent = dataclasses.replace(A100, **{field: BENT})
     assert HardwareSpec.from_json(bent.to_json()) == bent
     for bad in ((1.0, 0.0), (float("nan"),), (-1.0,)):
-        with pytest.raises(ValueError, match="prefill_factors"):
-            dataclasses.replace(A100, prefill_factors=bad)
-    with pytest.raises(ValueError, match="prefill_factors"):
-        HardwareSpec.from_dict(dict(data, prefill_factors="1.2"))
+        with pytest.raises(ValueError, match=field):
+            dataclasses.replace(A100, **{field: bad})
+    with pytest.raises(ValueError, match=field):
+        HardwareSpec.from_dict(dict(data, **{field: "1.2"}))
 
 
 def test_calibrate_reports_and_saves_the_factors(tmp_path, monkeypatch, capsys):
